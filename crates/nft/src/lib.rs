@@ -1,1 +1,23 @@
-//! placeholder
+//! nftables for verdict: a typed model of the objects we write, transactions
+//! that render to `nft -f` scripts, an in-memory backend with the kernel's
+//! all-or-nothing and reference rules, and a packet tracer over it.
+//!
+//! This crate knows nothing about Kubernetes.
+//!
+//! # Layout
+//! - [`ir`]: tables, chains, sets, maps, elements, rules and their text form.
+//! - [`tx`]: [`Transaction`], an ordered batch of operations on one table.
+//! - [`memory`]: the [`Backend`] trait and [`MemoryBackend`].
+//! - [`trace`]: [`Tracer`], which walks a packet through a [`TableState`].
+
+pub mod error;
+pub mod ir;
+pub mod memory;
+pub mod trace;
+pub mod tx;
+
+pub use error::NftError;
+pub use ir::*;
+pub use memory::{Backend, ChainState, MemoryBackend, SetState, TableState, goto};
+pub use trace::{Disposition, Packet, Trace, TracePath, Tracer};
+pub use tx::{Op, Transaction};

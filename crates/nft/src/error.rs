@@ -1,0 +1,36 @@
+//! Errors of the nftables layer.
+
+/// What went wrong applying or building a transaction. Backends map the
+/// kernel's and nft's answers onto these variants so that callers can react
+/// (e.g. "already exists") without parsing messages.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum NftError {
+    /// The transaction was built with an invalid object (bad name, comment
+    /// too long, empty rule).
+    #[error("invalid transaction: {0}")]
+    Invalid(String),
+    /// An object the transaction refers to does not exist.
+    #[error("not found: {0}")]
+    NotFound(String),
+    /// The object exists in a form that conflicts with the request.
+    #[error("already exists: {0}")]
+    AlreadyExists(String),
+    /// The object is still in use (a referenced chain or set, a non-empty chain).
+    #[error("busy: {0}")]
+    Busy(String),
+    /// The kernel (or nft) refused the transaction for another reason.
+    #[error("kernel refused the transaction: {0}")]
+    Refused(String),
+}
+
+impl NftError {
+    /// Whether the error means something was missing.
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, NftError::NotFound(_))
+    }
+
+    /// Whether the error means something already existed.
+    pub fn is_already_exists(&self) -> bool {
+        matches!(self, NftError::AlreadyExists(_))
+    }
+}

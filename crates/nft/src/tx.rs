@@ -1,0 +1,332 @@
+//! Transactions: an ordered list of operations on one table, applied all or
+//! nothing. Building one never fails; the first invalid operation is kept and
+//! returned when the transaction is run (as knftables does), so callers can
+//! write straight-line code.
+
+use std::fmt::{self, Display, Formatter};
+
+use crate::error::NftError;
+use crate::ir::{
+    COMMENT_LENGTH_MAX, Chain, Element, Family, NAME_LENGTH_MAX, Rule, Set, Value, quote,
+};
+
+/// One operation of a transaction.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// `add table` (with the table comment).
+    AddTable(Option<String>),
+    /// `add chain`: create if missing.
+    AddChain(Chain),
+    /// `flush chain`: remove every rule.
+    FlushChain(String),
+    /// `delete chain`: the chain must be empty and unreferenced.
+    DeleteChain(String),
+    /// `add set` / `add map`: create if missing.
+    AddSet(Set),
+    /// `flush set` / `flush map`: remove every element.
+    FlushSet(String),
+    /// `delete set` / `delete map`.
+    DeleteSet(String),
+    /// `add rule`: append a rule to a chain.
+    AddRule(String, Rule),
+    /// `add element`.
+    AddElement(String, Element),
+    /// `delete element`: the key must exist.
+    DeleteElement(String, Vec<Value>),
+}
+
+/// A batch of operations on one table, applied atomically by a backend.
+/// `Display` renders exactly the script given to `nft -f`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Transaction {
+    family: Family,
+    table: String,
+    ops: Vec<Op>,
+    error: Option<NftError>,
+}
+
+impl Transaction {
+    /// An empty transaction on `table` of `family`.
+    pub fn new(family: Family, table: impl Into<String>) -> Transaction {
+        Transaction {
+            family,
+            table: table.into(),
+            ops: Vec::new(),
+            error: None,
+        }
+    }
+
+    /// The table's family.
+    pub fn family(&self) -> Family {
+        self.family
+    }
+
+    /// The table's name.
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+
+    /// The operations in order.
+    pub fn ops(&self) -> &[Op] {
+        &self.ops
+    }
+
+    /// Number of operations (each element counts as one).
+    pub fn len(&self) -> usize {
+        self.ops.len()
+    }
+
+    /// Whether the transaction does nothing.
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+
+    /// The first error recorded while building, if any.
+    pub fn error(&self) -> Option<&NftError> {
+        self.error.as_ref()
+    }
+
+    fn fail(&mut self, err: NftError) {
+        if self.error.is_none() {
+            self.error = Some(err);
+        }
+    }
+
+    fn check_name(&mut self, what: &str, name: &str) {
+        if name.is_empty() || name.len() > NAME_LENGTH_MAX {
+            self.fail(NftError::Invalid(format!(
+                "{what} name {name:?} must be 1 to {NAME_LENGTH_MAX} bytes"
+            )));
+        }
+    }
+
+    fn check_comment(&mut self, comment: Option<&str>) {
+        if let Some(c) = comment
+            && c.len() > COMMENT_LENGTH_MAX
+        {
+            self.fail(NftError::Invalid(format!(
+                "comment {c:?} is longer than {COMMENT_LENGTH_MAX} bytes"
+            )));
+        }
+    }
+
+    /// Adds the table (with a comment) if it is missing.
+    pub fn add_table(&mut self, comment: Option<&str>) {
+        self.check_comment(comment);
+        self.ops.push(Op::AddTable(comment.map(str::to_owned)));
+    }
+
+    /// Adds a chain if it is missing.
+    pub fn add_chain(&mut self, chain: Chain) {
+        self.check_name("chain", &chain.name);
+        self.check_comment(chain.comment.as_deref());
+        self.ops.push(Op::AddChain(chain));
+    }
+
+    /// Removes every rule of a chain.
+    pub fn flush_chain(&mut self, name: &str) {
+        self.ops.push(Op::FlushChain(name.to_owned()));
+    }
+
+    /// Deletes an empty, unreferenced chain.
+    pub fn delete_chain(&mut self, name: &str) {
+        self.ops.push(Op::DeleteChain(name.to_owned()));
+    }
+
+    /// Adds a set or map if it is missing.
+    pub fn add_set(&mut self, set: Set) {
+        self.check_name("set", &set.name);
+        self.check_comment(set.comment.as_deref());
+        if set.key.is_empty() {
+            self.fail(NftError::Invalid(format!(
+                "set {} has no key type",
+                set.name
+            )));
+        }
+        self.ops.push(Op::AddSet(set));
+    }
+
+    /// Removes every element of a set or map.
+    pub fn flush_set(&mut self, name: &str) {
+        self.ops.push(Op::FlushSet(name.to_owned()));
+    }
+
+    /// Deletes a set or map.
+    pub fn delete_set(&mut self, name: &str) {
+        self.ops.push(Op::DeleteSet(name.to_owned()));
+    }
+
+    /// Appends a rule to a chain.
+    pub fn add_rule(&mut self, chain: &str, rule: Rule) {
+        self.check_comment(rule.comment.as_deref());
+        if rule.exprs.is_empty() {
+            self.fail(NftError::Invalid(format!("empty rule for chain {chain}")));
+        }
+        self.ops.push(Op::AddRule(chain.to_owned(), rule));
+    }
+
+    /// Adds an element.
+    pub fn add_element(&mut self, set: &str, element: Element) {
+        self.check_comment(element.comment.as_deref());
+        self.ops.push(Op::AddElement(set.to_owned(), element));
+    }
+
+    /// Deletes an element by key.
+    pub fn delete_element(&mut self, set: &str, key: Vec<Value>) {
+        self.ops.push(Op::DeleteElement(set.to_owned(), key));
+    }
+
+    /// Appends an already-built operation.
+    pub fn push(&mut self, op: Op) {
+        self.ops.push(op);
+    }
+
+    fn prefix(&self) -> String {
+        format!("{} {}", self.family, self.table)
+    }
+}
+
+impl Display for Transaction {
+    /// One line per operation, except that consecutive element operations of
+    /// the same kind on the same set are written as one statement (much faster
+    /// for nft to parse than one line per element).
+    fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
+        let t = self.prefix();
+        let mut i = 0;
+        while i < self.ops.len() {
+            match &self.ops[i] {
+                Op::AddTable(comment) => match comment {
+                    Some(c) => writeln!(f, "add table {t} {{ comment {} ; }}", quote(c))?,
+                    None => writeln!(f, "add table {t}")?,
+                },
+                Op::AddChain(chain) => {
+                    write!(f, "add chain {t} {}", chain.name)?;
+                    let mut body = String::new();
+                    if let Some(b) = &chain.base {
+                        body.push_str(&format!(
+                            " type {} hook {} priority {} ;",
+                            b.chain_type, b.hook, b.priority
+                        ));
+                    }
+                    if let Some(c) = &chain.comment {
+                        body.push_str(&format!(" comment {} ;", quote(c)));
+                    }
+                    if body.is_empty() {
+                        writeln!(f)?;
+                    } else {
+                        writeln!(f, " {{{body} }}")?;
+                    }
+                }
+                Op::FlushChain(name) => writeln!(f, "flush chain {t} {name}")?,
+                Op::DeleteChain(name) => writeln!(f, "delete chain {t} {name}")?,
+                Op::AddSet(set) => writeln!(
+                    f,
+                    "add {} {t} {} {{ {} }}",
+                    set.kind(),
+                    set.name,
+                    set.spec()
+                )?,
+                Op::FlushSet(name) => writeln!(f, "flush set {t} {name}")?,
+                Op::DeleteSet(name) => writeln!(f, "delete set {t} {name}")?,
+                Op::AddRule(chain, rule) => {
+                    writeln!(f, "add rule {t} {chain} {}", rule.render(self.family))?
+                }
+                Op::AddElement(set, _) => {
+                    let mut items = Vec::new();
+                    while let Some(Op::AddElement(s, e)) = self.ops.get(i) {
+                        if s != set {
+                            break;
+                        }
+                        items.push(e.to_string());
+                        i += 1;
+                    }
+                    writeln!(f, "add element {t} {set} {{ {} }}", items.join(", "))?;
+                    continue;
+                }
+                Op::DeleteElement(set, _) => {
+                    let mut items = Vec::new();
+                    while let Some(Op::DeleteElement(s, k)) = self.ops.get(i) {
+                        if s != set {
+                            break;
+                        }
+                        items.push(crate::ir::join(k.iter().map(|v| v.to_string()), " . "));
+                        i += 1;
+                    }
+                    writeln!(f, "delete element {t} {set} {{ {} }}", items.join(", "))?;
+                    continue;
+                }
+            }
+            i += 1;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::{ChainType, DataType, ElementValue, Expr, Hook, L4Proto, Verdict};
+
+    #[test]
+    fn renders_the_nft_script_and_coalesces_elements() {
+        let mut tx = Transaction::new(Family::Ip, "verdict");
+        tx.add_table(Some("rules for verdict"));
+        tx.add_chain(Chain::base(
+            "nat-output",
+            ChainType::Nat,
+            Hook::Output,
+            -100,
+        ));
+        tx.add_chain(Chain::regular("services"));
+        tx.add_set(Set::set("cluster-ips", vec![DataType::Ipv4Addr]));
+        tx.add_rule(
+            "nat-output",
+            Rule::new(vec![Expr::Verdict(Verdict::Jump("services".into()))]),
+        );
+        for ip in ["172.30.0.41", "172.30.0.42"] {
+            tx.add_element(
+                "cluster-ips",
+                Element::key(vec![Value::Addr(ip.parse().unwrap())]),
+            );
+        }
+        tx.delete_element(
+            "cluster-ips",
+            vec![Value::Addr("172.30.0.43".parse().unwrap())],
+        );
+        tx.add_element(
+            "cluster-ips",
+            Element::key(vec![Value::Addr("172.30.0.44".parse().unwrap())]),
+        );
+        assert_eq!(tx.len(), 9);
+        assert_eq!(
+            tx.to_string(),
+            "add table ip verdict { comment \"rules for verdict\" ; }\n\
+             add chain ip verdict nat-output { type nat hook output priority -100 ; }\n\
+             add chain ip verdict services\n\
+             add set ip verdict cluster-ips { type ipv4_addr ; }\n\
+             add rule ip verdict nat-output jump services\n\
+             add element ip verdict cluster-ips { 172.30.0.41, 172.30.0.42 }\n\
+             delete element ip verdict cluster-ips { 172.30.0.43 }\n\
+             add element ip verdict cluster-ips { 172.30.0.44 }\n"
+        );
+        assert!(tx.error().is_none());
+    }
+
+    #[test]
+    fn records_the_first_error_and_keeps_going() {
+        let mut tx = Transaction::new(Family::Ip6, "verdict");
+        tx.add_chain(Chain::regular("x".repeat(300)));
+        tx.add_rule("c", Rule::new(vec![]));
+        tx.add_element(
+            "m",
+            Element::map(
+                vec![Value::Proto(L4Proto::Tcp), Value::Port(3001)],
+                ElementValue::Verdict(Verdict::Drop),
+            )
+            .with_comment("c".repeat(200)),
+        );
+        assert_eq!(tx.len(), 3);
+        let err = tx.error().unwrap().to_string();
+        assert!(err.contains("chain name"), "{err}");
+    }
+}
