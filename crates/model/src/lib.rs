@@ -1,1 +1,57 @@
-//! placeholder
+#![doc = r#"
+The pure domain model of verdict, a Kubernetes Service proxy that replaces
+kube-proxy's nftables mode.
+
+This crate turns the Kubernetes objects the proxy watches (Services and
+EndpointSlices) into the per-IP-family service ports and endpoint lists that the
+rule builder consumes, with kube-proxy's exact semantics: legacy IP parsing, which
+services are proxied, traffic policies, topology hints, terminating endpoints and
+change tracking between syncs. It does no I/O, no async and talks to neither the
+kernel nor the API server, so every rule here is unit-tested in isolation.
+
+# Layout
+
+* [`api`](crate::api) — plain mirrors of the API fields read (`Service`, `EndpointSlice`, ...).
+* `ip` — [`IpFamily`] and the legacy (leading-zeros-are-decimal) IP/CIDR parsers.
+* `names` — [`Protocol`], [`NamespacedName`], [`ServicePortName`].
+* `service` — [`ServicePort`], [`service_ports`], [`should_skip_service`].
+* `endpoints` — [`Endpoint`], its canonical (Display-string) order, [`EndpointsMap`].
+* `topology` — [`categorize_endpoints`] (cluster/local endpoint selection).
+* `slice_cache` — [`EndpointSliceCache`], merging slices per service port.
+* `tracker` — [`ServiceChangeTracker`] and [`EndpointsChangeTracker`], folding
+  watch events between syncs.
+* `error` — [`ModelError`].
+
+Everything is re-exported at the crate root.
+"#]
+#![warn(missing_docs)]
+
+pub mod api;
+mod endpoints;
+mod error;
+mod ip;
+mod names;
+mod service;
+mod slice_cache;
+mod topology;
+mod tracker;
+
+pub use api::{
+    AddressType, EndpointHints, EndpointSlice, LoadBalancerIngress, LoadBalancerIpMode, Service,
+    ServicePortSpec, ServiceType, SessionAffinity, SliceEndpoint, SlicePort, TrafficPolicy,
+};
+pub use endpoints::{
+    Endpoint, EndpointsMap, cmp_by_display, local_ready_endpoints, sort_endpoints,
+};
+pub use error::ModelError;
+pub use ip::{IpFamily, parse_cidr_legacy, parse_ip_legacy};
+pub use names::{NamespacedName, Protocol, ServicePortName};
+pub use service::{
+    DEFAULT_SESSION_AFFINITY_TIMEOUT_SECONDS, LABEL_HEADLESS, LABEL_SERVICE_PROXY_NAME,
+    ServicePort, ServicePortMap, is_headless, service_port_map, service_ports, should_skip_service,
+};
+pub use slice_cache::EndpointSliceCache;
+pub use topology::{CategorizedEndpoints, NodeTopology, categorize_endpoints};
+pub use tracker::{
+    EndpointsChangeTracker, EndpointsUpdateResult, ServiceChangeTracker, ServiceUpdateResult,
+};

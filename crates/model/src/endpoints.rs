@@ -1,0 +1,235 @@
+//! Endpoints of service ports, their canonical order and the endpoints map.
+
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::{self, Write as _};
+use std::net::{IpAddr, SocketAddr};
+
+use crate::names::{NamespacedName, ServicePortName};
+
+/// All endpoints currently known, per service port. Each list is sorted by the
+/// endpoint's Display string and has no two entries with the same IP:port; ports
+/// without endpoints have no entry.
+pub type EndpointsMap = BTreeMap<ServicePortName, Vec<Endpoint>>;
+
+/// One backend (IP:port) of a service port, with the conditions and topology facts
+/// the proxy needs.
+///
+/// The derived `Ord` compares fields in order; kube-proxy's canonical order is by the
+/// Display string instead, see [`cmp_by_display`].
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Endpoint {
+    /// The address (first address of the slice endpoint).
+    pub ip: IpAddr,
+    /// The target port.
+    pub port: u16,
+    /// Whether the endpoint's `nodeName` is this node.
+    pub is_local: bool,
+    /// `conditions.ready`, `None` counting as ready.
+    pub ready: bool,
+    /// `conditions.serving`, `None` counting as serving.
+    pub serving: bool,
+    /// `conditions.terminating`, `None` counting as not terminating.
+    pub terminating: bool,
+    /// `nodeName`.
+    pub node_name: Option<String>,
+    /// `zone`.
+    pub zone: Option<String>,
+    /// Zone hints (`hints.forZones`), `None` when there are none.
+    pub zone_hints: Option<BTreeSet<String>>,
+    /// Node hints (`hints.forNodes`), `None` when there are none.
+    pub node_hints: Option<BTreeSet<String>>,
+}
+
+impl Endpoint {
+    /// A ready, serving, non-terminating, remote endpoint without topology data.
+    pub fn new(ip: IpAddr, port: u16) -> Self {
+        Endpoint {
+            ip,
+            port,
+            is_local: false,
+            ready: true,
+            serving: true,
+            terminating: false,
+            node_name: None,
+            zone: None,
+            zone_hints: None,
+            node_hints: None,
+        }
+    }
+
+    /// The endpoint as a socket address.
+    pub fn socket_addr(&self) -> SocketAddr {
+        SocketAddr::new(self.ip, self.port)
+    }
+
+    /// Usable as a fallback while terminating (serving and terminating).
+    pub fn is_serving_terminating(&self) -> bool {
+        self.serving && self.terminating
+    }
+}
+
+impl fmt::Display for Endpoint {
+    /// `"10.0.0.1:80"` or `"[fd00::1]:80"` (also kube-proxy's sort key).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.socket_addr())
+    }
+}
+
+/// A fixed buffer large enough for any `[IPv6]:port` text, to compare Display strings
+/// without allocating.
+struct DisplayBuf {
+    buf: [u8; 64],
+    len: usize,
+}
+
+impl DisplayBuf {
+    fn of(ep: &Endpoint) -> Option<DisplayBuf> {
+        let mut b = DisplayBuf {
+            buf: [0; 64],
+            len: 0,
+        };
+        write!(b, "{ep}").ok()?;
+        Some(b)
+    }
+
+    fn bytes(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
+impl fmt::Write for DisplayBuf {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        let end = self.len + s.len();
+        let dst = self.buf.get_mut(self.len..end).ok_or(fmt::Error)?;
+        dst.copy_from_slice(s.as_bytes());
+        self.len = end;
+        Ok(())
+    }
+}
+
+/// Compares two endpoints by their Display strings (string order, so
+/// `"10.244.0.10:9898" < "10.244.0.8:9898"`), kube-proxy's canonical endpoint order.
+pub fn cmp_by_display(a: &Endpoint, b: &Endpoint) -> Ordering {
+    match (DisplayBuf::of(a), DisplayBuf::of(b)) {
+        (Some(x), Some(y)) => x.bytes().cmp(y.bytes()),
+        _ => a.to_string().cmp(&b.to_string()),
+    }
+}
+
+/// Sorts endpoints by their Display strings (stable).
+pub fn sort_endpoints(endpoints: &mut [Endpoint]) {
+    if !endpoints.is_sorted_by(|a, b| cmp_by_display(a, b) != Ordering::Greater) {
+        endpoints.sort_by(cmp_by_display);
+    }
+}
+
+/// Local endpoints that are ready (for health-check node ports): count per service.
+///
+/// Like kube-proxy's `LocalReadyEndpoints`, distinct IPs are counted across all
+/// ports of the service, and services with no local ready endpoint are absent.
+pub fn local_ready_endpoints(map: &EndpointsMap) -> BTreeMap<NamespacedName, usize> {
+    let mut ips: BTreeMap<&NamespacedName, BTreeSet<IpAddr>> = BTreeMap::new();
+    for (name, endpoints) in map {
+        for ep in endpoints.iter().filter(|ep| ep.is_local && ep.ready) {
+            ips.entry(&name.service).or_default().insert(ep.ip);
+        }
+    }
+    ips.into_iter()
+        .map(|(svc, ips)| (svc.clone(), ips.len()))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::names::Protocol;
+
+    fn ep(s: &str) -> Endpoint {
+        let addr: SocketAddr = s.parse().unwrap();
+        Endpoint::new(addr.ip(), addr.port())
+    }
+
+    #[test]
+    fn display() {
+        assert_eq!(ep("10.0.0.1:80").to_string(), "10.0.0.1:80");
+        assert_eq!(ep("[fd00::1]:80").to_string(), "[fd00::1]:80");
+        assert_eq!(
+            ep("[fd00::1]:80").socket_addr(),
+            "[fd00::1]:80".parse().unwrap()
+        );
+    }
+
+    #[test]
+    fn new_defaults() {
+        let e = ep("10.0.0.1:80");
+        assert!(e.ready && e.serving && !e.terminating && !e.is_local);
+        assert!(!e.is_serving_terminating());
+    }
+
+    #[test]
+    fn sort_is_by_display_string() {
+        let mut eps = vec![
+            ep("10.244.0.8:9898"),
+            ep("10.244.0.10:9898"),
+            ep("10.244.0.9:80"),
+            ep("10.244.0.10:10000"),
+        ];
+        sort_endpoints(&mut eps);
+        let got: Vec<String> = eps.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            got,
+            [
+                "10.244.0.10:10000",
+                "10.244.0.10:9898",
+                "10.244.0.8:9898",
+                "10.244.0.9:80"
+            ]
+        );
+        // Differs from the derived (numeric) order.
+        assert!(ep("10.244.0.8:9898") < ep("10.244.0.10:9898"));
+        assert_eq!(
+            cmp_by_display(&ep("10.244.0.8:9898"), &ep("10.244.0.10:9898")),
+            Ordering::Greater
+        );
+    }
+
+    #[test]
+    fn cmp_by_display_handles_longest_ipv6() {
+        let a = ep("[ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff]:65535");
+        let b = ep("[ffff:ffff:ffff:ffff:ffff:ffff:ffff:fffe]:65535");
+        assert_eq!(cmp_by_display(&a, &b), Ordering::Greater);
+        assert_eq!(cmp_by_display(&a, &a), Ordering::Equal);
+        let mut v = vec![ep("[fd00::2]:80"), ep("[fd00::10]:80")];
+        sort_endpoints(&mut v);
+        assert_eq!(v[0].to_string(), "[fd00::10]:80");
+    }
+
+    #[test]
+    fn local_ready_counts_distinct_ips_per_service() {
+        let svc = |port: &str| ServicePortName::new("ns", "svc", port, Protocol::Tcp);
+        let local = |s: &str, ready: bool| Endpoint {
+            is_local: true,
+            ready,
+            ..ep(s)
+        };
+        let mut map = EndpointsMap::new();
+        map.insert(
+            svc("a"),
+            vec![
+                local("10.0.0.1:80", true),
+                local("10.0.0.2:80", false),
+                ep("10.0.0.3:80"),
+            ],
+        );
+        map.insert(svc("b"), vec![local("10.0.0.1:81", true)]);
+        map.insert(
+            ServicePortName::new("ns", "other", "", Protocol::Tcp),
+            vec![ep("10.0.0.9:80")],
+        );
+        let counts = local_ready_endpoints(&map);
+        assert_eq!(counts.get(&NamespacedName::new("ns", "svc")), Some(&1));
+        assert_eq!(counts.get(&NamespacedName::new("ns", "other")), None);
+        assert_eq!(counts.len(), 1);
+    }
+}

@@ -1,0 +1,816 @@
+//! Change trackers: fold watch events between syncs and apply them to the maps the
+//! proxier syncs from (kube-proxy's `servicechangetracker.go` and
+//! `endpointschangetracker.go`).
+
+use std::collections::btree_map::Entry;
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::api::{EndpointSlice, Service};
+use crate::endpoints::{Endpoint, EndpointsMap};
+use crate::error::ModelError;
+use crate::ip::IpFamily;
+use crate::names::{NamespacedName, Protocol, ServicePortName};
+use crate::service::{ServicePortMap, service_port_map};
+use crate::slice_cache::EndpointSliceCache;
+
+/// Removes and returns every entry of `service` from a map keyed by [`ServicePortName`].
+fn take_service<V>(
+    map: &mut BTreeMap<ServicePortName, V>,
+    service: &NamespacedName,
+) -> BTreeMap<ServicePortName, V> {
+    let keys: Vec<ServicePortName> = map
+        .range(ServicePortName::first_of(service)..)
+        .take_while(|(k, _)| k.service == *service)
+        .map(|(k, _)| k.clone())
+        .collect();
+    keys.into_iter()
+        .filter_map(|k| map.remove_entry(&k))
+        .collect()
+}
+
+/// The services touched by [`ServiceChangeTracker::apply`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ServiceUpdateResult {
+    /// Services added, changed or deleted since the last apply.
+    pub updated_services: BTreeSet<NamespacedName>,
+}
+
+#[derive(Clone, Debug)]
+struct ServiceChange {
+    previous: ServicePortMap,
+    current: ServicePortMap,
+}
+
+/// Folds service events between syncs like kube-proxy's ServiceChangeTracker: keeps
+/// the FIRST previous and LATEST current per service; drops the entry when they
+/// become equal (add then delete before a sync is a no-op).
+#[derive(Clone, Debug)]
+pub struct ServiceChangeTracker {
+    family: IpFamily,
+    items: BTreeMap<NamespacedName, ServiceChange>,
+    errors: Vec<ModelError>,
+}
+
+impl ServiceChangeTracker {
+    /// An empty tracker for one IP family.
+    pub fn new(family: IpFamily) -> Self {
+        ServiceChangeTracker {
+            family,
+            items: BTreeMap::new(),
+            errors: Vec::new(),
+        }
+    }
+
+    /// The IP family this tracker processes.
+    pub fn family(&self) -> IpFamily {
+        self.family
+    }
+
+    fn port_map(&mut self, svc: Option<&Service>, record_errors: bool) -> ServicePortMap {
+        match svc.map(|s| service_port_map(s, self.family)) {
+            None => ServicePortMap::new(),
+            Some(Ok(map)) => map,
+            Some(Err(err)) => {
+                if record_errors {
+                    self.errors.push(err);
+                }
+                ServicePortMap::new()
+            }
+        }
+    }
+
+    /// previous/current are the object before/after the event (None for add/delete).
+    /// Returns true if a sync is needed (for this or any earlier pending change).
+    /// Invalid services are not logged here: the error is stored (see
+    /// [`take_errors`](Self::take_errors)) and the service is treated as having no
+    /// ports. Errors are only recorded for `current`; `previous` was reported when it
+    /// was current.
+    pub fn update(&mut self, previous: Option<&Service>, current: Option<&Service>) -> bool {
+        let Some(svc) = current.or(previous) else {
+            return false;
+        };
+        let key = svc.namespaced_name();
+        let previous_map = if self.items.contains_key(&key) {
+            None
+        } else {
+            Some(self.port_map(previous, false))
+        };
+        let current_map = self.port_map(current, true);
+        match self.items.entry(key) {
+            Entry::Occupied(mut entry) => {
+                entry.get_mut().current = current_map;
+                if entry.get().previous == entry.get().current {
+                    entry.remove();
+                }
+            }
+            Entry::Vacant(entry) => {
+                let previous = previous_map.unwrap_or_default();
+                if previous != current_map {
+                    entry.insert(ServiceChange {
+                        previous,
+                        current: current_map,
+                    });
+                }
+            }
+        }
+        !self.items.is_empty()
+    }
+
+    /// The number of services with pending changes.
+    pub fn pending(&self) -> usize {
+        self.items.len()
+    }
+
+    /// Applies pending changes to `map`; returns the services touched.
+    pub fn apply(&mut self, map: &mut ServicePortMap) -> ServiceUpdateResult {
+        let mut result = ServiceUpdateResult::default();
+        for (name, change) in std::mem::take(&mut self.items) {
+            take_service(map, &name);
+            map.extend(change.current);
+            result.updated_services.insert(name);
+        }
+        result
+    }
+
+    /// Returns and clears the errors of invalid services seen since the last call.
+    pub fn take_errors(&mut self) -> Vec<ModelError> {
+        std::mem::take(&mut self.errors)
+    }
+}
+
+/// What [`EndpointsChangeTracker::apply`] changed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EndpointsUpdateResult {
+    /// Services whose endpoints changed.
+    pub updated_services: BTreeSet<NamespacedName>,
+    /// Endpoints that were in the map for a service port before and are not any more
+    /// (IP:port + the ServicePortName) — used for UDP conntrack cleanup later.
+    /// As in kube-proxy, an endpoint that stays but stops serving counts as deleted,
+    /// and an endpoint that was not serving before is never listed (it had no traffic).
+    /// All protocols are listed; callers filter for UDP.
+    pub deleted_endpoints: Vec<(ServicePortName, Endpoint)>,
+    /// Trigger-time annotation values of slices applied in this batch (not for
+    /// deletions), per service. Kept as text; filtering by tracker start time is up
+    /// to the caller.
+    pub last_change_trigger_times: BTreeMap<NamespacedName, Vec<String>>,
+    /// kube-proxy's `ConntrackCleanupRequired`: a service with a UDP port (before or
+    /// after) had its endpoints changed.
+    pub conntrack_cleanup_required: bool,
+}
+
+/// Wraps an [`EndpointSliceCache`]; tracks which services have pending changes and
+/// the trigger times of the slices that changed them.
+#[derive(Clone, Debug)]
+pub struct EndpointsChangeTracker {
+    cache: EndpointSliceCache,
+    pending: BTreeSet<NamespacedName>,
+    trigger_times: BTreeMap<NamespacedName, Vec<String>>,
+}
+
+impl EndpointsChangeTracker {
+    /// An empty tracker for `family` on the node called `node_name`.
+    pub fn new(family: IpFamily, node_name: impl Into<String>) -> Self {
+        EndpointsChangeTracker {
+            cache: EndpointSliceCache::new(family, node_name),
+            pending: BTreeSet::new(),
+            trigger_times: BTreeMap::new(),
+        }
+    }
+
+    /// The underlying slice cache (latest state of every slice, applied or not).
+    pub fn cache(&self) -> &EndpointSliceCache {
+        &self.cache
+    }
+
+    /// Records a slice add/update (`removed == false`) or delete (`removed == true`).
+    /// Returns true if the slice changed something, i.e. a sync is needed.
+    pub fn update(&mut self, slice: &EndpointSlice, removed: bool) -> bool {
+        let Some(service) = slice.service() else {
+            return false;
+        };
+        let changed = if removed {
+            self.cache.delete(slice)
+        } else {
+            self.cache.update(slice)
+        };
+        if changed {
+            if removed {
+                // A deleted slice's trigger time is that of its last update, which is
+                // not what the latency metric measures.
+                self.trigger_times.remove(&service);
+            } else if let Some(t) = slice
+                .last_change_trigger_time
+                .as_deref()
+                .map(str::trim)
+                .filter(|t| !t.is_empty())
+            {
+                self.trigger_times
+                    .entry(service.clone())
+                    .or_default()
+                    .push(t.to_owned());
+            }
+            self.pending.insert(service);
+        }
+        changed
+    }
+
+    /// The number of services with pending changes.
+    pub fn pending(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Applies pending changes to `map` and reports what changed.
+    pub fn apply(&mut self, map: &mut EndpointsMap) -> EndpointsUpdateResult {
+        let mut result = EndpointsUpdateResult {
+            last_change_trigger_times: std::mem::take(&mut self.trigger_times),
+            ..Default::default()
+        };
+        for service in std::mem::take(&mut self.pending) {
+            let previous = take_service(map, &service);
+            let current = self.cache.endpoints_for(&service);
+            if previous != current {
+                for (name, old) in &previous {
+                    let new = current.get(name).map(Vec::as_slice).unwrap_or_default();
+                    for ep in old.iter().filter(|ep| ep.serving) {
+                        let still_serving = new
+                            .iter()
+                            .any(|n| n.ip == ep.ip && n.port == ep.port && n.serving);
+                        if !still_serving {
+                            result.deleted_endpoints.push((name.clone(), ep.clone()));
+                        }
+                    }
+                }
+                if previous
+                    .keys()
+                    .chain(current.keys())
+                    .any(|k| k.protocol == Protocol::Udp)
+                {
+                    result.conntrack_cleanup_required = true;
+                }
+                result.updated_services.insert(service);
+            }
+            map.extend(current);
+        }
+        result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::SocketAddr;
+
+    use super::*;
+    use crate::api::{AddressType, ServicePortSpec, SliceEndpoint, SlicePort};
+    use crate::endpoints::local_ready_endpoints;
+
+    // ---- services ----
+
+    fn svc(name: &str, cluster_ip: &str, port: i32) -> Service {
+        Service {
+            namespace: "ns".into(),
+            name: name.into(),
+            cluster_ips: vec![cluster_ip.into()],
+            ports: vec![ServicePortSpec {
+                name: "p".into(),
+                protocol: Protocol::Tcp,
+                port,
+                node_port: None,
+            }],
+            ..Default::default()
+        }
+    }
+
+    fn nn(name: &str) -> NamespacedName {
+        NamespacedName::new("ns", name)
+    }
+
+    #[test]
+    fn service_add_and_apply() {
+        let mut t = ServiceChangeTracker::new(IpFamily::V4);
+        let a = svc("a", "10.0.0.1", 80);
+        assert!(t.update(None, Some(&a)));
+        assert_eq!(t.pending(), 1);
+        let mut map = ServicePortMap::new();
+        let r = t.apply(&mut map);
+        assert_eq!(r.updated_services, BTreeSet::from([nn("a")]));
+        assert_eq!(map.len(), 1);
+        assert_eq!(t.pending(), 0);
+        // Nothing pending: nothing touched.
+        assert_eq!(t.apply(&mut map), ServiceUpdateResult::default());
+        assert_eq!(map.len(), 1);
+    }
+
+    #[test]
+    fn service_add_then_delete_is_noop() {
+        let mut t = ServiceChangeTracker::new(IpFamily::V4);
+        let a = svc("a", "10.0.0.1", 80);
+        assert!(t.update(None, Some(&a)));
+        assert!(!t.update(Some(&a), None));
+        assert_eq!(t.pending(), 0);
+        let mut map = ServicePortMap::new();
+        assert!(t.apply(&mut map).updated_services.is_empty());
+        assert!(map.is_empty());
+    }
+
+    #[test]
+    fn service_update_then_revert_is_noop() {
+        let mut t = ServiceChangeTracker::new(IpFamily::V4);
+        let mut map = ServicePortMap::new();
+        let a1 = svc("a", "10.0.0.1", 80);
+        t.update(None, Some(&a1));
+        t.apply(&mut map);
+        let a2 = svc("a", "10.0.0.1", 81);
+        assert!(t.update(Some(&a1), Some(&a2)));
+        assert!(!t.update(Some(&a2), Some(&a1)));
+        assert_eq!(t.pending(), 0);
+        assert!(t.apply(&mut map).updated_services.is_empty());
+    }
+
+    #[test]
+    fn service_update_without_relevant_change_is_noop() {
+        let mut t = ServiceChangeTracker::new(IpFamily::V4);
+        let a1 = svc("a", "10.0.0.1", 80);
+        let mut a2 = a1.clone();
+        a2.labels.insert("irrelevant".into(), "x".into());
+        assert!(!t.update(Some(&a1), Some(&a2)));
+        // An IPv6-only service does not matter to the IPv4 tracker.
+        assert!(!t.update(None, Some(&svc("b", "fd00::1", 80))));
+    }
+
+    #[test]
+    fn service_keeps_first_previous_and_latest_current() {
+        let mut t = ServiceChangeTracker::new(IpFamily::V4);
+        let mut map = ServicePortMap::new();
+        let v1 = svc("a", "10.0.0.1", 80);
+        t.update(None, Some(&v1));
+        t.apply(&mut map);
+
+        let v2 = svc("a", "10.0.0.1", 81);
+        let v3 = svc("a", "10.0.0.1", 82);
+        assert!(t.update(Some(&v1), Some(&v2)));
+        // The "previous" passed here (v1, stale) is ignored: the first one is kept.
+        assert!(t.update(Some(&v1), Some(&v3)));
+        // Going back to v1 (the FIRST previous) cancels everything, even though the
+        // last step was v3 -> v1.
+        assert!(!t.update(Some(&v3), Some(&v1)));
+        assert_eq!(t.pending(), 0);
+
+        assert!(t.update(Some(&v1), Some(&v2)));
+        assert!(t.update(Some(&v2), Some(&v3)));
+        assert_eq!(t.pending(), 1);
+        let r = t.apply(&mut map);
+        assert_eq!(r.updated_services, BTreeSet::from([nn("a")]));
+        assert_eq!(map.values().map(|p| p.port).collect::<Vec<_>>(), [82]);
+    }
+
+    #[test]
+    fn service_apply_removes_deleted_and_renamed_ports() {
+        let mut t = ServiceChangeTracker::new(IpFamily::V4);
+        let mut map = ServicePortMap::new();
+        let a = svc("a", "10.0.0.1", 80);
+        let b = svc("b", "10.0.0.2", 80);
+        t.update(None, Some(&a));
+        t.update(None, Some(&b));
+        t.apply(&mut map);
+        assert_eq!(map.len(), 2);
+
+        let mut a2 = a.clone();
+        a2.ports[0].name = "renamed".into();
+        t.update(Some(&a), Some(&a2));
+        t.update(Some(&b), None);
+        let r = t.apply(&mut map);
+        assert_eq!(r.updated_services, BTreeSet::from([nn("a"), nn("b")]));
+        assert_eq!(
+            map.keys().cloned().collect::<Vec<_>>(),
+            [ServicePortName::new("ns", "a", "renamed", Protocol::Tcp)]
+        );
+    }
+
+    #[test]
+    fn service_becoming_headless_removes_ports() {
+        let mut t = ServiceChangeTracker::new(IpFamily::V4);
+        let mut map = ServicePortMap::new();
+        let a = svc("a", "10.0.0.1", 80);
+        t.update(None, Some(&a));
+        t.apply(&mut map);
+        let mut headless = a.clone();
+        headless.cluster_ips = vec!["None".into()];
+        assert!(t.update(Some(&a), Some(&headless)));
+        t.apply(&mut map);
+        assert!(map.is_empty());
+    }
+
+    #[test]
+    fn invalid_service_is_recorded_and_has_no_ports() {
+        let mut t = ServiceChangeTracker::new(IpFamily::V4);
+        let mut map = ServicePortMap::new();
+        let good = svc("a", "10.0.0.1", 80);
+        t.update(None, Some(&good));
+        t.apply(&mut map);
+
+        let bad = svc("a", "10.0.0.1", 70000);
+        assert!(t.update(Some(&good), Some(&bad)));
+        let errors = t.take_errors();
+        assert_eq!(errors.len(), 1);
+        assert!(errors[0].to_string().contains("ns/a"), "{}", errors[0]);
+        assert!(t.take_errors().is_empty());
+        t.apply(&mut map);
+        assert!(map.is_empty());
+
+        // Deleting the invalid service does not report it again.
+        assert!(!t.update(Some(&bad), None));
+        assert!(t.take_errors().is_empty());
+    }
+
+    #[test]
+    fn service_update_with_no_objects() {
+        let mut t = ServiceChangeTracker::new(IpFamily::V4);
+        assert!(!t.update(None, None));
+        assert_eq!(t.family(), IpFamily::V4);
+    }
+
+    #[test]
+    fn service_update_return_reflects_any_pending() {
+        let mut t = ServiceChangeTracker::new(IpFamily::V4);
+        let a = svc("a", "10.0.0.1", 80);
+        t.update(None, Some(&a));
+        // An irrelevant event still reports that a sync is needed (a is pending).
+        assert!(t.update(None, Some(&svc("b", "fd00::1", 80))));
+    }
+
+    // ---- endpoints ----
+
+    fn sep(addr: &str) -> SliceEndpoint {
+        SliceEndpoint {
+            addresses: vec![addr.into()],
+            ..Default::default()
+        }
+    }
+
+    fn slice(
+        service: &str,
+        name: &str,
+        port: i32,
+        protocol: Protocol,
+        endpoints: Vec<SliceEndpoint>,
+    ) -> EndpointSlice {
+        EndpointSlice {
+            namespace: "ns".into(),
+            name: name.into(),
+            service_name: Some(service.into()),
+            address_type: AddressType::IPv4,
+            endpoints,
+            ports: vec![SlicePort {
+                name: Some("p".into()),
+                port: Some(port),
+                protocol,
+            }],
+            last_change_trigger_time: None,
+        }
+    }
+
+    fn spn(service: &str, protocol: Protocol) -> ServicePortName {
+        ServicePortName::new("ns", service, "p", protocol)
+    }
+
+    fn deleted(r: &EndpointsUpdateResult) -> Vec<String> {
+        r.deleted_endpoints
+            .iter()
+            .map(|(n, e)| format!("{n}={e}"))
+            .collect()
+    }
+
+    fn addr(e: &Endpoint) -> SocketAddr {
+        e.socket_addr()
+    }
+
+    #[test]
+    fn endpoints_add_apply() {
+        let mut t = EndpointsChangeTracker::new(IpFamily::V4, "node1");
+        let mut map = EndpointsMap::new();
+        let s = slice(
+            "a",
+            "a-1",
+            80,
+            Protocol::Tcp,
+            vec![sep("10.0.0.1"), sep("10.0.0.2")],
+        );
+        assert!(t.update(&s, false));
+        assert!(!t.update(&s, false), "no change");
+        assert_eq!(t.pending(), 1);
+        let r = t.apply(&mut map);
+        assert_eq!(r.updated_services, BTreeSet::from([nn("a")]));
+        assert!(r.deleted_endpoints.is_empty());
+        assert!(!r.conntrack_cleanup_required);
+        assert_eq!(
+            map[&spn("a", Protocol::Tcp)]
+                .iter()
+                .map(addr)
+                .collect::<Vec<_>>(),
+            [
+                "10.0.0.1:80".parse().unwrap(),
+                "10.0.0.2:80".parse().unwrap()
+            ] as [SocketAddr; 2]
+        );
+        assert_eq!(t.pending(), 0);
+        assert_eq!(t.apply(&mut map), EndpointsUpdateResult::default());
+    }
+
+    #[test]
+    fn endpoints_deleted_endpoints_reported() {
+        let mut t = EndpointsChangeTracker::new(IpFamily::V4, "node1");
+        let mut map = EndpointsMap::new();
+        t.update(
+            &slice(
+                "a",
+                "a-1",
+                53,
+                Protocol::Udp,
+                vec![sep("10.0.0.1"), sep("10.0.0.2")],
+            ),
+            false,
+        );
+        t.update(
+            &slice("b", "b-1", 80, Protocol::Tcp, vec![sep("10.0.1.1")]),
+            false,
+        );
+        t.apply(&mut map);
+
+        // Remove one endpoint of a; delete b's slice entirely.
+        assert!(t.update(
+            &slice("a", "a-1", 53, Protocol::Udp, vec![sep("10.0.0.2")]),
+            false
+        ));
+        assert!(t.update(&slice("b", "b-1", 80, Protocol::Tcp, vec![]), true));
+        let r = t.apply(&mut map);
+        assert_eq!(r.updated_services, BTreeSet::from([nn("a"), nn("b")]));
+        assert_eq!(deleted(&r), ["ns/a:p=10.0.0.1:53", "ns/b:p=10.0.1.1:80"]);
+        assert!(r.conntrack_cleanup_required);
+        assert!(!map.contains_key(&spn("b", Protocol::Tcp)));
+        assert_eq!(map[&spn("a", Protocol::Udp)].len(), 1);
+    }
+
+    #[test]
+    fn endpoints_renumber_and_rename_count_as_deleted() {
+        let mut t = EndpointsChangeTracker::new(IpFamily::V4, "n");
+        let mut map = EndpointsMap::new();
+        t.update(
+            &slice("a", "a-1", 80, Protocol::Tcp, vec![sep("10.0.0.1")]),
+            false,
+        );
+        t.apply(&mut map);
+
+        t.update(
+            &slice("a", "a-1", 81, Protocol::Tcp, vec![sep("10.0.0.1")]),
+            false,
+        );
+        let r = t.apply(&mut map);
+        assert_eq!(deleted(&r), ["ns/a:p=10.0.0.1:80"]);
+        assert!(!r.conntrack_cleanup_required, "TCP only");
+
+        let mut renamed = slice("a", "a-1", 81, Protocol::Tcp, vec![sep("10.0.0.1")]);
+        renamed.ports[0].name = Some("q".into());
+        t.update(&renamed, false);
+        let r = t.apply(&mut map);
+        assert_eq!(deleted(&r), ["ns/a:p=10.0.0.1:81"]);
+        assert_eq!(
+            map.keys().cloned().collect::<Vec<_>>(),
+            [ServicePortName::new("ns", "a", "q", Protocol::Tcp)]
+        );
+    }
+
+    #[test]
+    fn endpoints_stopping_serving_counts_as_deleted_but_not_serving_before_does_not() {
+        let mut t = EndpointsChangeTracker::new(IpFamily::V4, "n");
+        let mut map = EndpointsMap::new();
+        let not_serving = SliceEndpoint {
+            ready: Some(false),
+            serving: Some(false),
+            ..sep("10.0.0.2")
+        };
+        t.update(
+            &slice(
+                "a",
+                "a-1",
+                53,
+                Protocol::Udp,
+                vec![sep("10.0.0.1"), not_serving],
+            ),
+            false,
+        );
+        t.apply(&mut map);
+
+        let stopped = SliceEndpoint {
+            ready: Some(false),
+            serving: Some(false),
+            terminating: Some(true),
+            ..sep("10.0.0.1")
+        };
+        t.update(&slice("a", "a-1", 53, Protocol::Udp, vec![stopped]), false);
+        let r = t.apply(&mut map);
+        assert_eq!(deleted(&r), ["ns/a:p=10.0.0.1:53"]);
+
+        // Ready -> serving+terminating keeps serving: not deleted.
+        let mut t = EndpointsChangeTracker::new(IpFamily::V4, "n");
+        let mut map = EndpointsMap::new();
+        t.update(
+            &slice("a", "a-1", 53, Protocol::Udp, vec![sep("10.0.0.1")]),
+            false,
+        );
+        t.apply(&mut map);
+        let terminating = SliceEndpoint {
+            ready: Some(false),
+            serving: Some(true),
+            terminating: Some(true),
+            ..sep("10.0.0.1")
+        };
+        t.update(
+            &slice("a", "a-1", 53, Protocol::Udp, vec![terminating]),
+            false,
+        );
+        let r = t.apply(&mut map);
+        assert!(r.deleted_endpoints.is_empty());
+        assert_eq!(r.updated_services, BTreeSet::from([nn("a")]));
+    }
+
+    #[test]
+    fn endpoints_add_then_delete_before_sync() {
+        let mut t = EndpointsChangeTracker::new(IpFamily::V4, "n");
+        let mut map = EndpointsMap::new();
+        let s = slice("a", "a-1", 80, Protocol::Tcp, vec![sep("10.0.0.1")]);
+        assert!(t.update(&s, false));
+        assert!(t.update(&s, true));
+        let r = t.apply(&mut map);
+        assert!(r.updated_services.is_empty());
+        assert!(r.deleted_endpoints.is_empty());
+        assert!(map.is_empty());
+        // Deleting an unknown slice needs no sync.
+        assert!(!t.update(&s, true));
+    }
+
+    #[test]
+    fn endpoints_update_then_revert_before_sync() {
+        let mut t = EndpointsChangeTracker::new(IpFamily::V4, "n");
+        let mut map = EndpointsMap::new();
+        let s1 = slice("a", "a-1", 80, Protocol::Tcp, vec![sep("10.0.0.1")]);
+        t.update(&s1, false);
+        t.apply(&mut map);
+        let s2 = slice("a", "a-1", 80, Protocol::Tcp, vec![sep("10.0.0.2")]);
+        assert!(t.update(&s2, false));
+        assert!(t.update(&s1, false));
+        let r = t.apply(&mut map);
+        assert!(r.updated_services.is_empty());
+        assert!(r.deleted_endpoints.is_empty());
+        assert_eq!(map[&spn("a", Protocol::Tcp)].len(), 1);
+    }
+
+    #[test]
+    fn endpoints_endpoint_moves_between_slices() {
+        let mut t = EndpointsChangeTracker::new(IpFamily::V4, "n");
+        let mut map = EndpointsMap::new();
+        t.update(
+            &slice("a", "a-1", 80, Protocol::Udp, vec![sep("10.0.0.1")]),
+            false,
+        );
+        t.apply(&mut map);
+        // Added to a-2 first, then removed from a-1: never "deleted".
+        t.update(
+            &slice("a", "a-2", 80, Protocol::Udp, vec![sep("10.0.0.1")]),
+            false,
+        );
+        let r = t.apply(&mut map);
+        assert!(r.updated_services.is_empty());
+        t.update(&slice("a", "a-1", 80, Protocol::Udp, vec![]), false);
+        let r = t.apply(&mut map);
+        assert!(r.deleted_endpoints.is_empty());
+        assert_eq!(map[&spn("a", Protocol::Udp)].len(), 1);
+    }
+
+    #[test]
+    fn endpoints_trigger_times() {
+        let mut t = EndpointsChangeTracker::new(IpFamily::V4, "n");
+        let mut map = EndpointsMap::new();
+        let mut s1 = slice("a", "a-1", 80, Protocol::Tcp, vec![sep("10.0.0.1")]);
+        s1.last_change_trigger_time = Some("2024-01-01T00:00:01Z".into());
+        let mut s2 = slice("a", "a-2", 80, Protocol::Tcp, vec![sep("10.0.0.2")]);
+        s2.last_change_trigger_time = Some("2024-01-01T00:00:02Z".into());
+        let mut b = slice("b", "b-1", 80, Protocol::Tcp, vec![sep("10.0.0.3")]);
+        b.last_change_trigger_time = Some("2024-01-01T00:00:03Z".into());
+        t.update(&s1, false);
+        t.update(&s2, false);
+        t.update(&b, false);
+        // An update that changes nothing does not record its trigger time.
+        let mut unchanged = s1.clone();
+        unchanged.last_change_trigger_time = Some("2024-01-01T00:00:09Z".into());
+        assert!(!t.update(&unchanged, false));
+
+        let r = t.apply(&mut map);
+        assert_eq!(
+            r.last_change_trigger_times,
+            BTreeMap::from([
+                (
+                    nn("a"),
+                    vec![
+                        "2024-01-01T00:00:01Z".to_string(),
+                        "2024-01-01T00:00:02Z".to_string()
+                    ]
+                ),
+                (nn("b"), vec!["2024-01-01T00:00:03Z".to_string()]),
+            ])
+        );
+        // Consumed by apply.
+        assert!(t.apply(&mut map).last_change_trigger_times.is_empty());
+
+        // A deletion drops the service's pending trigger times.
+        let mut s3 = slice("a", "a-3", 80, Protocol::Tcp, vec![sep("10.0.0.4")]);
+        s3.last_change_trigger_time = Some("2024-01-01T00:00:04Z".into());
+        t.update(&s3, false);
+        t.update(&s1, true);
+        let r = t.apply(&mut map);
+        assert!(r.last_change_trigger_times.is_empty());
+        assert_eq!(r.updated_services, BTreeSet::from([nn("a")]));
+    }
+
+    #[test]
+    fn endpoints_blank_trigger_time_ignored() {
+        let mut t = EndpointsChangeTracker::new(IpFamily::V4, "n");
+        let mut s = slice("a", "a-1", 80, Protocol::Tcp, vec![sep("10.0.0.1")]);
+        s.last_change_trigger_time = Some(" ".into());
+        assert!(t.update(&s, false));
+        let r = t.apply(&mut EndpointsMap::new());
+        assert!(r.last_change_trigger_times.is_empty());
+        assert_eq!(r.updated_services, BTreeSet::from([nn("a")]));
+    }
+
+    #[test]
+    fn endpoints_other_family_slices_ignored() {
+        let mut t = EndpointsChangeTracker::new(IpFamily::V6, "n");
+        assert!(!t.update(
+            &slice("a", "a-1", 80, Protocol::Tcp, vec![sep("10.0.0.1")]),
+            false
+        ));
+        assert_eq!(t.pending(), 0);
+        assert_eq!(t.cache().family(), IpFamily::V6);
+    }
+
+    #[test]
+    fn health_check_local_ready_goes_to_zero_when_terminating() {
+        // TestHealthCheckNodePortWhenTerminating.
+        let mut t = EndpointsChangeTracker::new(IpFamily::V4, "node1");
+        let mut map = EndpointsMap::new();
+        let local = |addr: &str, terminating: bool| SliceEndpoint {
+            node_name: Some("node1".into()),
+            ready: Some(!terminating),
+            serving: Some(true),
+            terminating: Some(terminating),
+            ..sep(addr)
+        };
+        t.update(
+            &slice(
+                "a",
+                "a-1",
+                80,
+                Protocol::Tcp,
+                vec![local("10.0.0.1", false), sep("10.0.0.2")],
+            ),
+            false,
+        );
+        t.apply(&mut map);
+        assert_eq!(local_ready_endpoints(&map).get(&nn("a")), Some(&1));
+
+        t.update(
+            &slice(
+                "a",
+                "a-1",
+                80,
+                Protocol::Tcp,
+                vec![local("10.0.0.1", true), sep("10.0.0.2")],
+            ),
+            false,
+        );
+        t.apply(&mut map);
+        assert_eq!(
+            local_ready_endpoints(&map)
+                .get(&nn("a"))
+                .copied()
+                .unwrap_or(0),
+            0
+        );
+    }
+
+    #[test]
+    fn take_service_only_touches_that_service() {
+        let mut map: BTreeMap<ServicePortName, u8> = BTreeMap::new();
+        map.insert(ServicePortName::new("ns", "a", "", Protocol::Sctp), 1);
+        map.insert(ServicePortName::new("ns", "a", "x", Protocol::Tcp), 2);
+        map.insert(ServicePortName::new("ns", "ab", "", Protocol::Tcp), 3);
+        map.insert(ServicePortName::new("ns", "", "z", Protocol::Udp), 4);
+        map.insert(ServicePortName::new("n", "a", "", Protocol::Tcp), 5);
+        let taken = take_service(&mut map, &nn("a"));
+        assert_eq!(taken.values().copied().collect::<Vec<_>>(), [1, 2]);
+        assert_eq!(
+            map.values().copied().collect::<BTreeSet<_>>(),
+            BTreeSet::from([3, 4, 5])
+        );
+    }
+}
