@@ -1,1 +1,20 @@
-//! placeholder
+//! The proxier: from Services, EndpointSlices and node facts to the
+//! nftables ruleset, and to the smallest transaction that moves the kernel
+//! from what it has to what it should have. Pure apart from the
+//! [`verdict_nft::Backend`] it is given.
+//!
+//! # Layout
+//! - [`config`]: node facts and settings of one family's proxier.
+//! - [`layout`]: names, fixed chains and sets, and the shared chains.
+//! - [`plan`]: what one service port contributes (elements and chains).
+//! - [`proxier`]: [`Proxier`], change intake and full/partial syncs.
+
+pub mod config;
+pub mod error;
+pub mod layout;
+pub mod plan;
+pub mod proxier;
+
+pub use config::{LocalDetector, NodePortAddresses, ProxierConfig};
+pub use error::ProxierError;
+pub use proxier::{FULL_SYNC_PERIOD, Proxier, REMOVE_STALE_CHAINS_AFTER, SyncResult};

@@ -1,0 +1,602 @@
+//! verdict's table layout: every chain, set and map name, the fixed rules,
+//! and the rules of the shared per-class chains. Pure functions of the
+//! configuration; `docs/nftables.md` explains the design.
+//!
+//! The number of chains, sets and maps does not depend on the number of
+//! services: per-service data lives only in map elements, and the few
+//! dynamic chains are shared by every service with the same endpoint count
+//! (`endpoints-N`) or policy shape (`external-local-C-L`).
+
+use std::fmt::{self, Display, Formatter};
+use std::str::FromStr;
+
+use verdict_nft::{
+    Chain, ChainType, CmpOp, DataType, DnatTarget, Expr, FibAddr, Hook, KeyPart, L4Proto, Rule,
+    Selector, Set, Value, Verdict,
+};
+
+use crate::config::{LocalDetector, ProxierConfig};
+
+// === base chains (kube-proxy's names, hooks and priorities) ===
+/// LoadBalancer source ranges, before DNAT (prerouting).
+pub const FILTER_PREROUTING_PRE_DNAT: &str = "filter-prerouting-pre-dnat";
+/// LoadBalancer source ranges, before DNAT (output).
+pub const FILTER_OUTPUT_PRE_DNAT: &str = "filter-output-pre-dnat";
+/// No-endpoint checks for traffic to the node.
+pub const FILTER_INPUT: &str = "filter-input";
+/// No-endpoint checks for routed traffic.
+pub const FILTER_FORWARD: &str = "filter-forward";
+/// No-endpoint checks for the node's own traffic.
+pub const FILTER_OUTPUT: &str = "filter-output";
+/// DNAT of incoming traffic.
+pub const NAT_PREROUTING: &str = "nat-prerouting";
+/// DNAT of the node's own traffic.
+pub const NAT_OUTPUT: &str = "nat-output";
+/// Masquerading.
+pub const NAT_POSTROUTING: &str = "nat-postrouting";
+
+// === fixed regular chains ===
+/// Dispatch to services.
+pub const SERVICES: &str = "services";
+/// Masquerade marked and hairpin traffic.
+pub const MASQUERADING: &str = "masquerading";
+/// LoadBalancer source-range filtering.
+pub const FIREWALL_CHECK: &str = "firewall-check";
+/// Reject or drop traffic to services without endpoints.
+pub const SERVICE_ENDPOINTS_CHECK: &str = "service-endpoints-check";
+/// Reject or drop traffic to NodePorts without endpoints.
+pub const NODEPORT_ENDPOINTS_CHECK: &str = "nodeport-endpoints-check";
+/// Reject bad ports of ClusterIPs, drop unallocated ClusterIPs.
+pub const CLUSTER_IPS_CHECK: &str = "cluster-ips-check";
+/// `reject` as a chain, since a verdict map cannot say `reject`.
+pub const REJECT_CHAIN: &str = "reject-chain";
+/// Records session affinity after DNAT.
+pub const AFFINITY_RECORD: &str = "affinity-record";
+
+// === sets and maps ===
+/// Every proxied ClusterIP.
+pub const CLUSTER_IPS: &str = "cluster-ips";
+/// Node addresses that accept NodePorts.
+pub const NODEPORT_IPS: &str = "nodeport-ips";
+/// Service address . protocol . port → class chain.
+pub const SERVICE_IPS: &str = "service-ips";
+/// Protocol . NodePort → class chain.
+pub const SERVICE_NODEPORTS: &str = "service-nodeports";
+/// Service address . protocol . port → reject or drop.
+pub const NO_ENDPOINT_SERVICES: &str = "no-endpoint-services";
+/// Protocol . NodePort → reject or drop.
+pub const NO_ENDPOINT_NODEPORTS: &str = "no-endpoint-nodeports";
+/// LoadBalancer address . protocol . port of services with source ranges.
+pub const FIREWALL_IPS: &str = "firewall-ips";
+/// LoadBalancer address . protocol . port . allowed source range.
+pub const FIREWALL_ALLOW: &str = "firewall-allow";
+/// Endpoint . endpoint . protocol . port of local endpoints (hairpin).
+pub const HAIRPIN_CONNECTIONS: &str = "hairpin-connections";
+/// Entry address . protocol . port . slot → endpoint address . port.
+pub const SERVICE_ENDPOINTS: &str = "service-endpoints";
+/// Client . entry address . protocol . port → endpoint (dynamic).
+pub const AFFINITY: &str = "affinity";
+/// Entry address . protocol . port → affinity-timeout-T chain.
+pub const AFFINITY_SERVICES: &str = "affinity-services";
+
+/// Slots of the local-endpoint list start here (the cluster list starts at 0).
+pub const LOCAL_SLOT_OFFSET: u32 = 1 << 24;
+/// Most elements the shared affinity map holds.
+pub const AFFINITY_SIZE: u32 = 1 << 20;
+/// Table comment.
+pub const TABLE_COMMENT: &str = "rules for verdict, the kube-proxy replacement";
+
+/// The shared chains created on demand. Their names carry their parameters,
+/// so a restarted proxier recognises them in the kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum DynChain {
+    /// `endpoints-N`: pick one of N endpoints of the packet's entry.
+    Endpoints(u32),
+    /// `local-endpoints-N`: pick one of N local endpoints.
+    LocalEndpoints(u32),
+    /// `external-N`: eTP=Cluster external traffic: masquerade, then endpoints-N.
+    External(u32),
+    /// `external-local-C-L`: eTP=Local external traffic with C cluster and
+    /// L local endpoints.
+    ExternalLocal(u32, u32),
+    /// `affinity-timeout-T`: record affinity for T seconds.
+    AffinityTimeout(u32),
+}
+
+impl Display for DynChain {
+    fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
+        match self {
+            DynChain::Endpoints(n) => write!(f, "endpoints-{n}"),
+            DynChain::LocalEndpoints(n) => write!(f, "local-endpoints-{n}"),
+            DynChain::External(n) => write!(f, "external-{n}"),
+            DynChain::ExternalLocal(c, l) => write!(f, "external-local-{c}-{l}"),
+            DynChain::AffinityTimeout(t) => write!(f, "affinity-timeout-{t}"),
+        }
+    }
+}
+
+impl FromStr for DynChain {
+    type Err = ();
+
+    fn from_str(s: &str) -> Result<DynChain, ()> {
+        let num = |s: &str| {
+            s.parse::<u32>()
+                .ok()
+                .filter(|n| *n > 0 && !s.starts_with('0'))
+        };
+        if let Some(rest) = s.strip_prefix("external-local-") {
+            let (c, l) = rest.split_once('-').ok_or(())?;
+            let l = if l == "0" { Some(0) } else { num(l) };
+            return Ok(DynChain::ExternalLocal(num(c).ok_or(())?, l.ok_or(())?));
+        }
+        let (kind, n) = s.rsplit_once('-').ok_or(())?;
+        let n = num(n).ok_or(())?;
+        match kind {
+            "endpoints" => Ok(DynChain::Endpoints(n)),
+            "local-endpoints" => Ok(DynChain::LocalEndpoints(n)),
+            "external" => Ok(DynChain::External(n)),
+            "affinity-timeout" => Ok(DynChain::AffinityTimeout(n)),
+            _ => Err(()),
+        }
+    }
+}
+
+impl DynChain {
+    /// Chains this chain jumps to.
+    pub fn needs(self) -> Vec<DynChain> {
+        match self {
+            DynChain::External(n) => vec![DynChain::Endpoints(n)],
+            DynChain::ExternalLocal(c, 0) => vec![DynChain::Endpoints(c)],
+            DynChain::ExternalLocal(c, l) => {
+                vec![DynChain::Endpoints(c), DynChain::LocalEndpoints(l)]
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// The chain's rules.
+    pub fn rules(self, cfg: &ProxierConfig) -> Vec<Rule> {
+        let mark = cfg.masquerade_mark();
+        let goto = |c: DynChain| Expr::Verdict(Verdict::Goto(c.to_string()));
+        match self {
+            // meta l4proto tcp dnat ip addr . port to ip saddr . ip daddr . meta l4proto . th dport map @affinity
+            // meta l4proto tcp dnat ip addr . port to ip daddr . meta l4proto . th dport . numgen random mod N [offset O] map @service-endpoints
+            DynChain::Endpoints(n) | DynChain::LocalEndpoints(n) => {
+                let offset = if matches!(self, DynChain::LocalEndpoints(_)) {
+                    LOCAL_SLOT_OFFSET
+                } else {
+                    0
+                };
+                let mut rules = Vec::new();
+                for p in L4Proto::ALL {
+                    rules.push(Rule::new(vec![
+                        proto_is(p),
+                        Expr::Dnat(DnatTarget::Map {
+                            key: vec![
+                                Selector::Saddr,
+                                Selector::Daddr,
+                                Selector::L4Proto,
+                                Selector::Dport,
+                            ],
+                            map: AFFINITY.into(),
+                        }),
+                    ]));
+                    rules.push(Rule::new(vec![
+                        proto_is(p),
+                        Expr::Dnat(DnatTarget::Map {
+                            key: vec![
+                                Selector::Daddr,
+                                Selector::L4Proto,
+                                Selector::Dport,
+                                Selector::Numgen { modulus: n, offset },
+                            ],
+                            map: SERVICE_ENDPOINTS.into(),
+                        }),
+                    ]));
+                }
+                rules
+            }
+            DynChain::External(n) => vec![
+                Rule::new(vec![Expr::MarkOr(mark)]).with_comment("masquerade"),
+                Rule::new(vec![goto(DynChain::Endpoints(n))]),
+            ],
+            DynChain::ExternalLocal(c, l) => {
+                let mut rules = Vec::new();
+                if let Some(is_local) = detect_local(&cfg.local_detector, false) {
+                    rules.push(
+                        Rule::new(vec![is_local, goto(DynChain::Endpoints(c))])
+                            .with_comment("short-circuit pod traffic"),
+                    );
+                }
+                rules.push(
+                    Rule::new(vec![Expr::FibLocal(FibAddr::Saddr), Expr::MarkOr(mark)])
+                        .with_comment("masquerade local traffic"),
+                );
+                rules.push(
+                    Rule::new(vec![
+                        Expr::FibLocal(FibAddr::Saddr),
+                        goto(DynChain::Endpoints(c)),
+                    ])
+                    .with_comment("short-circuit local traffic"),
+                );
+                if l > 0 {
+                    rules.push(Rule::new(vec![goto(DynChain::LocalEndpoints(l))]));
+                }
+                rules
+            }
+            // meta l4proto tcp update @affinity { ip saddr . ct original ip daddr . meta l4proto . ct original proto-dst timeout Ts : ip daddr . th dport }
+            DynChain::AffinityTimeout(t) => L4Proto::ALL
+                .iter()
+                .map(|p| {
+                    Rule::new(vec![
+                        proto_is(*p),
+                        Expr::Update {
+                            set: AFFINITY.into(),
+                            key: vec![
+                                KeyPart::Field(Selector::Saddr),
+                                KeyPart::Field(Selector::CtOriginalDaddr),
+                                KeyPart::Field(Selector::L4Proto),
+                                KeyPart::Field(Selector::CtOriginalDport),
+                            ],
+                            timeout: Some(t),
+                            value: vec![
+                                KeyPart::Field(Selector::Daddr),
+                                KeyPart::Field(Selector::Dport),
+                            ],
+                        },
+                    ])
+                })
+                .collect(),
+        }
+    }
+}
+
+fn proto_is(p: L4Proto) -> Expr {
+    Expr::Cmp {
+        selector: Selector::L4Proto,
+        op: CmpOp::Eq,
+        value: Value::Proto(p),
+    }
+}
+
+fn jump(chain: &str) -> Expr {
+    Expr::Verdict(Verdict::Jump(chain.into()))
+}
+
+/// The local-traffic match, or its negation; `None` without a detector.
+fn detect_local(d: &LocalDetector, negate: bool) -> Option<Expr> {
+    let op = if negate { CmpOp::Ne } else { CmpOp::Eq };
+    match d {
+        LocalDetector::None => None,
+        LocalDetector::Cidr(net) => Some(Expr::Cmp {
+            selector: Selector::Saddr,
+            op,
+            value: Value::Prefix(*net),
+        }),
+        LocalDetector::BridgeInterface(name) => Some(Expr::IifName {
+            name: name.clone(),
+            negate,
+        }),
+        LocalDetector::InterfaceNamePrefix(prefix) => Some(Expr::IifName {
+            name: format!("{prefix}*"),
+            negate,
+        }),
+    }
+}
+
+/// A chain with its rules.
+pub type ChainWithRules = (Chain, Vec<Rule>);
+
+/// The base chains and fixed regular chains with their rules.
+pub fn fixed_chains(cfg: &ProxierConfig) -> Vec<ChainWithRules> {
+    let family = cfg.nft_family();
+    let mark = cfg.masquerade_mark();
+    let svc_key = || vec![Selector::Daddr, Selector::L4Proto, Selector::Dport];
+    let new_jump = |c: &str| Rule::new(vec![Expr::CtStateNew, jump(c)]);
+    let affinity_jump = || {
+        Rule::new(vec![
+            Expr::CtStateNew,
+            Expr::CtStatusDnat,
+            jump(AFFINITY_RECORD),
+        ])
+    };
+    let base = |n: &str, t: ChainType, h: Hook, p: i32| Chain::base(n, t, h, p);
+
+    let mut chains = vec![
+        (
+            base(
+                FILTER_PREROUTING_PRE_DNAT,
+                ChainType::Filter,
+                Hook::Prerouting,
+                -110,
+            ),
+            vec![new_jump(FIREWALL_CHECK)],
+        ),
+        (
+            base(
+                FILTER_OUTPUT_PRE_DNAT,
+                ChainType::Filter,
+                Hook::Output,
+                -110,
+            ),
+            vec![new_jump(FIREWALL_CHECK)],
+        ),
+        (
+            base(FILTER_INPUT, ChainType::Filter, Hook::Input, 0),
+            vec![
+                new_jump(NODEPORT_ENDPOINTS_CHECK),
+                new_jump(SERVICE_ENDPOINTS_CHECK),
+                affinity_jump(),
+            ],
+        ),
+        (
+            base(FILTER_FORWARD, ChainType::Filter, Hook::Forward, 0),
+            vec![
+                new_jump(SERVICE_ENDPOINTS_CHECK),
+                new_jump(CLUSTER_IPS_CHECK),
+                affinity_jump(),
+            ],
+        ),
+        (
+            base(FILTER_OUTPUT, ChainType::Filter, Hook::Output, 0),
+            vec![
+                new_jump(SERVICE_ENDPOINTS_CHECK),
+                new_jump(CLUSTER_IPS_CHECK),
+                affinity_jump(),
+            ],
+        ),
+        (
+            base(NAT_PREROUTING, ChainType::Nat, Hook::Prerouting, -100),
+            vec![Rule::new(vec![jump(SERVICES)])],
+        ),
+        (
+            base(NAT_OUTPUT, ChainType::Nat, Hook::Output, -100),
+            vec![Rule::new(vec![jump(SERVICES)])],
+        ),
+        (
+            base(NAT_POSTROUTING, ChainType::Nat, Hook::Postrouting, 100),
+            vec![Rule::new(vec![jump(MASQUERADING)])],
+        ),
+    ];
+
+    // services
+    let mut services = Vec::new();
+    let cluster_ip = Expr::Lookup {
+        key: vec![Selector::Daddr],
+        set: CLUSTER_IPS.into(),
+        negate: false,
+    };
+    if cfg.masquerade_all {
+        services.push(
+            Rule::new(vec![cluster_ip, Expr::MarkOr(mark)])
+                .with_comment("masquerade all clusterIP traffic"),
+        );
+    } else if let Some(not_local) = detect_local(&cfg.local_detector, true) {
+        services.push(
+            Rule::new(vec![cluster_ip, not_local, Expr::MarkOr(mark)])
+                .with_comment("masquerade clusterIP traffic from outside cluster"),
+        );
+    }
+    services.push(Rule::new(vec![Expr::Vmap {
+        key: svc_key(),
+        map: SERVICE_IPS.into(),
+    }]));
+    services.push(Rule::new(vec![
+        Expr::Lookup {
+            key: vec![Selector::Daddr],
+            set: NODEPORT_IPS.into(),
+            negate: false,
+        },
+        Expr::Vmap {
+            key: vec![Selector::L4Proto, Selector::Dport],
+            map: SERVICE_NODEPORTS.into(),
+        },
+    ]));
+    chains.push((Chain::regular(SERVICES), services));
+
+    chains.push((
+        Chain::regular(MASQUERADING),
+        vec![
+            Rule::new(vec![
+                Expr::MarkAnd {
+                    mask: mark,
+                    nonzero: true,
+                },
+                Expr::MarkXor(mark),
+                Expr::Masquerade,
+            ]),
+            Rule::new(vec![
+                Expr::CtStatusDnat,
+                Expr::Lookup {
+                    key: vec![
+                        Selector::Saddr,
+                        Selector::Daddr,
+                        Selector::L4Proto,
+                        Selector::Dport,
+                    ],
+                    set: HAIRPIN_CONNECTIONS.into(),
+                    negate: false,
+                },
+                Expr::Masquerade,
+            ]),
+        ],
+    ));
+
+    chains.push((
+        Chain::regular(FIREWALL_CHECK),
+        vec![Rule::new(vec![
+            Expr::Lookup {
+                key: svc_key(),
+                set: FIREWALL_IPS.into(),
+                negate: false,
+            },
+            Expr::Lookup {
+                key: vec![
+                    Selector::Daddr,
+                    Selector::L4Proto,
+                    Selector::Dport,
+                    Selector::Saddr,
+                ],
+                set: FIREWALL_ALLOW.into(),
+                negate: true,
+            },
+            Expr::Verdict(Verdict::Drop),
+        ])],
+    ));
+
+    chains.push((
+        Chain::regular(SERVICE_ENDPOINTS_CHECK),
+        vec![Rule::new(vec![Expr::Vmap {
+            key: svc_key(),
+            map: NO_ENDPOINT_SERVICES.into(),
+        }])],
+    ));
+    chains.push((
+        Chain::regular(NODEPORT_ENDPOINTS_CHECK),
+        vec![Rule::new(vec![
+            Expr::Lookup {
+                key: vec![Selector::Daddr],
+                set: NODEPORT_IPS.into(),
+                negate: false,
+            },
+            Expr::Vmap {
+                key: vec![Selector::L4Proto, Selector::Dport],
+                map: NO_ENDPOINT_NODEPORTS.into(),
+            },
+        ])],
+    ));
+
+    let mut cluster_ips_check = vec![
+        Rule::new(vec![
+            Expr::Lookup {
+                key: vec![Selector::Daddr],
+                set: CLUSTER_IPS.into(),
+                negate: false,
+            },
+            Expr::Reject,
+        ])
+        .with_comment("Reject traffic to invalid ports of ClusterIPs"),
+    ];
+    for cidr in &cfg.service_cidrs {
+        cluster_ips_check.push(
+            Rule::new(vec![
+                Expr::Cmp {
+                    selector: Selector::Daddr,
+                    op: CmpOp::Eq,
+                    value: Value::Prefix(*cidr),
+                },
+                Expr::Verdict(Verdict::Drop),
+            ])
+            .with_comment("Drop traffic to unallocated ClusterIPs"),
+        );
+    }
+    chains.push((Chain::regular(CLUSTER_IPS_CHECK), cluster_ips_check));
+
+    chains.push((
+        Chain::regular(REJECT_CHAIN)
+            .with_comment("helper for @no-endpoint-services / @no-endpoint-nodeports"),
+        vec![Rule::new(vec![Expr::Reject])],
+    ));
+
+    // meta l4proto tcp ct original ip daddr . meta l4proto . ct original proto-dst vmap @affinity-services
+    chains.push((
+        Chain::regular(AFFINITY_RECORD),
+        L4Proto::ALL
+            .iter()
+            .map(|p| {
+                Rule::new(vec![
+                    proto_is(*p),
+                    Expr::Vmap {
+                        key: vec![
+                            Selector::CtOriginalDaddr,
+                            Selector::L4Proto,
+                            Selector::CtOriginalDport,
+                        ],
+                        map: AFFINITY_SERVICES.into(),
+                    },
+                ])
+            })
+            .collect(),
+    ));
+    let _ = family;
+    chains
+}
+
+/// Every set and map of the table.
+pub fn sets(cfg: &ProxierConfig) -> Vec<Set> {
+    let addr = cfg.nft_family().addr_type();
+    let svc = vec![addr, DataType::InetProto, DataType::InetService];
+    let port = vec![DataType::InetProto, DataType::InetService];
+    let mut slot = svc.clone();
+    slot.push(DataType::Numgen);
+    let mut allow = svc.clone();
+    allow.push(addr);
+    let mut affinity_key = vec![addr];
+    affinity_key.extend(svc.iter().copied());
+    vec![
+        Set::set(CLUSTER_IPS, vec![addr]).with_comment("Active ClusterIPs"),
+        Set::set(NODEPORT_IPS, vec![addr]).with_comment("IPs that accept NodePort traffic"),
+        Set::map(SERVICE_IPS, svc.clone(), vec![DataType::Verdict])
+            .with_comment("ClusterIP, ExternalIP and LoadBalancer IP traffic"),
+        Set::map(SERVICE_NODEPORTS, port.clone(), vec![DataType::Verdict])
+            .with_comment("NodePort traffic"),
+        Set::map(NO_ENDPOINT_SERVICES, svc.clone(), vec![DataType::Verdict])
+            .with_comment("vmap to drop or reject packets to services with no endpoints"),
+        Set::map(NO_ENDPOINT_NODEPORTS, port, vec![DataType::Verdict])
+            .with_comment("vmap to drop or reject packets to service nodeports with no endpoints"),
+        Set::set(FIREWALL_IPS, svc.clone())
+            .with_comment("destinations that are subject to LoadBalancerSourceRanges"),
+        Set::set(FIREWALL_ALLOW, allow)
+            .with_interval()
+            .with_comment("sources allowed by LoadBalancerSourceRanges"),
+        Set::set(
+            HAIRPIN_CONNECTIONS,
+            vec![addr, addr, DataType::InetProto, DataType::InetService],
+        )
+        .with_comment("service hairpin connections"),
+        Set::map(SERVICE_ENDPOINTS, slot, vec![addr, DataType::InetService])
+            .with_comment("service entry and slot to endpoint"),
+        Set::map(AFFINITY, affinity_key, vec![addr, DataType::InetService])
+            .with_timeout(10800, AFFINITY_SIZE)
+            .with_comment("ClientIP session affinity"),
+        Set::map(AFFINITY_SERVICES, svc, vec![DataType::Verdict])
+            .with_comment("entries of services with ClientIP session affinity"),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dynamic_chain_names_round_trip() {
+        for c in [
+            DynChain::Endpoints(1),
+            DynChain::Endpoints(37),
+            DynChain::LocalEndpoints(2),
+            DynChain::External(3),
+            DynChain::ExternalLocal(4, 0),
+            DynChain::ExternalLocal(4, 12),
+            DynChain::AffinityTimeout(10800),
+        ] {
+            assert_eq!(c.to_string().parse::<DynChain>(), Ok(c), "{c}");
+        }
+        for bad in [
+            "services",
+            "endpoints-0",
+            "endpoints-01",
+            "endpoints-x",
+            "external-local-3",
+            "service-ULMVA6XW-ns1/svc1/tcp/p80",
+        ] {
+            assert!(bad.parse::<DynChain>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn chain_and_set_counts_are_fixed() {
+        let cfg = ProxierConfig::new(verdict_model::IpFamily::V4, "n");
+        assert_eq!(fixed_chains(&cfg).len(), 16);
+        assert_eq!(sets(&cfg).len(), 12);
+    }
+}
