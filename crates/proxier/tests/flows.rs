@@ -5,6 +5,8 @@
 //! This is a `harness = false` test: it runs every case, prints every
 //! failure, and ends with `N passed, N failed`.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use common::*;

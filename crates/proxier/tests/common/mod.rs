@@ -9,7 +9,7 @@
 //! - services: 172.30.0.0/16, fd00:10:96::/112
 //! - external clients: 203.0.113.2 (allowed), 203.0.113.130 (blocked), 2600:5200::1
 
-#![allow(dead_code)]
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
