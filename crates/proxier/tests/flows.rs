@@ -204,8 +204,11 @@ fn cluster_ip_general(r: &mut Report) {
     );
 }
 
+/// A named group of cases (one upstream test function).
+type Group = (&'static str, fn(&mut Report));
+
 fn main() {
-    let groups: &[(&str, fn(&mut Report))] = &[
+    let groups: &[Group] = &[
         ("TestNoEndpointsReject", no_endpoints_reject),
         ("TestClusterIPGeneral", cluster_ip_general),
     ];
