@@ -10,11 +10,17 @@ use std::time::Duration;
 
 use common::*;
 use verdict_model::IpFamily;
-use verdict_nft::{Backend, Chain, Expr, Family, MemoryBackend, NftError, Rule, TableState, Transaction};
+use verdict_nft::{
+    Backend, Chain, Expr, Family, MemoryBackend, NftError, Rule, TableState, Transaction,
+};
 use verdict_proxier::{Proxier, REMOVE_STALE_CHAINS_AFTER};
 
 fn one_ep(fx: &mut Fixture, ns: &str, name: &str, ip: &str, port: u16, eps: &[&str]) {
-    fx.service(svc(ns, name).cluster_ip(ip).port(&format!("p{port}"), TCP, port as i32, 0));
+    fx.service(
+        svc(ns, name)
+            .cluster_ip(ip)
+            .port(&format!("p{port}"), TCP, port as i32, 0),
+    );
     let mut s = slice(ns, name, &format!("{name}-1")).port(&format!("p{port}"), TCP, port as i32);
     for ep in eps {
         s = s.ep(ep, "");
@@ -50,13 +56,17 @@ fn partial_syncs_emit_only_what_changed() {
     assert_eq!(r.operations, 3, "add service");
 
     // Delete a service: its three elements go.
-    fx.delete_service("ns2", "svc2").delete_slice("ns2", "svc2-1");
+    fx.delete_service("ns2", "svc2")
+        .delete_slice("ns2", "svc2-1");
     assert_eq!(fx.sync().operations, 3, "delete service");
 
     // A service without endpoints: cluster-ips + no-endpoint-services.
     one_ep(&mut fx, "ns4", "svc4", "172.30.0.44", 80, &[]);
     assert_eq!(fx.sync().operations, 2, "service without endpoints");
-    assert!(fx.dump().contains("172.30.0.44 . tcp . 80 comment \"ns4/svc4:p80\" : goto reject-chain"));
+    assert!(
+        fx.dump()
+            .contains("172.30.0.44 . tcp . 80 comment \"ns4/svc4:p80\" : goto reject-chain")
+    );
 
     // It gets an endpoint: no-endpoint element out, dispatch and slot in.
     one_ep(&mut fx, "ns4", "svc4", "172.30.0.44", 80, &["10.0.4.1"]);
@@ -69,7 +79,14 @@ fn partial_syncs_emit_only_what_changed() {
     // A second endpoint: the dispatch moves to endpoints-2 (delete + add),
     // slot 1 is added, and the new shared chain endpoints-2 is created
     // (add chain + 6 rules).
-    one_ep(&mut fx, "ns3", "svc3", "172.30.0.43", 80, &["10.0.3.2", "10.0.3.3"]);
+    one_ep(
+        &mut fx,
+        "ns3",
+        "svc3",
+        "172.30.0.43",
+        80,
+        &["10.0.3.2", "10.0.3.3"],
+    );
     assert_eq!(fx.sync().operations, 2 + 1 + 7, "second endpoint");
     assert_eq!(chains(&fx), ["endpoints-1", "endpoints-2"]);
 
@@ -80,7 +97,14 @@ fn partial_syncs_emit_only_what_changed() {
 
     // Back at once: the chain, emptied but not yet deleted, is refilled
     // (add + 6 rules; it is already empty), plus the elements.
-    one_ep(&mut fx, "ns3", "svc3", "172.30.0.43", 80, &["10.0.3.2", "10.0.3.3"]);
+    one_ep(
+        &mut fx,
+        "ns3",
+        "svc3",
+        "172.30.0.43",
+        80,
+        &["10.0.3.2", "10.0.3.3"],
+    );
     let r = fx.sync();
     assert_eq!(r.operations, 4 + 7, "scale back");
     assert_eq!(r.stale_chains_deleted, 0);
@@ -106,7 +130,14 @@ fn partial_syncs_emit_only_what_changed() {
 #[test]
 fn a_full_sync_of_an_unchanged_cluster_changes_nothing() {
     let mut fx = Fixture::new(IpFamily::V4);
-    one_ep(&mut fx, "ns1", "svc1", "172.30.0.41", 80, &["10.0.1.1", "10.0.1.2"]);
+    one_ep(
+        &mut fx,
+        "ns1",
+        "svc1",
+        "172.30.0.41",
+        80,
+        &["10.0.1.1", "10.0.1.2"],
+    );
     fx.sync();
     let dump = fx.dump();
     fx.proxier.force_full_sync();
@@ -146,16 +177,29 @@ fn a_failed_sync_forces_a_full_one_that_converges() {
         fail_next: false,
     };
     let t0 = std::time::Instant::now();
-    p.on_service(None, Some(&svc("ns1", "svc1").cluster_ip("172.30.0.41").port("p80", TCP, 80, 0)));
+    p.on_service(
+        None,
+        Some(
+            &svc("ns1", "svc1")
+                .cluster_ip("172.30.0.41")
+                .port("p80", TCP, 80, 0),
+        ),
+    );
     p.sync(&mut nft, t0).unwrap();
 
-    let s = slice("ns1", "svc1", "svc1-1").port("p80", TCP, 80).ep("10.0.1.1", "");
+    let s = slice("ns1", "svc1", "svc1-1")
+        .port("p80", TCP, 80)
+        .ep("10.0.1.1", "");
     p.on_endpoint_slice(&s, false);
     nft.fail_next = true;
     let err = p.sync(&mut nft, t0).unwrap_err();
     assert!(err.to_string().contains("injected failure"), "{err}");
     // The kernel kept the old state: still a reject.
-    assert!(nft.inner.dump(Family::Ip, "verdict").contains("goto reject-chain"));
+    assert!(
+        nft.inner
+            .dump(Family::Ip, "verdict")
+            .contains("goto reject-chain")
+    );
 
     let r = p.sync(&mut nft, t0).unwrap();
     assert!(r.full, "the sync after a failure is full");
@@ -168,7 +212,14 @@ fn a_failed_sync_forces_a_full_one_that_converges() {
 #[test]
 fn a_restarted_proxier_adopts_the_table_without_changing_it() {
     let mut fx = Fixture::new(IpFamily::V4);
-    one_ep(&mut fx, "ns1", "svc1", "172.30.0.41", 80, &["10.0.1.1", "10.0.1.2"]);
+    one_ep(
+        &mut fx,
+        "ns1",
+        "svc1",
+        "172.30.0.41",
+        80,
+        &["10.0.1.1", "10.0.1.2"],
+    );
     one_ep(&mut fx, "ns2", "svc2", "172.30.0.42", 80, &["10.0.2.1"]);
     fx.sync();
     let dump = fx.dump();
@@ -180,8 +231,22 @@ fn a_restarted_proxier_adopts_the_table_without_changing_it() {
     // A new process over the same kernel state, fed the same objects.
     let mut restarted = Fixture::with_config(upstream_config(IpFamily::V4));
     restarted.nft = fx.nft.clone();
-    one_ep(&mut restarted, "ns1", "svc1", "172.30.0.41", 80, &["10.0.1.1", "10.0.1.2"]);
-    one_ep(&mut restarted, "ns2", "svc2", "172.30.0.42", 80, &["10.0.2.1"]);
+    one_ep(
+        &mut restarted,
+        "ns1",
+        "svc1",
+        "172.30.0.41",
+        80,
+        &["10.0.1.1", "10.0.1.2"],
+    );
+    one_ep(
+        &mut restarted,
+        "ns2",
+        "svc2",
+        "172.30.0.42",
+        80,
+        &["10.0.2.1"],
+    );
     let r = restarted.sync();
     assert!(r.full);
     assert_eq!(restarted.dump(), dump);
@@ -195,12 +260,19 @@ fn unknown_chains_in_our_table_are_emptied_then_deleted() {
     let mut tx = Transaction::new(Family::Ip, "verdict");
     tx.add_table(None);
     tx.add_chain(Chain::regular("service-ULMVA6XW-ns1/svc1/tcp/p80"));
-    tx.add_rule("service-ULMVA6XW-ns1/svc1/tcp/p80", Rule::new(vec![Expr::Reject]));
+    tx.add_rule(
+        "service-ULMVA6XW-ns1/svc1/tcp/p80",
+        Rule::new(vec![Expr::Reject]),
+    );
     fx.nft.run(&tx).unwrap();
     one_ep(&mut fx, "ns1", "svc1", "172.30.0.41", 80, &["10.0.1.1"]);
     fx.sync();
     let t = fx.nft.get(Family::Ip, "verdict").unwrap();
-    assert!(t.chains["service-ULMVA6XW-ns1/svc1/tcp/p80"].rules.is_empty());
+    assert!(
+        t.chains["service-ULMVA6XW-ns1/svc1/tcp/p80"]
+            .rules
+            .is_empty()
+    );
     fx.advance(Duration::from_secs(2));
     assert_eq!(fx.sync().stale_chains_deleted, 1);
     assert!(!fx.dump().contains("ULMVA6XW"));
@@ -211,12 +283,21 @@ fn a_set_of_the_wrong_type_is_replaced_on_full_sync() {
     let mut fx = Fixture::new(IpFamily::V4);
     let mut tx = Transaction::new(Family::Ip, "verdict");
     tx.add_table(None);
-    tx.add_set(verdict_nft::Set::set("cluster-ips", vec![verdict_nft::DataType::InetService]));
+    tx.add_set(verdict_nft::Set::set(
+        "cluster-ips",
+        vec![verdict_nft::DataType::InetService],
+    ));
     fx.nft.run(&tx).unwrap();
     one_ep(&mut fx, "ns1", "svc1", "172.30.0.41", 80, &["10.0.1.1"]);
     fx.sync();
-    assert!(fx.dump().contains("add set ip verdict cluster-ips { type ipv4_addr ;"));
-    assert!(fx.dump().contains("add element ip verdict cluster-ips { 172.30.0.41 }"));
+    assert!(
+        fx.dump()
+            .contains("add set ip verdict cluster-ips { type ipv4_addr ;")
+    );
+    assert!(
+        fx.dump()
+            .contains("add element ip verdict cluster-ips { 172.30.0.41 }")
+    );
 }
 
 #[test]
@@ -224,7 +305,8 @@ fn add_then_delete_before_a_sync_is_a_no_op() {
     let mut fx = Fixture::new(IpFamily::V4);
     fx.sync();
     one_ep(&mut fx, "ns1", "svc1", "172.30.0.41", 80, &["10.0.1.1"]);
-    fx.delete_service("ns1", "svc1").delete_slice("ns1", "svc1-1");
+    fx.delete_service("ns1", "svc1")
+        .delete_slice("ns1", "svc1-1");
     assert_eq!(fx.sync().operations, 0);
 }
 
@@ -232,7 +314,8 @@ fn add_then_delete_before_a_sync_is_a_no_op() {
 fn shared_chains_do_not_grow_with_services() {
     let mut fx = Fixture::new(IpFamily::V4);
     for i in 0..300u32 {
-        let ip: &'static str = Box::leak(format!("172.30.{}.{}", i / 250, i % 250 + 1).into_boxed_str());
+        let ip: &'static str =
+            Box::leak(format!("172.30.{}.{}", i / 250, i % 250 + 1).into_boxed_str());
         let eps: Vec<&'static str> = (0..(i % 3 + 1))
             .map(|e| &*Box::leak(format!("10.{}.{}.{}", e, i / 250, i % 250 + 1).into_boxed_str()))
             .collect();
@@ -244,5 +327,8 @@ fn shared_chains_do_not_grow_with_services() {
     assert_eq!(t.chains.len(), 16 + 3);
     assert_eq!(t.sets.len(), 12);
     assert_eq!(t.sets["service-ips"].elements.len(), 300);
-    assert_eq!(t.sets["service-endpoints"].elements.len(), 100 * (1 + 2 + 3));
+    assert_eq!(
+        t.sets["service-endpoints"].elements.len(),
+        100 * (1 + 2 + 3)
+    );
 }
