@@ -12,8 +12,9 @@ use verdict_model::{IpFamily, LoadBalancerIpMode, ServiceType};
 /// endpoint, counted per policy.
 #[test]
 fn no_local_endpoints_are_counted() {
-    // (iTP Local, eTP Local, endpoints: (ip, local)), want (internal, external)
-    let cases: &[(&str, bool, bool, &[(&str, bool)], (usize, usize))] = &[
+    // (name, iTP Local, eTP Local, endpoints as (ip, local), want (internal, external))
+    type Case<'a> = (&'a str, bool, bool, &'a [(&'a str, bool)], (usize, usize));
+    let cases: &[Case] = &[
         (
             "iTP Local, local endpoint",
             true,
