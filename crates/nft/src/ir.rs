@@ -174,6 +174,9 @@ pub enum DataType {
     InetProto,
     /// A port.
     InetService,
+    /// A port of one protocol: declared with `typeof tcp dport` (nft cannot
+    /// use a `typeof … th dport` map from rules added in later runs).
+    PortOf(L4Proto),
     /// A 32-bit integer produced by `numgen` (declared with `typeof`).
     Numgen,
     /// A verdict (only as a map value).
@@ -186,7 +189,7 @@ impl DataType {
             DataType::Ipv4Addr => "ipv4_addr",
             DataType::Ipv6Addr => "ipv6_addr",
             DataType::InetProto => "inet_proto",
-            DataType::InetService => "inet_service",
+            DataType::InetService | DataType::PortOf(_) => "inet_service",
             DataType::Numgen => "integer",
             DataType::Verdict => "verdict",
         }
@@ -199,6 +202,9 @@ impl DataType {
             DataType::Ipv6Addr => "ip6 daddr",
             DataType::InetProto => "meta l4proto",
             DataType::InetService => "th dport",
+            DataType::PortOf(L4Proto::Tcp) => "tcp dport",
+            DataType::PortOf(L4Proto::Udp) => "udp dport",
+            DataType::PortOf(L4Proto::Sctp) => "sctp dport",
             DataType::Numgen => "numgen random mod 1",
             DataType::Verdict => "verdict",
         }
@@ -861,7 +867,7 @@ mod tests {
                     offset: 0,
                 },
             ],
-            map: "service-endpoints".into(),
+            map: "service-endpoints".into(), // any map name: only the rendering is tested
         })]);
         assert_eq!(
             r6.render(Family::Ip6),
@@ -901,18 +907,17 @@ mod tests {
         let s = Set::set("cluster-ips", vec![DataType::Ipv4Addr]).with_comment("Active ClusterIPs");
         assert_eq!(s.spec(), "type ipv4_addr ; comment \"Active ClusterIPs\" ;");
         let m = Set::map(
-            "service-endpoints",
+            "service-endpoints-udp",
             vec![
                 DataType::Ipv4Addr,
-                DataType::InetProto,
-                DataType::InetService,
+                DataType::PortOf(L4Proto::Udp),
                 DataType::Numgen,
             ],
-            vec![DataType::Ipv4Addr, DataType::InetService],
+            vec![DataType::Ipv4Addr, DataType::PortOf(L4Proto::Udp)],
         );
         assert_eq!(
             m.spec(),
-            "typeof ip daddr . meta l4proto . th dport . numgen random mod 1 : ip daddr . th dport ;"
+            "typeof ip daddr . udp dport . numgen random mod 1 : ip daddr . udp dport ;"
         );
         let d = Set::map(
             "affinity",

@@ -186,7 +186,7 @@ impl TableState {
                 (Value::Addr(std::net::IpAddr::V4(_)), DataType::Ipv4Addr)
                     | (Value::Addr(std::net::IpAddr::V6(_)), DataType::Ipv6Addr)
                     | (Value::Proto(_), DataType::InetProto)
-                    | (Value::Port(_), DataType::InetService)
+                    | (Value::Port(_), DataType::InetService | DataType::PortOf(_))
                     | (Value::Int(_), DataType::Numgen)
             ) || (set.set.interval
                 && matches!(

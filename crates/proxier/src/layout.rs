@@ -72,8 +72,23 @@ pub const FIREWALL_IPS: &str = "firewall-ips";
 pub const FIREWALL_ALLOW: &str = "firewall-allow";
 /// Endpoint . endpoint . protocol . port of local endpoints (hairpin).
 pub const HAIRPIN_CONNECTIONS: &str = "hairpin-connections";
-/// Entry address . protocol . port . slot → endpoint address . port.
-pub const SERVICE_ENDPOINTS: &str = "service-endpoints";
+/// TCP entry address . port . slot → endpoint address . port.
+pub const SERVICE_ENDPOINTS_TCP: &str = "service-endpoints-tcp";
+/// UDP entry address . port . slot → endpoint address . port.
+pub const SERVICE_ENDPOINTS_UDP: &str = "service-endpoints-udp";
+/// SCTP entry address . port . slot → endpoint address . port.
+pub const SERVICE_ENDPOINTS_SCTP: &str = "service-endpoints-sctp";
+
+/// The endpoint map of a protocol. One map per protocol, because nft
+/// cannot use a map declared `typeof … th dport` from rules added by a
+/// later `nft` run ("conflicting protocols specified").
+pub fn service_endpoints(p: L4Proto) -> &'static str {
+    match p {
+        L4Proto::Tcp => SERVICE_ENDPOINTS_TCP,
+        L4Proto::Udp => SERVICE_ENDPOINTS_UDP,
+        L4Proto::Sctp => SERVICE_ENDPOINTS_SCTP,
+    }
+}
 /// Client . entry address . protocol . port → endpoint (dynamic).
 pub const AFFINITY: &str = "affinity";
 /// Entry address . protocol . port → affinity-timeout-T chain.
@@ -160,7 +175,7 @@ impl DynChain {
         let goto = |c: DynChain| Expr::Verdict(Verdict::Goto(c.to_string()));
         match self {
             // meta l4proto tcp dnat ip addr . port to ip saddr . ip daddr . meta l4proto . th dport map @affinity
-            // meta l4proto tcp dnat ip addr . port to ip daddr . meta l4proto . th dport . numgen random mod N [offset O] map @service-endpoints
+            // meta l4proto tcp dnat ip addr . port to ip daddr . th dport . numgen random mod N [offset O] map @service-endpoints-tcp
             DynChain::Endpoints(n) | DynChain::LocalEndpoints(n) => {
                 let offset = if matches!(self, DynChain::LocalEndpoints(_)) {
                     LOCAL_SLOT_OFFSET
@@ -186,11 +201,10 @@ impl DynChain {
                         Expr::Dnat(DnatTarget::Map {
                             key: vec![
                                 Selector::Daddr,
-                                Selector::L4Proto,
                                 Selector::Dport,
                                 Selector::Numgen { modulus: n, offset },
                             ],
-                            map: SERVICE_ENDPOINTS.into(),
+                            map: service_endpoints(p).into(),
                         }),
                     ]));
                 }
@@ -527,13 +541,11 @@ pub fn sets(cfg: &ProxierConfig) -> Vec<Set> {
     let addr = cfg.nft_family().addr_type();
     let svc = vec![addr, DataType::InetProto, DataType::InetService];
     let port = vec![DataType::InetProto, DataType::InetService];
-    let mut slot = svc.clone();
-    slot.push(DataType::Numgen);
     let mut allow = svc.clone();
     allow.push(addr);
     let mut affinity_key = vec![addr];
     affinity_key.extend(svc.iter().copied());
-    vec![
+    let mut sets = vec![
         Set::set(CLUSTER_IPS, vec![addr]).with_comment("Active ClusterIPs"),
         Set::set(NODEPORT_IPS, vec![addr]).with_comment("IPs that accept NodePort traffic"),
         Set::map(SERVICE_IPS, svc.clone(), vec![DataType::Verdict])
@@ -554,14 +566,24 @@ pub fn sets(cfg: &ProxierConfig) -> Vec<Set> {
             vec![addr, addr, DataType::InetProto, DataType::InetService],
         )
         .with_comment("service hairpin connections"),
-        Set::map(SERVICE_ENDPOINTS, slot, vec![addr, DataType::InetService])
-            .with_comment("service entry and slot to endpoint"),
         Set::map(AFFINITY, affinity_key, vec![addr, DataType::InetService])
             .with_timeout(10800, AFFINITY_SIZE)
             .with_comment("ClientIP session affinity"),
         Set::map(AFFINITY_SERVICES, svc, vec![DataType::Verdict])
             .with_comment("entries of services with ClientIP session affinity"),
-    ]
+    ];
+    for p in L4Proto::ALL {
+        let port = DataType::PortOf(p);
+        sets.push(
+            Set::map(
+                service_endpoints(p),
+                vec![addr, port, DataType::Numgen],
+                vec![addr, port],
+            )
+            .with_comment(format!("{p} service entry and slot to endpoint")),
+        );
+    }
+    sets
 }
 
 #[cfg(test)]
@@ -597,6 +619,6 @@ mod tests {
     fn chain_and_set_counts_are_fixed() {
         let cfg = ProxierConfig::new(verdict_model::IpFamily::V4, "n");
         assert_eq!(fixed_chains(&cfg).len(), 16);
-        assert_eq!(sets(&cfg).len(), 12);
+        assert_eq!(sets(&cfg).len(), 14);
     }
 }

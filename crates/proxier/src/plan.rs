@@ -90,13 +90,20 @@ impl Builder {
         self.push(set, e);
     }
 
-    /// `entry . slot : endpoint` for each endpoint, slots from `offset`.
+    /// `address . port . slot : endpoint` for each endpoint, slots from
+    /// `offset`, in the protocol's endpoint map. `entry` is
+    /// address . protocol . port.
     fn slots(&mut self, entry: &[Value], eps: &[Endpoint], offset: u32) {
+        let map = layout::service_endpoints(self.proto);
         for (i, ep) in eps.iter().enumerate() {
-            let mut key = entry.to_vec();
+            let mut key: Vec<Value> = entry
+                .iter()
+                .filter(|v| !matches!(v, Value::Proto(_)))
+                .copied()
+                .collect();
             key.push(Value::Int(offset + i as u32));
             let v = ElementValue::Data(vec![Value::Addr(ep.ip), Value::Port(ep.port)]);
-            self.push(layout::SERVICE_ENDPOINTS, Element::map(key, v));
+            self.push(map, Element::map(key, v));
         }
     }
 }

@@ -640,7 +640,9 @@ fn static_set_name(name: &str) -> Option<&'static str> {
         layout::FIREWALL_IPS,
         layout::FIREWALL_ALLOW,
         layout::HAIRPIN_CONNECTIONS,
-        layout::SERVICE_ENDPOINTS,
+        layout::SERVICE_ENDPOINTS_TCP,
+        layout::SERVICE_ENDPOINTS_UDP,
+        layout::SERVICE_ENDPOINTS_SCTP,
         layout::AFFINITY,
         layout::AFFINITY_SERVICES,
     ]

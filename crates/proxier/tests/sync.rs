@@ -323,12 +323,12 @@ fn shared_chains_do_not_grow_with_services() {
     }
     fx.sync();
     let t = fx.nft.get(Family::Ip, "verdict").unwrap();
-    // 16 fixed chains + endpoints-1..3; 12 sets and maps, whatever the size.
+    // 16 fixed chains + endpoints-1..3; 14 sets and maps, whatever the size.
     assert_eq!(t.chains.len(), 16 + 3);
-    assert_eq!(t.sets.len(), 12);
+    assert_eq!(t.sets.len(), 14);
     assert_eq!(t.sets["service-ips"].elements.len(), 300);
     assert_eq!(
-        t.sets["service-endpoints"].elements.len(),
+        t.sets["service-endpoints-tcp"].elements.len(),
         100 * (1 + 2 + 3)
     );
 }
