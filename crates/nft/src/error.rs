@@ -21,6 +21,15 @@ pub enum NftError {
     /// The kernel (or nft) refused the transaction for another reason.
     #[error("kernel refused the transaction: {0}")]
     Refused(String),
+    /// The `nft` program could not be run.
+    #[error("cannot run nft: {0}")]
+    NftMissing(String),
+    /// The `nft` program is older than verdict supports.
+    #[error("nft is too old: {0} (verdict needs nftables v1.0.1 or later)")]
+    NftTooOld(String),
+    /// What nft printed could not be understood.
+    #[error("cannot read nft's output: {0}")]
+    Parse(String),
 }
 
 impl NftError {

@@ -184,7 +184,8 @@ pub enum DataType {
 }
 
 impl DataType {
-    fn type_name(self) -> &'static str {
+    /// The nft name of the type (`ipv4_addr`, `inet_service`, …).
+    pub fn type_name(self) -> &'static str {
         match self {
             DataType::Ipv4Addr => "ipv4_addr",
             DataType::Ipv6Addr => "ipv6_addr",
@@ -273,6 +274,17 @@ impl Set {
         self.timeout = Some(seconds);
         self.size = Some(size);
         self
+    }
+
+    /// Whether `other` has the same key and value types and flags, ignoring
+    /// comment and size, and how a port type was declared (nft lists a
+    /// `typeof tcp dport` field as plain `inet_service`).
+    pub fn same_type(&self, other: &Set) -> bool {
+        let names = |t: &[DataType]| t.iter().map(|d| d.type_name()).collect::<Vec<_>>();
+        names(&self.key) == names(&other.key)
+            && self.value.as_deref().map(names) == other.value.as_deref().map(names)
+            && self.interval == other.interval
+            && self.timeout.is_some() == other.timeout.is_some()
     }
 
     /// Whether this is a map.

@@ -9,13 +9,18 @@
 //! - [`tx`]: [`Transaction`], an ordered batch of operations on one table.
 //! - [`memory`]: the [`Backend`] trait and [`MemoryBackend`].
 //! - [`trace`]: [`Tracer`], which walks a packet through a [`TableState`].
+//! - [`cli`]: [`NftCli`], the kernel backend (the `nft` program).
+//! - [`json`]: reads `nft -j list table` back into the IR.
 
+pub mod cli;
 pub mod error;
 pub mod ir;
+pub mod json;
 pub mod memory;
 pub mod trace;
 pub mod tx;
 
+pub use cli::NftCli;
 pub use error::NftError;
 pub use ir::*;
 pub use memory::{Backend, ChainState, MemoryBackend, SetState, TableState, goto};

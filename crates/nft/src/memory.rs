@@ -260,17 +260,9 @@ impl TableState {
                 Ok(())
             }
             Op::AddSet(set) => match self.sets.get(&set.name) {
-                Some(existing)
-                    if existing.set.key != set.key
-                        || existing.set.value != set.value
-                        || existing.set.interval != set.interval
-                        || existing.set.timeout.is_some() != set.timeout.is_some() =>
-                {
-                    Err(NftError::AlreadyExists(format!(
-                        "set {} exists with a different type",
-                        set.name
-                    )))
-                }
+                Some(existing) if !existing.set.same_type(set) => Err(NftError::AlreadyExists(
+                    format!("set {} exists with a different type", set.name),
+                )),
                 Some(_) => Ok(()),
                 None => {
                     self.sets.insert(

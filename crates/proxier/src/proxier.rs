@@ -300,7 +300,7 @@ impl Proxier {
                 let name = static_set_name(&set.name);
                 if let (Some(name), Some(s)) = (name, existing.sets.get(&set.name))
                     && name != layout::AFFINITY
-                    && s.set == set
+                    && s.set.same_type(&set)
                 {
                     self.programmed.insert(name, s.elements.clone());
                 }
@@ -441,7 +441,10 @@ impl Proxier {
         }
         let sets = layout::sets(&self.cfg);
         for (name, old) in &existing.sets {
-            if !sets.iter().any(|s| s.name == *name && s == &old.set) {
+            if !sets
+                .iter()
+                .any(|s| s.name == *name && s.same_type(&old.set))
+            {
                 tx.delete_set(name);
             }
         }

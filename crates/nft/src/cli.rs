@@ -1,0 +1,194 @@
+//! The kernel backend: runs the `nft` program. A transaction is piped to
+//! `nft -f -` (one process per transaction, all or nothing), a dry run uses
+//! `nft --check -f -`, and a table is read back with `nft -j list table`.
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use crate::error::NftError;
+use crate::ir::Family;
+use crate::memory::{Backend, TableState};
+use crate::tx::Transaction;
+
+/// Oldest nft verdict supports (kube-proxy's floor: earlier versions
+/// mis-handle some of the syntax we use).
+pub const MIN_NFT_VERSION: (u32, u32, u32) = (1, 0, 1);
+
+/// Runs `nft`, optionally inside a named network namespace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NftCli {
+    prefix: Vec<String>,
+    version: (u32, u32, u32),
+}
+
+impl NftCli {
+    /// `nft` from `$PATH`, in the caller's network namespace. Fails if nft
+    /// is missing or older than [`MIN_NFT_VERSION`].
+    pub fn new() -> Result<NftCli, NftError> {
+        NftCli::with_prefix(vec!["nft".into()])
+    }
+
+    /// `nft` run inside the network namespace `name` (`ip netns exec`).
+    pub fn in_netns(name: &str) -> Result<NftCli, NftError> {
+        NftCli::with_prefix(vec![
+            "ip".into(),
+            "netns".into(),
+            "exec".into(),
+            name.into(),
+            "nft".into(),
+        ])
+    }
+
+    fn with_prefix(prefix: Vec<String>) -> Result<NftCli, NftError> {
+        let mut cli = NftCli {
+            prefix,
+            version: (0, 0, 0),
+        };
+        let out = cli.exec(&["--version"], None)?;
+        cli.version = parse_version(&out)
+            .ok_or_else(|| NftError::NftMissing(format!("unexpected version output {out:?}")))?;
+        if cli.version < MIN_NFT_VERSION {
+            return Err(NftError::NftTooOld(out.trim().to_owned()));
+        }
+        Ok(cli)
+    }
+
+    /// The version of nft in use.
+    pub fn version(&self) -> (u32, u32, u32) {
+        self.version
+    }
+
+    /// Checks a transaction without applying it (`nft --check`).
+    pub fn check(&self, tx: &Transaction) -> Result<(), NftError> {
+        if let Some(e) = tx.error() {
+            return Err(e.clone());
+        }
+        self.exec(&["--check", "-f", "-"], Some(&tx.to_string()))
+            .map(|_| ())
+    }
+
+    /// Runs one nft command line and returns its standard output.
+    fn exec(&self, args: &[&str], stdin: Option<&str>) -> Result<String, NftError> {
+        let (program, pre) = self
+            .prefix
+            .split_first()
+            .ok_or_else(|| NftError::NftMissing("empty command".into()))?;
+        let mut cmd = Command::new(program);
+        cmd.args(pre).args(args);
+        cmd.stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        });
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| NftError::NftMissing(format!("{}: {e}", self.prefix.join(" "))))?;
+        if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
+            pipe.write_all(text.as_bytes())
+                .map_err(|e| NftError::Refused(format!("writing to nft: {e}")))?;
+        }
+        let out = child
+            .wait_with_output()
+            .map_err(|e| NftError::Refused(format!("waiting for nft: {e}")))?;
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        if out.status.success() {
+            return Ok(stdout);
+        }
+        let stderr = String::from_utf8_lossy(&out.stderr).trim().to_owned();
+        Err(classify(&stderr))
+    }
+}
+
+/// Maps nft's error message to a typed error, keeping the message.
+pub fn classify(stderr: &str) -> NftError {
+    let msg = stderr.to_owned();
+    if stderr.contains("No such file or directory") {
+        NftError::NotFound(msg)
+    } else if stderr.contains("File exists") {
+        NftError::AlreadyExists(msg)
+    } else if stderr.contains("Device or resource busy") {
+        NftError::Busy(msg)
+    } else if stderr.contains("Operation not permitted") || stderr.contains("Permission denied") {
+        NftError::Refused(format!("{msg} (verdict needs CAP_NET_ADMIN)"))
+    } else {
+        NftError::Refused(msg)
+    }
+}
+
+/// Reads `nftables v1.0.6 (Lester Gooch #5)`.
+fn parse_version(out: &str) -> Option<(u32, u32, u32)> {
+    let v = out.split_whitespace().find_map(|w| w.strip_prefix('v'))?;
+    let mut it = v.split('.').map(|n| n.parse::<u32>().ok());
+    Some((
+        it.next()??,
+        it.next().flatten().unwrap_or(0),
+        it.next().flatten().unwrap_or(0),
+    ))
+}
+
+impl Backend for NftCli {
+    fn run(&mut self, tx: &Transaction) -> Result<(), NftError> {
+        if let Some(e) = tx.error() {
+            return Err(e.clone());
+        }
+        if tx.is_empty() {
+            return Ok(());
+        }
+        self.exec(&["-f", "-"], Some(&tx.to_string())).map(|_| ())
+    }
+
+    fn table(&mut self, family: Family, name: &str) -> Result<Option<TableState>, NftError> {
+        match self.exec(&["-j", "list", "table", &family.to_string(), name], None) {
+            Ok(json) => crate::json::parse_table(&json, family, name).map(Some),
+            Err(NftError::NotFound(_)) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_versions() {
+        assert_eq!(
+            parse_version("nftables v1.0.6 (Lester Gooch #5)\n"),
+            Some((1, 0, 6))
+        );
+        assert_eq!(parse_version("nftables v1.1 (x)"), Some((1, 1, 0)));
+        assert_eq!(parse_version("nftables v0.9.8 (E.D.S.)"), Some((0, 9, 8)));
+        assert_eq!(parse_version("garbage"), None);
+        assert!((0, 9, 8) < MIN_NFT_VERSION && (1, 0, 1) >= MIN_NFT_VERSION);
+    }
+
+    #[test]
+    fn classifies_nft_errors() {
+        let e = classify(
+            "Error: Could not process rule: No such file or directory\ndelete chain ip verdict x",
+        );
+        assert!(e.is_not_found());
+        assert!(e.to_string().contains("delete chain ip verdict x"));
+        assert!(classify("Error: Could not process rule: File exists").is_already_exists());
+        assert!(matches!(
+            classify("Error: Could not process rule: Device or resource busy"),
+            NftError::Busy(_)
+        ));
+        assert!(matches!(
+            classify("Error: syntax error, unexpected junk"),
+            NftError::Refused(_)
+        ));
+        assert!(
+            classify("Operation not permitted")
+                .to_string()
+                .contains("CAP_NET_ADMIN")
+        );
+    }
+
+    #[test]
+    fn missing_program_is_reported() {
+        let err = NftCli::with_prefix(vec!["/nonexistent/nft".into()]).unwrap_err();
+        assert!(matches!(err, NftError::NftMissing(_)), "{err}");
+    }
+}
