@@ -15,15 +15,9 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-use verdict_model::{
-    AddressType, EndpointHints, EndpointSlice, IpFamily, LoadBalancerIngress, LoadBalancerIpMode,
-    Protocol, Service, ServicePortSpec, ServiceType, SessionAffinity, SliceEndpoint, SlicePort,
-    TrafficPolicy,
-};
+use verdict_model::{EndpointSlice, IpFamily, Service};
 use verdict_nft::{Family, L4Proto, MemoryBackend, Packet, Trace, Tracer};
 use verdict_proxier::{LocalDetector, NodePortAddresses, Proxier, ProxierConfig, SyncResult};
-
-pub const NODE: &str = "test-node";
 
 fn ip(s: &str) -> IpAddr {
     s.parse().expect("test address")
@@ -168,225 +162,43 @@ impl Fixture {
     }
 }
 
-// === builders ===
+// === scenarios ===
 
-pub fn svc(ns: &str, name: &str) -> Service {
-    Service {
-        namespace: ns.into(),
-        name: name.into(),
-        ..Service::default()
-    }
-}
+pub use verdict_conformance::*;
 
-pub trait ServiceExt {
-    fn cluster_ip(self, ip: &str) -> Service;
-    fn kind(self, t: ServiceType) -> Service;
-    fn port(self, name: &str, proto: Protocol, port: i32, node_port: i32) -> Service;
-    fn external_ips(self, ips: &[&str]) -> Service;
-    fn lb(self, ips: &[&str]) -> Service;
-    fn lb_mode(self, ip: &str, mode: LoadBalancerIpMode) -> Service;
-    fn source_ranges(self, r: &[&str]) -> Service;
-    fn etp_local(self) -> Service;
-    fn itp_local(self) -> Service;
-    fn affinity(self, timeout: i32) -> Service;
-    fn hcnp(self, p: i32) -> Service;
-}
-
-impl ServiceExt for Service {
-    fn cluster_ip(mut self, ip: &str) -> Service {
-        self.cluster_ips.push(ip.into());
-        self
-    }
-    fn kind(mut self, t: ServiceType) -> Service {
-        self.service_type = t;
-        self
-    }
-    fn port(mut self, name: &str, proto: Protocol, port: i32, node_port: i32) -> Service {
-        self.ports.push(ServicePortSpec {
-            name: name.into(),
-            protocol: proto,
-            port,
-            node_port: (node_port != 0).then_some(node_port),
-        });
-        self
-    }
-    fn external_ips(mut self, ips: &[&str]) -> Service {
-        self.external_ips.extend(ips.iter().map(|s| s.to_string()));
-        self
-    }
-    fn lb(mut self, ips: &[&str]) -> Service {
-        self.service_type = ServiceType::LoadBalancer;
-        self.load_balancer_ingress
-            .extend(ips.iter().map(|s| LoadBalancerIngress {
-                ip: Some(s.to_string()),
-                ip_mode: None,
-            }));
-        self
-    }
-    fn lb_mode(mut self, ip: &str, mode: LoadBalancerIpMode) -> Service {
-        self.service_type = ServiceType::LoadBalancer;
-        self.load_balancer_ingress.push(LoadBalancerIngress {
-            ip: Some(ip.into()),
-            ip_mode: Some(mode),
-        });
-        self
-    }
-    fn source_ranges(mut self, r: &[&str]) -> Service {
-        self.load_balancer_source_ranges
-            .extend(r.iter().map(|s| s.to_string()));
-        self
-    }
-    fn etp_local(mut self) -> Service {
-        self.external_traffic_policy = TrafficPolicy::Local;
-        self
-    }
-    fn itp_local(mut self) -> Service {
-        self.internal_traffic_policy = TrafficPolicy::Local;
-        self
-    }
-    fn affinity(mut self, timeout: i32) -> Service {
-        self.session_affinity = SessionAffinity::ClientIP;
-        self.session_affinity_timeout_seconds = Some(timeout);
-        self
-    }
-    fn hcnp(mut self, p: i32) -> Service {
-        self.health_check_node_port = Some(p);
-        self
-    }
-}
-
-/// An EndpointSlice of `ns/service` named `name`, of the family of its
-/// first endpoint (IPv4 if none).
-pub fn slice(ns: &str, service: &str, name: &str) -> EndpointSlice {
-    EndpointSlice {
-        namespace: ns.into(),
-        name: name.into(),
-        service_name: Some(service.into()),
-        address_type: AddressType::IPv4,
-        ..EndpointSlice::default()
-    }
-}
-
-pub trait SliceExt {
-    fn v6(self) -> EndpointSlice;
-    fn port(self, name: &str, proto: Protocol, port: i32) -> EndpointSlice;
-    /// A ready endpoint on `node` ("" for none).
-    fn ep(self, ip: &str, node: &str) -> EndpointSlice;
-    /// An endpoint with explicit ready/serving/terminating conditions.
-    fn ep_cond(
-        self,
-        ip: &str,
-        node: &str,
-        ready: bool,
-        serving: bool,
-        terminating: bool,
-    ) -> EndpointSlice;
-    fn ep_zone(self, ip: &str, node: &str, zone: &str, hint_zones: &[&str]) -> EndpointSlice;
-    fn trigger_time(self, t: &str) -> EndpointSlice;
-}
-
-impl SliceExt for EndpointSlice {
-    fn v6(mut self) -> EndpointSlice {
-        self.address_type = AddressType::IPv6;
-        self
-    }
-    fn port(mut self, name: &str, proto: Protocol, port: i32) -> EndpointSlice {
-        self.ports.push(SlicePort {
-            name: Some(name.into()),
-            port: Some(port),
-            protocol: proto,
-        });
-        self
-    }
-    fn ep(mut self, ip: &str, node: &str) -> EndpointSlice {
-        self.endpoints.push(SliceEndpoint {
-            addresses: vec![ip.into()],
-            node_name: (!node.is_empty()).then(|| node.to_string()),
-            ..SliceEndpoint::default()
-        });
-        self
-    }
-    fn ep_cond(
-        mut self,
-        ip: &str,
-        node: &str,
-        ready: bool,
-        serving: bool,
-        terminating: bool,
-    ) -> EndpointSlice {
-        self.endpoints.push(SliceEndpoint {
-            addresses: vec![ip.into()],
-            node_name: (!node.is_empty()).then(|| node.to_string()),
-            ready: Some(ready),
-            serving: Some(serving),
-            terminating: Some(terminating),
-            ..SliceEndpoint::default()
-        });
-        self
-    }
-    fn ep_zone(mut self, ip: &str, node: &str, zone: &str, hint_zones: &[&str]) -> EndpointSlice {
-        self.endpoints.push(SliceEndpoint {
-            addresses: vec![ip.into()],
-            node_name: (!node.is_empty()).then(|| node.to_string()),
-            zone: Some(zone.into()),
-            hints: Some(EndpointHints {
-                for_zones: hint_zones.iter().map(|s| s.to_string()).collect(),
-                for_nodes: Vec::new(),
-            }),
-            ..SliceEndpoint::default()
-        });
-        self
-    }
-    fn trigger_time(mut self, t: &str) -> EndpointSlice {
-        self.last_change_trigger_time = Some(t.into());
-        self
-    }
-}
-
-pub const TCP: Protocol = Protocol::Tcp;
-pub const UDP: Protocol = Protocol::Udp;
-pub const SCTP: Protocol = Protocol::Sctp;
-
-// === packet flows ===
-
-/// One expected packet flow, as in kube-proxy's `packetFlowTest`.
-#[derive(Clone, Debug)]
-pub struct Flow {
-    pub name: String,
-    pub proto: L4Proto,
-    pub src: &'static str,
-    pub dst: &'static str,
-    pub dport: u16,
-    /// `"IP:port, IP:port"`, `"DROP"`, `"REJECT"` or `""` (untouched).
-    pub output: String,
-    /// Checked only when `output` lists endpoints.
-    pub masq: bool,
-}
-
-/// A TCP flow.
-pub fn flow(
-    name: &str,
-    src: &'static str,
-    dst: &'static str,
-    dport: u16,
-    output: &str,
-    masq: bool,
-) -> Flow {
-    Flow {
-        name: name.into(),
-        proto: L4Proto::Tcp,
-        src,
-        dst,
-        dport,
-        output: output.into(),
-        masq,
-    }
-}
-
-impl Flow {
-    pub fn proto(mut self, p: L4Proto) -> Flow {
-        self.proto = p;
-        self
+impl Fixture {
+    /// A fixture configured and fed as a conformance scenario's setup says.
+    pub fn replay(setup: &Setup) -> Fixture {
+        let mut cfg = upstream_config(setup.family);
+        if let Some(cidrs) = &setup.tweaks.node_port_cidrs {
+            cfg.node_port_addresses =
+                NodePortAddresses::Cidrs(cidrs.iter().map(|c| c.parse().unwrap()).collect());
+        }
+        cfg.masquerade_all = setup.tweaks.masquerade_all;
+        if setup.tweaks.no_detector {
+            cfg.local_detector = LocalDetector::None;
+        }
+        let mut fx = Fixture::with_config(cfg);
+        for step in &setup.steps {
+            match step {
+                Step::Service(s) => {
+                    fx.service(s.clone());
+                }
+                Step::DeleteService(ns, n) => {
+                    fx.delete_service(ns, n);
+                }
+                Step::Slice(s) => {
+                    fx.slice(s.clone());
+                }
+                Step::DeleteSlice(ns, n) => {
+                    fx.delete_slice(ns, n);
+                }
+                Step::Sync => {
+                    fx.sync();
+                }
+            }
+        }
+        fx
     }
 }
 
