@@ -29,6 +29,44 @@ pub use cases::upstream_scenarios;
 /// This node's name in every scenario.
 pub const NODE: &str = "test-node";
 
+/// The node every scenario runs on (kube-proxy's fake proxier), for one family.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeFacts {
+    /// Primary node addresses (both families, as the Node object lists them).
+    pub node_ips: Vec<&'static str>,
+    /// Addresses on the node's interfaces (loopback first), all families.
+    pub local_ips: Vec<&'static str>,
+    /// The local-traffic detector CIDR of the family.
+    pub pod_cidr: &'static str,
+    /// Service CIDR of the family.
+    pub service_cidr: &'static str,
+    /// Default nodePortAddresses of the fake proxier.
+    pub node_port_cidrs: Vec<&'static str>,
+}
+
+/// The node's facts for one family.
+pub fn node_facts(family: IpFamily) -> NodeFacts {
+    let (pod_cidr, service_cidr, np) = match family {
+        IpFamily::V4 => ("10.0.0.0/8", "172.30.0.0/16", "192.168.0.2/32"),
+        IpFamily::V6 => ("fd00:10::/64", "fd00:10:96::/112", "2001:db8::1/128"),
+    };
+    NodeFacts {
+        node_ips: vec!["192.168.0.2", "2001:db8::1"],
+        local_ips: vec![
+            "127.0.0.1",
+            "::1",
+            "192.168.0.2",
+            "192.168.1.2",
+            "192.168.99.11",
+            "2001:db8::1",
+            "2001:db8:1::2",
+        ],
+        pod_cidr,
+        service_cidr,
+        node_port_cidrs: vec![np],
+    }
+}
+
 /// How a scenario's node differs from kube-proxy's fake proxier defaults.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Tweaks {

@@ -25,35 +25,19 @@ fn ip(s: &str) -> IpAddr {
 
 /// kube-proxy's fake proxier settings for one family.
 pub fn upstream_config(family: IpFamily) -> ProxierConfig {
-    let mut c = ProxierConfig::new(family, NODE);
-    c.node_ips = vec![ip("192.168.0.2"), ip("2001:db8::1")];
-    c.local_ips = [
-        "127.0.0.1",
-        "::1",
-        "192.168.0.2",
-        "192.168.1.2",
-        "192.168.99.11",
-        "2001:db8::1",
-        "2001:db8:1::2",
-    ]
-    .iter()
-    .map(|s| ip(s))
-    .collect();
-    c.masquerade_bit = 14;
-    match family {
-        IpFamily::V4 => {
-            c.local_detector = LocalDetector::Cidr("10.0.0.0/8".parse().unwrap());
-            c.service_cidrs = vec!["172.30.0.0/16".parse().unwrap()];
-            c.node_port_addresses =
-                NodePortAddresses::Cidrs(vec!["192.168.0.2/32".parse().unwrap()]);
-        }
-        IpFamily::V6 => {
-            c.local_detector = LocalDetector::Cidr("fd00:10::/64".parse().unwrap());
-            c.service_cidrs = vec!["fd00:10:96::/112".parse().unwrap()];
-            c.node_port_addresses =
-                NodePortAddresses::Cidrs(vec!["2001:db8::1/128".parse().unwrap()]);
-        }
-    }
+    let facts = verdict_conformance::node_facts(family);
+    let mut c = ProxierConfig::new(family, verdict_conformance::NODE);
+    c.node_ips = facts.node_ips.iter().map(|s| ip(s)).collect();
+    c.local_ips = facts.local_ips.iter().map(|s| ip(s)).collect();
+    c.local_detector = LocalDetector::Cidr(facts.pod_cidr.parse().unwrap());
+    c.service_cidrs = vec![facts.service_cidr.parse().unwrap()];
+    c.node_port_addresses = NodePortAddresses::Cidrs(
+        facts
+            .node_port_cidrs
+            .iter()
+            .map(|s| s.parse().unwrap())
+            .collect(),
+    );
     c
 }
 

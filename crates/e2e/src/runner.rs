@@ -1,0 +1,435 @@
+//! Replays a conformance scenario on a test bed through the real proxier
+//! and `nft`, then checks every flow with real connections:
+//! - endpoints: every answer comes from an expected endpoint, every expected
+//!   endpoint answers within a bounded number of tries, and the source
+//!   address and port the endpoint saw show whether it was masqueraded
+//!   (`masquerade fully-random` always changes the port);
+//! - `REJECT`: the connection is refused; `DROP`: it times out;
+//! - `""` (untouched): the original destination answers itself.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use verdict_conformance::{Flow, NODE, Scenario, Step, node_facts};
+use verdict_model::{IpFamily, Protocol, parse_ip_legacy};
+use verdict_nft::{L4Proto, NftCli};
+use verdict_proxier::{LocalDetector, NodePortAddresses, Proxier, ProxierConfig};
+
+use crate::bed::{Placement, TestBed};
+
+/// How one scenario went.
+#[derive(Debug, Default)]
+pub struct ScenarioResult {
+    /// Scenario name.
+    pub name: String,
+    /// Flows that behaved as expected.
+    pub passed: usize,
+    /// Flows that did not, with what happened.
+    pub failures: Vec<String>,
+    /// Flows not run, with the reason.
+    pub skipped: Vec<String>,
+}
+
+const TIMEOUT_MS: u64 = 1000;
+
+fn parse(s: &str) -> Option<IpAddr> {
+    parse_ip_legacy(s)
+}
+
+/// The proxier settings of the scenario's node (kube-proxy's fake proxier).
+pub fn node_config(s: &Scenario) -> Result<ProxierConfig, String> {
+    let family = s.setup.family;
+    let facts = node_facts(family);
+    let mut c = ProxierConfig::new(family, NODE);
+    let ips = |v: &[&str]| v.iter().filter_map(|a| parse(a)).collect::<Vec<_>>();
+    c.node_ips = ips(&facts.node_ips);
+    c.local_ips = ips(&facts.local_ips);
+    let net = |a: &str| a.parse::<ipnet::IpNet>().map_err(|e| format!("{a}: {e}"));
+    c.local_detector = if s.setup.tweaks.no_detector {
+        LocalDetector::None
+    } else {
+        LocalDetector::Cidr(net(facts.pod_cidr)?)
+    };
+    c.service_cidrs = vec![net(facts.service_cidr)?];
+    let cidrs: Vec<String> = match &s.setup.tweaks.node_port_cidrs {
+        Some(c) => c.clone(),
+        None => facts
+            .node_port_cidrs
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+    };
+    c.node_port_addresses =
+        NodePortAddresses::Cidrs(cidrs.iter().map(|a| net(a)).collect::<Result<_, _>>()?);
+    c.masquerade_all = s.setup.tweaks.masquerade_all;
+    Ok(c)
+}
+
+#[derive(Default)]
+struct PodPlan {
+    local: bool,
+    tcp: BTreeSet<u16>,
+    udp: BTreeSet<u16>,
+}
+
+/// Runs one scenario on a fresh bed.
+pub fn run_scenario(s: &Scenario, echo: PathBuf) -> ScenarioResult {
+    let mut result = ScenarioResult {
+        name: s.name.clone(),
+        ..ScenarioResult::default()
+    };
+    match prepare_and_run(s, echo, &mut result) {
+        Ok(()) => {}
+        Err(e) => result
+            .failures
+            .push(format!("{}: setup failed: {e}", s.name)),
+    }
+    result
+}
+
+fn skip_reason(s: &Scenario, f: &Flow, pods: &BTreeMap<IpAddr, PodPlan>) -> Option<String> {
+    if f.proto == L4Proto::Sctp && !sctp_available() {
+        return Some("this kernel has no SCTP support (socket(…, IPPROTO_SCTP) fails)".into());
+    }
+    let src = parse(f.src)?;
+    let facts = node_facts(s.setup.family);
+    let pod_cidr: Option<ipnet::IpNet> = facts.pod_cidr.parse().ok();
+    let node_or_ext = crate::bed::NODE_ADDRS
+        .iter()
+        .chain(["203.0.113.2/24", "203.0.113.130/24", "2600:5200::1/64"].iter())
+        .any(|a| a.split('/').next() == Some(f.src));
+    if node_or_ext || pods.contains_key(&src) || pod_cidr.is_some_and(|n| n.contains(&src)) {
+        return None;
+    }
+    Some(format!(
+        "source {} belongs to no host: it stands for the node's own traffic SNATed to its \
+         LoadBalancer address by the load balancer, which cannot be sent from outside",
+        f.src
+    ))
+}
+
+fn sctp_available() -> bool {
+    socket_probe()
+}
+
+fn socket_probe() -> bool {
+    // The kernel refuses SCTP sockets when the protocol is not built in.
+    std::fs::read_to_string("/proc/net/protocols")
+        .map(|p| p.lines().any(|l| l.starts_with("SCTP")))
+        .unwrap_or(false)
+}
+
+fn prepare_and_run(s: &Scenario, echo: PathBuf, result: &mut ScenarioResult) -> Result<(), String> {
+    // Pods: every endpoint of every slice the scenario uses.
+    let mut pods: BTreeMap<IpAddr, PodPlan> = BTreeMap::new();
+    let mut vips: BTreeSet<IpAddr> = BTreeSet::new();
+    for step in &s.setup.steps {
+        match step {
+            Step::Slice(sl) => {
+                for ep in &sl.endpoints {
+                    let Some(ip) = ep.addresses.first().and_then(|a| parse(a)) else {
+                        continue;
+                    };
+                    let plan = pods.entry(ip).or_default();
+                    plan.local |= ep.node_name.as_deref() == Some(NODE);
+                    for p in &sl.ports {
+                        let Some(port) = p.port.and_then(|p| u16::try_from(p).ok()) else {
+                            continue;
+                        };
+                        match p.protocol {
+                            Protocol::Tcp => plan.tcp.insert(port),
+                            Protocol::Udp => plan.udp.insert(port),
+                            Protocol::Sctp => false,
+                        };
+                    }
+                }
+            }
+            Step::Service(svc) => {
+                let ingress = svc
+                    .load_balancer_ingress
+                    .iter()
+                    .filter_map(|i| i.ip.clone());
+                for a in svc
+                    .cluster_ips
+                    .iter()
+                    .cloned()
+                    .chain(svc.external_ips.iter().cloned())
+                    .chain(ingress)
+                {
+                    if let Some(ip) = parse(&a) {
+                        vips.insert(ip);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    // Clients and untouched destinations.
+    let node_addrs: BTreeSet<IpAddr> = crate::bed::NODE_ADDRS
+        .iter()
+        .filter_map(|a| a.split('/').next().and_then(parse))
+        .collect();
+    let mut node_tcp = BTreeSet::new();
+    let mut node_udp = BTreeSet::new();
+    let mut runnable = Vec::new();
+    for f in &s.flows {
+        if let Some(why) = skip_reason(s, f, &pods) {
+            result
+                .skipped
+                .push(format!("{} / {}: {why}", s.name, f.name));
+            continue;
+        }
+        let (Some(src), Some(dst)) = (parse(f.src), parse(f.dst)) else {
+            result
+                .failures
+                .push(format!("{} / {}: bad address", s.name, f.name));
+            continue;
+        };
+        if !node_addrs.contains(&src)
+            && !src.to_string().starts_with("203.0.113.")
+            && !src.to_string().starts_with("2600:5200:")
+        {
+            pods.entry(src).or_insert_with(|| PodPlan {
+                local: true,
+                ..PodPlan::default()
+            });
+        }
+        if f.output.is_empty() {
+            if node_addrs.contains(&dst) {
+                insert_port(f.proto, f.dport, &mut node_tcp, &mut node_udp);
+            } else {
+                let plan = pods.entry(dst).or_insert_with(|| PodPlan {
+                    local: true,
+                    ..PodPlan::default()
+                });
+                insert_port(f.proto, f.dport, &mut plan.tcp, &mut plan.udp);
+            }
+        }
+        runnable.push((f, src, dst));
+    }
+
+    let mut bed = TestBed::new(echo).map_err(|e| e.to_string())?;
+    for (ip, plan) in &pods {
+        let place = if plan.local {
+            Placement::Local
+        } else {
+            Placement::Remote
+        };
+        let tcp: Vec<u16> = plan.tcp.iter().copied().collect();
+        let udp: Vec<u16> = plan.udp.iter().copied().collect();
+        bed.add_pod(*ip, place, &tcp, &udp)
+            .map_err(|e| e.to_string())?;
+    }
+    if !node_tcp.is_empty() || !node_udp.is_empty() {
+        let fam = s.setup.family;
+        let addrs: Vec<IpAddr> = node_addrs
+            .iter()
+            .copied()
+            .filter(|a| IpFamily::of(*a) == fam)
+            .collect();
+        let tcp: Vec<u16> = node_tcp.into_iter().collect();
+        let udp: Vec<u16> = node_udp.into_iter().collect();
+        bed.serve_node(&addrs, &tcp, &udp)
+            .map_err(|e| e.to_string())?;
+    }
+    for vip in vips {
+        if !node_addrs.contains(&vip) && !bed.has_pod(vip) {
+            bed.route_to_node(vip).map_err(|e| e.to_string())?;
+        }
+    }
+
+    // Program the node through the real proxier and nft.
+    let mut nft = NftCli::in_netns(bed.node.name()).map_err(|e| e.to_string())?;
+    let mut proxier = Proxier::new(node_config(s)?).map_err(|e| e.to_string())?;
+    let mut prev_services = BTreeMap::new();
+    let mut prev_slices = BTreeMap::new();
+    let start = Instant::now();
+    for (i, step) in s.setup.steps.iter().enumerate() {
+        match step {
+            Step::Service(svc) => {
+                let key = (svc.namespace.clone(), svc.name.clone());
+                let prev = prev_services.insert(key, svc.clone());
+                proxier.on_service(prev.as_ref(), Some(svc));
+            }
+            Step::DeleteService(ns, n) => {
+                if let Some(prev) = prev_services.remove(&(ns.clone(), n.clone())) {
+                    proxier.on_service(Some(&prev), None);
+                }
+            }
+            Step::Slice(sl) => {
+                prev_slices.insert((sl.namespace.clone(), sl.name.clone()), sl.clone());
+                proxier.on_endpoint_slice(sl, false);
+            }
+            Step::DeleteSlice(ns, n) => {
+                if let Some(prev) = prev_slices.remove(&(ns.clone(), n.clone())) {
+                    proxier.on_endpoint_slice(&prev, true);
+                }
+            }
+            Step::Sync => {
+                let now = start + Duration::from_secs(i as u64);
+                proxier
+                    .sync(&mut nft, now)
+                    .map_err(|e| format!("sync: {e}"))?;
+            }
+        }
+    }
+
+    for (f, src, dst) in runnable {
+        let outcome = check_flow(&bed, f, src, dst);
+        if outcome.is_err()
+            && let Ok(secs) = std::env::var("VERDICT_E2E_HOLD")
+        {
+            // Debugging aid: keep the failing bed for inspection.
+            eprintln!(
+                "holding {} for {secs}s after {:?}",
+                bed.node.name(),
+                outcome
+            );
+            std::thread::sleep(Duration::from_secs(secs.parse().unwrap_or(60)));
+        }
+        match outcome {
+            Ok(()) => result.passed += 1,
+            Err(e) => result.failures.push(format!(
+                "{} / {}: {} {} -> {}:{}: want {:?} masq={}: {e}",
+                s.name, f.name, f.proto, f.src, f.dst, f.dport, f.output, f.masq
+            )),
+        }
+    }
+    Ok(())
+}
+
+fn insert_port(p: L4Proto, port: u16, tcp: &mut BTreeSet<u16>, udp: &mut BTreeSet<u16>) {
+    match p {
+        L4Proto::Tcp => {
+            tcp.insert(port);
+        }
+        L4Proto::Udp => {
+            udp.insert(port);
+        }
+        L4Proto::Sctp => {}
+    }
+}
+
+/// One answer of the echo tool.
+#[derive(Debug, PartialEq, Eq)]
+enum Answer {
+    /// Who answered, the source it saw, and our local port.
+    Ok {
+        by: String,
+        seen: IpAddr,
+        seen_port: u16,
+        local_port: u16,
+    },
+    Refused,
+    Timeout,
+    Other(String),
+}
+
+fn answer(line: &str) -> Answer {
+    let w: Vec<&str> = line.split_whitespace().collect();
+    match w.as_slice() {
+        ["OK", by, seen, seen_port, local_port] => {
+            match (seen.parse(), seen_port.parse(), local_port.parse()) {
+                (Ok(seen), Ok(seen_port), Ok(local_port)) => Answer::Ok {
+                    by: by.to_string(),
+                    seen,
+                    seen_port,
+                    local_port,
+                },
+                _ => Answer::Other(line.into()),
+            }
+        }
+        ["REFUSED"] => Answer::Refused,
+        ["TIMEOUT"] => Answer::Timeout,
+        _ => Answer::Other(line.into()),
+    }
+}
+
+fn check_flow(bed: &TestBed, f: &Flow, src: IpAddr, dst: IpAddr) -> Result<(), String> {
+    let proto = match f.proto {
+        L4Proto::Tcp => "tcp",
+        L4Proto::Udp => "udp",
+        L4Proto::Sctp => "sctp",
+    };
+    let once = || -> Result<Answer, String> {
+        bed.connect(src, dst, proto, f.dport, TIMEOUT_MS)
+            .map(|l| answer(&l))
+            .map_err(|e| e.to_string())
+    };
+    match f.output.as_str() {
+        "DROP" => match once()? {
+            Answer::Timeout => Ok(()),
+            other => Err(format!("got {other:?}")),
+        },
+        "REJECT" => match once()? {
+            Answer::Refused => Ok(()),
+            other => Err(format!("got {other:?}")),
+        },
+        "" => {
+            let me = SocketAddr::new(dst, f.dport).to_string();
+            match once()? {
+                Answer::Ok { by, .. } if by == me => Ok(()),
+                other => Err(format!(
+                    "expected the destination itself to answer, got {other:?}"
+                )),
+            }
+        }
+        list => {
+            let want: BTreeSet<String> = list.split(", ").map(str::to_owned).collect();
+            let mut seen = BTreeSet::new();
+            let tries = 12 * want.len();
+            for _ in 0..tries {
+                match once()? {
+                    Answer::Ok {
+                        by,
+                        seen: saw,
+                        seen_port,
+                        local_port,
+                    } => {
+                        if !want.contains(&by) {
+                            return Err(format!("answered by {by}, not one of {list}"));
+                        }
+                        let masq = saw != src || seen_port != local_port;
+                        if masq != f.masq {
+                            return Err(format!(
+                                "{by} saw {saw}:{seen_port} for {src}:{local_port}: masqueraded={masq}"
+                            ));
+                        }
+                        seen.insert(by);
+                        if seen == want {
+                            return Ok(());
+                        }
+                    }
+                    other => return Err(format!("got {other:?}")),
+                }
+            }
+            Err(format!("only {seen:?} answered in {tries} tries"))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_answers() {
+        assert_eq!(
+            answer("OK 10.180.0.1:80 10.0.0.2 40000 40000"),
+            Answer::Ok {
+                by: "10.180.0.1:80".into(),
+                seen: "10.0.0.2".parse().unwrap(),
+                seen_port: 40000,
+                local_port: 40000
+            }
+        );
+        assert_eq!(answer("REFUSED"), Answer::Refused);
+        assert_eq!(answer("TIMEOUT"), Answer::Timeout);
+        assert!(matches!(
+            answer("ERROR Network is unreachable"),
+            Answer::Other(_)
+        ));
+    }
+}
