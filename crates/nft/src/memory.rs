@@ -225,6 +225,7 @@ impl TableState {
     fn apply(&mut self, op: &Op) -> Result<(), NftError> {
         match op {
             Op::AddTable(_) => Ok(()),
+            Op::DeleteTable => Ok(()),
             Op::AddChain(chain) => match self.chains.get(&chain.name) {
                 Some(existing) if existing.chain.base != chain.base => {
                     Err(NftError::AlreadyExists(format!(
@@ -394,6 +395,17 @@ impl Backend for MemoryBackend {
         // Work on a copy: either every operation applies or none does.
         let mut table = self.tables.get(&key).cloned();
         for op in tx.ops() {
+            if *op == Op::DeleteTable {
+                if table.is_none() {
+                    return Err(NftError::NotFound(format!(
+                        "table {} {}",
+                        tx.family(),
+                        tx.table()
+                    )));
+                }
+                table = None;
+                continue;
+            }
             match (&mut table, op) {
                 (None, Op::AddTable(comment)) => {
                     table = Some(TableState {
@@ -411,8 +423,13 @@ impl Backend for MemoryBackend {
                 (Some(t), op) => t.apply(op)?,
             }
         }
-        if let Some(t) = table {
-            self.tables.insert(key, t);
+        match table {
+            Some(t) => {
+                self.tables.insert(key, t);
+            }
+            None => {
+                self.tables.remove(&key);
+            }
         }
         self.transactions += 1;
         self.last_ops = tx.len();
@@ -598,6 +615,28 @@ mod tests {
                 .chains
                 .contains_key("reject-chain")
         );
+    }
+
+    #[test]
+    fn a_table_can_be_replaced_atomically() {
+        let mut nft = MemoryBackend::new();
+        let mut tx = base_tx();
+        tx.add_chain(Chain::regular("junk"));
+        nft.run(&tx).unwrap();
+        let mut tx = Transaction::new(Family::Ip, T);
+        tx.add_table(None);
+        tx.delete_table();
+        tx.add_table(Some("fresh"));
+        tx.add_chain(Chain::regular("only"));
+        assert!(tx.to_string().contains("delete table ip verdict\n"));
+        nft.run(&tx).unwrap();
+        let t = nft.get(Family::Ip, T).unwrap();
+        assert_eq!(t.chains.keys().collect::<Vec<_>>(), ["only"]);
+        assert_eq!(t.comment.as_deref(), Some("fresh"));
+        // Deleting a missing table fails, as in nft.
+        let mut tx = Transaction::new(Family::Ip6, T);
+        tx.delete_table();
+        assert!(nft.run(&tx).unwrap_err().is_not_found());
     }
 
     #[test]

@@ -15,6 +15,8 @@ use crate::ir::{
 pub enum Op {
     /// `add table` (with the table comment).
     AddTable(Option<String>),
+    /// `delete table`: everything in it goes.
+    DeleteTable,
     /// `add chain`: create if missing.
     AddChain(Chain),
     /// `flush chain`: remove every rule.
@@ -114,6 +116,12 @@ impl Transaction {
     pub fn add_table(&mut self, comment: Option<&str>) {
         self.check_comment(comment);
         self.ops.push(Op::AddTable(comment.map(str::to_owned)));
+    }
+
+    /// Deletes the table and everything in it (within the transaction; a
+    /// later `add_table` recreates it, so readers never see it missing).
+    pub fn delete_table(&mut self) {
+        self.ops.push(Op::DeleteTable);
     }
 
     /// Adds a chain if it is missing.
@@ -217,6 +225,7 @@ impl Display for Transaction {
                         writeln!(f, " {{{body} }}")?;
                     }
                 }
+                Op::DeleteTable => writeln!(f, "delete table {t}")?,
                 Op::FlushChain(name) => writeln!(f, "flush chain {t} {name}")?,
                 Op::DeleteChain(name) => writeln!(f, "delete chain {t} {name}")?,
                 Op::AddSet(set) => writeln!(

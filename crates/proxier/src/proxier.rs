@@ -218,9 +218,19 @@ impl Proxier {
         let table = self.cfg.table.clone();
         result.stale_chains_deleted = self.delete_stale_chains(backend, now)?;
 
-        // What the kernel has, on a full sync.
+        // What the kernel has, on a full sync. A table we cannot read (say,
+        // a rule someone added by hand) is replaced as a whole, atomically.
+        let mut replace_table = false;
         let existing = if full {
-            Some(backend.table(family, &table)?.unwrap_or_default())
+            match backend.table(family, &table) {
+                Ok(t) => Some(t.unwrap_or_default()),
+                Err(verdict_nft::NftError::Parse(_)) => {
+                    replace_table = true;
+                    self.stale_chains.clear();
+                    Some(verdict_nft::TableState::default())
+                }
+                Err(e) => return Err(e.into()),
+            }
         } else {
             None
         };
@@ -290,6 +300,10 @@ impl Proxier {
             .count();
 
         let mut tx = Transaction::new(family, &table);
+        if replace_table {
+            tx.add_table(None);
+            tx.delete_table();
+        }
         let wanted = self.wanted_chains();
         let mut chains_now: BTreeSet<String> = self.programmed_chains.clone();
         if let Some(existing) = &existing {

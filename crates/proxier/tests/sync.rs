@@ -209,6 +209,50 @@ fn a_failed_sync_forces_a_full_one_that_converges() {
     assert_eq!(nft.inner.dump(Family::Ip, "verdict"), fresh.dump());
 }
 
+/// A backend whose table cannot be read back.
+struct Unreadable(MemoryBackend);
+
+impl Backend for Unreadable {
+    fn run(&mut self, tx: &Transaction) -> Result<(), NftError> {
+        self.0.run(tx)
+    }
+
+    fn table(&mut self, _: Family, _: &str) -> Result<Option<TableState>, NftError> {
+        Err(NftError::Parse("unknown expression in chain junk".into()))
+    }
+}
+
+#[test]
+fn an_unreadable_table_is_replaced_in_one_transaction() {
+    let mut nft = MemoryBackend::new();
+    let mut tx = Transaction::new(Family::Ip, "verdict");
+    tx.add_table(None);
+    tx.add_chain(Chain::regular("junk"));
+    tx.add_rule("junk", Rule::new(vec![Expr::Reject]));
+    nft.run(&tx).unwrap();
+    let mut nft = Unreadable(nft);
+    let mut p = Proxier::new(upstream_config(IpFamily::V4)).unwrap();
+    p.on_service(
+        None,
+        Some(
+            &svc("ns1", "svc1")
+                .cluster_ip("172.30.0.41")
+                .port("p80", TCP, 80, 0),
+        ),
+    );
+    let before = nft.0.transactions();
+    p.sync(&mut nft, std::time::Instant::now()).unwrap();
+    assert_eq!(nft.0.transactions(), before + 1, "one atomic transaction");
+    let mut fresh = Fixture::new(IpFamily::V4);
+    fresh.service(
+        svc("ns1", "svc1")
+            .cluster_ip("172.30.0.41")
+            .port("p80", TCP, 80, 0),
+    );
+    fresh.sync();
+    assert_eq!(nft.0.dump(Family::Ip, "verdict"), fresh.dump());
+}
+
 #[test]
 fn a_restarted_proxier_adopts_the_table_without_changing_it() {
     let mut fx = Fixture::new(IpFamily::V4);
