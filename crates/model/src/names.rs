@@ -114,7 +114,7 @@ impl ServicePortName {
     }
 
     /// The smallest possible key of `service`, for range queries over ordered maps.
-    pub(crate) fn first_of(service: &NamespacedName) -> Self {
+    pub fn first_of(service: &NamespacedName) -> Self {
         ServicePortName {
             service: service.clone(),
             port: String::new(),

@@ -301,6 +301,16 @@ impl TableState {
                     .ok_or_else(|| NftError::NotFound(format!("set {set}")))?;
                 self.check_element(s, element)?;
                 let s = self.set_mut(set)?;
+                if s.set.interval
+                    && !s.elements.contains_key(&element.key)
+                    && let Some(other) =
+                        s.elements.values().find(|e| overlaps(&e.key, &element.key))
+                {
+                    // As the kernel: interval elements may not overlap.
+                    return Err(NftError::AlreadyExists(format!(
+                        "element {element} of {set} overlaps {other}"
+                    )));
+                }
                 match s.elements.get(&element.key) {
                     // The kernel keeps the existing element (and its comment)
                     // when the value is the same, and refuses a different value.
@@ -326,6 +336,21 @@ impl TableState {
             }
         }
     }
+}
+
+/// Whether two interval-set keys cover a common point: every field must
+/// intersect (an address is a host prefix; other fields must be equal).
+fn overlaps(a: &[Value], b: &[Value]) -> bool {
+    let net = |v: &Value| match v {
+        Value::Prefix(n) => Some(*n),
+        Value::Addr(a) => Some(ipnet::IpNet::from(*a)),
+        _ => None,
+    };
+    a.len() == b.len()
+        && a.iter().zip(b).all(|(x, y)| match (net(x), net(y)) {
+            (Some(n), Some(m)) => n.contains(&m.network()) || m.contains(&n.network()),
+            _ => x == y,
+        })
 }
 
 /// An in-memory nftables: tables keyed by family and name.
@@ -637,6 +662,51 @@ mod tests {
         let mut tx = Transaction::new(Family::Ip6, T);
         tx.delete_table();
         assert!(nft.run(&tx).unwrap_err().is_not_found());
+    }
+
+    #[test]
+    fn interval_elements_may_not_overlap() {
+        let mut nft = MemoryBackend::new();
+        let mut tx = Transaction::new(Family::Ip, T);
+        tx.add_table(None);
+        let key = vec![
+            DataType::Ipv4Addr,
+            DataType::InetProto,
+            DataType::InetService,
+            DataType::Ipv4Addr,
+        ];
+        tx.add_set(Set::set("allow", key).with_interval());
+        nft.run(&tx).unwrap();
+        let el = |port: u16, net: &str| {
+            Element::key(vec![
+                Value::Addr("1.2.3.4".parse().unwrap()),
+                Value::Proto(L4Proto::Tcp),
+                Value::Port(port),
+                Value::Prefix(net.parse().unwrap()),
+            ])
+        };
+        let add = |nft: &mut MemoryBackend, e: Element| {
+            let mut tx = Transaction::new(Family::Ip, T);
+            tx.add_element("allow", e);
+            nft.run(&tx)
+        };
+        add(&mut nft, el(80, "192.168.0.0/24")).unwrap();
+        // Identical: a no-op, as in the kernel.
+        add(&mut nft, el(80, "192.168.0.0/24")).unwrap();
+        // Inside it: refused, as the kernel refuses it.
+        assert!(
+            add(&mut nft, el(80, "192.168.0.240/32"))
+                .unwrap_err()
+                .is_already_exists()
+        );
+        assert!(
+            add(&mut nft, el(80, "192.168.0.0/16"))
+                .unwrap_err()
+                .is_already_exists()
+        );
+        // Another port, or a disjoint range: fine.
+        add(&mut nft, el(81, "192.168.0.0/16")).unwrap();
+        add(&mut nft, el(80, "192.168.1.0/24")).unwrap();
     }
 
     #[test]

@@ -263,6 +263,9 @@ fn firewall(b: &mut Builder, cfg: &ProxierConfig, sp: &ServicePort) {
                 .map(|ip| ipnet::IpNet::from(*ip)),
         );
     }
+    // The kernel refuses overlapping intervals ("File exists"), so ranges
+    // that overlap, touch, or contain a VIP are merged first.
+    let sources = ipnet::IpNet::aggregate(&sources);
     for vip in &sp.load_balancer_vips {
         let entry = b.entry(*vip);
         b.push(

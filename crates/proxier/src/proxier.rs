@@ -76,6 +76,8 @@ pub struct Proxier {
     /// Emptied chains awaiting deletion, with when they were emptied.
     stale_chains: BTreeMap<String, Instant>,
     pending_purges: Vec<Purge>,
+    /// Service ports with internal / external Local policy and no local endpoint.
+    no_local: (usize, usize),
     need_full_sync: bool,
     last_full_sync: Option<Instant>,
 }
@@ -97,6 +99,7 @@ impl Proxier {
             programmed_chains: BTreeSet::new(),
             stale_chains: BTreeMap::new(),
             pending_purges: Vec::new(),
+            no_local: (0, 0),
             need_full_sync: true,
             last_full_sync: None,
         })
@@ -243,12 +246,27 @@ impl Proxier {
                 .cloned()
                 .collect()
         } else {
-            self.services
-                .keys()
-                .chain(self.contributions.keys())
-                .filter(|p| result.updated_services.contains(&p.service))
-                .cloned()
-                .collect()
+            // Only the ports of the services that changed: a range per service.
+            let mut ports = BTreeSet::new();
+            for svc in &result.updated_services {
+                let of = |p: &&ServicePortName| p.service == *svc;
+                let from = ServicePortName::first_of(svc);
+                ports.extend(
+                    self.services
+                        .range(from.clone()..)
+                        .map(|(k, _)| k)
+                        .take_while(of)
+                        .cloned(),
+                );
+                ports.extend(
+                    self.contributions
+                        .range(from..)
+                        .map(|(k, _)| k)
+                        .take_while(of)
+                        .cloned(),
+                );
+            }
+            ports
         };
         let node_port_ips = self.cfg.node_port_ips();
         let mut touched: BTreeSet<SetKey> = BTreeSet::new();
@@ -288,16 +306,8 @@ impl Proxier {
                 self.contributions.insert(port.clone(), new);
             }
         }
-        result.no_local_endpoints_internal = self
-            .contributions
-            .values()
-            .filter(|c| c.no_local_internal)
-            .count();
-        result.no_local_endpoints_external = self
-            .contributions
-            .values()
-            .filter(|c| c.no_local_external)
-            .count();
+        result.no_local_endpoints_internal = self.no_local.0;
+        result.no_local_endpoints_external = self.no_local.1;
 
         let mut tx = Transaction::new(family, &table);
         if replace_table {
@@ -551,6 +561,8 @@ impl Proxier {
         c: &Contribution,
         touched: &mut BTreeSet<SetKey>,
     ) {
+        self.no_local.0 -= usize::from(c.no_local_internal);
+        self.no_local.1 -= usize::from(c.no_local_external);
         for (set, e) in &c.elements {
             if let Some(m) = self.desired.get_mut(set)
                 && let Some(owners) = m.get_mut(&e.key)
@@ -578,6 +590,8 @@ impl Proxier {
         c: &Contribution,
         touched: &mut BTreeSet<SetKey>,
     ) {
+        self.no_local.0 += usize::from(c.no_local_internal);
+        self.no_local.1 += usize::from(c.no_local_external);
         for (set, e) in &c.elements {
             self.desired
                 .entry(set)

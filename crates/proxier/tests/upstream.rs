@@ -169,3 +169,43 @@ fn leading_zero_addresses_are_read_as_decimal() {
     assert_eq!(bad, good);
     assert!(good.contains("1.2.3.4 . tcp . 80 . 203.0.113.0/25"));
 }
+
+/// Source ranges that overlap each other or contain a VIP are merged: the
+/// kernel refuses overlapping interval elements, which would fail every sync.
+#[test]
+fn overlapping_source_ranges_are_merged() {
+    let mut fx = Fixture::new(IpFamily::V4);
+    fx.service(
+        svc("ns1", "svc1")
+            .cluster_ip("172.30.0.41")
+            .port("p80", TCP, 80, 0)
+            .lb(&["192.168.0.240"])
+            .source_ranges(&["192.168.0.0/24", "10.0.0.0/8", "10.1.0.0/16", "10.2.0.0/16"]),
+    );
+    fx.slice(
+        slice("ns1", "svc1", "svc1-1")
+            .port("p80", TCP, 80)
+            .ep("10.180.0.1", ""),
+    );
+    fx.sync();
+    let dump = fx.dump();
+    assert!(
+        dump.contains(
+            "192.168.0.240 . tcp . 80 . 10.0.0.0/8, 192.168.0.240 . tcp . 80 . 192.168.0.0/24 }"
+        ),
+        "{dump}"
+    );
+    use verdict_nft::L4Proto::Tcp;
+    assert_eq!(
+        fx.trace(Tcp, "10.1.2.3", "192.168.0.240", 80).output(),
+        "10.180.0.1:80"
+    );
+    assert_eq!(
+        fx.trace(Tcp, "192.168.0.5", "192.168.0.240", 80).output(),
+        "10.180.0.1:80"
+    );
+    assert_eq!(
+        fx.trace(Tcp, "203.0.113.2", "192.168.0.240", 80).output(),
+        "DROP"
+    );
+}

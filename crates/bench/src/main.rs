@@ -1,0 +1,472 @@
+//! verdict's scale benchmark. For each size N it builds a scratch set of
+//! network namespaces, drives N synthetic ClusterIP services with K
+//! endpoints through the real proxier and `nft`, and measures:
+//! - the cold full sync: wall and CPU time, peak memory of verdict and nft;
+//! - one endpoint change, one service added, one service deleted: time from
+//!   the change entering the proxier to the kernel having it (p50/p99);
+//! - a sync with no change: operations sent and time;
+//! - the data plane: TCP connect latency (p01/p50/p99) to a service early,
+//!   in the middle and late in creation order, to a pod through the node,
+//!   and to a pod through a rule-free node (the floor), interleaved.
+//!
+//! With `--iptables-baseline[=legacy|nft]` the same services are also
+//! loaded the way kube-proxy's iptables mode writes them, on a third node,
+//! and measured in the same run.
+//!
+//! ```text
+//! verdict-bench [--sizes 1000,5000,10000,30000] [--endpoints 2] [--samples 1000]
+//!               [--changes 20] [--iptables-baseline[=legacy|nft]] [--iptables-max N]
+//!               [--out DIR]
+//! ```
+//! Needs root. Prints a Markdown table; with `--out` also writes it, the
+//! raw figures and an SVG plot to DIR.
+
+mod probe;
+mod report;
+mod topo;
+mod workload;
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+use std::process::{Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::resource::{UsageWho, getrusage};
+use verdict_model::IpFamily;
+use verdict_nft::NftCli;
+use verdict_proxier::{LocalDetector, NodePortAddresses, Proxier, ProxierConfig};
+
+use crate::workload::{SERVICE_PORT, endpoints, service, service_ip, slices};
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let r = match args.first().map(String::as_str) {
+        Some("serve") => probe::serve(&args[1..]),
+        Some("probe") => probe::probe(&args[1..]),
+        Some("one") => one(&args[1..]),
+        _ => orchestrate(&args),
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("verdict-bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Benchmark options.
+#[derive(Clone, Debug)]
+pub struct Options {
+    sizes: Vec<usize>,
+    endpoints: usize,
+    samples: usize,
+    changes: usize,
+    baseline: Option<String>,
+    baseline_max: usize,
+    out: Option<PathBuf>,
+}
+
+fn flag<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
+    args.iter().enumerate().find_map(|(i, a)| {
+        if a == name {
+            args.get(i + 1).map(String::as_str)
+        } else {
+            a.strip_prefix(&format!("{name}="))
+        }
+    })
+}
+
+fn parse_options(args: &[String]) -> Result<Options, String> {
+    let num = |name: &str, default: usize| -> Result<usize, String> {
+        flag(args, name).map_or(Ok(default), |v| {
+            v.parse().map_err(|e| format!("{name} {v}: {e}"))
+        })
+    };
+    let sizes = match flag(args, "--sizes") {
+        Some(v) => v
+            .split(',')
+            .map(|s| s.parse().map_err(|e| format!("--sizes {s}: {e}")))
+            .collect::<Result<Vec<usize>, _>>()?,
+        None => vec![1_000, 5_000, 10_000, 30_000],
+    };
+    let baseline = if args.iter().any(|a| a == "--iptables-baseline") {
+        Some("legacy".to_owned())
+    } else {
+        flag(args, "--iptables-baseline").map(str::to_owned)
+    };
+    if let Some(b) = &baseline
+        && b != "legacy"
+        && b != "nft"
+    {
+        return Err(format!("--iptables-baseline={b}: use legacy or nft"));
+    }
+    let o = Options {
+        sizes,
+        endpoints: num("--endpoints", 2)?,
+        samples: num("--samples", 1000)?,
+        changes: num("--changes", 20)?,
+        baseline,
+        baseline_max: num("--iptables-max", usize::MAX)?,
+        out: flag(args, "--out").map(PathBuf::from),
+    };
+    if o.endpoints == 0 || o.sizes.iter().any(|n| *n == 0 || *n > 60_000) {
+        return Err("sizes must be 1..=60000 and --endpoints at least 1".into());
+    }
+    Ok(o)
+}
+
+fn orchestrate(args: &[String]) -> Result<(), String> {
+    if args.iter().any(|a| a == "-h" || a == "--help") {
+        println!("{}", include_str!("usage.txt"));
+        return Ok(());
+    }
+    verdict_e2e::netns::can_run()?;
+    let o = parse_options(args)?;
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut runs = Vec::new();
+    for &n in &o.sizes {
+        eprintln!("verdict-bench: N={n} K={} …", o.endpoints);
+        let baseline = o
+            .baseline
+            .clone()
+            .filter(|_| n <= o.baseline_max)
+            .unwrap_or_default();
+        let out = Command::new(&exe)
+            .args([
+                "one",
+                &n.to_string(),
+                &o.endpoints.to_string(),
+                &o.samples.to_string(),
+                &o.changes.to_string(),
+                &baseline,
+            ])
+            .stderr(Stdio::inherit())
+            .output()
+            .map_err(|e| e.to_string())?;
+        if !out.status.success() {
+            return Err(format!("run N={n} failed"));
+        }
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        runs.push(report::Run::parse(&text));
+    }
+    let md = report::markdown(&runs, &o.baseline);
+    println!("{md}");
+    if let Some(dir) = &o.out {
+        std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+        let k = o.endpoints;
+        let write = |name: &str, body: &str| {
+            std::fs::write(dir.join(name), body)
+                .map_err(|e| format!("{}: {e}", dir.join(name).display()))
+        };
+        write(&format!("results-k{k}.md"), &md)?;
+        write(&format!("results-k{k}.svg"), &report::svg(&runs, k))?;
+        let raw: String = runs.iter().map(|r| format!("{}\n", r.raw)).collect();
+        write(&format!("results-k{k}.txt"), &raw)?;
+    }
+    Ok(())
+}
+
+/// A backend that times how long the kernel backend takes.
+struct Timed<B> {
+    inner: B,
+    spent: Duration,
+}
+
+impl<B: verdict_nft::Backend> verdict_nft::Backend for Timed<B> {
+    fn run(&mut self, tx: &verdict_nft::Transaction) -> Result<(), verdict_nft::NftError> {
+        let t = Instant::now();
+        let r = self.inner.run(tx);
+        self.spent += t.elapsed();
+        r
+    }
+
+    fn table(
+        &mut self,
+        family: verdict_nft::Family,
+        name: &str,
+    ) -> Result<Option<verdict_nft::TableState>, verdict_nft::NftError> {
+        let t = Instant::now();
+        let r = self.inner.table(family, name);
+        self.spent += t.elapsed();
+        r
+    }
+}
+
+fn cpu_ms(who: UsageWho) -> f64 {
+    getrusage(who)
+        .map(|u| {
+            let t =
+                |tv: nix::sys::time::TimeVal| tv.tv_sec() as f64 * 1e3 + tv.tv_usec() as f64 / 1e3;
+            t(u.user_time()) + t(u.system_time())
+        })
+        .unwrap_or(f64::NAN)
+}
+
+fn max_rss_mib(who: UsageWho) -> f64 {
+    getrusage(who)
+        .map(|u| u.max_rss() as f64 / 1024.0)
+        .unwrap_or(f64::NAN)
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn pct(v: &mut [f64], q: f64) -> f64 {
+    v.sort_by(f64::total_cmp);
+    probe::quantile(v, q)
+}
+
+/// One size, in its own process: prints `key value` lines.
+fn one(args: &[String]) -> Result<(), String> {
+    // The control plane moves into the node's namespace; do it on a
+    // dedicated thread so the rest of the process keeps its own.
+    std::thread::spawn({
+        let args = args.to_vec();
+        move || one_in_thread(&args)
+    })
+    .join()
+    .map_err(|_| "benchmark thread panicked".to_string())?
+}
+
+fn one_in_thread(args: &[String]) -> Result<(), String> {
+    let get = |i: usize| -> Result<usize, String> {
+        args.get(i)
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| format!("one: argument {i}"))
+    };
+    let (n, k, samples, changes) = (get(0)?, get(1)?, get(2)?, get(3)?);
+    let baseline = args.get(4).filter(|s| !s.is_empty()).cloned();
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let topo = topo::Topo::new(&exe, &workload::backend_ports(k), baseline.is_some())
+        .map_err(|e| e.to_string())?;
+    let mut out: BTreeMap<String, String> = BTreeMap::new();
+    let mut put = |k: &str, v: String| {
+        out.insert(k.to_owned(), v);
+    };
+    put("size", n.to_string());
+    put("endpoints", k.to_string());
+    put("backends", topo.backends().to_string());
+
+    let mut cfg = ProxierConfig::new(IpFamily::V4, "bench-node");
+    cfg.node_ips = vec![topo::NODE_IP.into()];
+    cfg.local_ips = vec![topo::NODE_IP.into()];
+    cfg.local_detector = LocalDetector::Cidr("10.200.0.0/16".parse().map_err(|e| format!("{e}"))?);
+    cfg.service_cidrs = vec!["172.30.0.0/16".parse().map_err(|e| format!("{e}"))?];
+    cfg.node_port_addresses = NodePortAddresses::Primary;
+    let mut proxier = Proxier::new(cfg).map_err(|e| e.to_string())?;
+    // Run nft the way the daemon does: directly, from inside the node's
+    // network namespace (this thread moves there; children inherit it).
+    let node_ns = std::fs::File::open(format!("/run/netns/{}", topo.node.name()))
+        .map_err(|e| e.to_string())?;
+    nix::sched::setns(node_ns, nix::sched::CloneFlags::CLONE_NEWNET)
+        .map_err(|e| format!("setns: {e}"))?;
+    let mut nft = Timed {
+        inner: NftCli::new().map_err(|e| e.to_string())?,
+        spent: Duration::ZERO,
+    };
+    let eps = endpoints(k);
+    let start = Instant::now();
+    let mut clock = 0u64;
+    let mut now = || {
+        clock += 1;
+        start + Duration::from_millis(clock)
+    };
+
+    // Cold full sync.
+    let (cpu0, nft0) = (
+        cpu_ms(UsageWho::RUSAGE_SELF),
+        cpu_ms(UsageWho::RUSAGE_CHILDREN),
+    );
+    let t0 = Instant::now();
+    for i in 0..n {
+        proxier.on_service(None, Some(&service(i)));
+        for s in slices(i, &eps, 0) {
+            proxier.on_endpoint_slice(&s, false);
+        }
+    }
+    put("cold_feed_ms", format!("{:.1}", ms(t0.elapsed())));
+    let r = proxier
+        .sync(&mut nft, now())
+        .map_err(|e| format!("cold sync: {e}"))?;
+    put("cold_backend_ms", format!("{:.1}", ms(nft.spent)));
+    put("cold_wall_ms", format!("{:.1}", ms(t0.elapsed())));
+    put(
+        "cold_cpu_verdict_ms",
+        format!("{:.1}", cpu_ms(UsageWho::RUSAGE_SELF) - cpu0),
+    );
+    put(
+        "cold_cpu_nft_ms",
+        format!("{:.1}", cpu_ms(UsageWho::RUSAGE_CHILDREN) - nft0),
+    );
+    put("cold_ops", r.operations.to_string());
+    put(
+        "peak_verdict_mib",
+        format!("{:.1}", max_rss_mib(UsageWho::RUSAGE_SELF)),
+    );
+    put(
+        "peak_nft_mib",
+        format!("{:.1}", max_rss_mib(UsageWho::RUSAGE_CHILDREN)),
+    );
+
+    // A sync with nothing to do.
+    let t = Instant::now();
+    let r = proxier.sync(&mut nft, now()).map_err(|e| e.to_string())?;
+    put("nochange_ops", r.operations.to_string());
+    put("nochange_ms", format!("{:.3}", ms(t.elapsed())));
+
+    // One endpoint of one service changes (different services each time).
+    let mut lat = Vec::new();
+    let mut lat_backend = Vec::new();
+    for c in 0..changes {
+        nft.spent = Duration::ZERO;
+        let i = (c * 7919 + 13) % n;
+        let mut moved = eps.clone();
+        moved[0].0 = Ipv4Addr::new(10, 200, 1, (c % 250 + 1) as u8);
+        let t = Instant::now();
+        for s in slices(i, &moved, 0) {
+            proxier.on_endpoint_slice(&s, false);
+        }
+        proxier.sync(&mut nft, now()).map_err(|e| e.to_string())?;
+        lat.push(ms(t.elapsed()));
+        lat_backend.push(ms(nft.spent));
+    }
+    put(
+        "ep_change_backend_p50_ms",
+        format!("{:.2}", pct(&mut lat_backend, 0.5)),
+    );
+    put("ep_change_p50_ms", format!("{:.2}", pct(&mut lat, 0.5)));
+    put("ep_change_p99_ms", format!("{:.2}", pct(&mut lat, 0.99)));
+
+    // Services added, then deleted.
+    let (mut add, mut del) = (Vec::new(), Vec::new());
+    for c in 0..changes {
+        let i = n + c;
+        let t = Instant::now();
+        proxier.on_service(None, Some(&service(i)));
+        for s in slices(i, &eps, 0) {
+            proxier.on_endpoint_slice(&s, false);
+        }
+        proxier.sync(&mut nft, now()).map_err(|e| e.to_string())?;
+        add.push(ms(t.elapsed()));
+    }
+    for c in 0..changes {
+        let i = n + c;
+        let t = Instant::now();
+        proxier.on_service(Some(&service(i)), None);
+        for s in slices(i, &eps, 0) {
+            proxier.on_endpoint_slice(&s, true);
+        }
+        proxier.sync(&mut nft, now()).map_err(|e| e.to_string())?;
+        del.push(ms(t.elapsed()));
+    }
+    put("svc_add_p50_ms", format!("{:.2}", pct(&mut add, 0.5)));
+    put("svc_add_p99_ms", format!("{:.2}", pct(&mut add, 0.99)));
+    put("svc_del_p50_ms", format!("{:.2}", pct(&mut del, 0.5)));
+    put("svc_del_p99_ms", format!("{:.2}", pct(&mut del, 0.99)));
+
+    // The iptables baseline, loaded as kube-proxy's iptables mode would.
+    if let (Some(variant), Some(nodei)) = (&baseline, &topo.nodei) {
+        let text = workload::iptables_restore(n, &eps);
+        let program = if variant == "legacy" {
+            "iptables-legacy-restore"
+        } else {
+            "iptables-nft-restore"
+        };
+        let c0 = cpu_ms(UsageWho::RUSAGE_CHILDREN);
+        let t = Instant::now();
+        let peak = run_with_peak(&["ip", "netns", "exec", nodei.name(), program], &text)?;
+        put("ipt_variant", variant.clone());
+        put("ipt_load_wall_ms", format!("{:.1}", ms(t.elapsed())));
+        put(
+            "ipt_load_cpu_ms",
+            format!("{:.1}", cpu_ms(UsageWho::RUSAGE_CHILDREN) - c0),
+        );
+        put("ipt_peak_mib", format!("{peak:.1}"));
+        put(
+            "ipt_rules",
+            text.lines()
+                .filter(|l| l.starts_with("-A"))
+                .count()
+                .to_string(),
+        );
+    }
+
+    // Data plane.
+    let mut targets = vec![
+        format!("floor={}:8080", topo::FLOOR),
+        format!("pod={}:8080", topo::BACKENDS[0]),
+    ];
+    for (label, i) in [("early", 0), ("middle", n / 2), ("late", n - 1)] {
+        targets.push(format!("{label}={}:{SERVICE_PORT}", service_ip(30, i)));
+        if baseline.is_some() {
+            targets.push(format!("ipt-{label}={}:{SERVICE_PORT}", service_ip(31, i)));
+        }
+    }
+    let exe_s = exe.to_string_lossy().into_owned();
+    let mut argv = vec!["probe".to_owned(), samples.to_string(), "50".to_owned()];
+    argv.extend(targets);
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    let probe_out = topo.cli.exec(&exe_s, &argv).map_err(|e| e.to_string())?;
+    for (label, p) in probe::parse_probe(&probe_out) {
+        put(
+            &format!("dp_{label}"),
+            format!("{:.1} {:.1} {:.1} {}", p.p01, p.p50, p.p99, p.failures),
+        );
+    }
+    put("samples", samples.to_string());
+    put("changes", changes.to_string());
+    for (k, v) in &out {
+        println!("{k} {v}");
+    }
+    let _ = std::io::stdout().flush();
+    Ok(())
+}
+
+/// Runs a command with `input` on stdin and returns its peak resident
+/// memory in MiB, sampled from /proc while it runs.
+fn run_with_peak(argv: &[&str], input: &str) -> Result<f64, String> {
+    let (program, rest) = argv.split_first().ok_or("empty command")?;
+    let mut child = Command::new(program)
+        .args(rest)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("{program}: {e}"))?;
+    let pid = child.id();
+    let mut stdin = child.stdin.take().ok_or("no stdin")?;
+    let input = input.to_owned();
+    let writer = std::thread::spawn(move || stdin.write_all(input.as_bytes()));
+    let mut peak_kib = 0u64;
+    loop {
+        // `ip netns exec` execs the program in place, so the pid is the loader's.
+        if let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status"))
+            && let Some(kib) = status
+                .lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.split_whitespace().next())
+                .and_then(|v| v.parse::<u64>().ok())
+        {
+            peak_kib = peak_kib.max(kib);
+        }
+        match child.try_wait() {
+            Ok(Some(status)) => {
+                let _ = writer.join();
+                if !status.success() {
+                    let mut err = String::new();
+                    if let Some(mut e) = child.stderr.take() {
+                        let _ = std::io::Read::read_to_string(&mut e, &mut err);
+                    }
+                    return Err(format!("{program} failed: {}", err.trim()));
+                }
+                return Ok(peak_kib as f64 / 1024.0);
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(5)),
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+}

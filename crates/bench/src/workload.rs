@@ -1,0 +1,199 @@
+//! Synthetic clusters: N ClusterIP services with K endpoints each, as API
+//! objects for the proxier, and the same services in kube-proxy's iptables
+//! layout for the baseline.
+
+use std::fmt::Write as _;
+use std::net::Ipv4Addr;
+
+use verdict_model::{
+    AddressType, EndpointSlice, Protocol, Service, ServicePortSpec, SliceEndpoint, SlicePort,
+};
+
+use crate::topo::BACKENDS;
+
+/// The service port every synthetic service exposes.
+pub const SERVICE_PORT: u16 = 80;
+/// First backend port; endpoints use `BACKEND_PORT..BACKEND_PORT+K/2`.
+pub const BACKEND_PORT: u16 = 8080;
+
+/// The i-th service address in `172.{second}.0.0/16`.
+pub fn service_ip(second: u8, i: usize) -> Ipv4Addr {
+    Ipv4Addr::new(172, second, (i / 250) as u8, (i % 250 + 1) as u8)
+}
+
+/// The ports the backends serve for K endpoints per service.
+pub fn backend_ports(k: usize) -> Vec<u16> {
+    (0..k.div_ceil(2) as u16)
+        .map(|j| BACKEND_PORT + j)
+        .collect()
+}
+
+/// The K endpoints (address, port) of every service: both backends, on
+/// `ceil(K/2)` ports, so every endpoint is a real listener.
+pub fn endpoints(k: usize) -> Vec<(Ipv4Addr, u16)> {
+    (0..k)
+        .map(|j| (BACKENDS[j % 2], BACKEND_PORT + (j / 2) as u16))
+        .collect()
+}
+
+/// Service `i`: a ClusterIP service with one TCP port.
+pub fn service(i: usize) -> Service {
+    Service {
+        namespace: "bench".into(),
+        name: format!("svc{i}"),
+        cluster_ips: vec![service_ip(30, i).to_string()],
+        ports: vec![ServicePortSpec {
+            name: "http".into(),
+            protocol: Protocol::Tcp,
+            port: SERVICE_PORT.into(),
+            node_port: None,
+        }],
+        ..Service::default()
+    }
+}
+
+/// The slices of service `i`: one per endpoint port.
+pub fn slices(i: usize, eps: &[(Ipv4Addr, u16)], shift: u16) -> Vec<EndpointSlice> {
+    let name = format!("svc{i}");
+    let mut ports: Vec<u16> = eps.iter().map(|(_, p)| *p).collect();
+    ports.sort_unstable();
+    ports.dedup();
+    ports
+        .iter()
+        .map(|port| EndpointSlice {
+            namespace: "bench".into(),
+            name: format!("{name}-{port}"),
+            service_name: Some(name.clone()),
+            address_type: AddressType::IPv4,
+            ports: vec![SlicePort {
+                name: Some("http".into()),
+                port: Some(i32::from(*port + shift)),
+                protocol: Protocol::Tcp,
+            }],
+            endpoints: eps
+                .iter()
+                .filter(|(_, p)| p == port)
+                .map(|(ip, _)| SliceEndpoint {
+                    addresses: vec![ip.to_string()],
+                    node_name: Some("bench-node".into()),
+                    ..SliceEndpoint::default()
+                })
+                .collect(),
+            last_change_trigger_time: None,
+        })
+        .collect()
+}
+
+/// kube-proxy's iptables-mode nat rules for the same services (in
+/// 172.31.0.0/16): `KUBE-SERVICES` with one rule per service, a
+/// `KUBE-SVC-*` chain with statistic-random jumps, a `KUBE-SEP-*` chain
+/// per endpoint doing the DNAT, and the masquerade chains.
+pub fn iptables_restore(n: usize, eps: &[(Ipv4Addr, u16)]) -> String {
+    let mut chains = String::new();
+    let mut rules = String::new();
+    let _ = writeln!(chains, "*nat");
+    for c in ["KUBE-SERVICES", "KUBE-MARK-MASQ", "KUBE-POSTROUTING"] {
+        let _ = writeln!(chains, ":{c} - [0:0]");
+    }
+    let _ = writeln!(
+        rules,
+        "-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES"
+    );
+    let _ = writeln!(
+        rules,
+        "-A OUTPUT -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES"
+    );
+    let _ = writeln!(
+        rules,
+        "-A POSTROUTING -m comment --comment \"kubernetes postrouting rules\" -j KUBE-POSTROUTING"
+    );
+    let _ = writeln!(
+        rules,
+        "-A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN"
+    );
+    let _ = writeln!(rules, "-A KUBE-POSTROUTING -j MARK --xor-mark 0x4000");
+    let _ = writeln!(
+        rules,
+        "-A KUBE-POSTROUTING -m comment --comment \"kubernetes service traffic requiring SNAT\" -j MASQUERADE --random-fully"
+    );
+    let _ = writeln!(rules, "-A KUBE-MARK-MASQ -j MARK --or-mark 0x4000");
+    for i in 0..n {
+        let vip = service_ip(31, i);
+        let name = format!("bench/svc{i}:http");
+        let svc_chain = format!("KUBE-SVC-{i:016X}");
+        let _ = writeln!(chains, ":{svc_chain} - [0:0]");
+        let _ = writeln!(
+            rules,
+            "-A KUBE-SERVICES -d {vip}/32 -p tcp -m comment --comment \"{name} cluster IP\" -m tcp --dport {SERVICE_PORT} -j {svc_chain}"
+        );
+        let _ = writeln!(
+            rules,
+            "-A {svc_chain} ! -s 10.200.0.0/16 -d {vip}/32 -p tcp -m comment --comment \"{name} cluster IP\" -m tcp --dport {SERVICE_PORT} -j KUBE-MARK-MASQ"
+        );
+        for (j, (ip, port)) in eps.iter().enumerate() {
+            let sep = format!("KUBE-SEP-{i:010X}{j:06X}");
+            let _ = writeln!(chains, ":{sep} - [0:0]");
+            let left = eps.len() - j;
+            if left > 1 {
+                let _ = writeln!(
+                    rules,
+                    "-A {svc_chain} -m comment --comment \"{name} -> {ip}:{port}\" -m statistic --mode random --probability {:.11} -j {sep}",
+                    1.0 / left as f64
+                );
+            } else {
+                let _ = writeln!(
+                    rules,
+                    "-A {svc_chain} -m comment --comment \"{name} -> {ip}:{port}\" -j {sep}"
+                );
+            }
+            let _ = writeln!(
+                rules,
+                "-A {sep} -s {ip}/32 -m comment --comment \"{name}\" -j KUBE-MARK-MASQ"
+            );
+            let _ = writeln!(
+                rules,
+                "-A {sep} -p tcp -m comment --comment \"{name}\" -m tcp -j DNAT --to-destination {ip}:{port}"
+            );
+        }
+    }
+    chains.push_str(&rules);
+    chains.push_str("COMMIT\n");
+    chains
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_are_real_listeners() {
+        let e = endpoints(10);
+        assert_eq!(e.len(), 10);
+        assert_eq!(backend_ports(10), vec![8080, 8081, 8082, 8083, 8084]);
+        assert!(e.iter().all(|(_, p)| backend_ports(10).contains(p)));
+        let unique: std::collections::BTreeSet<_> = e.iter().collect();
+        assert_eq!(unique.len(), 10);
+    }
+
+    #[test]
+    fn slices_cover_every_endpoint() {
+        let e = endpoints(10);
+        let s = slices(3, &e, 0);
+        assert_eq!(s.len(), 5);
+        assert_eq!(s.iter().map(|s| s.endpoints.len()).sum::<usize>(), 10);
+        assert_eq!(service_ip(30, 0).to_string(), "172.30.0.1");
+        assert_eq!(service_ip(30, 29_999).to_string(), "172.30.119.250");
+    }
+
+    #[test]
+    fn iptables_layout_matches_kube_proxy_shape() {
+        let text = iptables_restore(2, &endpoints(2));
+        assert_eq!(text.matches("-A KUBE-SERVICES ").count(), 2);
+        assert_eq!(text.matches("--probability 0.50000000000").count(), 2);
+        assert_eq!(text.matches("-j DNAT --to-destination").count(), 4);
+        // 8 nat rules per 2-endpoint service, as kube-proxy writes.
+        let per_service = text.lines().filter(|l| l.contains("svc0")).count();
+        assert_eq!(per_service, 8);
+        assert!(text.ends_with("COMMIT\n"));
+    }
+}
