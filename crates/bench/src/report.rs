@@ -175,6 +175,9 @@ pub fn markdown(runs: &[Run], baseline: &Option<String>) -> String {
     s
 }
 
+/// One plotted series: name, colour, and how to read its value from a run.
+type Series = (&'static str, &'static str, Box<dyn Fn(&Run) -> Option<f64>>);
+
 /// A two-panel SVG: cold sync time and late-service p50 ratio, per size.
 pub fn svg(runs: &[Run], k: usize) -> String {
     let (w, h, pad) = (760.0, 300.0, 50.0);
@@ -182,7 +185,7 @@ pub fn svg(runs: &[Run], k: usize) -> String {
     let mut s = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"11\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
     );
-    let panels: [(&str, Vec<(&str, &str, Box<dyn Fn(&Run) -> Option<f64>>)>); 2] = [
+    let panels: [(&str, Vec<Series>); 2] = [
         (
             "cold full sync (s), log scale",
             vec![
@@ -216,7 +219,7 @@ pub fn svg(runs: &[Run], k: usize) -> String {
         let log = p == 0;
         let vals: Vec<f64> = series
             .iter()
-            .flat_map(|(_, _, f)| runs.iter().filter_map(|r| f(r)))
+            .flat_map(|(_, _, f)| runs.iter().filter_map(f))
             .collect();
         let max = vals
             .iter()
@@ -227,8 +230,7 @@ pub fn svg(runs: &[Run], k: usize) -> String {
             vals.iter()
                 .copied()
                 .fold(f64::MAX, f64::min)
-                .min(0.01)
-                .max(1e-3)
+                .clamp(1e-3, 0.01)
         } else {
             0.0
         };
