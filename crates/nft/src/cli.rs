@@ -145,6 +145,27 @@ impl Backend for NftCli {
             Err(e) => Err(e),
         }
     }
+
+    fn elements(
+        &mut self,
+        family: Family,
+        table: &str,
+        set: &str,
+    ) -> Result<Vec<crate::ir::Element>, NftError> {
+        let kind = match self.exec(
+            &["-j", "list", "map", &family.to_string(), table, set],
+            None,
+        ) {
+            Ok(json) => json,
+            Err(NftError::NotFound(_)) | Err(NftError::Refused(_)) => self.exec(
+                &["-j", "list", "set", &family.to_string(), table, set],
+                None,
+            )?,
+            Err(e) => return Err(e),
+        };
+        let s = crate::json::parse_set_listing(&kind, family, table, set)?;
+        Ok(s.elements.into_values().collect())
+    }
 }
 
 #[cfg(test)]

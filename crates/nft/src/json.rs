@@ -132,6 +132,40 @@ pub fn parse_table(json: &str, family: Family, name: &str) -> Result<TableState,
     })
 }
 
+/// Parses the JSON listing of one set or map (`nft -j list map …`).
+pub fn parse_set_listing(
+    json: &str,
+    family: Family,
+    table: &str,
+    set: &str,
+) -> Result<SetState, NftError> {
+    let doc: Json = serde_json::from_str(json)
+        .map_err(|e| NftError::Parse(format!("nft -j output is not JSON: {e}")))?;
+    let items = doc
+        .get("nftables")
+        .and_then(Json::as_array)
+        .ok_or_else(|| NftError::Parse("no \"nftables\" array in nft -j output".into()))?;
+    for item in items {
+        let Some((kind, body)) = single(item) else {
+            continue;
+        };
+        let Some(body) = body.as_object() else {
+            continue;
+        };
+        if (kind == "set" || kind == "map")
+            && str_field(body, "family").ok() == Some(&family.to_string())
+            && str_field(body, "table").ok() == Some(table)
+            && str_field(body, "name").ok() == Some(set)
+        {
+            return parse_set(body)
+                .map_err(|m| NftError::Parse(format!("{family} {table} {set}: {m}")));
+        }
+    }
+    Err(NftError::NotFound(format!(
+        "set {set} in table {family} {table}"
+    )))
+}
+
 // ---------------------------------------------------------------------------
 // Small JSON helpers. Inner functions report a plain message; the caller adds
 // where it happened.

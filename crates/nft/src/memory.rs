@@ -19,6 +19,23 @@ pub trait Backend {
 
     /// The current contents of one table, or `None` if it does not exist.
     fn table(&mut self, family: Family, name: &str) -> Result<Option<TableState>, NftError>;
+
+    /// The elements of one set or map (cheaper than the whole table).
+    fn elements(
+        &mut self,
+        family: Family,
+        table: &str,
+        set: &str,
+    ) -> Result<Vec<Element>, NftError> {
+        let t = self
+            .table(family, table)?
+            .ok_or_else(|| NftError::NotFound(format!("table {family} {table}")))?;
+        let s = t
+            .sets
+            .get(set)
+            .ok_or_else(|| NftError::NotFound(format!("set {set}")))?;
+        Ok(s.elements.values().cloned().collect())
+    }
 }
 
 /// A chain and its rules.
@@ -463,6 +480,22 @@ impl Backend for MemoryBackend {
 
     fn table(&mut self, family: Family, name: &str) -> Result<Option<TableState>, NftError> {
         Ok(self.get(family, name).cloned())
+    }
+
+    fn elements(
+        &mut self,
+        family: Family,
+        table: &str,
+        set: &str,
+    ) -> Result<Vec<Element>, NftError> {
+        let t = self
+            .get(family, table)
+            .ok_or_else(|| NftError::NotFound(format!("table {family} {table}")))?;
+        let s = t
+            .sets
+            .get(set)
+            .ok_or_else(|| NftError::NotFound(format!("set {set}")))?;
+        Ok(s.elements.values().cloned().collect())
     }
 }
 

@@ -27,22 +27,11 @@ pub struct Contribution {
     pub no_local_internal: bool,
     /// External traffic policy Local, endpoints exist, none is local.
     pub no_local_external: bool,
-    /// Session affinity: the entry keys (address . protocol . port) and the
-    /// timeout; used to purge stale affinity entries.
-    pub affinity: Option<Affinity>,
-    /// Endpoints any traffic to this service port can reach.
-    pub reachable: BTreeSet<(IpAddr, u16)>,
-}
-
-/// Session-affinity facts of a service port.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Affinity {
-    /// Timeout in seconds.
-    pub timeout: u32,
-    /// Entry keys that record affinity.
-    pub entries: BTreeSet<Vec<Value>>,
-    /// Traffic policies, which decide the endpoint lists.
-    pub policies: (bool, bool),
+    /// ClientIP affinity: every entry (address . protocol . port) that
+    /// records affinity, with the endpoints an affinity entry for it may
+    /// name (the list that entry's traffic uses). Entries naming anything
+    /// else are purged.
+    pub affinity: Vec<(Vec<Value>, BTreeSet<(IpAddr, u16)>)>,
 }
 
 /// The nftables protocol of a service protocol.
@@ -126,8 +115,8 @@ pub fn contribution(
         port: sp.port,
         out: Contribution::default(),
     };
-    b.out.reachable = cat.all_reachable.iter().map(|e| (e.ip, e.port)).collect();
-    let mut affinity_entries = BTreeSet::new();
+    let set = |eps: &[&Endpoint]| eps.iter().map(|e| (e.ip, e.port)).collect::<BTreeSet<_>>();
+    let mut affinity_entries: Vec<(Vec<Value>, BTreeSet<(IpAddr, u16)>)> = Vec::new();
 
     // ClusterIP: the internal policy decides the list.
     b.push(
@@ -150,7 +139,7 @@ pub fn contribution(
             DynChain::Endpoints(internal.len() as u32),
         );
         b.slots(&cip, internal, 0);
-        affinity_entries.insert(cip);
+        affinity_entries.push((cip, set(&internal.iter().collect::<Vec<_>>())));
     }
 
     // External destinations: externalIPs, LoadBalancer VIPs, NodePorts.
@@ -181,12 +170,18 @@ pub fn contribution(
             };
             let mut entries: Vec<Vec<Value>> = external.iter().map(|ip| b.entry(*ip)).collect();
             entries.extend(node_port_entries.iter().cloned());
+            // Pods and the node use the cluster list; external clients the
+            // local one with eTP=Local.
+            let mut external_list: Vec<&Endpoint> = cat.cluster.iter().collect();
+            if local_policy {
+                external_list.extend(cat.local.iter());
+            }
             for e in &entries {
                 b.slots(e, &cat.cluster, 0);
                 if local_policy {
                     b.slots(e, &cat.local, LOCAL_SLOT_OFFSET);
                 }
-                affinity_entries.insert(e.clone());
+                affinity_entries.push((e.clone(), set(&external_list)));
             }
             for ip in &external {
                 let key = b.entry(*ip);
@@ -230,14 +225,10 @@ pub fn contribution(
         && !affinity_entries.is_empty()
     {
         let chain = DynChain::AffinityTimeout(timeout.max(1));
-        for e in &affinity_entries {
+        for (e, _) in &affinity_entries {
             b.dispatch(layout::AFFINITY_SERVICES, e.clone(), chain);
         }
-        b.out.affinity = Some(Affinity {
-            timeout,
-            entries: affinity_entries,
-            policies: (sp.internal_policy_local, sp.external_policy_local),
-        });
+        b.out.affinity = affinity_entries;
     }
     b.out
 }

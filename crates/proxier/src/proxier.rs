@@ -50,14 +50,6 @@ pub struct SyncResult {
     pub last_change_trigger_times: BTreeMap<NamespacedName, Vec<String>>,
 }
 
-/// Affinity entries to check after the next successful transaction.
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct Purge {
-    entries: BTreeSet<Vec<Value>>,
-    /// Endpoints still allowed; empty means "remove every entry".
-    allowed: BTreeSet<(IpAddr, u16)>,
-}
-
 /// The proxier of one IP family.
 pub struct Proxier {
     cfg: ProxierConfig,
@@ -75,7 +67,12 @@ pub struct Proxier {
     programmed_chains: BTreeSet<String>,
     /// Emptied chains awaiting deletion, with when they were emptied.
     stale_chains: BTreeMap<String, Instant>,
-    pending_purges: Vec<Purge>,
+    /// Affinity entries → owner → endpoints an affinity element for that
+    /// entry may name.
+    affinity_allowed: BTreeMap<Vec<Value>, BTreeMap<ServicePortName, BTreeSet<(IpAddr, u16)>>>,
+    /// The affinity map may hold entries naming endpoints that are no longer
+    /// allowed: check it after the next successful transaction.
+    affinity_dirty: bool,
     /// Service ports with internal / external Local policy and no local endpoint.
     no_local: (usize, usize),
     need_full_sync: bool,
@@ -98,7 +95,8 @@ impl Proxier {
             chain_refs: BTreeMap::new(),
             programmed_chains: BTreeSet::new(),
             stale_chains: BTreeMap::new(),
-            pending_purges: Vec::new(),
+            affinity_allowed: BTreeMap::new(),
+            affinity_dirty: false,
             no_local: (0, 0),
             need_full_sync: true,
             last_full_sync: None,
@@ -220,6 +218,11 @@ impl Proxier {
         let family = self.cfg.nft_family();
         let table = self.cfg.table.clone();
         result.stale_chains_deleted = self.delete_stale_chains(backend, now)?;
+        if full {
+            // Affinity entries left by an earlier run (or from before a
+            // failure) are checked against what every service allows now.
+            self.affinity_dirty = true;
+        }
 
         // What the kernel has, on a full sync. A table we cannot read (say,
         // a rule someone added by hand) is replaced as a whole, atomically.
@@ -279,28 +282,6 @@ impl Proxier {
                 let eps = self.endpoints.get(port).map(Vec::as_slice).unwrap_or(&[]);
                 contribution(&self.cfg, sp, eps, &node_port_ips)
             });
-            if let Some(old) = &old
-                && let Some(a) = &old.affinity
-            {
-                let keep = new.as_ref().is_some_and(|n| {
-                    n.affinity
-                        .as_ref()
-                        .is_some_and(|na| na.timeout == a.timeout && na.policies == a.policies)
-                });
-                let allowed = if keep {
-                    new.as_ref()
-                        .map(|n| n.reachable.clone())
-                        .unwrap_or_default()
-                } else {
-                    BTreeSet::new()
-                };
-                if !keep || !old.reachable.is_subset(&allowed) {
-                    self.pending_purges.push(Purge {
-                        entries: a.entries.clone(),
-                        allowed,
-                    });
-                }
-            }
             if let Some(new) = new {
                 self.contribute(port, &new, &mut touched);
                 self.contributions.insert(port.clone(), new);
@@ -515,22 +496,22 @@ impl Proxier {
         Ok(due.len())
     }
 
-    /// Removes affinity entries that point at endpoints a service no longer
-    /// has. Runs after the main transaction, so no new entry can name them.
+    /// Removes affinity entries that name an endpoint their entry no longer
+    /// allows (or whose entry no longer belongs to an affinity service).
+    /// Runs after the main transaction has committed, so new random choices
+    /// can no longer pick a removed endpoint; a stale entry that is hit in
+    /// between only refreshes itself and is removed here. On failure the
+    /// check is repeated after the next sync.
     fn purge_affinity<B: Backend>(&mut self, backend: &mut B) -> usize {
-        if self.pending_purges.is_empty() {
+        if !self.affinity_dirty {
             return 0;
         }
         let family = self.cfg.nft_family();
-        let Ok(Some(table)) = backend.table(family, &self.cfg.table) else {
-            return 0;
-        };
-        let Some(aff) = table.sets.get(layout::AFFINITY) else {
-            self.pending_purges.clear();
+        let Ok(elements) = backend.elements(family, &self.cfg.table, layout::AFFINITY) else {
             return 0;
         };
         let mut tx = Transaction::new(family, &self.cfg.table);
-        for e in aff.elements.values() {
+        for e in elements {
             let entry = e.key.get(1..).map(<[Value]>::to_vec).unwrap_or_default();
             let target = match &e.value {
                 Some(ElementValue::Data(d)) => match d.as_slice() {
@@ -539,16 +520,18 @@ impl Proxier {
                 },
                 _ => None,
             };
-            let stale = self.pending_purges.iter().any(|p| {
-                p.entries.contains(&entry) && target.is_none_or(|t| !p.allowed.contains(&t))
-            });
-            if stale {
-                tx.delete_element(layout::AFFINITY, e.key.clone());
+            let allowed = self
+                .affinity_allowed
+                .get(&entry)
+                .and_then(|owners| owners.values().next());
+            let keep = matches!((allowed, target), (Some(a), Some(t)) if a.contains(&t));
+            if !keep {
+                tx.delete_element(layout::AFFINITY, e.key);
             }
         }
         let n = tx.len();
         if n == 0 || backend.run(&tx).is_ok() {
-            self.pending_purges.clear();
+            self.affinity_dirty = false;
             n
         } else {
             0
@@ -561,6 +544,15 @@ impl Proxier {
         c: &Contribution,
         touched: &mut BTreeSet<SetKey>,
     ) {
+        for (entry, _) in &c.affinity {
+            if let Some(owners) = self.affinity_allowed.get_mut(entry) {
+                owners.remove(owner);
+                if owners.is_empty() {
+                    self.affinity_allowed.remove(entry);
+                }
+            }
+            self.affinity_dirty = true;
+        }
         self.no_local.0 -= usize::from(c.no_local_internal);
         self.no_local.1 -= usize::from(c.no_local_external);
         for (set, e) in &c.elements {
@@ -590,6 +582,13 @@ impl Proxier {
         c: &Contribution,
         touched: &mut BTreeSet<SetKey>,
     ) {
+        for (entry, allowed) in &c.affinity {
+            self.affinity_allowed
+                .entry(entry.clone())
+                .or_default()
+                .insert(owner.clone(), allowed.clone());
+            self.affinity_dirty = true;
+        }
         self.no_local.0 += usize::from(c.no_local_internal);
         self.no_local.1 += usize::from(c.no_local_external);
         for (set, e) in &c.elements {

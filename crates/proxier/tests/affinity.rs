@@ -146,3 +146,98 @@ fn turning_affinity_off_or_deleting_the_service_purges_its_entries() {
     assert_eq!(fx.sync().affinity_entries_purged, 1);
     assert_eq!(affinity_entries(&fx), 0);
 }
+
+#[test]
+fn a_restarted_proxier_purges_entries_naming_endpoints_that_are_gone() {
+    let mut fx = Fixture::new(IpFamily::V4);
+    fx.service(service(true))
+        .slice(endpoints(&["10.180.0.1", "10.180.0.2"]));
+    fx.sync();
+    let t = fx.trace(L4Proto::Tcp, "10.0.0.2", "172.30.0.41", 80);
+    record(&mut fx, &t, 0);
+    let t = fx.trace(L4Proto::Tcp, "10.0.0.3", "172.30.0.41", 80);
+    record(&mut fx, &t, 1);
+
+    // verdict restarts while 10.180.0.1 goes away: the new process never
+    // saw it, but its first (full) sync checks every affinity entry.
+    let mut restarted = Fixture::new(IpFamily::V4);
+    restarted.nft = fx.nft.clone();
+    restarted
+        .service(service(true))
+        .slice(endpoints(&["10.180.0.2"]));
+    let r = restarted.sync();
+    assert_eq!(r.affinity_entries_purged, 1);
+    assert_eq!(affinity_entries(&restarted), 1);
+}
+
+#[test]
+fn an_entry_that_stops_recording_affinity_is_purged() {
+    let mut fx = Fixture::new(IpFamily::V4);
+    fx.service(service(true))
+        .slice(endpoints(&["10.180.0.1", "10.180.0.2"]));
+    fx.sync();
+    let t = fx.trace(L4Proto::Tcp, "203.0.113.2", "192.168.99.11", 80);
+    record(&mut fx, &t, 0);
+    // The externalIP is dropped; endpoints and policies are unchanged.
+    let s = svc("ns1", "svc1")
+        .cluster_ip("172.30.0.41")
+        .port("p80", TCP, 80, 3001)
+        .affinity(600);
+    fx.service(s);
+    assert_eq!(fx.sync().affinity_entries_purged, 1);
+    assert_eq!(affinity_entries(&fx), 0);
+}
+
+#[test]
+fn each_entry_may_only_stick_to_its_own_list() {
+    // eTP=Local: the ClusterIP uses the cluster list, external clients the
+    // local one. The local endpoint becomes terminating while a remote one
+    // is ready: it stays in the local list, leaves the cluster list, and
+    // ClusterIP clients stuck to it are released.
+    let s = || {
+        svc("ns1", "svc1")
+            .cluster_ip("172.30.0.41")
+            .lb(&["1.2.3.4"])
+            .port("p80", TCP, 80, 3001)
+            .etp_local()
+            .affinity(600)
+    };
+    let mut fx = Fixture::new(IpFamily::V4);
+    fx.service(s()).slice(
+        slice("ns1", "svc1", "svc1-1")
+            .port("p80", TCP, 8080)
+            .ep("10.180.0.1", NODE)
+            .ep("10.180.0.2", "other"),
+    );
+    fx.sync();
+    let pod = fx.trace(L4Proto::Tcp, "10.0.0.2", "172.30.0.41", 80);
+    let i = pod
+        .paths
+        .iter()
+        .position(|p| p.output() == "10.180.0.1:8080")
+        .unwrap();
+    record(&mut fx, &pod, i);
+    let ext = fx.trace(L4Proto::Tcp, "203.0.113.2", "1.2.3.4", 80);
+    assert_eq!(ext.output(), "10.180.0.1:8080");
+    record(&mut fx, &ext, 0);
+    assert_eq!(affinity_entries(&fx), 2);
+
+    fx.slice(
+        slice("ns1", "svc1", "svc1-1")
+            .port("p80", TCP, 8080)
+            .ep_cond("10.180.0.1", NODE, false, true, true)
+            .ep("10.180.0.2", "other"),
+    );
+    let r = fx.sync();
+    assert_eq!(r.affinity_entries_purged, 1, "only the ClusterIP entry");
+    assert_eq!(
+        fx.trace(L4Proto::Tcp, "10.0.0.2", "172.30.0.41", 80)
+            .output(),
+        "10.180.0.2:8080"
+    );
+    assert_eq!(
+        fx.trace(L4Proto::Tcp, "203.0.113.2", "1.2.3.4", 80)
+            .output(),
+        "10.180.0.1:8080"
+    );
+}
