@@ -16,6 +16,12 @@ use crate::layout::{self, DynChain, LOCAL_SLOT_OFFSET};
 /// A key of an element in one of our sets.
 pub type SetKey = (&'static str, Vec<Value>);
 
+/// Endpoints as address and port.
+pub type EndpointSet = BTreeSet<(IpAddr, u16)>;
+/// An affinity entry (address . protocol . port) and the endpoints an
+/// affinity element for it may name.
+pub type AffinityEntry = (Vec<Value>, EndpointSet);
+
 /// Everything one service port puts into the table.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Contribution {
@@ -31,7 +37,7 @@ pub struct Contribution {
     /// records affinity, with the endpoints an affinity entry for it may
     /// name (the list that entry's traffic uses). Entries naming anything
     /// else are purged.
-    pub affinity: Vec<(Vec<Value>, BTreeSet<(IpAddr, u16)>)>,
+    pub affinity: Vec<AffinityEntry>,
 }
 
 /// The nftables protocol of a service protocol.
@@ -116,7 +122,7 @@ pub fn contribution(
         out: Contribution::default(),
     };
     let set = |eps: &[&Endpoint]| eps.iter().map(|e| (e.ip, e.port)).collect::<BTreeSet<_>>();
-    let mut affinity_entries: Vec<(Vec<Value>, BTreeSet<(IpAddr, u16)>)> = Vec::new();
+    let mut affinity_entries: Vec<AffinityEntry> = Vec::new();
 
     // ClusterIP: the internal policy decides the list.
     b.push(

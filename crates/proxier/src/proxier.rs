@@ -20,7 +20,7 @@ use verdict_nft::{Backend, Chain, Element, ElementValue, Transaction, Value};
 use crate::config::ProxierConfig;
 use crate::error::ProxierError;
 use crate::layout::{self, DynChain};
-use crate::plan::{Contribution, SetKey, contribution};
+use crate::plan::{Contribution, EndpointSet, SetKey, contribution};
 
 /// A full sync happens at least this often.
 pub const FULL_SYNC_PERIOD: Duration = Duration::from_secs(3600);
@@ -69,7 +69,7 @@ pub struct Proxier {
     stale_chains: BTreeMap<String, Instant>,
     /// Affinity entries → owner → endpoints an affinity element for that
     /// entry may name.
-    affinity_allowed: BTreeMap<Vec<Value>, BTreeMap<ServicePortName, BTreeSet<(IpAddr, u16)>>>,
+    affinity_allowed: BTreeMap<Vec<Value>, BTreeMap<ServicePortName, EndpointSet>>,
     /// The affinity map may hold entries naming endpoints that are no longer
     /// allowed: check it after the next successful transaction.
     affinity_dirty: bool,
