@@ -193,6 +193,18 @@ impl<B: verdict_nft::Backend> verdict_nft::Backend for Timed<B> {
         self.spent += t.elapsed();
         r
     }
+
+    fn elements(
+        &mut self,
+        family: verdict_nft::Family,
+        table: &str,
+        set: &str,
+    ) -> Result<Vec<verdict_nft::Element>, verdict_nft::NftError> {
+        let t = Instant::now();
+        let r = self.inner.elements(family, table, set);
+        self.spent += t.elapsed();
+        r
+    }
 }
 
 fn cpu_ms(who: UsageWho) -> f64 {

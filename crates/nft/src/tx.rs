@@ -184,6 +184,11 @@ impl Transaction {
         self.ops.push(Op::DeleteElement(set.to_owned(), key));
     }
 
+    /// The operations, consumed (to record what was applied without copying).
+    pub fn into_ops(self) -> Vec<Op> {
+        self.ops
+    }
+
     /// Appends an already-built operation.
     pub fn push(&mut self, op: Op) {
         self.ops.push(op);

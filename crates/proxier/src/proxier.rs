@@ -8,14 +8,14 @@
 //! table back, rewrites every chain and diffs every element.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use verdict_model::{
     EndpointSlice, EndpointsChangeTracker, EndpointsMap, NamespacedName, Service,
     ServiceChangeTracker, ServicePortMap, ServicePortName,
 };
-use verdict_nft::{Backend, Chain, Element, ElementValue, Transaction, Value};
+use verdict_nft::{Backend, Chain, Element, ElementValue, Op, Transaction, Value};
 
 use crate::config::ProxierConfig;
 use crate::error::ProxierError;
@@ -50,6 +50,44 @@ pub struct SyncResult {
     pub last_change_trigger_times: BTreeMap<NamespacedName, Vec<String>>,
 }
 
+/// A service port, shared by every element it owns.
+type Owner = Arc<ServicePortName>;
+
+/// The owners of one element key and what each wants there. The first
+/// owner in name order wins, so the outcome never depends on event order.
+#[derive(Debug, Default)]
+struct Owners(Vec<(Owner, Element)>);
+
+impl Owners {
+    fn insert(&mut self, owner: Owner, e: Element) {
+        match self.0.binary_search_by(|(o, _)| o.as_ref().cmp(&owner)) {
+            Ok(i) => self.0[i].1 = e,
+            Err(i) => self.0.insert(i, (owner, e)),
+        }
+    }
+
+    fn remove(&mut self, owner: &ServicePortName) {
+        if let Ok(i) = self.0.binary_search_by(|(o, _)| o.as_ref().cmp(owner)) {
+            self.0.remove(i);
+        }
+    }
+
+    fn winner(&self) -> Option<&Element> {
+        self.0.first().map(|(_, e)| e)
+    }
+}
+
+/// What a service port contributed, without the elements themselves (they
+/// live once, in `desired`).
+#[derive(Debug)]
+struct Stored {
+    keys: Vec<SetKey>,
+    chains: BTreeSet<DynChain>,
+    no_local_internal: bool,
+    no_local_external: bool,
+    affinity: Vec<crate::plan::AffinityEntry>,
+}
+
 /// The proxier of one IP family.
 pub struct Proxier {
     cfg: ProxierConfig,
@@ -57,9 +95,9 @@ pub struct Proxier {
     endpoint_changes: EndpointsChangeTracker,
     services: ServicePortMap,
     endpoints: EndpointsMap,
-    contributions: BTreeMap<ServicePortName, Contribution>,
-    /// Desired elements: set → key → owner → element.
-    desired: BTreeMap<&'static str, BTreeMap<Vec<Value>, BTreeMap<ServicePortName, Element>>>,
+    contributions: BTreeMap<ServicePortName, Stored>,
+    /// Desired elements: set → key → owners.
+    desired: BTreeMap<&'static str, BTreeMap<Vec<Value>, Owners>>,
     /// Elements believed to be in the kernel.
     programmed: BTreeMap<&'static str, BTreeMap<Vec<Value>, Element>>,
     chain_refs: BTreeMap<DynChain, usize>,
@@ -272,19 +310,20 @@ impl Proxier {
             ports
         };
         let node_port_ips = self.cfg.node_port_ips();
-        let mut touched: BTreeSet<SetKey> = BTreeSet::new();
+        // A full sync diffs every key anyway; a partial one only the keys
+        // the recomputed ports touched.
+        let mut touched: Option<BTreeSet<SetKey>> = (!full).then(BTreeSet::new);
         for port in &ports {
-            let old = self.contributions.remove(port);
-            if let Some(old) = &old {
-                self.withdraw(port, old, &mut touched);
+            if let Some(old) = self.contributions.remove(port) {
+                self.withdraw(port, &old, touched.as_mut());
             }
             let new = self.services.get(port).map(|sp| {
                 let eps = self.endpoints.get(port).map(Vec::as_slice).unwrap_or(&[]);
                 contribution(&self.cfg, sp, eps, &node_port_ips)
             });
             if let Some(new) = new {
-                self.contribute(port, &new, &mut touched);
-                self.contributions.insert(port.clone(), new);
+                let stored = self.contribute(Arc::new(port.clone()), new, touched.as_mut());
+                self.contributions.insert(port.clone(), stored);
             }
         }
         result.no_local_endpoints_internal = self.no_local.0;
@@ -340,62 +379,87 @@ impl Proxier {
         }
 
         // Elements: delete what changed or went away, then add.
-        let node_port_key = |ip: &IpAddr| (layout::NODEPORT_IPS, vec![Value::Addr(*ip)]);
-        let mut desired_np: BTreeMap<Vec<Value>, Element> = BTreeMap::new();
-        if full {
-            for ip in &node_port_ips {
-                let (_, k) = node_port_key(ip);
-                desired_np.insert(k.clone(), Element::key(k));
-            }
-            touched = self
-                .desired
-                .iter()
-                .flat_map(|(s, m)| m.keys().map(move |k| (*s, k.clone())))
-                .chain(
-                    self.programmed
-                        .iter()
-                        .filter(|(s, _)| **s != layout::NODEPORT_IPS)
-                        .flat_map(|(s, m)| m.keys().map(move |k| (*s, k.clone()))),
-                )
-                .collect();
-        }
         let mut deletes: Vec<(&'static str, Vec<Value>)> = Vec::new();
         let mut adds: Vec<(&'static str, Element)> = Vec::new();
-        for (set, key) in &touched {
-            let want = self
-                .desired
-                .get(set)
-                .and_then(|m| m.get(key))
-                .and_then(|owners| owners.values().next());
-            let have = self.programmed.get(set).and_then(|m| m.get(key));
-            diff(set, key, want, have, &mut deletes, &mut adds);
-        }
-        if full {
-            let have = self
-                .programmed
-                .get(layout::NODEPORT_IPS)
-                .cloned()
-                .unwrap_or_default();
-            for k in have
-                .keys()
-                .chain(desired_np.keys())
-                .collect::<BTreeSet<_>>()
-            {
-                diff(
-                    layout::NODEPORT_IPS,
-                    k,
-                    desired_np.get(k),
-                    have.get(k),
-                    &mut deletes,
-                    &mut adds,
+        match &touched {
+            Some(touched) => {
+                for (set, key) in touched {
+                    let want = self
+                        .desired
+                        .get(set)
+                        .and_then(|m| m.get(key))
+                        .and_then(Owners::winner);
+                    let have = self.programmed.get(set).and_then(|m| m.get(key));
+                    diff(set, key, want, have, &mut deletes, &mut adds);
+                }
+            }
+            None => {
+                // Full: walk desired and programmed side by side, set by set.
+                let empty = BTreeMap::new();
+                let mut names: BTreeSet<&'static str> = self.desired.keys().copied().collect();
+                names.extend(
+                    self.programmed
+                        .keys()
+                        .filter(|s| **s != layout::NODEPORT_IPS),
                 );
+                for set in names {
+                    let want = self.desired.get(set).unwrap_or(&empty);
+                    let have = self.programmed.get(set);
+                    let mut w = want.iter().peekable();
+                    let mut h = have.into_iter().flatten().peekable();
+                    loop {
+                        let order = match (w.peek(), h.peek()) {
+                            (None, None) => break,
+                            (Some(_), None) => std::cmp::Ordering::Less,
+                            (None, Some(_)) => std::cmp::Ordering::Greater,
+                            (Some((wk, _)), Some((hk, _))) => wk.cmp(hk),
+                        };
+                        match order {
+                            std::cmp::Ordering::Less => {
+                                if let Some((k, o)) = w.next() {
+                                    diff(set, k, o.winner(), None, &mut deletes, &mut adds);
+                                }
+                            }
+                            std::cmp::Ordering::Greater => {
+                                if let Some((k, e)) = h.next() {
+                                    diff(set, k, None, Some(e), &mut deletes, &mut adds);
+                                }
+                            }
+                            std::cmp::Ordering::Equal => {
+                                if let (Some((k, o)), Some((_, e))) = (w.next(), h.next()) {
+                                    diff(set, k, o.winner(), Some(e), &mut deletes, &mut adds);
+                                }
+                            }
+                        }
+                    }
+                }
+                // NodePort addresses are owned by the node, not by services.
+                let have = self
+                    .programmed
+                    .get(layout::NODEPORT_IPS)
+                    .cloned()
+                    .unwrap_or_default();
+                let want: BTreeMap<Vec<Value>, Element> = node_port_ips
+                    .iter()
+                    .map(|ip| (vec![Value::Addr(*ip)], Element::key(vec![Value::Addr(*ip)])))
+                    .collect();
+                for k in have.keys().chain(want.keys()).collect::<BTreeSet<_>>() {
+                    diff(
+                        layout::NODEPORT_IPS,
+                        k,
+                        want.get(k),
+                        have.get(k),
+                        &mut deletes,
+                        &mut adds,
+                    );
+                }
             }
         }
-        for (set, key) in &deletes {
-            tx.delete_element(set, key.clone());
+        for (set, key) in deletes {
+            tx.delete_element(set, key);
         }
-        for (set, e) in &adds {
-            tx.add_element(set, e.clone());
+        for (set, e) in adds {
+            tx.add_element(set, e);
         }
 
         // Chains nobody jumps to any more: empty them now, delete them later.
@@ -413,16 +477,25 @@ impl Proxier {
         if !tx.is_empty() {
             backend.run(&tx)?;
         }
-        for (set, key) in deletes {
-            if let Some(m) = self.programmed.get_mut(set) {
-                m.remove(&key);
+        // The kernel has it now: record the element changes.
+        for op in tx.into_ops() {
+            match op {
+                Op::DeleteElement(set, key) => {
+                    if let Some(m) = static_set_name(&set).and_then(|s| self.programmed.get_mut(s))
+                    {
+                        m.remove(&key);
+                    }
+                }
+                Op::AddElement(set, e) => {
+                    if let Some(s) = static_set_name(&set) {
+                        self.programmed
+                            .entry(s)
+                            .or_default()
+                            .insert(e.key.clone(), e);
+                    }
+                }
+                _ => {}
             }
-        }
-        for (set, e) in adds {
-            self.programmed
-                .entry(set)
-                .or_default()
-                .insert(e.key.clone(), e);
         }
         self.programmed_chains = wanted_names;
         Ok(())
@@ -541,8 +614,8 @@ impl Proxier {
     fn withdraw(
         &mut self,
         owner: &ServicePortName,
-        c: &Contribution,
-        touched: &mut BTreeSet<SetKey>,
+        c: &Stored,
+        mut touched: Option<&mut BTreeSet<SetKey>>,
     ) {
         for (entry, _) in &c.affinity {
             if let Some(owners) = self.affinity_allowed.get_mut(entry) {
@@ -555,16 +628,18 @@ impl Proxier {
         }
         self.no_local.0 -= usize::from(c.no_local_internal);
         self.no_local.1 -= usize::from(c.no_local_external);
-        for (set, e) in &c.elements {
+        for (set, key) in &c.keys {
             if let Some(m) = self.desired.get_mut(set)
-                && let Some(owners) = m.get_mut(&e.key)
+                && let Some(owners) = m.get_mut(key)
             {
                 owners.remove(owner);
-                if owners.is_empty() {
-                    m.remove(&e.key);
+                if owners.0.is_empty() {
+                    m.remove(key);
                 }
             }
-            touched.insert((*set, e.key.clone()));
+            if let Some(t) = touched.as_deref_mut() {
+                t.insert((*set, key.clone()));
+            }
         }
         for chain in &c.chains {
             if let Some(n) = self.chain_refs.get_mut(chain) {
@@ -578,30 +653,41 @@ impl Proxier {
 
     fn contribute(
         &mut self,
-        owner: &ServicePortName,
-        c: &Contribution,
-        touched: &mut BTreeSet<SetKey>,
-    ) {
+        owner: Owner,
+        c: Contribution,
+        mut touched: Option<&mut BTreeSet<SetKey>>,
+    ) -> Stored {
         for (entry, allowed) in &c.affinity {
             self.affinity_allowed
                 .entry(entry.clone())
                 .or_default()
-                .insert(owner.clone(), allowed.clone());
+                .insert(owner.as_ref().clone(), allowed.clone());
             self.affinity_dirty = true;
         }
         self.no_local.0 += usize::from(c.no_local_internal);
         self.no_local.1 += usize::from(c.no_local_external);
-        for (set, e) in &c.elements {
+        let mut keys = Vec::with_capacity(c.elements.len());
+        for (set, e) in c.elements {
+            if let Some(t) = touched.as_deref_mut() {
+                t.insert((set, e.key.clone()));
+            }
+            keys.push((set, e.key.clone()));
             self.desired
                 .entry(set)
                 .or_default()
                 .entry(e.key.clone())
                 .or_default()
-                .insert(owner.clone(), e.clone());
-            touched.insert((*set, e.key.clone()));
+                .insert(owner.clone(), e);
         }
         for chain in &c.chains {
             *self.chain_refs.entry(*chain).or_default() += 1;
+        }
+        Stored {
+            keys,
+            chains: c.chains,
+            no_local_internal: c.no_local_internal,
+            no_local_external: c.no_local_external,
+            affinity: c.affinity,
         }
     }
 
