@@ -173,6 +173,8 @@ fn orchestrate(args: &[String]) -> Result<(), String> {
 struct Timed<B> {
     inner: B,
     spent: Duration,
+    /// The text of the largest transaction run (the cold sync).
+    biggest: String,
 }
 
 impl<B: verdict_nft::Backend> verdict_nft::Backend for Timed<B> {
@@ -180,6 +182,9 @@ impl<B: verdict_nft::Backend> verdict_nft::Backend for Timed<B> {
         let t = Instant::now();
         let r = self.inner.run(tx);
         self.spent += t.elapsed();
+        if tx.len() > 1000 && self.biggest.is_empty() {
+            self.biggest = tx.to_string();
+        }
         r
     }
 
@@ -279,6 +284,7 @@ fn one_in_thread(args: &[String]) -> Result<(), String> {
     let mut nft = Timed {
         inner: NftCli::new().map_err(|e| e.to_string())?,
         spent: Duration::ZERO,
+        biggest: String::new(),
     };
     let eps = endpoints(k);
     let start = Instant::now();
@@ -319,10 +325,21 @@ fn one_in_thread(args: &[String]) -> Result<(), String> {
         "peak_verdict_mib",
         format!("{:.1}", max_rss_mib(UsageWho::RUSAGE_SELF)),
     );
-    put(
-        "peak_nft_mib",
-        format!("{:.1}", max_rss_mib(UsageWho::RUSAGE_CHILDREN)),
-    );
+    // nft's own peak: getrusage(RUSAGE_CHILDREN) would report our size (a
+    // child shares our address space until it execs), so replay the same
+    // script into a scratch namespace and sample the nft process itself.
+    let scratch = verdict_e2e::netns::Netns::create(&format!(
+        "{}-nftpeak",
+        verdict_e2e::netns::unique_prefix()
+    ))
+    .map_err(|e| e.to_string())?;
+    let peak = run_with_peak(
+        &["ip", "netns", "exec", scratch.name(), "nft", "-f", "-"],
+        &nft.biggest,
+        "nft",
+    )?;
+    drop(scratch);
+    put("peak_nft_mib", format!("{peak:.1}"));
 
     // A sync with nothing to do.
     let t = Instant::now();
@@ -390,7 +407,11 @@ fn one_in_thread(args: &[String]) -> Result<(), String> {
         };
         let c0 = cpu_ms(UsageWho::RUSAGE_CHILDREN);
         let t = Instant::now();
-        let peak = run_with_peak(&["ip", "netns", "exec", nodei.name(), program], &text)?;
+        let peak = run_with_peak(
+            &["ip", "netns", "exec", nodei.name(), program],
+            &text,
+            program,
+        )?;
         put("ipt_variant", variant.clone());
         put("ipt_load_wall_ms", format!("{:.1}", ms(t.elapsed())));
         put(
@@ -439,8 +460,9 @@ fn one_in_thread(args: &[String]) -> Result<(), String> {
 }
 
 /// Runs a command with `input` on stdin and returns its peak resident
-/// memory in MiB, sampled from /proc while it runs.
-fn run_with_peak(argv: &[&str], input: &str) -> Result<f64, String> {
+/// memory in MiB, sampled from /proc while it runs (only once the process
+/// has become `comm`, so the pre-exec copy of our own image is not counted).
+fn run_with_peak(argv: &[&str], input: &str, comm: &str) -> Result<f64, String> {
     let (program, rest) = argv.split_first().ok_or("empty command")?;
     let mut child = Command::new(program)
         .args(rest)
@@ -456,7 +478,10 @@ fn run_with_peak(argv: &[&str], input: &str) -> Result<f64, String> {
     let mut peak_kib = 0u64;
     loop {
         // `ip netns exec` execs the program in place, so the pid is the loader's.
-        if let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        let name = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        if comm.starts_with(name.trim())
+            && !name.trim().is_empty()
+            && let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status"))
             && let Some(kib) = status
                 .lines()
                 .find_map(|l| l.strip_prefix("VmHWM:"))
@@ -477,7 +502,7 @@ fn run_with_peak(argv: &[&str], input: &str) -> Result<f64, String> {
                 }
                 return Ok(peak_kib as f64 / 1024.0);
             }
-            Ok(None) => std::thread::sleep(Duration::from_millis(5)),
+            Ok(None) => std::thread::sleep(Duration::from_millis(2)),
             Err(e) => return Err(e.to_string()),
         }
     }
