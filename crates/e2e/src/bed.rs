@@ -7,8 +7,13 @@
 //!  lan (router) ──── node2 (192.168.5.2 / 2001:db8:5::2) ── remote pods
 //!   │
 //!  node eth0: 192.168.0.2, 192.168.1.2, 192.168.99.11 / 2001:db8::1, 2001:db8:1::2
-//!   └─ local pods (veth vpN, 169.254.1.1 / fe80::1 on the node side, /32 routes)
+//!   └─ cbr0 (bridge, 169.254.1.1 / fe80::1) ── local pods (veth vpN, /32 routes)
 //! ```
+//!
+//! Each node attaches its pods to a bridge `cbr0` that carries the pods'
+//! gateway address; pods route everything through it (default route via
+//! the gateway), so pod traffic always crosses the node's IP stack, as with
+//! kube-proxy on a bridge CNI.
 //!
 //! The node is the one verdict programs. Addresses are kube-proxy's fake
 //! proxier's, so its packet-flow cases run unchanged. Routing is symmetric
@@ -123,6 +128,15 @@ fn addr(ns: &Netns, cidr: &str, dev: &str) -> Result<(), CmdError> {
     }
 }
 
+/// The pods' bridge on a node, with the pods' gateway addresses.
+fn pod_bridge(ns: &Netns) -> Result<(), CmdError> {
+    ns.ip(&["link", "add", "cbr0", "type", "bridge"])?;
+    ns.ip(&["link", "set", "cbr0", "up"])?;
+    ns.ip(&["addr", "add", "169.254.1.1/32", "dev", "cbr0"])?;
+    ns.ip(&["addr", "add", "fe80::1/64", "dev", "cbr0", "nodad"])?;
+    Ok(())
+}
+
 fn router(ns: &Netns) -> Result<(), CmdError> {
     ns.sysctl("net.ipv4.ip_forward", "1")?;
     ns.sysctl("net.ipv6.conf.all.forwarding", "1")?;
@@ -145,6 +159,8 @@ impl TestBed {
         for ns in [&node, &lan, &node2] {
             router(ns)?;
         }
+        pod_bridge(&node)?;
+        pod_bridge(&node2)?;
         link(&node, "eth0", &lan, "tonode")?;
         link(&node2, "eth0", &lan, "tonode2")?;
         link(&ext, "eth0", &lan, "toext")?;
