@@ -244,9 +244,8 @@ impl TestBed {
         };
         let vp = format!("vp{n}");
         link(host_ns, &vp, &ns, "eth0")?;
-        let f = fam(ip);
-        if f == 0 {
-            host_ns.ip(&["addr", "add", "169.254.1.1/32", "dev", &vp])?;
+        host_ns.ip(&["link", "set", &vp, "master", "cbr0"])?;
+        if fam(ip) == 0 {
             ns.ip(&["addr", "add", &host(ip), "dev", "eth0"])?;
             ns.ip(&[
                 "route",
@@ -259,13 +258,13 @@ impl TestBed {
                 "onlink",
             ])?;
         } else {
-            host_ns.ip(&["addr", "add", "fe80::1/64", "dev", &vp, "nodad"])?;
             ns.ip(&["addr", "add", &host(ip), "dev", "eth0", "nodad"])?;
             ns.ip(&[
                 "-6", "route", "add", "default", "via", "fe80::1", "dev", "eth0",
             ])?;
         }
-        host_ns.ip(&["route", "add", &host(ip), "dev", &vp])?;
+        host_ns.ip(&["route", "add", &host(ip), "dev", "cbr0"])?;
+        let f = fam(ip);
         let via = match place {
             Placement::Local => NODE_VIA[f],
             Placement::Remote => NODE2_VIA[f],
