@@ -245,6 +245,9 @@ impl TestBed {
         let vp = format!("vp{n}");
         link(host_ns, &vp, &ns, "eth0")?;
         host_ns.ip(&["link", "set", &vp, "master", "cbr0"])?;
+        // As a bridge CNI with hairpinMode: a pod may reach itself through
+        // a service (the DNATed packet leaves by the port it came in on).
+        host_ns.ip(&["link", "set", &vp, "type", "bridge_slave", "hairpin", "on"])?;
         if fam(ip) == 0 {
             ns.ip(&["addr", "add", &host(ip), "dev", "eth0"])?;
             ns.ip(&[
