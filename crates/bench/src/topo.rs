@@ -10,11 +10,10 @@
 //! the client routes each range to its node. Every namespace belongs to
 //! this run and is deleted on drop.
 
-use std::io::{BufRead, BufReader};
 use std::net::Ipv4Addr;
 use std::path::Path;
 
-use verdict_e2e::netns::{CmdError, Netns, Process, run, unique_prefix};
+use verdict_e2e::netns::{CmdError, Netns, Process, unique_prefix, veth, wait_ready};
 
 /// Backend addresses behind the node under test (and behind the baseline).
 pub const BACKENDS: [Ipv4Addr; 2] = [Ipv4Addr::new(10, 200, 0, 11), Ipv4Addr::new(10, 200, 0, 12)];
@@ -36,29 +35,6 @@ pub struct Topo {
     /// The iptables baseline node, if any.
     pub nodei: Option<Netns>,
     backends: Vec<Netns>,
-}
-
-fn link(a: &Netns, a_if: &str, b: &Netns, b_if: &str) -> Result<(), CmdError> {
-    run(
-        "ip",
-        &[
-            "link",
-            "add",
-            a_if,
-            "netns",
-            a.name(),
-            "type",
-            "veth",
-            "peer",
-            "name",
-            b_if,
-            "netns",
-            b.name(),
-        ],
-    )?;
-    a.ip(&["link", "set", a_if, "up"])?;
-    b.ip(&["link", "set", b_if, "up"])?;
-    Ok(())
 }
 
 impl Topo {
@@ -94,7 +70,7 @@ impl Topo {
             n.sysctl("net.ipv4.ip_forward", "1")?;
             n.sysctl("net.ipv4.conf.all.rp_filter", "0")?;
             n.sysctl("net.ipv4.conf.default.rp_filter", "0")?;
-            link(&topo.cli, cli_if, n, "eth0")?;
+            veth(&topo.cli, cli_if, n, "eth0")?;
             topo.cli
                 .ip(&["addr", "add", &format!("10.20{net}.0.2/24"), "dev", cli_if])?;
             n.ip(&["addr", "add", &format!("10.20{net}.0.1/24"), "dev", "eth0"])?;
@@ -105,7 +81,7 @@ impl Topo {
             for (j, be) in bes.iter().enumerate() {
                 let ns = Netns::create(&format!("{p}-b{k}{j}"))?;
                 let vp = format!("vp{j}");
-                link(n, &vp, &ns, "eth0")?;
+                veth(n, &vp, &ns, "eth0")?;
                 n.ip(&["addr", "add", "169.254.1.1/32", "dev", &vp])?;
                 n.ip(&["route", "add", &format!("{be}/32"), "dev", &vp])?;
                 ns.ip(&["addr", "add", &format!("{be}/32"), "dev", "eth0"])?;
@@ -143,15 +119,8 @@ impl Topo {
 fn serve(self_exe: &Path, ns: &Netns, addr: Ipv4Addr, ports: &[u16]) -> Result<Process, CmdError> {
     let ports: Vec<String> = ports.iter().map(u16::to_string).collect();
     let exe = self_exe.to_string_lossy().into_owned();
-    let mut child = ns.spawn(&exe, &["serve", &addr.to_string(), &ports.join(",")])?;
-    let ready = child.stdout.take().map(|out| {
-        let mut line = String::new();
-        let _ = BufReader::new(out).read_line(&mut line);
-        line
-    });
-    if ready.as_deref().map(str::trim) != Some("ready") {
-        let _ = child.kill();
-        return Err(CmdError(format!("server in {} did not start", ns.name())));
-    }
-    Ok(Process(child))
+    wait_ready(
+        ns.spawn(&exe, &["serve", &addr.to_string(), &ports.join(",")])?,
+        &format!("server in {}", ns.name()),
+    )
 }

@@ -140,6 +140,55 @@ impl Setup {
     }
 }
 
+/// What a proxier is told, step by step, when a setup is replayed: every
+/// event carries the object as it was before, as a watch would.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    /// A Service changed from the first to the second (`None`: absent).
+    Service(Option<Box<Service>>, Option<Box<Service>>),
+    /// An EndpointSlice changed; `true` when it was removed.
+    Slice(EndpointSlice, bool),
+    /// Program the backend.
+    Sync,
+}
+
+impl Setup {
+    /// The setup's steps as events, with each object's previous version.
+    pub fn events(&self) -> Vec<Event> {
+        let mut services = std::collections::BTreeMap::new();
+        let mut slices = std::collections::BTreeMap::new();
+        let mut out = Vec::new();
+        for step in &self.steps {
+            match step {
+                Step::Service(svc) => {
+                    let prev =
+                        services.insert((svc.namespace.clone(), svc.name.clone()), svc.clone());
+                    out.push(Event::Service(
+                        prev.map(Box::new),
+                        Some(Box::new(svc.clone())),
+                    ));
+                }
+                Step::DeleteService(ns, n) => {
+                    if let Some(prev) = services.remove(&(ns.clone(), n.clone())) {
+                        out.push(Event::Service(Some(Box::new(prev)), None));
+                    }
+                }
+                Step::Slice(sl) => {
+                    slices.insert((sl.namespace.clone(), sl.name.clone()), sl.clone());
+                    out.push(Event::Slice(sl.clone(), false));
+                }
+                Step::DeleteSlice(ns, n) => {
+                    if let Some(prev) = slices.remove(&(ns.clone(), n.clone())) {
+                        out.push(Event::Slice(prev, true));
+                    }
+                }
+                Step::Sync => out.push(Event::Sync),
+            }
+        }
+        out
+    }
+}
+
 /// A setup and the flows expected after it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Scenario {

@@ -23,11 +23,10 @@
 //! external traffic assume.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
 use std::net::IpAddr;
 use std::path::PathBuf;
 
-use crate::netns::{CmdError, Netns, Process, unique_prefix};
+use crate::netns::{CmdError, Netns, Process, unique_prefix, veth, wait_ready};
 
 /// Node interface addresses (both families).
 pub const NODE_ADDRS: [&str; 5] = [
@@ -96,29 +95,6 @@ pub struct TestBed {
     echo: PathBuf,
 }
 
-fn link(a: &Netns, a_if: &str, b: &Netns, b_if: &str) -> Result<(), CmdError> {
-    crate::netns::run(
-        "ip",
-        &[
-            "link",
-            "add",
-            a_if,
-            "netns",
-            a.name(),
-            "type",
-            "veth",
-            "peer",
-            "name",
-            b_if,
-            "netns",
-            b.name(),
-        ],
-    )?;
-    a.ip(&["link", "set", a_if, "up"])?;
-    b.ip(&["link", "set", b_if, "up"])?;
-    Ok(())
-}
-
 fn addr(ns: &Netns, cidr: &str, dev: &str) -> Result<(), CmdError> {
     if cidr.contains(':') {
         ns.ip(&["addr", "add", cidr, "dev", dev, "nodad"])
@@ -161,9 +137,9 @@ impl TestBed {
         }
         pod_bridge(&node)?;
         pod_bridge(&node2)?;
-        link(&node, "eth0", &lan, "tonode")?;
-        link(&node2, "eth0", &lan, "tonode2")?;
-        link(&ext, "eth0", &lan, "toext")?;
+        veth(&node, "eth0", &lan, "tonode")?;
+        veth(&node2, "eth0", &lan, "tonode2")?;
+        veth(&ext, "eth0", &lan, "toext")?;
         for (a, b) in NODE_ADDRS.iter().zip(LAN_NODE_SIDE) {
             addr(&node, a, "eth0")?;
             addr(&lan, b, "tonode")?;
@@ -243,7 +219,7 @@ impl TestBed {
             Placement::Remote => &self.node2,
         };
         let vp = format!("vp{n}");
-        link(host_ns, &vp, &ns, "eth0")?;
+        veth(host_ns, &vp, &ns, "eth0")?;
         host_ns.ip(&["link", "set", &vp, "master", "cbr0"])?;
         // As a bridge CNI with hairpinMode: a pod may reach itself through
         // a service (the DNATed packet leaves by the port it came in on).
@@ -324,25 +300,10 @@ impl TestBed {
             args.push(p.to_string());
         }
         let argv: Vec<&str> = args.iter().map(String::as_str).collect();
-        let mut child = ns.spawn(&echo, &argv)?;
-        let ready = child.stdout.take().map(|out| {
-            let mut line = String::new();
-            let _ = BufReader::new(out).read_line(&mut line);
-            line
-        });
-        if ready.as_deref().map(str::trim) != Some("ready") {
-            let mut err = String::new();
-            if let Some(e) = child.stderr.take() {
-                let _ = std::io::Read::read_to_string(&mut BufReader::new(e), &mut err);
-            }
-            let _ = child.kill();
-            return Err(CmdError(format!(
-                "echo server in {} did not start: {}",
-                ns.name(),
-                err.trim()
-            )));
-        }
-        Ok(Process(child))
+        wait_ready(
+            ns.spawn(&echo, &argv)?,
+            &format!("echo server in {}", ns.name()),
+        )
     }
 
     /// The namespace a packet from `src` is sent from, if there is one.

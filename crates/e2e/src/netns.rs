@@ -124,6 +124,52 @@ impl Drop for Netns {
     }
 }
 
+/// Connects two namespaces with a veth pair and brings both ends up. The
+/// pair is created directly inside the namespaces; nothing appears in the
+/// machine's own namespace.
+pub fn veth(a: &Netns, a_if: &str, b: &Netns, b_if: &str) -> Result<(), CmdError> {
+    run(
+        "ip",
+        &[
+            "link",
+            "add",
+            a_if,
+            "netns",
+            a.name(),
+            "type",
+            "veth",
+            "peer",
+            "name",
+            b_if,
+            "netns",
+            b.name(),
+        ],
+    )?;
+    a.ip(&["link", "set", a_if, "up"])?;
+    b.ip(&["link", "set", b_if, "up"])?;
+    Ok(())
+}
+
+/// Waits until a server started with [`Netns::spawn`] prints `ready`.
+pub fn wait_ready(mut child: Child, what: &str) -> Result<Process, CmdError> {
+    use std::io::{BufRead, BufReader, Read};
+    let ready = child.stdout.take().map(|out| {
+        let mut line = String::new();
+        let _ = BufReader::new(out).read_line(&mut line);
+        line
+    });
+    if ready.as_deref().map(str::trim) == Some("ready") {
+        return Ok(Process(child));
+    }
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_string(&mut err);
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    Err(CmdError(format!("{what} did not start: {}", err.trim())))
+}
+
 /// A child process killed when dropped.
 #[derive(Debug)]
 pub struct Process(pub Child);

@@ -12,7 +12,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use verdict_conformance::{Flow, NODE, Scenario, Step, node_facts};
+use verdict_conformance::{Event, Flow, NODE, Scenario, Step, node_facts};
 use verdict_model::{IpFamily, Protocol, parse_ip_legacy};
 use verdict_nft::{L4Proto, NftCli};
 use verdict_proxier::{LocalDetector, NodePortAddresses, Proxier, ProxierConfig};
@@ -243,31 +243,16 @@ fn prepare_and_run(s: &Scenario, echo: PathBuf, result: &mut ScenarioResult) -> 
     // Program the node through the real proxier and nft.
     let mut nft = NftCli::in_netns(bed.node.name()).map_err(|e| e.to_string())?;
     let mut proxier = Proxier::new(node_config(s)?).map_err(|e| e.to_string())?;
-    let mut prev_services = BTreeMap::new();
-    let mut prev_slices = BTreeMap::new();
     let start = Instant::now();
-    for (i, step) in s.setup.steps.iter().enumerate() {
-        match step {
-            Step::Service(svc) => {
-                let key = (svc.namespace.clone(), svc.name.clone());
-                let prev = prev_services.insert(key, svc.clone());
-                proxier.on_service(prev.as_ref(), Some(svc));
+    for (i, event) in s.setup.events().into_iter().enumerate() {
+        match event {
+            Event::Service(prev, cur) => {
+                proxier.on_service(prev.as_deref(), cur.as_deref());
             }
-            Step::DeleteService(ns, n) => {
-                if let Some(prev) = prev_services.remove(&(ns.clone(), n.clone())) {
-                    proxier.on_service(Some(&prev), None);
-                }
+            Event::Slice(sl, removed) => {
+                proxier.on_endpoint_slice(&sl, removed);
             }
-            Step::Slice(sl) => {
-                prev_slices.insert((sl.namespace.clone(), sl.name.clone()), sl.clone());
-                proxier.on_endpoint_slice(sl, false);
-            }
-            Step::DeleteSlice(ns, n) => {
-                if let Some(prev) = prev_slices.remove(&(ns.clone(), n.clone())) {
-                    proxier.on_endpoint_slice(&prev, true);
-                }
-            }
-            Step::Sync => {
+            Event::Sync => {
                 let now = start + Duration::from_secs(i as u64);
                 proxier
                     .sync(&mut nft, now)

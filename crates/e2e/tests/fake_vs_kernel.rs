@@ -149,30 +149,11 @@ fn every_conformance_scenario_programs_the_same_state() {
     }
     for s in upstream_scenarios() {
         let mut t = Twin::new(&s);
-        let mut services = std::collections::BTreeMap::new();
-        let mut slices = std::collections::BTreeMap::new();
-        for step in &s.setup.steps {
-            match step {
-                Step::Service(svc) => {
-                    let prev =
-                        services.insert((svc.namespace.clone(), svc.name.clone()), svc.clone());
-                    t.service(prev.as_ref(), Some(svc));
-                }
-                Step::DeleteService(ns, n) => {
-                    if let Some(prev) = services.remove(&(ns.clone(), n.clone())) {
-                        t.service(Some(&prev), None);
-                    }
-                }
-                Step::Slice(sl) => {
-                    slices.insert((sl.namespace.clone(), sl.name.clone()), sl.clone());
-                    t.slice(sl, false);
-                }
-                Step::DeleteSlice(ns, n) => {
-                    if let Some(prev) = slices.remove(&(ns.clone(), n.clone())) {
-                        t.slice(&prev, true);
-                    }
-                }
-                Step::Sync => t.sync(&s.name),
+        for event in s.setup.events() {
+            match event {
+                Event::Service(prev, cur) => t.service(prev.as_deref(), cur.as_deref()),
+                Event::Slice(sl, removed) => t.slice(&sl, removed),
+                Event::Sync => t.sync(&s.name),
             }
         }
     }

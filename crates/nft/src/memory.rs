@@ -27,15 +27,23 @@ pub trait Backend {
         table: &str,
         set: &str,
     ) -> Result<Vec<Element>, NftError> {
-        let t = self
-            .table(family, table)?
-            .ok_or_else(|| NftError::NotFound(format!("table {family} {table}")))?;
-        let s = t
-            .sets
-            .get(set)
-            .ok_or_else(|| NftError::NotFound(format!("set {set}")))?;
-        Ok(s.elements.values().cloned().collect())
+        set_elements(self.table(family, table)?.as_ref(), family, table, set)
     }
+}
+
+/// The elements of `set` in `t`, or why there are none.
+fn set_elements(
+    t: Option<&TableState>,
+    family: Family,
+    table: &str,
+    set: &str,
+) -> Result<Vec<Element>, NftError> {
+    let t = t.ok_or_else(|| NftError::NotFound(format!("table {family} {table}")))?;
+    let s = t
+        .sets
+        .get(set)
+        .ok_or_else(|| NftError::NotFound(format!("set {set}")))?;
+    Ok(s.elements.values().cloned().collect())
 }
 
 /// A chain and its rules.
@@ -488,14 +496,7 @@ impl Backend for MemoryBackend {
         table: &str,
         set: &str,
     ) -> Result<Vec<Element>, NftError> {
-        let t = self
-            .get(family, table)
-            .ok_or_else(|| NftError::NotFound(format!("table {family} {table}")))?;
-        let s = t
-            .sets
-            .get(set)
-            .ok_or_else(|| NftError::NotFound(format!("set {set}")))?;
-        Ok(s.elements.values().cloned().collect())
+        set_elements(self.get(family, table), family, table, set)
     }
 }
 
