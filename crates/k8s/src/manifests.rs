@@ -1,0 +1,438 @@
+//! Services, EndpointSlices and Nodes from YAML (or JSON) files: a file, or
+//! every `*.yaml`, `*.yml` and `*.json` file of a directory (in name
+//! order). A file may hold several documents (`---`) and `kind: List`
+//! documents as `kubectl get -o yaml` writes them. A document that is not
+//! valid is reported with its file and object and skipped; the rest loads.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use k8s_openapi::api::core::v1 as core;
+use k8s_openapi::api::discovery::v1 as discovery;
+use serde_json::Value;
+use verdict_model::{EndpointSlice, Service};
+
+use crate::convert::{NodeInfo, node_info, service, slice};
+
+/// A document that could not be used.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub struct ManifestError {
+    /// The file.
+    pub file: PathBuf,
+    /// Which object: `Service ns/name`, or `document N` when it has no name.
+    pub object: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl fmt::Display for ManifestError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}: {}: {}",
+            self.file.display(),
+            self.object,
+            self.message
+        )
+    }
+}
+
+/// Everything loaded from a path.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Loaded {
+    /// Services.
+    pub services: Vec<Service>,
+    /// EndpointSlices.
+    pub slices: Vec<EndpointSlice>,
+    /// Nodes.
+    pub nodes: Vec<NodeInfo>,
+    /// Documents that were skipped, and why.
+    pub errors: Vec<ManifestError>,
+    /// The files read.
+    pub files: Vec<PathBuf>,
+}
+
+/// The files a path stands for.
+pub fn files(path: &Path) -> std::io::Result<Vec<PathBuf>> {
+    if path.is_dir() {
+        let mut v: Vec<PathBuf> = std::fs::read_dir(path)?
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .filter(|p| {
+                p.is_file()
+                    && matches!(
+                        p.extension().and_then(|e| e.to_str()),
+                        Some("yaml" | "yml" | "json")
+                    )
+            })
+            .collect();
+        v.sort();
+        Ok(v)
+    } else {
+        std::fs::metadata(path)?;
+        Ok(vec![path.to_path_buf()])
+    }
+}
+
+/// Loads every object under `path`.
+pub fn load(path: &Path) -> Loaded {
+    let mut out = Loaded::default();
+    match files(path) {
+        Ok(files) => {
+            for f in files {
+                load_file(&f, &mut out);
+                out.files.push(f);
+            }
+        }
+        Err(e) => out.errors.push(ManifestError {
+            file: path.to_path_buf(),
+            object: "path".into(),
+            message: e.to_string(),
+        }),
+    }
+    check_duplicates(&mut out);
+    out
+}
+
+fn load_file(file: &Path, out: &mut Loaded) {
+    let err = |object: String, message: String| ManifestError {
+        file: file.to_path_buf(),
+        object,
+        message,
+    };
+    let text = match std::fs::read_to_string(file) {
+        Ok(t) => t,
+        Err(e) => {
+            out.errors.push(err("file".into(), e.to_string()));
+            return;
+        }
+    };
+    let mut bytes = text.as_bytes();
+    for (i, doc) in serde_saphyr::read::<_, Value>(&mut bytes).enumerate() {
+        let object = format!("document {}", i + 1);
+        match doc {
+            Ok(Value::Null) => {}
+            Ok(v) => load_value(file, &object, v, out),
+            Err(e) => {
+                // The parser cannot resynchronise after a syntax error.
+                out.errors.push(err(object, format!("not valid YAML: {e}")));
+                break;
+            }
+        }
+    }
+}
+
+fn describe(v: &Value, fallback: &str) -> String {
+    let kind = v.get("kind").and_then(Value::as_str).unwrap_or("object");
+    let meta = v.get("metadata");
+    let name = meta.and_then(|m| m.get("name")).and_then(Value::as_str);
+    let ns = meta
+        .and_then(|m| m.get("namespace"))
+        .and_then(Value::as_str);
+    match (ns, name) {
+        (Some(ns), Some(n)) => format!("{kind} {ns}/{n}"),
+        (None, Some(n)) => format!("{kind} {n}"),
+        _ => format!("{kind} ({fallback})"),
+    }
+}
+
+fn load_value(file: &Path, where_: &str, v: Value, out: &mut Loaded) {
+    let object = describe(&v, where_);
+    let err = |message: String| ManifestError {
+        file: file.to_path_buf(),
+        object: object.clone(),
+        message,
+    };
+    let kind = v
+        .get("kind")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned();
+    match kind.as_str() {
+        "List" | "ServiceList" | "EndpointSliceList" | "NodeList" => {
+            let items = v
+                .get("items")
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default();
+            for (j, item) in items.into_iter().enumerate() {
+                let mut item = item;
+                // Typed lists leave out the item kind.
+                if item.get("kind").is_none()
+                    && kind != "List"
+                    && let Some(obj) = item.as_object_mut()
+                {
+                    obj.insert(
+                        "kind".into(),
+                        Value::String(kind.trim_end_matches("List").to_owned()),
+                    );
+                }
+                load_value(file, &format!("{where_}, item {}", j + 1), item, out);
+            }
+        }
+        "Service" => match serde_json::from_value::<core::Service>(v.clone()) {
+            Ok(s) => match missing_name(&s.metadata, true) {
+                Some(m) => out.errors.push(err(m)),
+                None => out.services.push(service(&s)),
+            },
+            Err(e) => out.errors.push(err(format!("not a valid Service: {e}"))),
+        },
+        "EndpointSlice" => match serde_json::from_value::<discovery::EndpointSlice>(v.clone()) {
+            Ok(s) => match missing_name(&s.metadata, true) {
+                Some(m) => out.errors.push(err(m)),
+                None => {
+                    let sl = slice(&s);
+                    if sl.service_name.is_none() {
+                        out.errors.push(err(format!(
+                            "has no {} label, so it belongs to no Service",
+                            crate::convert::LABEL_SERVICE_NAME
+                        )));
+                    } else {
+                        out.slices.push(sl);
+                    }
+                }
+            },
+            Err(e) => out
+                .errors
+                .push(err(format!("not a valid EndpointSlice: {e}"))),
+        },
+        "Node" => match serde_json::from_value::<core::Node>(v.clone()) {
+            Ok(n) => match missing_name(&n.metadata, false) {
+                Some(m) => out.errors.push(err(m)),
+                None => out.nodes.push(node_info(&n)),
+            },
+            Err(e) => out.errors.push(err(format!("not a valid Node: {e}"))),
+        },
+        "" => out.errors.push(err("has no kind".into())),
+        other => out.errors.push(err(format!(
+            "kind {other} is not used by verdict (Service, EndpointSlice, Node or List)"
+        ))),
+    }
+}
+
+fn missing_name(
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    namespaced: bool,
+) -> Option<String> {
+    if meta.name.as_deref().unwrap_or_default().is_empty() {
+        return Some("metadata.name is missing".into());
+    }
+    if namespaced && meta.namespace.as_deref().unwrap_or_default().is_empty() {
+        return Some("metadata.namespace is missing".into());
+    }
+    None
+}
+
+/// The same object twice: the first one (in file order) is kept.
+fn check_duplicates(out: &mut Loaded) {
+    let mut seen = BTreeSet::new();
+    let mut dup = Vec::new();
+    out.services.retain(|s| {
+        let new = seen.insert(("Service", s.namespace.clone(), s.name.clone()));
+        if !new {
+            dup.push(format!("Service {}/{}", s.namespace, s.name));
+        }
+        new
+    });
+    out.slices.retain(|s| {
+        let new = seen.insert(("EndpointSlice", s.namespace.clone(), s.name.clone()));
+        if !new {
+            dup.push(format!("EndpointSlice {}/{}", s.namespace, s.name));
+        }
+        new
+    });
+    for object in dup {
+        out.errors.push(ManifestError {
+            file: PathBuf::new(),
+            object,
+            message: "defined more than once; the first definition is used".into(),
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+
+    fn tmpdir(tag: &str) -> PathBuf {
+        let d =
+            std::env::temp_dir().join(format!("verdict-manifests-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    const SERVICE: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: demo}
+spec:
+  type: LoadBalancer
+  clusterIP: 10.96.0.20
+  clusterIPs: [10.96.0.20]
+  externalTrafficPolicy: Local
+  sessionAffinity: ClientIP
+  sessionAffinityConfig: {clientIP: {timeoutSeconds: 600}}
+  loadBalancerSourceRanges: [203.0.113.0/24]
+  ports:
+  - {name: http, port: 80, protocol: TCP, nodePort: 30080}
+status:
+  loadBalancer:
+    ingress: [{ip: 203.0.113.50}, {ip: 203.0.113.51, ipMode: Proxy}]
+"#;
+
+    const SLICE: &str = r#"
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web-1
+  namespace: demo
+  labels: {kubernetes.io/service-name: web}
+  annotations: {endpoints.kubernetes.io/last-change-trigger-time: "2026-11-29T10:00:00Z"}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+- addresses: [10.244.0.7]
+  nodeName: node-a
+  zone: z1
+  conditions: {ready: true}
+  hints: {forZones: [{name: z1}]}
+- addresses: [10.244.1.5]
+  conditions: {ready: false, serving: true, terminating: true}
+"#;
+
+    #[test]
+    fn reads_services_slices_and_nodes() {
+        let d = tmpdir("read");
+        write(&d, "a.yaml", &format!("{SERVICE}---{SLICE}"));
+        write(
+            &d,
+            "b.yml",
+            "apiVersion: v1\nkind: Node\nmetadata: {name: node-a, labels: {topology.kubernetes.io/zone: z1}}\nspec: {podCIDRs: [10.244.0.0/24]}\nstatus: {addresses: [{type: Hostname, address: node-a}, {type: InternalIP, address: 192.168.0.10}]}\n",
+        );
+        write(&d, "ignored.txt", "not yaml at all: [");
+        let l = load(&d);
+        assert!(l.errors.is_empty(), "{:?}", l.errors);
+        assert_eq!(l.files.len(), 2);
+        let s = &l.services[0];
+        assert_eq!((s.namespace.as_str(), s.name.as_str()), ("demo", "web"));
+        assert_eq!(s.cluster_ips, ["10.96.0.20"]);
+        assert_eq!(s.ports[0].node_port, Some(30080));
+        assert_eq!(s.session_affinity_timeout_seconds, Some(600));
+        assert_eq!(
+            s.external_traffic_policy,
+            verdict_model::TrafficPolicy::Local
+        );
+        assert_eq!(s.load_balancer_ingress.len(), 2);
+        assert_eq!(
+            s.load_balancer_ingress[1].ip_mode,
+            Some(verdict_model::LoadBalancerIpMode::Proxy)
+        );
+        let sl = &l.slices[0];
+        assert_eq!(sl.service_name.as_deref(), Some("web"));
+        assert_eq!(sl.endpoints.len(), 2);
+        assert_eq!(sl.endpoints[1].terminating, Some(true));
+        assert_eq!(sl.endpoints[0].hints.as_ref().unwrap().for_zones, ["z1"]);
+        assert_eq!(
+            sl.last_change_trigger_time.as_deref(),
+            Some("2026-11-29T10:00:00Z")
+        );
+        let n = &l.nodes[0];
+        assert_eq!(n.addresses, ["192.168.0.10"]);
+        assert_eq!(n.pod_cidrs, ["10.244.0.0/24"]);
+        assert_eq!(n.zone.as_deref(), Some("z1"));
+    }
+
+    #[test]
+    fn reads_kubectl_lists() {
+        let d = tmpdir("list");
+        let f = write(
+            &d,
+            "list.yaml",
+            "apiVersion: v1\nkind: List\nitems:\n- apiVersion: v1\n  kind: Service\n  metadata: {name: a, namespace: ns1}\n  spec: {clusterIP: 10.96.0.1, ports: [{port: 53, protocol: UDP}]}\n- apiVersion: v1\n  kind: Service\n  metadata: {name: b, namespace: ns1}\n  spec: {clusterIP: 10.96.0.2, ports: [{port: 80}]}\n",
+        );
+        let l = load(&f);
+        assert!(l.errors.is_empty(), "{:?}", l.errors);
+        assert_eq!(l.services.len(), 2);
+        assert_eq!(
+            l.services[0].ports[0].protocol,
+            verdict_model::Protocol::Udp
+        );
+    }
+
+    #[test]
+    fn bad_documents_are_reported_and_the_rest_loads() {
+        let d = tmpdir("bad");
+        let f = write(
+            &d,
+            "mixed.yaml",
+            &format!(
+                "{SERVICE}---\napiVersion: v1\nkind: Service\nmetadata: {{name: broken, namespace: demo}}\nspec: {{ports: [{{port: not-a-number}}]}}\n---\napiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: d, namespace: demo}}\n---\nkind: EndpointSlice\napiVersion: discovery.k8s.io/v1\nmetadata: {{name: orphan, namespace: demo}}\naddressType: IPv4\nendpoints: []\n---\napiVersion: v1\nkind: Service\nmetadata: {{name: nons}}\nspec: {{clusterIP: 10.96.0.3}}\n"
+            ),
+        );
+        let l = load(&f);
+        assert_eq!(l.services.len(), 1, "the good Service still loads");
+        let msgs: Vec<String> = l.errors.iter().map(ToString::to_string).collect();
+        assert_eq!(msgs.len(), 4, "{msgs:#?}");
+        assert!(
+            msgs[0].contains("mixed.yaml: Service demo/broken: not a valid Service"),
+            "{}",
+            msgs[0]
+        );
+        assert!(
+            msgs[1].contains("Deployment demo/d: kind Deployment is not used"),
+            "{}",
+            msgs[1]
+        );
+        assert!(
+            msgs[2].contains("EndpointSlice demo/orphan: has no kubernetes.io/service-name label")
+        );
+        assert!(msgs[3].contains("Service nons: metadata.namespace is missing"));
+    }
+
+    #[test]
+    fn syntax_errors_name_the_file_and_keep_earlier_documents() {
+        let d = tmpdir("syntax");
+        write(
+            &d,
+            "a.yaml",
+            &format!("{SERVICE}---\nkind: Service\nmetadata: [unclosed\n"),
+        );
+        write(&d, "b.yaml", SLICE);
+        let l = load(&d);
+        assert_eq!(l.services.len(), 1);
+        assert_eq!(l.slices.len(), 1, "other files still load");
+        assert_eq!(l.errors.len(), 1);
+        assert!(
+            l.errors[0]
+                .to_string()
+                .contains("a.yaml: document 2: not valid YAML"),
+            "{}",
+            l.errors[0]
+        );
+    }
+
+    #[test]
+    fn duplicates_and_missing_paths_are_errors() {
+        let d = tmpdir("dup");
+        write(&d, "a.yaml", SERVICE);
+        write(&d, "b.yaml", SERVICE);
+        let l = load(&d);
+        assert_eq!(l.services.len(), 1);
+        assert!(
+            l.errors[0]
+                .to_string()
+                .contains("Service demo/web: defined more than once")
+        );
+        let l = load(&d.join("nope.yaml"));
+        assert_eq!(l.errors.len(), 1);
+        assert!(l.errors[0].to_string().contains("nope.yaml"));
+    }
+}
