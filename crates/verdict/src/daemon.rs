@@ -1,0 +1,385 @@
+//! Running verdict: where objects come from, the two per-family proxiers,
+//! and the sync loop.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::{Context, bail};
+use verdict_k8s::{Loaded, NodeInfo};
+use verdict_model::{EndpointSlice, IpFamily, Service};
+use verdict_nft::{Backend, Family, MemoryBackend, NftCli, Transaction};
+use verdict_proxier::{FULL_SYNC_PERIOD, LocalDetector, NodePortAddresses, Proxier, ProxierConfig};
+
+use crate::config::{DetectLocal, NodePorts, Settings};
+
+/// Where Services, EndpointSlices and the Node come from.
+pub struct Source {
+    /// `--manifests`: a YAML file or directory, followed for changes.
+    pub manifests: Option<String>,
+    /// `--kubeconfig` / `clientConnection.kubeconfig`.
+    pub kubeconfig: Option<String>,
+    /// `--master`.
+    pub master: Option<String>,
+}
+
+/// Logs to stderr; `-v` 0–1 is info, 2–3 debug, 4 and more trace
+/// (`RUST_LOG` overrides).
+pub fn init_logging(verbosity: u8) {
+    let level = match verbosity {
+        0 | 1 => "info",
+        2 | 3 => "debug",
+        _ => "trace",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+/// The node's name: `hostnameOverride`, else the host name (lower-case).
+fn node_name(settings: &Settings) -> String {
+    settings.hostname_override.clone().unwrap_or_else(|| {
+        std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_lowercase())
+            .unwrap_or_default()
+    })
+}
+
+/// Every address on this network namespace's interfaces (`ip -j addr`).
+fn local_addresses() -> anyhow::Result<Vec<IpAddr>> {
+    let out = std::process::Command::new("ip")
+        .args(["-j", "addr", "show"])
+        .output()
+        .context("running `ip -j addr show` to list the node's addresses")?;
+    let v: serde_json::Value =
+        serde_json::from_slice(&out.stdout).context("reading `ip -j addr show`")?;
+    Ok(v.as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|link| {
+            link.get("addr_info")
+                .and_then(|a| a.as_array())
+                .into_iter()
+                .flatten()
+        })
+        .filter_map(|a| {
+            a.get("local")
+                .and_then(|l| l.as_str())
+                .and_then(|l| l.parse().ok())
+        })
+        .collect())
+}
+
+/// The configuration of one family's proxier.
+fn proxier_config(
+    family: IpFamily,
+    settings: &Settings,
+    node: &NodeInfo,
+    local_ips: &[IpAddr],
+) -> anyhow::Result<ProxierConfig> {
+    let mut c = ProxierConfig::new(family, node.name.clone());
+    c.node_zone = node.zone.clone();
+    c.node_ips = match settings.bind_address {
+        Some(ip) => vec![ip],
+        None => node
+            .addresses
+            .iter()
+            .filter_map(|a| a.parse().ok())
+            .collect(),
+    };
+    c.local_ips = local_ips.to_vec();
+    c.masquerade_all = settings.masquerade_all;
+    c.masquerade_bit = settings.masquerade_bit;
+    let of_family = |n: &&ipnet::IpNet| IpFamily::of(n.addr()) == family;
+    c.local_detector = match &settings.detect_local {
+        DetectLocal::ClusterCidr(nets) => nets
+            .iter()
+            .find(of_family)
+            .map_or(LocalDetector::None, |n| LocalDetector::Cidr(*n)),
+        DetectLocal::NodeCidr => {
+            let nets: Vec<ipnet::IpNet> = node
+                .pod_cidrs
+                .iter()
+                .filter_map(|c| c.parse().ok())
+                .collect();
+            nets.iter()
+                .find(of_family)
+                .map_or(LocalDetector::None, |n| LocalDetector::Cidr(*n))
+        }
+        DetectLocal::BridgeInterface(b) => LocalDetector::BridgeInterface(b.clone()),
+        DetectLocal::InterfaceNamePrefix(p) => LocalDetector::InterfaceNamePrefix(p.clone()),
+    };
+    if c.local_detector == LocalDetector::None {
+        tracing::info!(%family, "no local-traffic detector for this family: ClusterIP traffic is not masqueraded");
+    }
+    c.node_port_addresses = match &settings.node_ports {
+        NodePorts::Primary => NodePortAddresses::Primary,
+        NodePorts::All => NodePortAddresses::All,
+        NodePorts::Cidrs(c) => NodePortAddresses::Cidrs(c.clone()),
+    };
+    c.validate()?;
+    Ok(c)
+}
+
+/// Both proxiers, fed from the manifests.
+struct Node {
+    settings: Settings,
+    name: String,
+    info: NodeInfo,
+    local_ips: Vec<IpAddr>,
+    proxiers: Vec<Proxier>,
+    services: BTreeMap<(String, String), Service>,
+    slices: BTreeMap<(String, String), EndpointSlice>,
+}
+
+impl Node {
+    fn new(settings: &Settings) -> anyhow::Result<Node> {
+        let name = node_name(settings);
+        if name.is_empty() {
+            bail!("cannot tell this node's name: set --hostname-override");
+        }
+        let info = NodeInfo {
+            name: name.clone(),
+            ..NodeInfo::default()
+        };
+        let local_ips = local_addresses()?;
+        let proxiers = [IpFamily::V4, IpFamily::V6]
+            .into_iter()
+            .map(|f| {
+                Ok(Proxier::new(proxier_config(
+                    f, settings, &info, &local_ips,
+                )?)?)
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        Ok(Node {
+            settings: settings.clone(),
+            name,
+            info,
+            local_ips,
+            proxiers,
+            services: BTreeMap::new(),
+            slices: BTreeMap::new(),
+        })
+    }
+
+    /// Moves the proxiers to what `loaded` holds. Returns whether anything changed.
+    fn apply(&mut self, loaded: &Loaded) -> anyhow::Result<bool> {
+        for e in &loaded.errors {
+            tracing::error!(error = %e, "skipping a manifest");
+        }
+        let mut changed = false;
+        if let Some(me) = loaded.nodes.iter().find(|n| n.name == self.name)
+            && *me != self.info
+        {
+            tracing::info!(node = %me.name, addresses = ?me.addresses, "node changed");
+            self.info = me.clone();
+            for p in &mut self.proxiers {
+                let family = p.config().family;
+                p.set_config(proxier_config(
+                    family,
+                    &self.settings,
+                    &self.info,
+                    &self.local_ips,
+                )?)?;
+            }
+            changed = true;
+        }
+        let services: BTreeMap<_, _> = loaded
+            .services
+            .iter()
+            .map(|s| ((s.namespace.clone(), s.name.clone()), s.clone()))
+            .collect();
+        let slices: BTreeMap<_, _> = loaded
+            .slices
+            .iter()
+            .map(|s| ((s.namespace.clone(), s.name.clone()), s.clone()))
+            .collect();
+        for key in self
+            .services
+            .keys()
+            .chain(services.keys())
+            .cloned()
+            .collect::<std::collections::BTreeSet<_>>()
+        {
+            let (old, new) = (self.services.get(&key), services.get(&key));
+            if old != new {
+                for p in &mut self.proxiers {
+                    changed |= p.on_service(old, new);
+                }
+            }
+        }
+        for key in self
+            .slices
+            .keys()
+            .chain(slices.keys())
+            .cloned()
+            .collect::<std::collections::BTreeSet<_>>()
+        {
+            let (old, new) = (self.slices.get(&key), slices.get(&key));
+            if old != new {
+                for p in &mut self.proxiers {
+                    changed |= match (old, new) {
+                        (_, Some(n)) => p.on_endpoint_slice(n, false),
+                        (Some(o), None) => p.on_endpoint_slice(o, true),
+                        (None, None) => false,
+                    };
+                }
+            }
+        }
+        self.services = services;
+        self.slices = slices;
+        for p in &mut self.proxiers {
+            for e in p.take_errors() {
+                tracing::error!(error = %e, "service ignored");
+            }
+        }
+        Ok(changed)
+    }
+
+    fn sync<B: Backend>(&mut self, backend: &mut B, now: Instant) -> anyhow::Result<()> {
+        for p in &mut self.proxiers {
+            let family = p.config().nft_family();
+            let t = Instant::now();
+            let r = p
+                .sync(backend, now)
+                .with_context(|| format!("syncing the {family} table"))?;
+            tracing::info!(
+                %family,
+                full = r.full,
+                operations = r.operations,
+                elapsed = ?t.elapsed(),
+                services = r.updated_services.len(),
+                "synced"
+            );
+        }
+        Ok(())
+    }
+}
+
+fn manifests_path(source: &Source) -> anyhow::Result<PathBuf> {
+    match &source.manifests {
+        Some(p) => Ok(PathBuf::from(p)),
+        None if source.kubeconfig.is_some() || source.master.is_some() => bail!(
+            "watching the Kubernetes API is not part of this build yet; give --manifests PATH \
+             (a YAML file or directory of Services, EndpointSlices and Nodes)"
+        ),
+        None => {
+            bail!("nothing to proxy: give --manifests PATH (the Kubernetes API source comes later)")
+        }
+    }
+}
+
+/// The nftables script `run` would program for the manifests, both families.
+pub fn plan(settings: &Settings, source: &Source) -> anyhow::Result<String> {
+    let path = manifests_path(source)?;
+    let loaded = verdict_k8s::load(&path);
+    let mut node = Node::new(settings)?;
+    node.apply(&loaded)?;
+    let mut memory = MemoryBackend::new();
+    node.sync(&mut memory, Instant::now())?;
+    let mut out = String::new();
+    for p in &node.proxiers {
+        let c = p.config();
+        out.push_str(&memory.dump(c.nft_family(), &c.table));
+    }
+    Ok(out)
+}
+
+/// kube-proxy's kernel floor for nftables mode, overridable as upstream.
+fn check_kernel() -> anyhow::Result<()> {
+    if std::env::var_os("KUBE_PROXY_NFTABLES_SKIP_KERNEL_VERSION_CHECK").is_some() {
+        return Ok(());
+    }
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut parts = release
+        .trim()
+        .split(['.', '-'])
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    if (major, minor) < (5, 13) {
+        bail!(
+            "kernel {} is older than 5.13, which the nftables mode needs \
+             (set KUBE_PROXY_NFTABLES_SKIP_KERNEL_VERSION_CHECK to try anyway)",
+            release.trim()
+        );
+    }
+    Ok(())
+}
+
+/// A fingerprint of the manifest files, to notice edits.
+fn fingerprint(path: &Path) -> Vec<(PathBuf, Option<SystemTime>, u64)> {
+    verdict_k8s::manifests::files(path)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|f| {
+            let m = std::fs::metadata(&f).ok();
+            let modified = m.as_ref().and_then(|m| m.modified().ok());
+            let len = m.map_or(0, |m| m.len());
+            (f, modified, len)
+        })
+        .collect()
+}
+
+/// Programs the node and keeps it programmed. Returns only on error; on
+/// SIGTERM the process ends and the rules stay, so traffic keeps flowing.
+pub fn run(settings: &Settings, source: &Source) -> anyhow::Result<()> {
+    let path = manifests_path(source)?;
+    check_kernel()?;
+    let mut nft = NftCli::new().context("nftables")?;
+    tracing::info!(nft = ?nft.version(), manifests = %path.display(), "starting");
+    let mut node = Node::new(settings)?;
+    let mut seen = fingerprint(&path);
+    node.apply(&verdict_k8s::load(&path))?;
+
+    let mut dirty = true;
+    let mut last_sync: Option<Instant> = None;
+    let mut retry_at: Option<Instant> = None;
+    loop {
+        let now = Instant::now();
+        let current = fingerprint(&path);
+        if current != seen {
+            seen = current;
+            tracing::info!(manifests = %path.display(), "manifests changed");
+            dirty |= node.apply(&verdict_k8s::load(&path))?;
+        }
+        let spaced =
+            last_sync.is_none_or(|t| now.duration_since(t) >= node.settings.min_sync_period);
+        let retry_due = retry_at.is_some_and(|t| now >= t);
+        let hourly = last_sync.is_some_and(|t| now.duration_since(t) >= FULL_SYNC_PERIOD);
+        if ((dirty && retry_at.is_none()) || retry_due || hourly) && spaced {
+            last_sync = Some(now);
+            match node.sync(&mut nft, now) {
+                Ok(()) => {
+                    dirty = false;
+                    retry_at = None;
+                }
+                Err(e) => {
+                    tracing::error!(error = %format!("{e:#}"), retry_in = ?node.settings.sync_period, "sync failed");
+                    retry_at = Some(now + node.settings.sync_period);
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Removes verdict's tables (both families).
+pub fn cleanup() -> anyhow::Result<()> {
+    let mut nft = NftCli::new().context("nftables")?;
+    for family in [Family::Ip, Family::Ip6] {
+        if nft
+            .table(family, verdict_proxier::config::DEFAULT_TABLE)?
+            .is_some()
+        {
+            let mut tx = Transaction::new(family, verdict_proxier::config::DEFAULT_TABLE);
+            tx.delete_table();
+            nft.run(&tx)?;
+            tracing::info!(%family, "deleted table {}", verdict_proxier::config::DEFAULT_TABLE);
+        }
+    }
+    Ok(())
+}

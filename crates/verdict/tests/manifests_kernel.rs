@@ -1,0 +1,146 @@
+//! The real `verdict run --manifests` binary, inside the node of a
+//! network-namespace test bed: traffic reaches the service, follows edits
+//! of the manifests, survives a broken document, and the rules stay when
+//! verdict is stopped. Needs root.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use verdict_e2e::bed::{Placement, TestBed};
+use verdict_e2e::netns::{Process, can_run};
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+const SERVICE: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: demo}\nspec:\n  clusterIP: 172.30.0.41\n  ports: [{name: http, port: 80, protocol: TCP}]\n";
+
+fn slice(endpoint: &str) -> String {
+    format!(
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: web-1\n  namespace: demo\n  labels: {{kubernetes.io/service-name: web}}\naddressType: IPv4\nports: [{{name: http, port: 80, protocol: TCP}}]\nendpoints:\n- {{addresses: [{endpoint}], nodeName: test-node}}\n"
+    )
+}
+
+/// Who answers the pod's connection to the service ("" if nobody).
+fn who(bed: &TestBed) -> String {
+    let line = bed
+        .connect(ip("10.0.0.2"), ip("172.30.0.41"), "tcp", 80, 500)
+        .unwrap_or_default();
+    line.split_whitespace().nth(1).unwrap_or("").to_string()
+}
+
+fn wait_for(bed: &TestBed, want: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let got = who(bed);
+        if got == want || Instant::now() > deadline {
+            return got;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn write(dir: &Path, name: &str, text: &str) {
+    // Write then rename, as editors and kubectl do: readers never see half a file.
+    let tmp = dir.join(format!(".{name}.tmp"));
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, dir.join(name)).unwrap();
+}
+
+#[test]
+fn traffic_follows_the_manifests() {
+    if let Err(why) = can_run() {
+        println!("skipped: {why}");
+        return;
+    }
+    let echo = PathBuf::from(verdict_e2e_echo());
+    let mut bed = TestBed::new(echo).unwrap();
+    bed.add_pod(ip("10.180.0.1"), Placement::Local, &[80], &[])
+        .unwrap();
+    bed.add_pod(ip("10.180.0.2"), Placement::Local, &[80], &[])
+        .unwrap();
+    bed.add_pod(ip("10.0.0.2"), Placement::Local, &[], &[])
+        .unwrap();
+    let dir = std::env::temp_dir().join(format!("verdict-manifests-e2e-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    write(&dir, "service.yaml", SERVICE);
+    write(&dir, "slice.yaml", &slice("10.180.0.1"));
+
+    let verdict = env!("CARGO_BIN_EXE_verdict");
+    let dir_s = dir.to_string_lossy().into_owned();
+    let child = bed
+        .node
+        .spawn(
+            verdict,
+            &[
+                "run",
+                "--manifests",
+                &dir_s,
+                "--hostname-override",
+                "test-node",
+                "--bind-address",
+                "192.168.0.2",
+                "--cluster-cidr",
+                "10.0.0.0/8",
+                "--proxy-mode",
+                "nftables",
+                "--min-sync-period",
+                "0s",
+            ],
+        )
+        .unwrap();
+    let mut daemon = Process(child);
+
+    assert_eq!(
+        wait_for(&bed, "10.180.0.1:80"),
+        "10.180.0.1:80",
+        "programmed from the manifests"
+    );
+
+    write(&dir, "slice.yaml", &slice("10.180.0.2"));
+    assert_eq!(
+        wait_for(&bed, "10.180.0.2:80"),
+        "10.180.0.2:80",
+        "an edited file is applied"
+    );
+
+    write(
+        &dir,
+        "broken.yaml",
+        "apiVersion: v1\nkind: Service\nmetadata: {name: broken, namespace: demo}\nspec: {ports: [{port: nope}]}\n",
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(
+        who(&bed),
+        "10.180.0.2:80",
+        "a broken document breaks nothing else"
+    );
+
+    std::fs::remove_file(dir.join("service.yaml")).unwrap();
+    assert_eq!(
+        wait_for(&bed, ""),
+        "",
+        "a removed Service stops being proxied"
+    );
+    write(&dir, "service.yaml", SERVICE);
+    assert_eq!(wait_for(&bed, "10.180.0.2:80"), "10.180.0.2:80");
+
+    // SIGTERM: verdict ends, the rules stay and traffic keeps flowing.
+    let pid = daemon.0.id().to_string();
+    verdict_e2e::netns::run("kill", &["-TERM", &pid]).unwrap();
+    let status = daemon.0.wait().unwrap();
+    assert!(!status.success() || status.code() == Some(0));
+    assert_eq!(who(&bed), "10.180.0.2:80", "rules outlive the process");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The echo tool of the test bed, built by the e2e crate.
+fn verdict_e2e_echo() -> String {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().unwrap().parent().unwrap();
+    dir.join("verdict-e2e-echo").to_string_lossy().into_owned()
+}
