@@ -179,6 +179,10 @@ pub struct NodeInfo {
     pub zone: Option<String>,
     /// All labels.
     pub labels: BTreeMap<String, String>,
+    /// The Node is being deleted (deletion timestamp, or the cluster
+    /// autoscaler's `ToBeDeletedByClusterAutoscaler` taint): it should stop
+    /// taking traffic (`/healthz` turns 503).
+    pub being_deleted: bool,
 }
 
 /// A Node's facts.
@@ -202,17 +206,23 @@ pub fn node_info(n: &core::Node) -> NodeInfo {
             .collect();
     }
     let spec = n.spec.clone().unwrap_or_default();
-    let mut pod_cidrs = spec.pod_cidrs.unwrap_or_default();
+    let mut pod_cidrs = spec.pod_cidrs.clone().unwrap_or_default();
     if pod_cidrs.is_empty()
-        && let Some(c) = spec.pod_cidr
+        && let Some(c) = spec.pod_cidr.clone()
     {
         pod_cidrs.push(c);
     }
+    let tainted = spec
+        .taints
+        .unwrap_or_default()
+        .iter()
+        .any(|t| t.key == "ToBeDeletedByClusterAutoscaler");
     NodeInfo {
         name: n.metadata.name.clone().unwrap_or_default(),
         addresses,
         pod_cidrs,
         zone: labels.get(LABEL_ZONE).cloned(),
         labels,
+        being_deleted: n.metadata.deletion_timestamp.is_some() || tainted,
     }
 }

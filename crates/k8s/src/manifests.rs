@@ -348,6 +348,21 @@ endpoints:
         assert_eq!(n.addresses, ["192.168.0.10"]);
         assert_eq!(n.pod_cidrs, ["10.244.0.0/24"]);
         assert_eq!(n.zone.as_deref(), Some("z1"));
+        assert!(!n.being_deleted);
+    }
+
+    #[test]
+    fn a_node_being_deleted_is_marked() {
+        let d = tmpdir("deleting");
+        let f = write(
+            &d,
+            "n.yaml",
+            "apiVersion: v1\nkind: Node\nmetadata: {name: a}\nspec: {taints: [{key: ToBeDeletedByClusterAutoscaler, effect: NoSchedule}]}\n---\napiVersion: v1\nkind: Node\nmetadata: {name: b, deletionTimestamp: \"2026-11-29T10:00:00Z\"}\n---\napiVersion: v1\nkind: Node\nmetadata: {name: c}\n",
+        );
+        let l = load(&f);
+        assert!(l.errors.is_empty(), "{:?}", l.errors);
+        let deleting: Vec<bool> = l.nodes.iter().map(|n| n.being_deleted).collect();
+        assert_eq!(deleting, [true, true, false]);
     }
 
     #[test]

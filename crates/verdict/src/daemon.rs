@@ -4,9 +4,11 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, bail};
+use verdict_admin::{Family as HealthFamily, Health};
 use verdict_k8s::{Loaded, NodeInfo};
 use verdict_model::{EndpointSlice, IpFamily, Service};
 use verdict_nft::{Backend, Family, MemoryBackend, NftCli, Transaction};
@@ -166,6 +168,16 @@ impl Node {
         })
     }
 
+    /// Whether this node may take traffic: its Node is known and not being
+    /// deleted (`None` while it is unknown).
+    fn eligible(&self, loaded: &Loaded) -> Option<bool> {
+        loaded
+            .nodes
+            .iter()
+            .find(|n| n.name == self.name)
+            .map(|n| !n.being_deleted)
+    }
+
     /// Moves the proxiers to what `loaded` holds. Returns whether anything changed.
     fn apply(&mut self, loaded: &Loaded) -> anyhow::Result<bool> {
         for e in &loaded.errors {
@@ -240,7 +252,12 @@ impl Node {
         Ok(changed)
     }
 
-    fn sync<B: Backend>(&mut self, backend: &mut B, now: Instant) -> anyhow::Result<()> {
+    fn sync<B: Backend>(
+        &mut self,
+        backend: &mut B,
+        now: Instant,
+        health: &Mutex<Health>,
+    ) -> anyhow::Result<()> {
         for p in &mut self.proxiers {
             let family = p.config().nft_family();
             let t = Instant::now();
@@ -255,8 +272,47 @@ impl Node {
                 services = r.updated_services.len(),
                 "synced"
             );
+            if let Ok(mut h) = health.lock() {
+                h.updated(health_family(family), SystemTime::now());
+            }
         }
         Ok(())
+    }
+}
+
+fn health_family(f: Family) -> HealthFamily {
+    match f {
+        Family::Ip => HealthFamily::V4,
+        Family::Ip6 => HealthFamily::V6,
+    }
+}
+
+/// Records that a change waits for a sync (both families).
+fn queued(health: &Mutex<Health>) {
+    if let Ok(mut h) = health.lock() {
+        let now = SystemTime::now();
+        h.queued_update(HealthFamily::V4, now);
+        h.queued_update(HealthFamily::V6, now);
+    }
+}
+
+/// Serves `/healthz` and `/livez` (kube-proxy's semantics), if configured.
+fn serve_health(settings: &Settings, health: &Arc<Mutex<Health>>) {
+    let Some(addr) = settings.healthz_bind_address else {
+        return;
+    };
+    let h = health.clone();
+    let handler: verdict_admin::http::Handler = Arc::new(move |path: &str| {
+        let health = h.lock().ok()?;
+        match path {
+            "/healthz" => Some(health.healthz(SystemTime::now())),
+            "/livez" => Some(health.livez(SystemTime::now())),
+            _ => None,
+        }
+    });
+    match verdict_admin::http::serve(addr, handler) {
+        Ok(bound) => tracing::info!(%bound, "serving /healthz and /livez"),
+        Err(e) => tracing::error!(%addr, error = %e, "cannot serve /healthz and /livez"),
     }
 }
 
@@ -280,7 +336,11 @@ pub fn plan(settings: &Settings, source: &Source) -> anyhow::Result<String> {
     let mut node = Node::new(settings)?;
     node.apply(&loaded)?;
     let mut memory = MemoryBackend::new();
-    node.sync(&mut memory, Instant::now())?;
+    node.sync(
+        &mut memory,
+        Instant::now(),
+        &Mutex::new(Health::new(Duration::from_secs(60))),
+    )?;
     let mut out = String::new();
     for p in &node.proxiers {
         let c = p.config();
@@ -332,8 +392,15 @@ pub fn run(settings: &Settings, source: &Source) -> anyhow::Result<()> {
     let mut nft = NftCli::new().context("nftables")?;
     tracing::info!(nft = ?nft.version(), manifests = %path.display(), "starting");
     let mut node = Node::new(settings)?;
+    let health = Arc::new(Mutex::new(Health::new(2 * settings.sync_period)));
+    serve_health(settings, &health);
     let mut seen = fingerprint(&path);
-    node.apply(&verdict_k8s::load(&path))?;
+    let loaded = verdict_k8s::load(&path);
+    node.apply(&loaded)?;
+    if let (Some(e), Ok(mut h)) = (node.eligible(&loaded), health.lock()) {
+        h.set_node_eligible(e);
+    }
+    queued(&health);
 
     let mut dirty = true;
     let mut last_sync: Option<Instant> = None;
@@ -344,7 +411,14 @@ pub fn run(settings: &Settings, source: &Source) -> anyhow::Result<()> {
         if current != seen {
             seen = current;
             tracing::info!(manifests = %path.display(), "manifests changed");
-            dirty |= node.apply(&verdict_k8s::load(&path))?;
+            let loaded = verdict_k8s::load(&path);
+            if node.apply(&loaded)? {
+                dirty = true;
+                queued(&health);
+            }
+            if let (Some(e), Ok(mut h)) = (node.eligible(&loaded), health.lock()) {
+                h.set_node_eligible(e);
+            }
         }
         let spaced =
             last_sync.is_none_or(|t| now.duration_since(t) >= node.settings.min_sync_period);
@@ -352,7 +426,7 @@ pub fn run(settings: &Settings, source: &Source) -> anyhow::Result<()> {
         let hourly = last_sync.is_some_and(|t| now.duration_since(t) >= FULL_SYNC_PERIOD);
         if ((dirty && retry_at.is_none()) || retry_due || hourly) && spaced {
             last_sync = Some(now);
-            match node.sync(&mut nft, now) {
+            match node.sync(&mut nft, now, &health) {
                 Ok(()) => {
                     dirty = false;
                     retry_at = None;

@@ -18,6 +18,8 @@ fn ip(s: &str) -> IpAddr {
 
 const SERVICE: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: demo}\nspec:\n  clusterIP: 172.30.0.41\n  ports: [{name: http, port: 80, protocol: TCP}]\n";
 
+const NODE: &str = "apiVersion: v1\nkind: Node\nmetadata: {name: test-node}\nstatus:\n  addresses: [{type: InternalIP, address: 192.168.0.2}]\n";
+
 fn slice(endpoint: &str) -> String {
     format!(
         "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: web-1\n  namespace: demo\n  labels: {{kubernetes.io/service-name: web}}\naddressType: IPv4\nports: [{{name: http, port: 80, protocol: TCP}}]\nendpoints:\n- {{addresses: [{endpoint}], nodeName: test-node}}\n"
@@ -101,6 +103,23 @@ fn traffic_follows_the_manifests() {
         "programmed from the manifests"
     );
 
+    // Health, as kube-proxy reports it: alive once synced, but not ready
+    // for load-balancer traffic until its Node is known.
+    let live = http(&bed, "/livez");
+    assert!(live.starts_with("HTTP/1.1 200"), "{live}");
+    let healthz = http(&bed, "/healthz");
+    assert!(healthz.starts_with("HTTP/1.1 503"), "{healthz}");
+    assert!(healthz.contains("\"nodeEligible\":false"), "{healthz}");
+    write(&dir, "node.yaml", NODE);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut healthz = http(&bed, "/healthz");
+    while !healthz.starts_with("HTTP/1.1 200") && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+        healthz = http(&bed, "/healthz");
+    }
+    assert!(healthz.starts_with("HTTP/1.1 200"), "{healthz}");
+    assert!(healthz.contains("\"IPv4\":{\"lastUpdated\""), "{healthz}");
+
     write(&dir, "slice.yaml", &slice("10.180.0.2"));
     assert_eq!(
         wait_for(&bed, "10.180.0.2:80"),
@@ -136,6 +155,16 @@ fn traffic_follows_the_manifests() {
     assert!(!status.success() || status.code() == Some(0));
     assert_eq!(who(&bed), "10.180.0.2:80", "rules outlive the process");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// An HTTP GET to verdict's health port, from inside the node.
+fn http(bed: &TestBed, path: &str) -> String {
+    let script = format!(
+        "exec 3<>/dev/tcp/127.0.0.1/10256 && printf 'GET {path} HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n' >&3 && cat <&3"
+    );
+    bed.node
+        .exec("bash", &["-c", &script])
+        .unwrap_or_else(|e| e.to_string())
 }
 
 /// The echo tool of the test bed, built by the e2e crate.

@@ -1,0 +1,240 @@
+//! kube-proxy's proxy health (`pkg/proxy/healthcheck/proxy_health.go`,
+//! reference §6.2):
+//! - a family is unhealthy iff it has an update queued for longer than the
+//!   health timeout (2 × syncPeriod) without a successful sync;
+//! - families that never synced are not listed and do not count;
+//! - `/healthz` is 200 iff every family is healthy and the node is eligible
+//!   (its Node is known and not being deleted); `/livez` ignores the node.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::{Duration, SystemTime};
+
+use crate::time::rfc3339_nano;
+
+/// An IP family, as kube-proxy names it in JSON.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Family {
+    /// `IPv4`.
+    V4,
+    /// `IPv6`.
+    V6,
+}
+
+impl fmt::Display for Family {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Family::V4 => "IPv4",
+            Family::V6 => "IPv6",
+        })
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct FamilyState {
+    last_updated: Option<SystemTime>,
+    oldest_pending: Option<SystemTime>,
+}
+
+/// An HTTP answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Response {
+    /// Status code.
+    pub code: u16,
+    /// JSON body.
+    pub body: String,
+}
+
+/// The proxy's health.
+#[derive(Clone, Debug)]
+pub struct Health {
+    timeout: Duration,
+    families: BTreeMap<Family, FamilyState>,
+    /// `None` while the Node is unknown.
+    node_eligible: Option<bool>,
+}
+
+/// Go's zero time, as kube-proxy prints a time that was never set.
+const ZERO_TIME: &str = "0001-01-01T00:00:00Z";
+
+impl Health {
+    /// Health with `timeout` = 2 × syncPeriod.
+    pub fn new(timeout: Duration) -> Health {
+        Health {
+            timeout,
+            families: BTreeMap::new(),
+            node_eligible: None,
+        }
+    }
+
+    /// A change is waiting for a sync of `family`.
+    pub fn queued_update(&mut self, family: Family, now: SystemTime) {
+        let s = self.families.entry(family).or_default();
+        if s.oldest_pending.is_none() {
+            s.oldest_pending = Some(now);
+        }
+    }
+
+    /// `family` synced successfully.
+    pub fn updated(&mut self, family: Family, now: SystemTime) {
+        let s = self.families.entry(family).or_default();
+        s.last_updated = Some(now);
+        s.oldest_pending = None;
+    }
+
+    /// Whether the node may take traffic (its Node is known and not being
+    /// deleted).
+    pub fn set_node_eligible(&mut self, eligible: bool) {
+        self.node_eligible = Some(eligible);
+    }
+
+    fn family_healthy(&self, s: &FamilyState, now: SystemTime) -> bool {
+        s.oldest_pending
+            .is_none_or(|t| now.duration_since(t).unwrap_or_default() <= self.timeout)
+    }
+
+    /// Whether every family that ever synced is healthy.
+    pub fn healthy(&self, now: SystemTime) -> bool {
+        self.families
+            .values()
+            .filter(|s| s.last_updated.is_some())
+            .all(|s| self.family_healthy(s, now))
+    }
+
+    fn answer(&self, now: SystemTime, with_node: bool) -> Response {
+        let healthy = self.healthy(now);
+        let eligible = self.node_eligible.unwrap_or(false);
+        let ok = healthy && (!with_node || eligible);
+        let newest = self.families.values().filter_map(|s| s.last_updated).max();
+        let last = match (ok, newest) {
+            (true, _) => rfc3339_nano(now),
+            (false, Some(t)) => rfc3339_nano(t),
+            (false, None) => ZERO_TIME.into(),
+        };
+        let mut body = format!(
+            "{{\"lastUpdated\":\"{last}\",\"currentTime\":\"{}\"",
+            rfc3339_nano(now)
+        );
+        if with_node {
+            body.push_str(&format!(",\"nodeEligible\":{eligible}"));
+        }
+        body.push_str(&format!(",\"healthy\":{healthy}"));
+        let listed: Vec<String> = self
+            .families
+            .iter()
+            .filter_map(|(f, s)| {
+                s.last_updated.map(|t| {
+                    format!(
+                        "\"{f}\":{{\"lastUpdated\":\"{}\",\"healthy\":{}}}",
+                        rfc3339_nano(t),
+                        self.family_healthy(s, now)
+                    )
+                })
+            })
+            .collect();
+        if !listed.is_empty() {
+            body.push_str(&format!(",\"status\":{{{}}}", listed.join(",")));
+        }
+        body.push('}');
+        Response {
+            code: if ok { 200 } else { 503 },
+            body,
+        }
+    }
+
+    /// `/healthz`.
+    pub fn healthz(&self, now: SystemTime) -> Response {
+        self.answer(now, true)
+    }
+
+    /// `/livez`.
+    pub fn livez(&self, now: SystemTime) -> Response {
+        self.answer(now, false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::UNIX_EPOCH;
+
+    fn at(s: u64) -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(1_735_787_000 + s)
+    }
+
+    #[test]
+    fn healthy_while_starting_and_after_syncs() {
+        let mut h = Health::new(Duration::from_secs(60));
+        h.set_node_eligible(true);
+        // Nothing synced yet, an update queued: still healthy (starting up).
+        h.queued_update(Family::V4, at(0));
+        assert_eq!(h.healthz(at(500)).code, 200);
+        h.updated(Family::V4, at(1));
+        h.updated(Family::V6, at(2));
+        let r = h.healthz(at(10));
+        assert_eq!(r.code, 200);
+        assert_eq!(
+            r.body,
+            "{\"lastUpdated\":\"2025-01-02T03:03:30Z\",\"currentTime\":\"2025-01-02T03:03:30Z\",\"nodeEligible\":true,\"healthy\":true,\"status\":{\"IPv4\":{\"lastUpdated\":\"2025-01-02T03:03:21Z\",\"healthy\":true},\"IPv6\":{\"lastUpdated\":\"2025-01-02T03:03:22Z\",\"healthy\":true}}}"
+        );
+        // A family with nothing pending is healthy however old its last sync.
+        assert_eq!(h.healthz(at(100_000)).code, 200);
+    }
+
+    #[test]
+    fn an_update_pending_too_long_is_unhealthy() {
+        let mut h = Health::new(Duration::from_secs(60));
+        h.set_node_eligible(true);
+        h.updated(Family::V4, at(0));
+        h.updated(Family::V6, at(0));
+        h.queued_update(Family::V6, at(10));
+        h.queued_update(Family::V6, at(50)); // the oldest one counts
+        assert_eq!(h.healthz(at(70)).code, 200);
+        let r = h.healthz(at(71));
+        assert_eq!(r.code, 503);
+        assert!(
+            r.body
+                .contains("\"IPv6\":{\"lastUpdated\":\"2025-01-02T03:03:20Z\",\"healthy\":false}"),
+            "{}",
+            r.body
+        );
+        assert!(
+            r.body.contains("\"healthy\":false,\"status\""),
+            "{}",
+            r.body
+        );
+        assert_eq!(h.livez(at(71)).code, 503);
+        h.updated(Family::V6, at(72));
+        assert_eq!(h.healthz(at(73)).code, 200);
+    }
+
+    #[test]
+    fn node_eligibility_matters_to_healthz_only() {
+        let mut h = Health::new(Duration::from_secs(60));
+        h.updated(Family::V4, at(0));
+        // Node not known yet.
+        let r = h.healthz(at(1));
+        assert_eq!(r.code, 503);
+        assert!(r.body.contains("\"nodeEligible\":false"));
+        let r = h.livez(at(1));
+        assert_eq!(r.code, 200);
+        assert!(!r.body.contains("nodeEligible"));
+        h.set_node_eligible(true);
+        assert_eq!(h.healthz(at(1)).code, 200);
+        h.set_node_eligible(false);
+        assert_eq!(h.healthz(at(1)).code, 503);
+    }
+
+    #[test]
+    fn never_synced_means_zero_time() {
+        let h = Health::new(Duration::from_secs(60));
+        let r = h.healthz(at(0));
+        assert!(
+            r.body
+                .starts_with("{\"lastUpdated\":\"0001-01-01T00:00:00Z\""),
+            "{}",
+            r.body
+        );
+        assert!(!r.body.contains("status"));
+    }
+}
