@@ -330,6 +330,20 @@ impl TestBed {
         port: u16,
         timeout_ms: u64,
     ) -> Result<String, CmdError> {
+        self.connect_from(src, 0, dst, proto, port, timeout_ms)
+    }
+
+    /// As [`TestBed::connect`], from source port `sport` (0: any), so that
+    /// repeated UDP exchanges share one conntrack entry.
+    pub fn connect_from(
+        &self,
+        src: IpAddr,
+        sport: u16,
+        dst: IpAddr,
+        proto: &str,
+        port: u16,
+        timeout_ms: u64,
+    ) -> Result<String, CmdError> {
         let ns = self
             .sender(src)
             .ok_or_else(|| CmdError(format!("no namespace owns source {src}")))?;
@@ -348,6 +362,8 @@ impl TestBed {
                 &port.to_string(),
                 "--timeout-ms",
                 &timeout_ms.to_string(),
+                "--sport",
+                &sport.to_string(),
             ],
         )?;
         Ok(out.trim().to_owned())

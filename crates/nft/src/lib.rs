@@ -13,6 +13,7 @@
 //! - [`json`]: reads `nft -j list table` back into the IR.
 
 pub mod cli;
+pub mod conntrack;
 pub mod error;
 pub mod ir;
 pub mod json;

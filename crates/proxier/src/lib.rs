@@ -10,6 +10,7 @@
 //! - [`proxier`]: [`Proxier`], change intake and full/partial syncs.
 
 pub mod config;
+pub mod conntrack;
 pub mod error;
 pub mod layout;
 pub mod plan;

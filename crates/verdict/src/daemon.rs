@@ -11,7 +11,9 @@ use anyhow::{Context, bail};
 use verdict_admin::{Family as HealthFamily, Health};
 use verdict_k8s::{Loaded, NodeInfo};
 use verdict_model::{EndpointSlice, IpFamily, Service};
+use verdict_nft::conntrack::ConntrackCli;
 use verdict_nft::{Backend, Family, MemoryBackend, NftCli, Transaction};
+use verdict_proxier::conntrack::UdpTargets;
 use verdict_proxier::{FULL_SYNC_PERIOD, LocalDetector, NodePortAddresses, Proxier, ProxierConfig};
 
 use crate::config::{DetectLocal, NodePorts, Settings};
@@ -136,6 +138,8 @@ struct Node {
     proxiers: Vec<Proxier>,
     services: BTreeMap<(String, String), Service>,
     slices: BTreeMap<(String, String), EndpointSlice>,
+    /// Per proxier: the UDP services as of the last conntrack cleanup.
+    udp_cleaned: Vec<UdpTargets>,
 }
 
 impl Node {
@@ -162,6 +166,7 @@ impl Node {
             name,
             info,
             local_ips,
+            udp_cleaned: vec![UdpTargets::default(); proxiers.len()],
             proxiers,
             services: BTreeMap::new(),
             slices: BTreeMap::new(),
@@ -257,8 +262,9 @@ impl Node {
         backend: &mut B,
         now: Instant,
         health: &Mutex<Health>,
+        conntrack: Option<&ConntrackCli>,
     ) -> anyhow::Result<()> {
-        for p in &mut self.proxiers {
+        for (index, p) in self.proxiers.iter_mut().enumerate() {
             let family = p.config().nft_family();
             let t = Instant::now();
             let r = p
@@ -275,9 +281,41 @@ impl Node {
             if let Ok(mut h) = health.lock() {
                 h.updated(health_family(family), SystemTime::now());
             }
+            if let Some(ct) = conntrack
+                && (r.full || !r.updated_services.is_empty())
+                && let Some(cleaned) = self.udp_cleaned.get_mut(index)
+            {
+                let targets = UdpTargets::of(p.service_ports(), p.endpoints());
+                if targets != *cleaned {
+                    match clean_stale_udp(ct, family, &targets.clone().with_removed(cleaned)) {
+                        Ok(()) => *cleaned = targets,
+                        // Kept for the next sync, which tries again.
+                        Err(e) => {
+                            tracing::warn!(%family, error = %e, "stale UDP conntrack cleanup failed")
+                        }
+                    }
+                }
+            }
         }
         Ok(())
     }
+}
+
+/// Deletes the UDP conntrack entries `targets` says are stale.
+fn clean_stale_udp(
+    ct: &ConntrackCli,
+    family: Family,
+    targets: &UdpTargets,
+) -> Result<(), verdict_nft::conntrack::ConntrackError> {
+    let t = Instant::now();
+    let entries = ct.list_udp(family)?;
+    let stale = targets.stale(&entries);
+    let mut deleted = 0;
+    for e in &stale {
+        deleted += ct.delete_udp(family, e)?;
+    }
+    tracing::info!(%family, entries = entries.len(), deleted, elapsed = ?t.elapsed(), "reconciled UDP conntrack entries");
+    Ok(())
 }
 
 fn health_family(f: Family) -> HealthFamily {
@@ -340,6 +378,7 @@ pub fn plan(settings: &Settings, source: &Source) -> anyhow::Result<String> {
         &mut memory,
         Instant::now(),
         &Mutex::new(Health::new(Duration::from_secs(60))),
+        None,
     )?;
     let mut out = String::new();
     for p in &node.proxiers {
@@ -390,6 +429,7 @@ pub fn run(settings: &Settings, source: &Source) -> anyhow::Result<()> {
     let path = manifests_path(source)?;
     check_kernel()?;
     let mut nft = NftCli::new().context("nftables")?;
+    let conntrack = ConntrackCli::new();
     tracing::info!(nft = ?nft.version(), manifests = %path.display(), "starting");
     let mut node = Node::new(settings)?;
     let health = Arc::new(Mutex::new(Health::new(2 * settings.sync_period)));
@@ -426,7 +466,7 @@ pub fn run(settings: &Settings, source: &Source) -> anyhow::Result<()> {
         let hourly = last_sync.is_some_and(|t| now.duration_since(t) >= FULL_SYNC_PERIOD);
         if ((dirty && retry_at.is_none()) || retry_due || hourly) && spaced {
             last_sync = Some(now);
-            match node.sync(&mut nft, now, &health) {
+            match node.sync(&mut nft, now, &health, Some(&conntrack)) {
                 Ok(()) => {
                     dirty = false;
                     retry_at = None;

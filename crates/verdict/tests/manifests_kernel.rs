@@ -157,6 +157,105 @@ fn traffic_follows_the_manifests() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+const UDP_SERVICE: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: dns, namespace: demo}\nspec:\n  clusterIP: 172.30.0.53\n  ports: [{name: dns, port: 53, protocol: UDP}]\n";
+
+fn udp_slice(endpoints: &[&str]) -> String {
+    let list: Vec<String> = endpoints
+        .iter()
+        .map(|e| format!("- {{addresses: [{e}], nodeName: test-node}}\n"))
+        .collect();
+    format!(
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: dns-1\n  namespace: demo\n  labels: {{kubernetes.io/service-name: dns}}\naddressType: IPv4\nports: [{{name: dns, port: 53, protocol: UDP}}]\nendpoints:{}\n{}",
+        if list.is_empty() { " []" } else { "" },
+        list.concat()
+    )
+}
+
+/// One UDP exchange with the service from the client pod's fixed source
+/// port: the same conntrack entry every time, until it is deleted.
+fn udp_who(bed: &TestBed) -> String {
+    let line = bed
+        .connect_from(ip("10.0.0.2"), 40053, ip("172.30.0.53"), "udp", 53, 500)
+        .unwrap_or_default();
+    let mut words = line.split_whitespace();
+    match words.next() {
+        Some("OK") => words.next().unwrap_or("").to_string(),
+        other => other.unwrap_or("").to_string(),
+    }
+}
+
+fn udp_wait_for(bed: &TestBed, want: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let got = udp_who(bed);
+        if got == want || Instant::now() > deadline {
+            return got;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// kube-proxy's stale UDP conntrack cleanup: a client that keeps talking
+/// from one source port stays in one conntrack entry, which still points at
+/// the old endpoint unless verdict deletes it.
+#[test]
+fn stale_udp_conntrack_entries_are_deleted() {
+    if let Err(why) = can_run() {
+        println!("skipped: {why}");
+        return;
+    }
+    let echo = PathBuf::from(verdict_e2e_echo());
+    let mut bed = TestBed::new(echo).unwrap();
+    bed.add_pod(ip("10.180.0.1"), Placement::Local, &[], &[53])
+        .unwrap();
+    bed.add_pod(ip("10.180.0.2"), Placement::Local, &[], &[53])
+        .unwrap();
+    bed.add_pod(ip("10.0.0.2"), Placement::Local, &[], &[])
+        .unwrap();
+    let dir = std::env::temp_dir().join(format!("verdict-conntrack-e2e-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    write(&dir, "service.yaml", UDP_SERVICE);
+    write(&dir, "slice.yaml", &udp_slice(&["10.180.0.1"]));
+    let verdict = env!("CARGO_BIN_EXE_verdict");
+    let dir_s = dir.to_string_lossy().into_owned();
+    let child = bed
+        .node
+        .spawn(
+            verdict,
+            &[
+                "--manifests",
+                &dir_s,
+                "--hostname-override",
+                "test-node",
+                "--cluster-cidr",
+                "10.0.0.0/8",
+                "--min-sync-period",
+                "0s",
+                "--healthz-bind-address",
+                "",
+            ],
+        )
+        .unwrap();
+    let _daemon = Process(child);
+    assert_eq!(udp_wait_for(&bed, "10.180.0.1:53"), "10.180.0.1:53");
+
+    // The endpoint moves; the old pod still answers if asked.
+    write(&dir, "slice.yaml", &udp_slice(&["10.180.0.2"]));
+
+    assert_eq!(
+        udp_wait_for(&bed, "10.180.0.2:53"),
+        "10.180.0.2:53",
+        "the entry to the removed endpoint was deleted"
+    );
+
+    // Scale to zero: the service rejects, instead of the entry living on.
+    write(&dir, "slice.yaml", &udp_slice(&[]));
+    let got = udp_wait_for(&bed, "REFUSED");
+    assert_eq!(got, "REFUSED", "scaled to zero");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// An HTTP GET to verdict's health port, from inside the node.
 fn http(bed: &TestBed, path: &str) -> String {
     let script = format!(

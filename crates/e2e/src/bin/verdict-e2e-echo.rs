@@ -130,7 +130,16 @@ fn connect(args: &[String]) -> Result<(), String> {
         other => return Err(format!("unsupported protocol {other}")),
     };
     let sock = Socket::new(domain, ty, Some(p)).map_err(|e| format!("socket: {e}"))?;
-    sock.bind(&SockAddr::from(SocketAddr::new(src, 0)))
+    // A fixed source port keeps a UDP "flow" in one conntrack entry across runs.
+    let sport: u16 = match one(args, "--sport") {
+        Ok(p) => p.parse().map_err(|e| format!("--sport: {e}"))?,
+        Err(_) => 0,
+    };
+    if sport != 0 {
+        sock.set_reuse_address(true)
+            .map_err(|e| format!("SO_REUSEADDR: {e}"))?;
+    }
+    sock.bind(&SockAddr::from(SocketAddr::new(src, sport)))
         .map_err(|e| format!("bind {src}: {e}"))?;
     let target = SockAddr::from(SocketAddr::new(dst, port));
     let line = match proto {

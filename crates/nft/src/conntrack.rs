@@ -1,0 +1,207 @@
+//! The kernel's connection-tracking table, through the `conntrack` program
+//! (conntrack-tools): list the UDP entries of a family, delete entries by
+//! original destination and reply source, as kube-proxy's reconciler does.
+
+use std::net::IpAddr;
+use std::process::{Command, Stdio};
+
+use crate::ir::Family;
+
+/// A UDP conntrack entry, reduced to what stale-entry cleanup looks at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct UdpEntry {
+    /// Original direction: the address the client sent to.
+    pub orig_dst: IpAddr,
+    /// Original direction: the port the client sent to.
+    pub orig_dport: u16,
+    /// Reply direction: who answers (the endpoint, after DNAT).
+    pub reply_src: IpAddr,
+    /// Reply direction: the port that answers.
+    pub reply_sport: u16,
+}
+
+/// Why the conntrack table could not be read or changed.
+#[derive(Debug, thiserror::Error)]
+pub enum ConntrackError {
+    /// The `conntrack` program could not be run.
+    #[error("cannot run conntrack ({0}); install conntrack-tools")]
+    Missing(String),
+    /// conntrack ran and failed.
+    #[error("conntrack {args} failed: {message}")]
+    Failed {
+        /// The arguments it was given.
+        args: String,
+        /// What it printed.
+        message: String,
+    },
+}
+
+/// Runs `conntrack`, optionally inside a named network namespace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConntrackCli {
+    prefix: Vec<String>,
+}
+
+impl ConntrackCli {
+    /// `conntrack` from `$PATH`, in the caller's network namespace.
+    pub fn new() -> ConntrackCli {
+        ConntrackCli {
+            prefix: vec!["conntrack".into()],
+        }
+    }
+
+    /// `conntrack` run inside the network namespace `name`.
+    pub fn in_netns(name: &str) -> ConntrackCli {
+        ConntrackCli {
+            prefix: ["ip", "netns", "exec", name, "conntrack"]
+                .map(String::from)
+                .to_vec(),
+        }
+    }
+
+    /// The UDP entries of `family`.
+    pub fn list_udp(&self, family: Family) -> Result<Vec<UdpEntry>, ConntrackError> {
+        let out = self.exec(&["-L", "-p", "udp", "-f", family_arg(family)])?;
+        Ok(out.lines().filter_map(parse_line).collect())
+    }
+
+    /// Deletes the UDP entries to `entry.orig_dst:orig_dport` answered by
+    /// `entry.reply_src:reply_sport`. Returns how many were deleted.
+    pub fn delete_udp(&self, family: Family, entry: &UdpEntry) -> Result<usize, ConntrackError> {
+        let (dst, dport, src, sport) = (
+            entry.orig_dst.to_string(),
+            entry.orig_dport.to_string(),
+            entry.reply_src.to_string(),
+            entry.reply_sport.to_string(),
+        );
+        let args = [
+            "-D",
+            "-p",
+            "udp",
+            "-f",
+            family_arg(family),
+            "--orig-dst",
+            &dst,
+            "--orig-port-dst",
+            &dport,
+            "--reply-src",
+            &src,
+            "--reply-port-src",
+            &sport,
+        ];
+        match self.exec(&args) {
+            Ok(out) => Ok(deleted_count(&out).unwrap_or(0)),
+            // Nothing matched (the entry expired meanwhile): conntrack exits 1.
+            Err(ConntrackError::Failed { message, .. }) if deleted_count(&message) == Some(0) => {
+                Ok(0)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Runs conntrack; returns stdout and stderr together (it reports
+    /// counts on stderr).
+    fn exec(&self, args: &[&str]) -> Result<String, ConntrackError> {
+        let (program, pre) = self
+            .prefix
+            .split_first()
+            .ok_or_else(|| ConntrackError::Missing("empty command".into()))?;
+        let out = Command::new(program)
+            .args(pre)
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| ConntrackError::Missing(format!("{}: {e}", self.prefix.join(" "))))?;
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if out.status.success() {
+            Ok(text)
+        } else {
+            Err(ConntrackError::Failed {
+                args: args.join(" "),
+                message: text.trim().to_owned(),
+            })
+        }
+    }
+}
+
+impl Default for ConntrackCli {
+    fn default() -> Self {
+        ConntrackCli::new()
+    }
+}
+
+fn family_arg(family: Family) -> &'static str {
+    match family {
+        Family::Ip => "ipv4",
+        Family::Ip6 => "ipv6",
+    }
+}
+
+/// Reads "… N flow entries have been deleted." from conntrack's summary.
+fn deleted_count(text: &str) -> Option<usize> {
+    let line = text.lines().find(|l| l.contains("have been deleted"))?;
+    let before = line.split(" flow entries").next()?;
+    before.rsplit(' ').next()?.parse().ok()
+}
+
+/// Parses one line of `conntrack -L` (default format):
+/// `udp 17 29 src=A dst=B sport=1 dport=2 [UNREPLIED] src=C dst=D sport=3 dport=4 …`.
+/// The first src/dst/sport/dport are the original tuple, the second the reply.
+fn parse_line(line: &str) -> Option<UdpEntry> {
+    if !line.starts_with("udp") {
+        return None;
+    }
+    let field = |key: &str, nth: usize| -> Option<&str> {
+        line.split_whitespace()
+            .filter_map(|w| w.strip_prefix(key))
+            .nth(nth)
+    };
+    Some(UdpEntry {
+        orig_dst: field("dst=", 0)?.parse().ok()?,
+        orig_dport: field("dport=", 0)?.parse().ok()?,
+        reply_src: field("src=", 1)?.parse().ok()?,
+        reply_sport: field("sport=", 1)?.parse().ok()?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_both_directions() {
+        let line = "udp      17 29 src=10.0.0.2 dst=172.30.0.41 sport=4000 dport=53 [UNREPLIED] src=10.180.0.1 dst=10.0.0.2 sport=5353 dport=4000 mark=0 use=1";
+        assert_eq!(
+            parse_line(line),
+            Some(UdpEntry {
+                orig_dst: "172.30.0.41".parse().unwrap(),
+                orig_dport: 53,
+                reply_src: "10.180.0.1".parse().unwrap(),
+                reply_sport: 5353,
+            })
+        );
+        let v6 = "udp      17 20 src=fd00::2 dst=fd00:30::41 sport=1 dport=80 src=fd00:180::1 dst=fd00::2 sport=8080 dport=1 mark=0 use=1";
+        assert_eq!(
+            parse_line(v6).map(|e| (e.reply_src.to_string(), e.reply_sport)),
+            Some(("fd00:180::1".into(), 8080))
+        );
+        assert_eq!(
+            parse_line("conntrack v1.4.7 (conntrack-tools): 1 flow entries have been shown."),
+            None
+        );
+        assert_eq!(parse_line("udp 17 29 src=1.2.3.4 dst=5.6.7.8"), None);
+    }
+
+    #[test]
+    fn reads_the_deleted_count() {
+        assert_eq!(
+            deleted_count("conntrack v1.4.7 (conntrack-tools): 3 flow entries have been deleted."),
+            Some(3)
+        );
+        assert_eq!(deleted_count("nothing"), None);
+    }
+}
