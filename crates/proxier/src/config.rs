@@ -67,6 +67,12 @@ pub struct ProxierConfig {
     pub local_detector: LocalDetector,
     /// Service CIDRs: ClusterIPs inside them that are not allocated are dropped.
     pub service_cidrs: Vec<IpNet>,
+    /// Whether ClientIP session affinity can be programmed. Some nft
+    /// versions (seen with v1.0.6) abort on the IPv6 form of the rule that
+    /// records affinity (`update @affinity { 40-byte key : data }`); the
+    /// daemon probes for it and, where it fails, turns affinity off for that
+    /// family rather than fail every sync of the table.
+    pub session_affinity: bool,
 }
 
 impl ProxierConfig {
@@ -84,6 +90,7 @@ impl ProxierConfig {
             masquerade_bit: DEFAULT_MASQUERADE_BIT,
             local_detector: LocalDetector::None,
             service_cidrs: Vec::new(),
+            session_affinity: true,
         }
     }
 

@@ -227,7 +227,10 @@ pub fn contribution(
     }
 
     // Session affinity: record, for every entry, which endpoint was chosen.
+    // Without it (see `ProxierConfig::session_affinity`) the service
+    // balances every new connection.
     if let Some(timeout) = sp.session_affinity_timeout
+        && cfg.session_affinity
         && !affinity_entries.is_empty()
     {
         let chain = DynChain::AffinityTimeout(timeout.max(1));

@@ -241,3 +241,32 @@ fn each_entry_may_only_stick_to_its_own_list() {
         "10.180.0.1:8080"
     );
 }
+
+/// Where the nft in use cannot record affinity, the service still balances
+/// (nothing is recorded and nothing refers to a chain that records).
+#[test]
+fn without_affinity_support_the_service_still_balances() {
+    let mut cfg = upstream_config(IpFamily::V4);
+    cfg.session_affinity = false;
+    let mut fx = Fixture::with_config(cfg);
+    fx.service(service(true))
+        .slice(endpoints(&["10.180.0.1", "10.180.0.2"]));
+    fx.sync();
+    let t = fx.trace(L4Proto::Tcp, "10.0.0.2", "172.30.0.41", 80);
+    assert_eq!(t.output(), "10.180.0.1:8080, 10.180.0.2:8080");
+    assert!(
+        t.paths.iter().all(|p| p.updates.is_empty()),
+        "{}",
+        t.explain()
+    );
+    let table = fx.nft.get(Family::Ip, "verdict").unwrap();
+    assert!(table.sets["affinity-services"].elements.is_empty());
+    assert!(
+        !table
+            .chains
+            .keys()
+            .any(|c| c.starts_with("affinity-timeout-")),
+        "{:?}",
+        table.chains.keys()
+    );
+}

@@ -140,6 +140,8 @@ struct Node {
     slices: BTreeMap<(String, String), EndpointSlice>,
     /// Per proxier: the UDP services as of the last conntrack cleanup.
     udp_cleaned: Vec<UdpTargets>,
+    /// Families whose nft cannot record session affinity (startup probe).
+    no_affinity: Vec<IpFamily>,
 }
 
 impl Node {
@@ -167,10 +169,29 @@ impl Node {
             info,
             local_ips,
             udp_cleaned: vec![UdpTargets::default(); proxiers.len()],
+            no_affinity: Vec::new(),
             proxiers,
             services: BTreeMap::new(),
             slices: BTreeMap::new(),
         })
+    }
+
+    /// Rebuilds the proxiers' configurations from the node facts.
+    fn reconfigure(&mut self) -> anyhow::Result<()> {
+        for p in &mut self.proxiers {
+            let family = p.config().family;
+            let mut c = proxier_config(family, &self.settings, &self.info, &self.local_ips)?;
+            c.session_affinity = !self.no_affinity.contains(&family);
+            p.set_config(c)?;
+        }
+        Ok(())
+    }
+
+    /// Turns session affinity off for `families` (the nft in use cannot
+    /// program it for them).
+    fn without_affinity(&mut self, families: &[IpFamily]) -> anyhow::Result<()> {
+        self.no_affinity = families.to_vec();
+        self.reconfigure()
     }
 
     /// Whether this node may take traffic: its Node is known and not being
@@ -194,15 +215,7 @@ impl Node {
         {
             tracing::info!(node = %me.name, addresses = ?me.addresses, "node changed");
             self.info = me.clone();
-            for p in &mut self.proxiers {
-                let family = p.config().family;
-                p.set_config(proxier_config(
-                    family,
-                    &self.settings,
-                    &self.info,
-                    &self.local_ips,
-                )?)?;
-            }
+            self.reconfigure()?;
             changed = true;
         }
         let services: BTreeMap<_, _> = loaded
@@ -428,10 +441,15 @@ fn fingerprint(path: &Path) -> Vec<(PathBuf, Option<SystemTime>, u64)> {
 pub fn run(settings: &Settings, source: &Source) -> anyhow::Result<()> {
     let path = manifests_path(source)?;
     check_kernel()?;
+    crate::probe::check_net_admin()?;
     let mut nft = NftCli::new().context("nftables")?;
     let conntrack = ConntrackCli::new();
     tracing::info!(nft = ?nft.version(), manifests = %path.display(), "starting");
     let mut node = Node::new(settings)?;
+    let configs: Vec<&ProxierConfig> = node.proxiers.iter().map(|p| p.config()).collect();
+    let without_affinity = crate::probe::probe_nftables(&nft, &configs).context("startup check")?;
+    tracing::info!("nftables dry run passed: the kernel accepts verdict's ruleset");
+    node.without_affinity(&without_affinity)?;
     let health = Arc::new(Mutex::new(Health::new(2 * settings.sync_period)));
     serve_health(settings, &health);
     let mut seen = fingerprint(&path);

@@ -8,6 +8,7 @@
 
 mod config;
 mod daemon;
+mod probe;
 
 use std::process::ExitCode;
 
