@@ -442,6 +442,11 @@ pub fn run(settings: &Settings, source: &Source) -> anyhow::Result<()> {
     let path = manifests_path(source)?;
     check_kernel()?;
     crate::probe::check_net_admin()?;
+    // As kube-proxy in nftables mode: what the iptables and IPVS modes left
+    // would still catch packets first; remove it so switching needs no reboot.
+    for problem in crate::leftovers::cleanup() {
+        tracing::warn!(%problem, "cleaning up iptables/IPVS leftovers");
+    }
     let mut nft = NftCli::new().context("nftables")?;
     let conntrack = ConntrackCli::new();
     tracing::info!(nft = ?nft.version(), manifests = %path.display(), "starting");
@@ -512,6 +517,13 @@ pub fn cleanup() -> anyhow::Result<()> {
             nft.run(&tx)?;
             tracing::info!(%family, "deleted table {}", verdict_proxier::config::DEFAULT_TABLE);
         }
+    }
+    let problems = crate::leftovers::cleanup();
+    if !problems.is_empty() {
+        bail!(
+            "cleanup of iptables/IPVS leftovers failed: {}",
+            problems.join("; ")
+        );
     }
     Ok(())
 }

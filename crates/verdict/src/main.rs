@@ -8,6 +8,7 @@
 
 mod config;
 mod daemon;
+mod leftovers;
 mod probe;
 
 use std::process::ExitCode;

@@ -1,0 +1,243 @@
+//! Cleanup of what kube-proxy's iptables and IPVS modes leave behind, as
+//! kube-proxy does when it starts in nftables mode (reference §5.2 step 4),
+//! so that switching a node needs no reboot:
+//! - in every iptables table, of both backends (legacy and nft) and both
+//!   families, the `KUBE-*` chains kube-proxy owns are flushed and deleted,
+//!   after the rules of other chains that jump to them; kubelet's own
+//!   `KUBE-*` chains and everything not ours stay;
+//! - the `kube-ipvs0` dummy device of IPVS mode is deleted;
+//! - IPVS virtual servers are cleared with `ipvsadm -C` when the kernel
+//!   has any (IPVS mode owned them all, as in kube-proxy), and the
+//!   `KUBE-*` ipsets are destroyed when `ipset` is installed.
+//!
+//! Each step is independent: a failure is reported and the rest still runs.
+
+use std::collections::BTreeSet;
+use std::process::{Command, Stdio};
+
+/// `KUBE-*` chains that kubelet, not kube-proxy, creates; never touched.
+const KUBELET_CHAINS: [&str; 4] = [
+    "KUBE-FIREWALL",
+    "KUBE-KUBELET-CANARY",
+    "KUBE-IPTABLES-HINT",
+    "KUBE-MARK-DROP",
+];
+
+/// The iptables front-ends whose state is cleaned: (save, restore).
+const IPTABLES: [(&str, &str); 4] = [
+    ("iptables-legacy-save", "iptables-legacy-restore"),
+    ("ip6tables-legacy-save", "ip6tables-legacy-restore"),
+    ("iptables-nft-save", "iptables-nft-restore"),
+    ("ip6tables-nft-save", "ip6tables-nft-restore"),
+];
+
+/// Whether kube-proxy owns a chain of this name.
+fn owned(chain: &str) -> bool {
+    chain.starts_with("KUBE-") && !KUBELET_CHAINS.contains(&chain)
+}
+
+/// From an `iptables-save` dump, the `iptables-restore --noflush` input
+/// that removes kube-proxy's chains: per table, delete the rules of other
+/// chains that jump to them, flush them (declaring a chain flushes it) and
+/// delete them. `None` if there is nothing to remove.
+pub fn removal_script(save: &str) -> Option<String> {
+    let mut out = String::new();
+    let mut table: Option<&str> = None;
+    let mut chains: BTreeSet<&str> = BTreeSet::new();
+    let mut jumps: Vec<&str> = Vec::new();
+    let flush = |table: Option<&str>,
+                 chains: &mut BTreeSet<&str>,
+                 jumps: &mut Vec<&str>,
+                 out: &mut String| {
+        if let Some(t) = table
+            && !chains.is_empty()
+        {
+            out.push_str(&format!("*{t}\n"));
+            for j in jumps.iter() {
+                out.push_str(&format!("-D {j}\n"));
+            }
+            for c in chains.iter() {
+                out.push_str(&format!(":{c} - [0:0]\n"));
+            }
+            for c in chains.iter() {
+                out.push_str(&format!("-X {c}\n"));
+            }
+            out.push_str("COMMIT\n");
+        }
+        chains.clear();
+        jumps.clear();
+    };
+    for line in save.lines() {
+        if let Some(t) = line.strip_prefix('*') {
+            flush(table, &mut chains, &mut jumps, &mut out);
+            table = Some(t.trim());
+        } else if let Some(decl) = line.strip_prefix(':') {
+            if let Some(name) = decl.split_whitespace().next()
+                && owned(name)
+            {
+                chains.insert(name);
+            }
+        } else if let Some(rule) = line.strip_prefix("-A ") {
+            let chain = rule.split_whitespace().next().unwrap_or("");
+            let words: Vec<&str> = rule.split_whitespace().collect();
+            let target = words
+                .windows(2)
+                .find(|w| w[0] == "-j" || w[0] == "-g")
+                .map(|w| w[1]);
+            if !owned(chain) && target.is_some_and(owned) {
+                jumps.push(rule);
+            }
+        } else if line.trim() == "COMMIT" {
+            flush(table, &mut chains, &mut jumps, &mut out);
+            table = None;
+        }
+    }
+    flush(table, &mut chains, &mut jumps, &mut out);
+    (!out.is_empty()).then_some(out)
+}
+
+/// Runs a program; `Ok(None)` if it is not installed.
+fn run(program: &str, args: &[&str], stdin: Option<&str>) -> Result<Option<String>, String> {
+    let mut cmd = Command::new(program);
+    cmd.args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        });
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("{program}: {e}")),
+    };
+    if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
+        use std::io::Write;
+        pipe.write_all(text.as_bytes())
+            .map_err(|e| format!("{program}: {e}"))?;
+    }
+    let out = child
+        .wait_with_output()
+        .map_err(|e| format!("{program}: {e}"))?;
+    if out.status.success() {
+        Ok(Some(String::from_utf8_lossy(&out.stdout).into_owned()))
+    } else {
+        Err(format!(
+            "{program} {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+/// Removes kube-proxy's iptables and IPVS leftovers. Returns the problems
+/// met (each step still ran).
+pub fn cleanup() -> Vec<String> {
+    let mut problems = Vec::new();
+    for (save, restore) in IPTABLES {
+        let dump = match run(save, &[], None) {
+            Ok(Some(d)) => d,
+            Ok(None) => continue, // this front-end is not installed
+            Err(e) => {
+                problems.push(e);
+                continue;
+            }
+        };
+        let Some(script) = removal_script(&dump) else {
+            continue;
+        };
+        let chains = script.lines().filter(|l| l.starts_with("-X ")).count();
+        match run(restore, &["--noflush"], Some(&script)) {
+            Ok(_) => tracing::info!(
+                tool = restore,
+                chains,
+                "removed kube-proxy's iptables chains"
+            ),
+            Err(e) => problems.push(e),
+        }
+    }
+
+    if std::path::Path::new("/sys/class/net/kube-ipvs0").exists() {
+        match run("ip", &["link", "del", "kube-ipvs0"], None) {
+            Ok(_) => tracing::info!("deleted the kube-ipvs0 device of IPVS mode"),
+            Err(e) => problems.push(e),
+        }
+    }
+
+    // /proc/net/ip_vs exists only while IPVS is loaded; lines after the two
+    // header lines are virtual servers and their real servers.
+    let ipvs = std::fs::read_to_string("/proc/net/ip_vs").unwrap_or_default();
+    if ipvs.lines().count() > 3 {
+        match run("ipvsadm", &["-C"], None) {
+            Ok(Some(_)) => tracing::info!("cleared the IPVS virtual servers of IPVS mode"),
+            Ok(None) => problems.push(
+                "IPVS virtual servers remain and ipvsadm is not installed to clear them".into(),
+            ),
+            Err(e) => problems.push(e),
+        }
+    }
+
+    if let Ok(Some(names)) = run("ipset", &["list", "-n"], None) {
+        for set in names.lines().filter(|n| n.starts_with("KUBE-")) {
+            if let Err(e) = run("ipset", &["destroy", set], None) {
+                problems.push(e);
+            }
+        }
+    }
+    problems
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SAVE: &str = "\
+# Generated by iptables-save v1.8.9
+*mangle
+:PREROUTING ACCEPT [0:0]
+:KUBE-IPTABLES-HINT - [0:0]
+:KUBE-PROXY-CANARY - [0:0]
+COMMIT
+*filter
+:INPUT ACCEPT [0:0]
+:FORWARD ACCEPT [0:0]
+:KUBE-FIREWALL - [0:0]
+:KUBE-FORWARD - [0:0]
+:KUBE-SERVICES - [0:0]
+:USER - [0:0]
+-A INPUT -j KUBE-FIREWALL
+-A FORWARD -m comment --comment \"kubernetes forwarding rules\" -j KUBE-FORWARD
+-A FORWARD -m conntrack --ctstate NEW -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES
+-A FORWARD -j USER
+-A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP
+COMMIT
+*raw
+:PREROUTING ACCEPT [0:0]
+-A PREROUTING -j ACCEPT
+COMMIT
+";
+
+    #[test]
+    fn removes_kube_proxy_chains_and_the_jumps_to_them_only() {
+        let script = removal_script(SAVE).unwrap();
+        assert_eq!(
+            script,
+            "*mangle\n:KUBE-PROXY-CANARY - [0:0]\n-X KUBE-PROXY-CANARY\nCOMMIT\n\
+             *filter\n\
+             -D FORWARD -m comment --comment \"kubernetes forwarding rules\" -j KUBE-FORWARD\n\
+             -D FORWARD -m conntrack --ctstate NEW -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n\
+             :KUBE-FORWARD - [0:0]\n:KUBE-SERVICES - [0:0]\n\
+             -X KUBE-FORWARD\n-X KUBE-SERVICES\nCOMMIT\n"
+        );
+    }
+
+    #[test]
+    fn nothing_to_do_without_kube_proxy_chains() {
+        assert_eq!(
+            removal_script("*filter\n:INPUT ACCEPT [0:0]\n:KUBE-FIREWALL - [0:0]\nCOMMIT\n"),
+            None
+        );
+        assert_eq!(removal_script(""), None);
+    }
+}
