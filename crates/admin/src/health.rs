@@ -41,8 +41,31 @@ struct FamilyState {
 pub struct Response {
     /// Status code.
     pub code: u16,
-    /// JSON body.
+    /// The body.
     pub body: String,
+    /// Its `Content-Type`.
+    pub content_type: &'static str,
+}
+
+impl Response {
+    /// A JSON answer.
+    pub fn json(code: u16, body: String) -> Response {
+        Response {
+            code,
+            body,
+            content_type: "application/json",
+        }
+    }
+
+    /// A plain-text answer (`text/plain; charset=utf-8`, or Prometheus'
+    /// exposition format for metrics).
+    pub fn text(code: u16, body: String, content_type: &'static str) -> Response {
+        Response {
+            code,
+            body,
+            content_type,
+        }
+    }
 }
 
 /// The proxy's health.
@@ -136,10 +159,7 @@ impl Health {
             body.push_str(&format!(",\"status\":{{{}}}", listed.join(",")));
         }
         body.push('}');
-        Response {
-            code: if ok { 200 } else { 503 },
-            body,
-        }
+        Response::json(if ok { 200 } else { 503 }, body)
     }
 
     /// `/healthz`.

@@ -57,15 +57,16 @@ fn answer(mut s: TcpStream, handler: &Handler) -> std::io::Result<()> {
         words.next().unwrap_or_default(),
     );
     let path = target.split('?').next().unwrap_or_default();
-    let (code, body) = match method {
+    let plain = "text/plain; charset=utf-8";
+    let (code, body, content_type) = match method {
         "GET" | "HEAD" => match handler(path) {
-            Some(r) => (r.code, r.body),
-            None => (404, "404 page not found\n".to_owned()),
+            Some(r) => (r.code, r.body, r.content_type),
+            None => (404, "404 page not found\n".to_owned(), plain),
         },
-        _ => (405, String::new()),
+        _ => (405, String::new(), plain),
     };
     let mut out = format!(
-        "HTTP/1.1 {code} {}\r\nContent-Type: application/json\r\nX-Content-Type-Options: nosniff\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        "HTTP/1.1 {code} {}\r\nContent-Type: {content_type}\r\nX-Content-Type-Options: nosniff\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         reason(code),
         body.len()
     );
@@ -90,10 +91,7 @@ mod tests {
     #[test]
     fn answers_paths_and_closes() {
         let handler: Handler = Arc::new(|p: &str| {
-            (p == "/healthz").then(|| Response {
-                code: 503,
-                body: "{\"healthy\":false}".into(),
-            })
+            (p == "/healthz").then(|| Response::json(503, "{\"healthy\":false}".into()))
         });
         let addr = serve("127.0.0.1:0".parse().unwrap(), handler).unwrap();
         let r = get(addr, "/healthz?verbose");

@@ -1,13 +1,16 @@
 //! verdict's administrative endpoints: kube-proxy's `/healthz` and
-//! `/livez` (metrics come next).
+//! `/livez`, and its `kubeproxy_*` metrics.
 //!
 //! # Layout
 //! - [`health`]: the health state (pure; time is passed in).
 //! - [`http`]: a small HTTP/1.1 server for it.
+//! - [`metrics`]: the metrics registry and its text format.
 //! - [`time`]: Go's RFC 3339 time format, as kube-proxy's JSON uses it.
 
 pub mod health;
 pub mod http;
+pub mod metrics;
 pub mod time;
 
 pub use health::{Family, Health, Response};
+pub use metrics::Metrics;

@@ -33,6 +33,66 @@ pub fn rfc3339_nano(t: SystemTime) -> String {
     format!("{y:04}-{mo:02}-{da:02}T{h:02}:{mi:02}:{s:02}{frac}Z")
 }
 
+/// A civil date to days since 1970-01-01 (the inverse of [`civil`]).
+fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y.rem_euclid(400);
+    let m = i64::from(m);
+    let mp = if m > 2 { m - 3 } else { m + 9 };
+    let doy = (153 * mp + 2) / 5 + i64::from(d) - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// Parses an RFC 3339 time as Kubernetes writes it in annotations
+/// (`2025-01-02T03:04:05Z`, optionally with a fraction and a `±hh:mm`
+/// offset). `None` if it is not one.
+pub fn parse_rfc3339(s: &str) -> Option<SystemTime> {
+    let b = s.as_bytes();
+    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || !matches!(b[10], b'T' | b't') {
+        return None;
+    }
+    let num = |r: std::ops::Range<usize>| s.get(r)?.parse::<u32>().ok();
+    let (y, mo, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
+    let (h, mi, sec) = (num(11..13)?, num(14..16)?, num(17..19)?);
+    if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || sec > 60 {
+        return None;
+    }
+    let mut rest = s.get(19..)?;
+    let mut nanos = 0u32;
+    if let Some(frac) = rest.strip_prefix('.') {
+        let digits: String = frac.chars().take_while(char::is_ascii_digit).collect();
+        if digits.is_empty() {
+            return None;
+        }
+        let padded: String = digits
+            .chars()
+            .chain(std::iter::repeat('0'))
+            .take(9)
+            .collect();
+        nanos = padded.parse().ok()?;
+        rest = frac.get(digits.len()..)?;
+    }
+    let offset: i64 = match rest {
+        "Z" | "z" => 0,
+        o if o.len() == 6 && (o.starts_with('+') || o.starts_with('-')) => {
+            let oh: i64 = o.get(1..3)?.parse().ok()?;
+            let om: i64 = o.get(4..6)?.parse().ok()?;
+            let v = oh * 3600 + om * 60;
+            if o.starts_with('-') { -v } else { v }
+        }
+        _ => return None,
+    };
+    let secs = days_from_civil(i64::from(y), mo, d) * 86_400
+        + i64::from(h) * 3600
+        + i64::from(mi) * 60
+        + i64::from(sec)
+        - offset;
+    let secs = u64::try_from(secs).ok()?;
+    Some(UNIX_EPOCH + std::time::Duration::new(secs, nanos))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -48,5 +108,29 @@ mod tests {
         // A leap day.
         let t = UNIX_EPOCH + Duration::from_secs(951_782_400);
         assert_eq!(rfc3339_nano(t), "2000-02-29T00:00:00Z");
+    }
+
+    #[test]
+    fn parses_what_it_formats_and_offsets() {
+        for t in [
+            UNIX_EPOCH + Duration::new(1_735_787_045, 123_456_789),
+            UNIX_EPOCH + Duration::from_secs(951_782_400),
+            UNIX_EPOCH,
+        ] {
+            assert_eq!(parse_rfc3339(&rfc3339_nano(t)), Some(t));
+        }
+        assert_eq!(
+            parse_rfc3339("2025-01-02T04:04:05+01:00"),
+            parse_rfc3339("2025-01-02T03:04:05Z")
+        );
+        for bad in [
+            "",
+            "2025-01-02",
+            "2025-13-02T03:04:05Z",
+            "2025-01-02T03:04:05",
+            "2025-01-02T03:04:05.Z",
+        ] {
+            assert_eq!(parse_rfc3339(bad), None, "{bad}");
+        }
     }
 }

@@ -16,4 +16,8 @@ pub enum ProxierError {
     /// The backend refused a transaction; the next sync is a full one.
     #[error("failed to apply the nftables transaction: {0}")]
     Nft(#[from] NftError),
+    /// Deleting chains that are no longer used failed (kube-proxy's
+    /// "cleanup failure"); the next sync is a full one.
+    #[error("failed to delete stale chains: {0}")]
+    Cleanup(NftError),
 }

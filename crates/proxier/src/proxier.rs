@@ -561,7 +561,7 @@ impl Proxier {
         for c in &due {
             tx.delete_chain(c);
         }
-        backend.run(&tx)?;
+        backend.run(&tx).map_err(ProxierError::Cleanup)?;
         for c in &due {
             self.stale_chains.remove(c);
             self.programmed_chains.remove(c);

@@ -8,7 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, bail};
-use verdict_admin::{Family as HealthFamily, Health};
+use verdict_admin::metrics as m;
+use verdict_admin::{Family as HealthFamily, Health, Metrics, Response};
 use verdict_k8s::{Loaded, NodeInfo};
 use verdict_model::{EndpointSlice, IpFamily, Service};
 use verdict_nft::conntrack::ConntrackCli;
@@ -142,6 +143,8 @@ struct Node {
     udp_cleaned: Vec<UdpTargets>,
     /// Families whose nft cannot record session affinity (startup probe).
     no_affinity: Vec<IpFamily>,
+    /// kube-proxy's metrics.
+    metrics: Arc<Mutex<Metrics>>,
 }
 
 impl Node {
@@ -170,10 +173,60 @@ impl Node {
             local_ips,
             udp_cleaned: vec![UdpTargets::default(); proxiers.len()],
             no_affinity: Vec::new(),
+            metrics: Arc::new(Mutex::new(kube_proxy_metrics())),
             proxiers,
             services: BTreeMap::new(),
             slices: BTreeMap::new(),
         })
+    }
+
+    /// Updates kube-proxy's metrics.
+    fn metric(&self, f: impl FnOnce(&mut Metrics)) {
+        if let Ok(mut x) = self.metrics.lock() {
+            f(&mut x);
+        }
+    }
+
+    /// The pending-changes gauges (the most any family has pending).
+    fn set_pending(&self) {
+        let services = self
+            .proxiers
+            .iter()
+            .map(|p| p.pending_service_changes())
+            .max();
+        let endpoints = self
+            .proxiers
+            .iter()
+            .map(|p| p.pending_endpoint_changes())
+            .max();
+        self.metric(|x| {
+            x.set(
+                m::SERVICE_CHANGES_PENDING,
+                &[],
+                services.unwrap_or(0) as f64,
+            );
+            x.set(
+                m::ENDPOINT_CHANGES_PENDING,
+                &[],
+                endpoints.unwrap_or(0) as f64,
+            );
+        });
+    }
+
+    /// Records that a change waits for a sync (both families): health and
+    /// `last_queued_timestamp`.
+    fn queued(&self, health: &Mutex<Health>) {
+        let now = SystemTime::now();
+        if let Ok(mut h) = health.lock() {
+            h.queued_update(HealthFamily::V4, now);
+            h.queued_update(HealthFamily::V6, now);
+        }
+        let secs = unix_seconds(now);
+        self.metric(|x| {
+            for f in ["IPv4", "IPv6"] {
+                x.set(m::LAST_QUEUED, &[f], secs);
+            }
+        });
     }
 
     /// Rebuilds the proxiers' configurations from the node facts.
@@ -237,6 +290,7 @@ impl Node {
         {
             let (old, new) = (self.services.get(&key), services.get(&key));
             if old != new {
+                self.metric(|x| x.add(m::SERVICE_CHANGES_TOTAL, &[], 1.0));
                 for p in &mut self.proxiers {
                     changed |= p.on_service(old, new);
                 }
@@ -251,6 +305,7 @@ impl Node {
         {
             let (old, new) = (self.slices.get(&key), slices.get(&key));
             if old != new {
+                self.metric(|x| x.add(m::ENDPOINT_CHANGES_TOTAL, &[], 1.0));
                 for p in &mut self.proxiers {
                     changed |= match (old, new) {
                         (_, Some(n)) => p.on_endpoint_slice(n, false),
@@ -262,6 +317,7 @@ impl Node {
         }
         self.services = services;
         self.slices = slices;
+        self.set_pending();
         for p in &mut self.proxiers {
             for e in p.take_errors() {
                 tracing::error!(error = %e, "service ignored");
@@ -277,12 +333,59 @@ impl Node {
         health: &Mutex<Health>,
         conntrack: Option<&ConntrackCli>,
     ) -> anyhow::Result<()> {
+        let metrics = self.metrics.clone();
+        let record = |f: &dyn Fn(&mut Metrics)| {
+            if let Ok(mut x) = metrics.lock() {
+                f(&mut x);
+            }
+        };
         for (index, p) in self.proxiers.iter_mut().enumerate() {
             let family = p.config().nft_family();
+            let label = health_family(family).to_string();
+            let fam = [label.as_str()];
             let t = Instant::now();
-            let r = p
-                .sync(backend, now)
-                .with_context(|| format!("syncing the {family} table"))?;
+            let r = match p.sync(backend, now) {
+                Ok(r) => r,
+                Err(e) => {
+                    let counter = match e {
+                        verdict_proxier::ProxierError::Cleanup(_) => m::NFTABLES_CLEANUP_FAILURES,
+                        _ => m::NFTABLES_SYNC_FAILURES,
+                    };
+                    record(&|x| x.add(counter, &fam, 1.0));
+                    return Err(e).with_context(|| format!("syncing the {family} table"));
+                }
+            };
+            let elapsed = t.elapsed().as_secs_f64();
+            let synced_at = SystemTime::now();
+            record(&|x| {
+                x.observe(m::SYNC_DURATION, &fam, elapsed);
+                let kind = if r.full {
+                    m::SYNC_FULL_DURATION
+                } else {
+                    m::SYNC_PARTIAL_DURATION
+                };
+                x.observe(kind, &fam, elapsed);
+                x.set(m::LAST_SYNC, &fam, unix_seconds(synced_at));
+                x.set(
+                    m::NO_LOCAL_ENDPOINTS,
+                    &[fam[0], "internal"],
+                    r.no_local_endpoints_internal as f64,
+                );
+                x.set(
+                    m::NO_LOCAL_ENDPOINTS,
+                    &[fam[0], "external"],
+                    r.no_local_endpoints_external as f64,
+                );
+                // Network programming latency: from the change's trigger
+                // time (EndpointSlice annotation) to now.
+                for t in r.last_change_trigger_times.values().flatten() {
+                    if let Some(at) = verdict_admin::time::parse_rfc3339(t)
+                        && let Ok(d) = synced_at.duration_since(at)
+                    {
+                        x.observe(m::NETWORK_PROGRAMMING, &fam, d.as_secs_f64());
+                    }
+                }
+            });
             tracing::info!(
                 %family,
                 full = r.full,
@@ -300,8 +403,16 @@ impl Node {
             {
                 let targets = UdpTargets::of(p.service_ports(), p.endpoints());
                 if targets != *cleaned {
+                    let t = Instant::now();
                     match clean_stale_udp(ct, family, &targets.clone().with_removed(cleaned)) {
-                        Ok(()) => *cleaned = targets,
+                        Ok(deleted) => {
+                            let took = t.elapsed().as_secs_f64();
+                            record(&|x| {
+                                x.observe(m::CONNTRACK_DURATION, &fam, took);
+                                x.add(m::CONNTRACK_DELETED, &fam, deleted as f64);
+                            });
+                            *cleaned = targets;
+                        }
                         // Kept for the next sync, which tries again.
                         Err(e) => {
                             tracing::warn!(%family, error = %e, "stale UDP conntrack cleanup failed")
@@ -310,16 +421,18 @@ impl Node {
                 }
             }
         }
+        self.set_pending();
         Ok(())
     }
 }
 
-/// Deletes the UDP conntrack entries `targets` says are stale.
+/// Deletes the UDP conntrack entries `targets` says are stale; returns how
+/// many were deleted.
 fn clean_stale_udp(
     ct: &ConntrackCli,
     family: Family,
     targets: &UdpTargets,
-) -> Result<(), verdict_nft::conntrack::ConntrackError> {
+) -> Result<usize, verdict_nft::conntrack::ConntrackError> {
     let t = Instant::now();
     let entries = ct.list_udp(family)?;
     let stale = targets.stale(&entries);
@@ -328,7 +441,7 @@ fn clean_stale_udp(
         deleted += ct.delete_udp(family, e)?;
     }
     tracing::info!(%family, entries = entries.len(), deleted, elapsed = ?t.elapsed(), "reconciled UDP conntrack entries");
-    Ok(())
+    Ok(deleted)
 }
 
 fn health_family(f: Family) -> HealthFamily {
@@ -338,32 +451,77 @@ fn health_family(f: Family) -> HealthFamily {
     }
 }
 
-/// Records that a change waits for a sync (both families).
-fn queued(health: &Mutex<Health>) {
-    if let Ok(mut h) = health.lock() {
-        let now = SystemTime::now();
-        h.queued_update(HealthFamily::V4, now);
-        h.queued_update(HealthFamily::V6, now);
+/// The registry, with the per-family counters visible from the start.
+fn kube_proxy_metrics() -> Metrics {
+    let mut x = Metrics::new();
+    for f in ["IPv4", "IPv6"] {
+        for name in [
+            m::NFTABLES_SYNC_FAILURES,
+            m::NFTABLES_CLEANUP_FAILURES,
+            m::CONNTRACK_DELETED,
+        ] {
+            x.touch(name, &[f]);
+        }
     }
+    x
+}
+
+fn unix_seconds(t: SystemTime) -> f64 {
+    t.duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
 }
 
 /// Serves `/healthz` and `/livez` (kube-proxy's semantics), if configured.
-fn serve_health(settings: &Settings, health: &Arc<Mutex<Health>>) {
+fn serve_health(settings: &Settings, health: &Arc<Mutex<Health>>, metrics: &Arc<Mutex<Metrics>>) {
     let Some(addr) = settings.healthz_bind_address else {
         return;
     };
-    let h = health.clone();
+    let (h, x) = (health.clone(), metrics.clone());
     let handler: verdict_admin::http::Handler = Arc::new(move |path: &str| {
-        let health = h.lock().ok()?;
-        match path {
-            "/healthz" => Some(health.healthz(SystemTime::now())),
-            "/livez" => Some(health.livez(SystemTime::now())),
-            _ => None,
+        let (answer, counter) = {
+            let health = h.lock().ok()?;
+            match path {
+                "/healthz" => (health.healthz(SystemTime::now()), m::HEALTHZ_TOTAL),
+                "/livez" => (health.livez(SystemTime::now()), m::LIVEZ_TOTAL),
+                _ => return None,
+            }
+        };
+        if let Ok(mut x) = x.lock() {
+            x.add(counter, &[&answer.code.to_string()], 1.0);
         }
+        Some(answer)
     });
     match verdict_admin::http::serve(addr, handler) {
         Ok(bound) => tracing::info!(%bound, "serving /healthz and /livez"),
         Err(e) => tracing::error!(%addr, error = %e, "cannot serve /healthz and /livez"),
+    }
+}
+
+/// Serves `/metrics` (kube-proxy's `kubeproxy_*` metrics), `/healthz`
+/// (plain `ok`, as component-base's) and `/proxyMode`, if configured.
+fn serve_metrics(settings: &Settings, metrics: &Arc<Mutex<Metrics>>) {
+    let Some(addr) = settings.metrics_bind_address else {
+        return;
+    };
+    let x = metrics.clone();
+    let plain = "text/plain; charset=utf-8";
+    let handler: verdict_admin::http::Handler = Arc::new(move |path: &str| match path {
+        "/metrics" => {
+            let body = x.lock().ok()?.render();
+            Some(Response::text(
+                200,
+                body,
+                "text/plain; version=0.0.4; charset=utf-8",
+            ))
+        }
+        "/healthz" => Some(Response::text(200, "ok".into(), plain)),
+        "/proxyMode" => Some(Response::text(200, "nftables".into(), plain)),
+        _ => None,
+    });
+    match verdict_admin::http::serve(addr, handler) {
+        Ok(bound) => tracing::info!(%bound, "serving /metrics"),
+        Err(e) => tracing::error!(%addr, error = %e, "cannot serve /metrics"),
     }
 }
 
@@ -456,14 +614,15 @@ pub fn run(settings: &Settings, source: &Source) -> anyhow::Result<()> {
     tracing::info!("nftables dry run passed: the kernel accepts verdict's ruleset");
     node.without_affinity(&without_affinity)?;
     let health = Arc::new(Mutex::new(Health::new(2 * settings.sync_period)));
-    serve_health(settings, &health);
+    serve_health(settings, &health, &node.metrics);
+    serve_metrics(settings, &node.metrics);
     let mut seen = fingerprint(&path);
     let loaded = verdict_k8s::load(&path);
     node.apply(&loaded)?;
     if let (Some(e), Ok(mut h)) = (node.eligible(&loaded), health.lock()) {
         h.set_node_eligible(e);
     }
-    queued(&health);
+    node.queued(&health);
 
     let mut dirty = true;
     let mut last_sync: Option<Instant> = None;
@@ -477,7 +636,7 @@ pub fn run(settings: &Settings, source: &Source) -> anyhow::Result<()> {
             let loaded = verdict_k8s::load(&path);
             if node.apply(&loaded)? {
                 dirty = true;
-                queued(&health);
+                node.queued(&health);
             }
             if let (Some(e), Ok(mut h)) = (node.eligible(&loaded), health.lock()) {
                 h.set_node_eligible(e);

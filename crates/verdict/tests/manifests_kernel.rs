@@ -120,11 +120,74 @@ fn traffic_follows_the_manifests() {
     assert!(healthz.starts_with("HTTP/1.1 200"), "{healthz}");
     assert!(healthz.contains("\"IPv4\":{\"lastUpdated\""), "{healthz}");
 
-    write(&dir, "slice.yaml", &slice("10.180.0.2"));
+    // The edit carries the trigger time the EndpointSlice controller would
+    // set; network-programming latency is measured from it.
+    let trigger = verdict_admin::time::rfc3339_nano(std::time::SystemTime::now());
+    write(
+        &dir,
+        "slice.yaml",
+        &slice("10.180.0.2").replace(
+            "  namespace: demo\n",
+            &format!(
+                "  namespace: demo\n  annotations: {{endpoints.kubernetes.io/last-change-trigger-time: \"{trigger}\"}}\n"
+            ),
+        ),
+    );
     assert_eq!(
         wait_for(&bed, "10.180.0.2:80"),
         "10.180.0.2:80",
         "an edited file is applied"
+    );
+
+    // kube-proxy's metrics, on 127.0.0.1:10249.
+    let metrics = http_on(&bed, 10249, "/metrics");
+    assert!(metrics.starts_with("HTTP/1.1 200"), "{metrics}");
+    let at_least = |series: &str, min: f64| {
+        let v = sample(&metrics, series);
+        assert!(v.is_some_and(|v| v >= min), "{series} = {v:?}\n{metrics}");
+    };
+    at_least(
+        "kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family=\"IPv4\"}",
+        2.0,
+    );
+    at_least(
+        "kubeproxy_sync_full_proxy_rules_duration_seconds_count{ip_family=\"IPv4\"}",
+        1.0,
+    );
+    at_least(
+        "kubeproxy_sync_partial_proxy_rules_duration_seconds_count{ip_family=\"IPv4\"}",
+        1.0,
+    );
+    at_least("kubeproxy_sync_proxy_rules_endpoint_changes_total", 2.0);
+    at_least("kubeproxy_sync_proxy_rules_service_changes_total", 1.0);
+    at_least(
+        "kubeproxy_network_programming_duration_seconds_count{ip_family=\"IPv4\"}",
+        1.0,
+    );
+    at_least("kubeproxy_proxy_healthz_total{code=\"503\"}", 1.0);
+    at_least("kubeproxy_proxy_healthz_total{code=\"200\"}", 1.0);
+    at_least("kubeproxy_proxy_livez_total{code=\"200\"}", 1.0);
+    at_least(
+        "kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family=\"IPv4\"}",
+        1.7e9,
+    );
+    assert_eq!(
+        sample(
+            &metrics,
+            "kubeproxy_sync_proxy_rules_nftables_sync_failures_total{ip_family=\"IPv4\"}"
+        ),
+        Some(0.0)
+    );
+    assert_eq!(
+        sample(
+            &metrics,
+            "kubeproxy_sync_proxy_rules_endpoint_changes_pending"
+        ),
+        Some(0.0)
+    );
+    assert_eq!(
+        http_on(&bed, 10249, "/proxyMode").lines().last(),
+        Some("nftables")
     );
 
     write(
@@ -258,8 +321,20 @@ fn stale_udp_conntrack_entries_are_deleted() {
 
 /// An HTTP GET to verdict's health port, from inside the node.
 fn http(bed: &TestBed, path: &str) -> String {
+    http_on(bed, 10256, path)
+}
+
+/// The value of one sample of `/metrics` (`None` if it is not there).
+fn sample(metrics: &str, series: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// An HTTP GET to `port` on the node's loopback.
+fn http_on(bed: &TestBed, port: u16, path: &str) -> String {
     let script = format!(
-        "exec 3<>/dev/tcp/127.0.0.1/10256 && printf 'GET {path} HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n' >&3 && cat <&3"
+        "exec 3<>/dev/tcp/127.0.0.1/{port} && printf 'GET {path} HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n' >&3 && cat <&3"
     );
     bed.node
         .exec("bash", &["-c", &script])

@@ -1,0 +1,474 @@
+//! kube-proxy's `kubeproxy_*` metrics (reference §6.1): the same names,
+//! types, labels and help texts (with component-base's `[ALPHA]` stability
+//! prefix), rendered in Prometheus' text exposition format. A small
+//! registry of its own: counters, gauges and histograms with labels.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+/// What kind of metric a family is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Only goes up.
+    Counter,
+    /// Set to a value.
+    Gauge,
+    /// Observations counted into buckets.
+    Histogram,
+}
+
+impl Kind {
+    fn as_str(self) -> &'static str {
+        match self {
+            Kind::Counter => "counter",
+            Kind::Gauge => "gauge",
+            Kind::Histogram => "histogram",
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+enum Series {
+    Value(f64),
+    Histogram {
+        counts: Vec<u64>,
+        sum: f64,
+        count: u64,
+    },
+}
+
+#[derive(Clone, Debug)]
+struct Family {
+    help: &'static str,
+    kind: Kind,
+    labels: &'static [&'static str],
+    buckets: Vec<f64>,
+    series: BTreeMap<Vec<String>, Series>,
+}
+
+/// `kubeproxy_sync_proxy_rules_duration_seconds`.
+pub const SYNC_DURATION: &str = "kubeproxy_sync_proxy_rules_duration_seconds";
+/// `kubeproxy_sync_full_proxy_rules_duration_seconds`.
+pub const SYNC_FULL_DURATION: &str = "kubeproxy_sync_full_proxy_rules_duration_seconds";
+/// `kubeproxy_sync_partial_proxy_rules_duration_seconds`.
+pub const SYNC_PARTIAL_DURATION: &str = "kubeproxy_sync_partial_proxy_rules_duration_seconds";
+/// `kubeproxy_network_programming_duration_seconds`.
+pub const NETWORK_PROGRAMMING: &str = "kubeproxy_network_programming_duration_seconds";
+/// `kubeproxy_sync_proxy_rules_last_timestamp_seconds`.
+pub const LAST_SYNC: &str = "kubeproxy_sync_proxy_rules_last_timestamp_seconds";
+/// `kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds`.
+pub const LAST_QUEUED: &str = "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds";
+/// `kubeproxy_sync_proxy_rules_endpoint_changes_pending`.
+pub const ENDPOINT_CHANGES_PENDING: &str = "kubeproxy_sync_proxy_rules_endpoint_changes_pending";
+/// `kubeproxy_sync_proxy_rules_endpoint_changes_total`.
+pub const ENDPOINT_CHANGES_TOTAL: &str = "kubeproxy_sync_proxy_rules_endpoint_changes_total";
+/// `kubeproxy_sync_proxy_rules_service_changes_pending`.
+pub const SERVICE_CHANGES_PENDING: &str = "kubeproxy_sync_proxy_rules_service_changes_pending";
+/// `kubeproxy_sync_proxy_rules_service_changes_total`.
+pub const SERVICE_CHANGES_TOTAL: &str = "kubeproxy_sync_proxy_rules_service_changes_total";
+/// `kubeproxy_sync_proxy_rules_no_local_endpoints_total`.
+pub const NO_LOCAL_ENDPOINTS: &str = "kubeproxy_sync_proxy_rules_no_local_endpoints_total";
+/// `kubeproxy_sync_proxy_rules_nftables_sync_failures_total`.
+pub const NFTABLES_SYNC_FAILURES: &str = "kubeproxy_sync_proxy_rules_nftables_sync_failures_total";
+/// `kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total`.
+pub const NFTABLES_CLEANUP_FAILURES: &str =
+    "kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total";
+/// `kubeproxy_proxy_healthz_total`.
+pub const HEALTHZ_TOTAL: &str = "kubeproxy_proxy_healthz_total";
+/// `kubeproxy_proxy_livez_total`.
+pub const LIVEZ_TOTAL: &str = "kubeproxy_proxy_livez_total";
+/// `kubeproxy_conntrack_reconciler_sync_duration_seconds`.
+pub const CONNTRACK_DURATION: &str = "kubeproxy_conntrack_reconciler_sync_duration_seconds";
+/// `kubeproxy_conntrack_reconciler_deleted_entries_total`.
+pub const CONNTRACK_DELETED: &str = "kubeproxy_conntrack_reconciler_deleted_entries_total";
+
+const FAMILY: &[&str] = &["ip_family"];
+
+/// `prometheus.ExponentialBuckets(start, factor, count)`.
+fn exponential(start: f64, factor: f64, count: usize) -> Vec<f64> {
+    (0..count)
+        .scan(start, |b, _| {
+            let v = *b;
+            *b *= factor;
+            Some(v)
+        })
+        .collect()
+}
+
+/// kube-proxy's network-programming buckets: 0.25, 0.5, 1…59, 60…115 by 5,
+/// 120…300 by 30.
+fn network_programming_buckets() -> Vec<f64> {
+    let mut b = vec![0.25, 0.5];
+    b.extend((1..60).map(f64::from));
+    b.extend((0..12).map(|i| f64::from(60 + 5 * i)));
+    b.extend((0..7).map(|i| f64::from(120 + 30 * i)));
+    b
+}
+
+/// The registry, holding every kube-proxy metric of nftables mode.
+#[derive(Clone, Debug)]
+pub struct Metrics {
+    families: BTreeMap<&'static str, Family>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    /// Every metric kube-proxy's nftables mode registers.
+    pub fn new() -> Metrics {
+        let sync = exponential(0.001, 2.0, 15);
+        let mut m = Metrics {
+            families: BTreeMap::new(),
+        };
+        let mut add = |name, kind, labels, help, buckets: Vec<f64>| {
+            m.families.insert(
+                name,
+                Family {
+                    help,
+                    kind,
+                    labels,
+                    buckets,
+                    series: BTreeMap::new(),
+                },
+            );
+        };
+        use Kind::*;
+        add(
+            SYNC_DURATION,
+            Histogram,
+            FAMILY,
+            "SyncProxyRules latency in seconds",
+            sync.clone(),
+        );
+        add(
+            SYNC_FULL_DURATION,
+            Histogram,
+            FAMILY,
+            "SyncProxyRules latency in seconds for full resyncs",
+            sync.clone(),
+        );
+        add(
+            SYNC_PARTIAL_DURATION,
+            Histogram,
+            FAMILY,
+            "SyncProxyRules latency in seconds for partial resyncs",
+            sync,
+        );
+        add(
+            NETWORK_PROGRAMMING,
+            Histogram,
+            FAMILY,
+            "In Cluster Network Programming Latency in seconds",
+            network_programming_buckets(),
+        );
+        add(
+            LAST_SYNC,
+            Gauge,
+            FAMILY,
+            "The last time proxy rules were successfully synced",
+            vec![],
+        );
+        add(
+            LAST_QUEUED,
+            Gauge,
+            FAMILY,
+            "The last time a sync of proxy rules was queued",
+            vec![],
+        );
+        add(
+            ENDPOINT_CHANGES_PENDING,
+            Gauge,
+            &[],
+            "Pending proxy rules Endpoint changes",
+            vec![],
+        );
+        add(
+            ENDPOINT_CHANGES_TOTAL,
+            Counter,
+            &[],
+            "Cumulative proxy rules Endpoint changes",
+            vec![],
+        );
+        add(
+            SERVICE_CHANGES_PENDING,
+            Gauge,
+            &[],
+            "Pending proxy rules Service changes",
+            vec![],
+        );
+        add(
+            SERVICE_CHANGES_TOTAL,
+            Counter,
+            &[],
+            "Cumulative proxy rules Service changes",
+            vec![],
+        );
+        add(
+            NO_LOCAL_ENDPOINTS,
+            Gauge,
+            &["ip_family", "traffic_policy"],
+            "Number of services with a Local traffic policy and no endpoints",
+            vec![],
+        );
+        add(
+            NFTABLES_SYNC_FAILURES,
+            Counter,
+            FAMILY,
+            "Cumulative proxy nftables sync failures",
+            vec![],
+        );
+        add(
+            NFTABLES_CLEANUP_FAILURES,
+            Counter,
+            FAMILY,
+            "Cumulative proxy nftables cleanup failures",
+            vec![],
+        );
+        add(
+            HEALTHZ_TOTAL,
+            Counter,
+            &["code"],
+            "Cumulative proxy healthz HTTP status",
+            vec![],
+        );
+        add(
+            LIVEZ_TOTAL,
+            Counter,
+            &["code"],
+            "Cumulative proxy livez HTTP status",
+            vec![],
+        );
+        add(
+            CONNTRACK_DURATION,
+            Histogram,
+            FAMILY,
+            "ReconcileConntrackFlowsLatency latency in seconds",
+            exponential(0.001, 2.0, 15),
+        );
+        add(
+            CONNTRACK_DELETED,
+            Counter,
+            FAMILY,
+            "Cumulative conntrack flows deleted by conntrack reconciler",
+            vec![],
+        );
+        for (name, f) in &mut m.families {
+            let _ = name;
+            if f.labels.is_empty() {
+                f.series.insert(Vec::new(), Series::Value(0.0));
+            }
+        }
+        m
+    }
+
+    fn series(&mut self, name: &str, labels: &[&str]) -> Option<(&mut Series, usize)> {
+        let f = self.families.get_mut(name)?;
+        if labels.len() != f.labels.len() {
+            return None;
+        }
+        let buckets = f.buckets.len();
+        let key = labels.iter().map(|l| (*l).to_owned()).collect();
+        let s = f.series.entry(key).or_insert_with(|| match f.kind {
+            Kind::Histogram => Series::Histogram {
+                counts: vec![0; buckets],
+                sum: 0.0,
+                count: 0,
+            },
+            _ => Series::Value(0.0),
+        });
+        Some((s, buckets))
+    }
+
+    /// Adds `by` to a counter (or gauge). Unknown names or a wrong number
+    /// of labels are ignored: metrics never break the proxy.
+    pub fn add(&mut self, name: &str, labels: &[&str], by: f64) {
+        if let Some((Series::Value(v), _)) = self.series(name, labels) {
+            *v += by;
+        }
+    }
+
+    /// Sets a gauge.
+    pub fn set(&mut self, name: &str, labels: &[&str], value: f64) {
+        if let Some((Series::Value(v), _)) = self.series(name, labels) {
+            *v = value;
+        }
+    }
+
+    /// Creates the series at zero, so that it is exported before it moves.
+    pub fn touch(&mut self, name: &str, labels: &[&str]) {
+        let _ = self.series(name, labels);
+    }
+
+    /// Records one observation in a histogram.
+    pub fn observe(&mut self, name: &str, labels: &[&str], value: f64) {
+        let Some(bounds) = self.families.get(name).map(|f| f.buckets.clone()) else {
+            return;
+        };
+        if let Some((Series::Histogram { counts, sum, count }, _)) = self.series(name, labels) {
+            for (c, b) in counts.iter_mut().zip(&bounds) {
+                if value <= *b {
+                    *c += 1;
+                }
+            }
+            *sum += value;
+            *count += 1;
+        }
+    }
+
+    /// A value, for tests and for the daemon's own checks.
+    pub fn value(&self, name: &str, labels: &[&str]) -> Option<f64> {
+        let key: Vec<String> = labels.iter().map(|l| (*l).to_owned()).collect();
+        match self.families.get(name)?.series.get(&key)? {
+            Series::Value(v) => Some(*v),
+            Series::Histogram { count, .. } => Some(*count as f64),
+        }
+    }
+
+    /// The names and types of every metric, as `name type` lines.
+    pub fn catalogue(&self) -> String {
+        self.families
+            .iter()
+            .map(|(n, f)| format!("{n} {}\n", f.kind.as_str()))
+            .collect()
+    }
+
+    /// The Prometheus text exposition format (version 0.0.4).
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        for (name, f) in &self.families {
+            if f.series.is_empty() {
+                continue;
+            }
+            let _ = writeln!(out, "# HELP {name} [ALPHA] {}", f.help);
+            let _ = writeln!(out, "# TYPE {name} {}", f.kind.as_str());
+            for (values, s) in &f.series {
+                let pairs: Vec<String> = f
+                    .labels
+                    .iter()
+                    .zip(values)
+                    .map(|(k, v)| format!("{k}=\"{}\"", escape(v)))
+                    .collect();
+                let braces = |extra: Option<String>| {
+                    let mut all = pairs.clone();
+                    all.extend(extra);
+                    if all.is_empty() {
+                        String::new()
+                    } else {
+                        format!("{{{}}}", all.join(","))
+                    }
+                };
+                match s {
+                    Series::Value(v) => {
+                        let _ = writeln!(out, "{name}{} {}", braces(None), number(*v));
+                    }
+                    Series::Histogram { counts, sum, count } => {
+                        for (b, c) in f.buckets.iter().zip(counts) {
+                            let le = Some(format!("le=\"{}\"", number(*b)));
+                            let _ = writeln!(out, "{name}_bucket{} {c}", braces(le));
+                        }
+                        let inf = Some("le=\"+Inf\"".to_owned());
+                        let _ = writeln!(out, "{name}_bucket{} {count}", braces(inf));
+                        let _ = writeln!(out, "{name}_sum{} {}", braces(None), number(*sum));
+                        let _ = writeln!(out, "{name}_count{} {count}", braces(None));
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Label values escape `\`, `"` and newlines.
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// Numbers as Prometheus writes them (integers without a fraction).
+fn number(v: f64) -> String {
+    if v.is_finite() && v.fract() == 0.0 && v.abs() < 1e15 {
+        format!("{}", v as i64)
+    } else {
+        format!("{v}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The names and types kube-proxy's nftables mode exports (reference §6.1).
+    #[test]
+    fn names_and_types_match_kube_proxy() {
+        assert_eq!(
+            Metrics::new().catalogue(),
+            "\
+kubeproxy_conntrack_reconciler_deleted_entries_total counter
+kubeproxy_conntrack_reconciler_sync_duration_seconds histogram
+kubeproxy_network_programming_duration_seconds histogram
+kubeproxy_proxy_healthz_total counter
+kubeproxy_proxy_livez_total counter
+kubeproxy_sync_full_proxy_rules_duration_seconds histogram
+kubeproxy_sync_partial_proxy_rules_duration_seconds histogram
+kubeproxy_sync_proxy_rules_duration_seconds histogram
+kubeproxy_sync_proxy_rules_endpoint_changes_pending gauge
+kubeproxy_sync_proxy_rules_endpoint_changes_total counter
+kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds gauge
+kubeproxy_sync_proxy_rules_last_timestamp_seconds gauge
+kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total counter
+kubeproxy_sync_proxy_rules_nftables_sync_failures_total counter
+kubeproxy_sync_proxy_rules_no_local_endpoints_total gauge
+kubeproxy_sync_proxy_rules_service_changes_pending gauge
+kubeproxy_sync_proxy_rules_service_changes_total counter
+"
+        );
+    }
+
+    #[test]
+    fn renders_the_text_format() {
+        let mut m = Metrics::new();
+        m.observe(SYNC_DURATION, &["IPv4"], 0.003);
+        m.observe(SYNC_DURATION, &["IPv4"], 20.0);
+        m.add(ENDPOINT_CHANGES_TOTAL, &[], 2.0);
+        m.add(HEALTHZ_TOTAL, &["200"], 1.0);
+        m.set(NO_LOCAL_ENDPOINTS, &["IPv4", "external"], 3.0);
+        m.add(HEALTHZ_TOTAL, &["wrong", "arity"], 1.0); // ignored
+        let text = m.render();
+        for line in [
+            "# HELP kubeproxy_sync_proxy_rules_duration_seconds [ALPHA] SyncProxyRules latency in seconds",
+            "# TYPE kubeproxy_sync_proxy_rules_duration_seconds histogram",
+            "kubeproxy_sync_proxy_rules_duration_seconds_bucket{ip_family=\"IPv4\",le=\"0.002\"} 0",
+            "kubeproxy_sync_proxy_rules_duration_seconds_bucket{ip_family=\"IPv4\",le=\"0.004\"} 1",
+            "kubeproxy_sync_proxy_rules_duration_seconds_bucket{ip_family=\"IPv4\",le=\"16.384\"} 1",
+            "kubeproxy_sync_proxy_rules_duration_seconds_bucket{ip_family=\"IPv4\",le=\"+Inf\"} 2",
+            "kubeproxy_sync_proxy_rules_duration_seconds_sum{ip_family=\"IPv4\"} 20.003",
+            "kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family=\"IPv4\"} 2",
+            "kubeproxy_sync_proxy_rules_endpoint_changes_total 2",
+            "kubeproxy_sync_proxy_rules_service_changes_pending 0",
+            "kubeproxy_proxy_healthz_total{code=\"200\"} 1",
+            "kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family=\"IPv4\",traffic_policy=\"external\"} 3",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
+        }
+        assert!(!text.contains("arity"));
+        // Families without a series yet are not listed.
+        assert!(!text.contains("kubeproxy_proxy_livez_total"));
+    }
+
+    #[test]
+    fn network_programming_buckets_are_kube_proxys() {
+        let b = network_programming_buckets();
+        assert_eq!(b.len(), 2 + 59 + 12 + 7);
+        assert_eq!(&b[..3], &[0.25, 0.5, 1.0]);
+        assert_eq!(b[60], 59.0);
+        assert_eq!(b[61], 60.0);
+        assert_eq!(b[72], 115.0);
+        assert_eq!(b[73], 120.0);
+        assert_eq!(b[79], 300.0);
+    }
+}
