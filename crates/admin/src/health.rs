@@ -45,6 +45,8 @@ pub struct Response {
     pub body: String,
     /// Its `Content-Type`.
     pub content_type: &'static str,
+    /// More headers.
+    pub headers: Vec<(&'static str, String)>,
 }
 
 impl Response {
@@ -54,6 +56,7 @@ impl Response {
             code,
             body,
             content_type: "application/json",
+            headers: Vec::new(),
         }
     }
 
@@ -64,6 +67,7 @@ impl Response {
             code,
             body,
             content_type,
+            headers: Vec::new(),
         }
     }
 }

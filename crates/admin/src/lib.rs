@@ -4,12 +4,14 @@
 //! # Layout
 //! - [`health`]: the health state (pure; time is passed in).
 //! - [`http`]: a small HTTP/1.1 server for it.
+//! - [`service_health`]: health-check node ports of eTP=Local LoadBalancers.
 //! - [`metrics`]: the metrics registry and its text format.
 //! - [`time`]: Go's RFC 3339 time format, as kube-proxy's JSON uses it.
 
 pub mod health;
 pub mod http;
 pub mod metrics;
+pub mod service_health;
 pub mod time;
 
 pub use health::{Family, Health, Response};

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, bail};
 use verdict_admin::metrics as m;
+use verdict_admin::service_health::{Healthy, ServiceHealthServers};
 use verdict_admin::{Family as HealthFamily, Health, Metrics, Response};
 use verdict_k8s::{Loaded, NodeInfo};
 use verdict_model::{EndpointSlice, IpFamily, Service};
@@ -145,6 +146,10 @@ struct Node {
     no_affinity: Vec<IpFamily>,
     /// kube-proxy's metrics.
     metrics: Arc<Mutex<Metrics>>,
+    /// Set by `run`: serve service health-check node ports with this health.
+    live_health: Option<Arc<Mutex<Health>>>,
+    /// Per proxier: its service health-check servers.
+    health_checks: Vec<Option<ServiceHealthServers>>,
 }
 
 impl Node {
@@ -174,6 +179,8 @@ impl Node {
             udp_cleaned: vec![UdpTargets::default(); proxiers.len()],
             no_affinity: Vec::new(),
             metrics: Arc::new(Mutex::new(kube_proxy_metrics())),
+            live_health: None,
+            health_checks: (0..proxiers.len()).map(|_| None).collect(),
             proxiers,
             services: BTreeMap::new(),
             slices: BTreeMap::new(),
@@ -397,6 +404,12 @@ impl Node {
             if let Ok(mut h) = health.lock() {
                 h.updated(health_family(family), SystemTime::now());
             }
+            if let Some(live) = &self.live_health
+                && (r.full || !r.updated_services.is_empty())
+                && let Some(slot) = self.health_checks.get_mut(index)
+            {
+                sync_health_checks(slot, p, live);
+            }
             if let Some(ct) = conntrack
                 && (r.full || !r.updated_services.is_empty())
                 && let Some(cleaned) = self.udp_cleaned.get_mut(index)
@@ -424,6 +437,53 @@ impl Node {
         self.set_pending();
         Ok(())
     }
+}
+
+/// Opens and closes the service health-check node ports of one family
+/// (eTP=Local LoadBalancers) and updates their local endpoint counts.
+fn sync_health_checks(
+    slot: &mut Option<ServiceHealthServers>,
+    p: &Proxier,
+    health: &Arc<Mutex<Health>>,
+) {
+    // Where NodePorts are served; v6 link-local addresses cannot be bound
+    // without a scope and are skipped.
+    let addresses: Vec<IpAddr> = p
+        .config()
+        .node_port_ips()
+        .into_iter()
+        .filter(|ip| !matches!(ip, IpAddr::V6(v6) if (v6.segments()[0] & 0xffc0) == 0xfe80))
+        .collect();
+    if slot.as_ref().is_none_or(|s| s.addresses() != addresses) {
+        let h = health.clone();
+        let healthy: Healthy = Arc::new(move || {
+            h.lock()
+                .map(|h| h.healthy(SystemTime::now()))
+                .unwrap_or(false)
+        });
+        *slot = Some(ServiceHealthServers::new(addresses, healthy));
+    }
+    let Some(servers) = slot else {
+        return;
+    };
+    let wanted: BTreeMap<(String, String), u16> = p
+        .service_ports()
+        .iter()
+        .filter_map(|(name, sp)| {
+            let port = sp.health_check_node_port?;
+            let svc = &name.service;
+            Some(((svc.namespace.clone(), svc.name.clone()), port))
+        })
+        .collect();
+    for e in servers.sync_services(&wanted) {
+        tracing::warn!(error = %e, "service health check");
+    }
+    servers.sync_endpoints(
+        verdict_model::local_ready_endpoints(p.endpoints())
+            .into_iter()
+            .map(|(svc, n)| ((svc.namespace, svc.name), n))
+            .collect(),
+    );
 }
 
 /// Deletes the UDP conntrack entries `targets` says are stale; returns how
@@ -615,6 +675,7 @@ pub fn run(settings: &Settings, source: &Source) -> anyhow::Result<()> {
     node.without_affinity(&without_affinity)?;
     let health = Arc::new(Mutex::new(Health::new(2 * settings.sync_period)));
     serve_health(settings, &health, &node.metrics);
+    node.live_health = Some(health.clone());
     serve_metrics(settings, &node.metrics);
     let mut seen = fingerprint(&path);
     let loaded = verdict_k8s::load(&path);

@@ -18,6 +18,16 @@ fn ip(s: &str) -> IpAddr {
 
 const SERVICE: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: demo}\nspec:\n  clusterIP: 172.30.0.41\n  ports: [{name: http, port: 80, protocol: TCP}]\n";
 
+const LB_SERVICE: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: lb, namespace: demo}\nspec:\n  type: LoadBalancer\n  clusterIP: 172.30.0.42\n  externalTrafficPolicy: Local\n  healthCheckNodePort: 30500\n  ports: [{name: http, port: 80, nodePort: 30080, protocol: TCP}]\nstatus:\n  loadBalancer: {ingress: [{ip: 198.51.100.42}]}\n";
+
+/// The LoadBalancer's slice: one endpoint, on this node or another one.
+fn lb_slice(local: bool) -> String {
+    let node = if local { "test-node" } else { "other-node" };
+    format!(
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: lb-1\n  namespace: demo\n  labels: {{kubernetes.io/service-name: lb}}\naddressType: IPv4\nports: [{{name: http, port: 80, protocol: TCP}}]\nendpoints:\n- {{addresses: [10.180.0.1], nodeName: {node}}}\n"
+    )
+}
+
 const NODE: &str = "apiVersion: v1\nkind: Node\nmetadata: {name: test-node}\nstatus:\n  addresses: [{type: InternalIP, address: 192.168.0.2}]\n";
 
 fn slice(endpoint: &str) -> String {
@@ -190,6 +200,30 @@ fn traffic_follows_the_manifests() {
         Some("nftables")
     );
 
+    // A LoadBalancer with externalTrafficPolicy Local gets its health-check
+    // node port on the node's primary IP: 200 while it has a ready local
+    // endpoint, 503 without.
+    write(&dir, "lb.yaml", LB_SERVICE);
+    write(&dir, "lb-slice.yaml", &lb_slice(true));
+    let poll = |want: &str| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let r = http_at(&bed, "192.168.0.2", 30500, "/anything");
+            if r.starts_with(want) || Instant::now() > deadline {
+                return r;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    let r = poll("HTTP/1.1 200");
+    assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+    assert!(r.contains("X-Load-Balancing-Endpoint-Weight: 1\r\n"), "{r}");
+    assert!(r.contains("\"localEndpoints\": 1"), "{r}");
+    write(&dir, "lb-slice.yaml", &lb_slice(false));
+    let r = poll("HTTP/1.1 503");
+    assert!(r.starts_with("HTTP/1.1 503"), "{r}");
+    assert!(r.contains("X-Load-Balancing-Endpoint-Weight: 0\r\n"), "{r}");
+
     write(
         &dir,
         "broken.yaml",
@@ -333,8 +367,13 @@ fn sample(metrics: &str, series: &str) -> Option<f64> {
 
 /// An HTTP GET to `port` on the node's loopback.
 fn http_on(bed: &TestBed, port: u16, path: &str) -> String {
+    http_at(bed, "127.0.0.1", port, path)
+}
+
+/// An HTTP GET to `host:port`, from the node.
+fn http_at(bed: &TestBed, host: &str, port: u16, path: &str) -> String {
     let script = format!(
-        "exec 3<>/dev/tcp/127.0.0.1/{port} && printf 'GET {path} HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n' >&3 && cat <&3"
+        "exec 3<>/dev/tcp/{host}/{port} && printf 'GET {path} HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n' >&3 && cat <&3"
     );
     bed.node
         .exec("bash", &["-c", &script])
