@@ -1,0 +1,145 @@
+//! Every manifest under `deploy/` is a valid Kubernetes object: it parses
+//! into the real API types and survives a round trip through them
+//! unchanged (so no field is misspelled or misplaced), and the
+//! `KubeProxyConfiguration` in the ConfigMap is accepted by verdict itself.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use serde_json::Value;
+
+fn deploy_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy")
+}
+
+fn documents() -> Vec<(String, Value)> {
+    let mut out = Vec::new();
+    let mut files: Vec<_> = std::fs::read_dir(deploy_dir())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    files.sort();
+    for f in files {
+        let text = std::fs::read_to_string(&f).unwrap();
+        let mut bytes = text.as_bytes();
+        for doc in serde_saphyr::read::<_, Value>(&mut bytes) {
+            let doc = doc.unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+            if !doc.is_null() {
+                out.push((f.display().to_string(), doc));
+            }
+        }
+    }
+    out
+}
+
+/// Parses into `T` and back; the result must equal the input.
+fn round_trip<T: serde::de::DeserializeOwned + serde::Serialize>(file: &str, v: &Value) {
+    let typed: T = serde_json::from_value(v.clone())
+        .unwrap_or_else(|e| panic!("{file}: {} does not parse: {e}", v["kind"]));
+    let back = serde_json::to_value(&typed).unwrap();
+    assert_eq!(&back, v, "{file}: {} changes in a round trip", v["kind"]);
+}
+
+#[test]
+fn every_manifest_is_a_valid_object() {
+    let docs = documents();
+    let mut kinds: Vec<String> = Vec::new();
+    for (file, v) in &docs {
+        let kind = v["kind"].as_str().unwrap_or_default().to_owned();
+        match kind.as_str() {
+            "DaemonSet" => round_trip::<DaemonSet>(file, v),
+            "ServiceAccount" => round_trip::<ServiceAccount>(file, v),
+            "ClusterRole" => round_trip::<ClusterRole>(file, v),
+            "ClusterRoleBinding" => round_trip::<ClusterRoleBinding>(file, v),
+            "ConfigMap" => round_trip::<ConfigMap>(file, v),
+            other => panic!("{file}: unexpected kind {other:?}"),
+        }
+        kinds.push(kind);
+    }
+    kinds.sort();
+    assert_eq!(
+        kinds,
+        [
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "ConfigMap",
+            "DaemonSet",
+            "ServiceAccount"
+        ]
+    );
+}
+
+#[test]
+fn the_daemonset_uses_the_configmap_and_the_service_account() {
+    let docs = documents();
+    let find = |kind: &str| {
+        docs.iter()
+            .find(|(_, v)| v["kind"] == kind)
+            .map(|(_, v)| v.clone())
+            .unwrap()
+    };
+    let ds: DaemonSet = serde_json::from_value(find("DaemonSet")).unwrap();
+    let spec = ds.spec.unwrap().template.spec.unwrap();
+    assert_eq!(spec.service_account_name.as_deref(), Some("verdict"));
+    assert_eq!(spec.host_network, Some(true));
+    let cm: ConfigMap = serde_json::from_value(find("ConfigMap")).unwrap();
+    let cm_name = cm.metadata.name.clone().unwrap();
+    let volume = spec
+        .volumes
+        .unwrap()
+        .into_iter()
+        .find(|v| v.config_map.as_ref().is_some_and(|c| c.name == cm_name))
+        .expect("the ConfigMap is mounted");
+    let container = &spec.containers[0];
+    let mount = container
+        .volume_mounts
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|m| m.name == volume.name)
+        .unwrap();
+    let key = cm.data.as_ref().unwrap().keys().next().unwrap().clone();
+    let config_arg = format!("--config={}/{key}", mount.mount_path);
+    assert!(
+        container.command.as_ref().unwrap().contains(&config_arg),
+        "{:?} lacks {config_arg}",
+        container.command
+    );
+    let sa: ServiceAccount = serde_json::from_value(find("ServiceAccount")).unwrap();
+    assert_eq!(sa.metadata.name.as_deref(), Some("verdict"));
+    assert_eq!(sa.metadata.namespace, ds.metadata.namespace);
+}
+
+#[test]
+fn verdict_accepts_the_configuration_in_the_configmap() {
+    let (_, cm) = documents()
+        .into_iter()
+        .find(|(_, v)| v["kind"] == "ConfigMap")
+        .unwrap();
+    let cm: ConfigMap = serde_json::from_value(cm).unwrap();
+    let config = cm.data.unwrap()["config.conf"].clone();
+    let file = std::env::temp_dir().join(format!("verdict-deploy-{}.conf", std::process::id()));
+    std::fs::write(&file, config).unwrap();
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/cluster.yaml");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_verdict"))
+        .args(["plan", "--config"])
+        .arg(&file)
+        .arg("--manifests")
+        .arg(&example)
+        .args(["--hostname-override", "node-a"])
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(&file);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        !stderr.contains("WARN"),
+        "warnings about the file:\n{stderr}"
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("add table ip verdict"));
+}
