@@ -84,27 +84,22 @@ fn traffic_follows_the_manifests() {
 
     let verdict = env!("CARGO_BIN_EXE_verdict");
     let dir_s = dir.to_string_lossy().into_owned();
-    let child = bed
-        .node
-        .spawn(
-            verdict,
-            &[
-                "run",
-                "--manifests",
-                &dir_s,
-                "--hostname-override",
-                "test-node",
-                "--bind-address",
-                "192.168.0.2",
-                "--cluster-cidr",
-                "10.0.0.0/8",
-                "--proxy-mode",
-                "nftables",
-                "--min-sync-period",
-                "0s",
-            ],
-        )
-        .unwrap();
+    let args = [
+        "run",
+        "--manifests",
+        &dir_s,
+        "--hostname-override",
+        "test-node",
+        "--bind-address",
+        "192.168.0.2",
+        "--cluster-cidr",
+        "10.0.0.0/8",
+        "--proxy-mode",
+        "nftables",
+        "--min-sync-period",
+        "0s",
+    ];
+    let child = bed.node.spawn(verdict, &args).unwrap();
     let mut daemon = Process(child);
 
     assert_eq!(
@@ -251,6 +246,34 @@ fn traffic_follows_the_manifests() {
     let status = daemon.0.wait().unwrap();
     assert!(!status.success() || status.code() == Some(0));
     assert_eq!(who(&bed), "10.180.0.2:80", "rules outlive the process");
+
+    // Restart: the new process adopts what the kernel has; connections
+    // made while it starts and runs its first (full) sync all succeed.
+    let child = bed.node.spawn(verdict, &args).unwrap();
+    let mut daemon = Process(child);
+    let started = Instant::now();
+    let mut attempts = 0;
+    while started.elapsed() < Duration::from_secs(3) {
+        assert_eq!(who(&bed), "10.180.0.2:80", "during the restart");
+        attempts += 1;
+    }
+    assert!(attempts >= 3);
+    let live = http(&bed, "/livez");
+    assert!(
+        live.starts_with("HTTP/1.1 200"),
+        "the new process synced: {live}"
+    );
+    let pid = daemon.0.id().to_string();
+    verdict_e2e::netns::run("kill", &["-TERM", &pid]).unwrap();
+    daemon.0.wait().unwrap();
+    let mut log = String::new();
+    if let Some(mut e) = daemon.0.stderr.take() {
+        std::io::Read::read_to_string(&mut e, &mut log).unwrap();
+    }
+    assert!(log.contains("synced"), "{log}");
+    for line in log.lines().filter(|l| l.contains("synced")) {
+        println!("after restart: {line}");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 
