@@ -256,8 +256,7 @@ impl Metrics {
             "Cumulative conntrack flows deleted by conntrack reconciler",
             vec![],
         );
-        for (name, f) in &mut m.families {
-            let _ = name;
+        for f in m.families.values_mut() {
             if f.labels.is_empty() {
                 f.series.insert(Vec::new(), Series::Value(0.0));
             }
@@ -265,22 +264,29 @@ impl Metrics {
         m
     }
 
-    fn series(&mut self, name: &str, labels: &[&str]) -> Option<(&mut Series, usize)> {
-        let f = self.families.get_mut(name)?;
-        if labels.len() != f.labels.len() {
+    /// The series of `name` with these label values (created at zero),
+    /// and the family's bucket bounds.
+    fn series(&mut self, name: &str, labels: &[&str]) -> Option<(&mut Series, &[f64])> {
+        let Family {
+            kind,
+            labels: names,
+            buckets,
+            series,
+            ..
+        } = self.families.get_mut(name)?;
+        if labels.len() != names.len() {
             return None;
         }
-        let buckets = f.buckets.len();
         let key = labels.iter().map(|l| (*l).to_owned()).collect();
-        let s = f.series.entry(key).or_insert_with(|| match f.kind {
+        let s = series.entry(key).or_insert_with(|| match kind {
             Kind::Histogram => Series::Histogram {
-                counts: vec![0; buckets],
+                counts: vec![0; buckets.len()],
                 sum: 0.0,
                 count: 0,
             },
             _ => Series::Value(0.0),
         });
-        Some((s, buckets))
+        Some((s, buckets.as_slice()))
     }
 
     /// Adds `by` to a counter (or gauge). Unknown names or a wrong number
@@ -305,26 +311,15 @@ impl Metrics {
 
     /// Records one observation in a histogram.
     pub fn observe(&mut self, name: &str, labels: &[&str], value: f64) {
-        let Some(bounds) = self.families.get(name).map(|f| f.buckets.clone()) else {
-            return;
-        };
-        if let Some((Series::Histogram { counts, sum, count }, _)) = self.series(name, labels) {
-            for (c, b) in counts.iter_mut().zip(&bounds) {
+        if let Some((Series::Histogram { counts, sum, count }, bounds)) = self.series(name, labels)
+        {
+            for (c, b) in counts.iter_mut().zip(bounds) {
                 if value <= *b {
                     *c += 1;
                 }
             }
             *sum += value;
             *count += 1;
-        }
-    }
-
-    /// A value, for tests and for the daemon's own checks.
-    pub fn value(&self, name: &str, labels: &[&str]) -> Option<f64> {
-        let key: Vec<String> = labels.iter().map(|l| (*l).to_owned()).collect();
-        match self.families.get(name)?.series.get(&key)? {
-            Series::Value(v) => Some(*v),
-            Series::Histogram { count, .. } => Some(*count as f64),
         }
     }
 

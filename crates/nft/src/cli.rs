@@ -2,9 +2,6 @@
 //! `nft -f -` (one process per transaction, all or nothing), a dry run uses
 //! `nft --check -f -`, and a table is read back with `nft -j list table`.
 
-use std::io::Write;
-use std::process::{Command, Stdio};
-
 use crate::error::NftError;
 use crate::ir::Family;
 use crate::memory::{Backend, TableState};
@@ -73,24 +70,21 @@ impl NftCli {
             .prefix
             .split_first()
             .ok_or_else(|| NftError::NftMissing("empty command".into()))?;
-        let mut cmd = Command::new(program);
-        cmd.args(pre).args(args);
-        cmd.stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        });
-        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
-        let mut child = cmd
-            .spawn()
-            .map_err(|e| NftError::NftMissing(format!("{}: {e}", self.prefix.join(" "))))?;
-        if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
-            pipe.write_all(text.as_bytes())
-                .map_err(|e| NftError::Refused(format!("writing to nft: {e}")))?;
-        }
-        let out = child
-            .wait_with_output()
-            .map_err(|e| NftError::Refused(format!("waiting for nft: {e}")))?;
+        let argv: Vec<&str> = pre
+            .iter()
+            .map(String::as_str)
+            .chain(args.iter().copied())
+            .collect();
+        let out = crate::process::run(program, &argv, stdin).map_err(|e| {
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied
+            ) {
+                NftError::NftMissing(format!("{}: {e}", self.prefix.join(" ")))
+            } else {
+                NftError::Refused(format!("running nft: {e}"))
+            }
+        })?;
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
         if out.status.success() {
             return Ok(stdout);

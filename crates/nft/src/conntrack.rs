@@ -3,7 +3,6 @@
 //! original destination and reply source, as kube-proxy's reconciler does.
 
 use std::net::IpAddr;
-use std::process::{Command, Stdio};
 
 use crate::ir::Family;
 
@@ -106,11 +105,12 @@ impl ConntrackCli {
             .prefix
             .split_first()
             .ok_or_else(|| ConntrackError::Missing("empty command".into()))?;
-        let out = Command::new(program)
-            .args(pre)
-            .args(args)
-            .stdin(Stdio::null())
-            .output()
+        let argv: Vec<&str> = pre
+            .iter()
+            .map(String::as_str)
+            .chain(args.iter().copied())
+            .collect();
+        let out = crate::process::run(program, &argv, None)
             .map_err(|e| ConntrackError::Missing(format!("{}: {e}", self.prefix.join(" "))))?;
         let text = format!(
             "{}{}",

@@ -18,6 +18,7 @@ pub mod error;
 pub mod ir;
 pub mod json;
 pub mod memory;
+pub mod process;
 pub mod trace;
 pub mod tx;
 

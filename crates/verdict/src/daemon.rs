@@ -140,16 +140,26 @@ struct Node {
     proxiers: Vec<Proxier>,
     services: BTreeMap<(String, String), Service>,
     slices: BTreeMap<(String, String), EndpointSlice>,
-    /// Per proxier: the UDP services as of the last conntrack cleanup.
-    udp_cleaned: Vec<UdpTargets>,
+    /// Per proxier, what `run` keeps beside it.
+    extras: Vec<FamilyExtras>,
     /// Families whose nft cannot record session affinity (startup probe).
     no_affinity: Vec<IpFamily>,
     /// kube-proxy's metrics.
     metrics: Arc<Mutex<Metrics>>,
-    /// Set by `run`: serve service health-check node ports with this health.
-    live_health: Option<Arc<Mutex<Health>>>,
-    /// Per proxier: its service health-check servers.
-    health_checks: Vec<Option<ServiceHealthServers>>,
+    /// The proxy's health (`/healthz`, `/livez`, health-check node ports).
+    health: Arc<Mutex<Health>>,
+    /// Set by `run`: after syncs, reconcile conntrack and serve the
+    /// health-check node ports (`plan` leaves the machine alone).
+    live: Option<ConntrackCli>,
+}
+
+/// Per family, the daemon's state beside the proxier.
+#[derive(Default)]
+struct FamilyExtras {
+    /// The UDP services as of the last conntrack cleanup.
+    udp_cleaned: UdpTargets,
+    /// The service health-check servers.
+    health_checks: Option<ServiceHealthServers>,
 }
 
 impl Node {
@@ -176,22 +186,15 @@ impl Node {
             name,
             info,
             local_ips,
-            udp_cleaned: vec![UdpTargets::default(); proxiers.len()],
+            extras: proxiers.iter().map(|_| FamilyExtras::default()).collect(),
             no_affinity: Vec::new(),
             metrics: Arc::new(Mutex::new(kube_proxy_metrics())),
-            live_health: None,
-            health_checks: (0..proxiers.len()).map(|_| None).collect(),
+            health: Arc::new(Mutex::new(Health::new(2 * settings.sync_period))),
+            live: None,
             proxiers,
             services: BTreeMap::new(),
             slices: BTreeMap::new(),
         })
-    }
-
-    /// Updates kube-proxy's metrics.
-    fn metric(&self, f: impl FnOnce(&mut Metrics)) {
-        if let Ok(mut x) = self.metrics.lock() {
-            f(&mut x);
-        }
     }
 
     /// The pending-changes gauges (the most any family has pending).
@@ -206,7 +209,7 @@ impl Node {
             .iter()
             .map(|p| p.pending_endpoint_changes())
             .max();
-        self.metric(|x| {
+        record(&self.metrics, |x| {
             x.set(
                 m::SERVICE_CHANGES_PENDING,
                 &[],
@@ -222,14 +225,14 @@ impl Node {
 
     /// Records that a change waits for a sync (both families): health and
     /// `last_queued_timestamp`.
-    fn queued(&self, health: &Mutex<Health>) {
+    fn queued(&self) {
         let now = SystemTime::now();
-        if let Ok(mut h) = health.lock() {
+        if let Ok(mut h) = self.health.lock() {
             h.queued_update(HealthFamily::V4, now);
             h.queued_update(HealthFamily::V6, now);
         }
         let secs = unix_seconds(now);
-        self.metric(|x| {
+        record(&self.metrics, |x| {
             for f in ["IPv4", "IPv6"] {
                 x.set(m::LAST_QUEUED, &[f], secs);
             }
@@ -297,7 +300,7 @@ impl Node {
         {
             let (old, new) = (self.services.get(&key), services.get(&key));
             if old != new {
-                self.metric(|x| x.add(m::SERVICE_CHANGES_TOTAL, &[], 1.0));
+                record(&self.metrics, |x| x.add(m::SERVICE_CHANGES_TOTAL, &[], 1.0));
                 for p in &mut self.proxiers {
                     changed |= p.on_service(old, new);
                 }
@@ -312,7 +315,9 @@ impl Node {
         {
             let (old, new) = (self.slices.get(&key), slices.get(&key));
             if old != new {
-                self.metric(|x| x.add(m::ENDPOINT_CHANGES_TOTAL, &[], 1.0));
+                record(&self.metrics, |x| {
+                    x.add(m::ENDPOINT_CHANGES_TOTAL, &[], 1.0)
+                });
                 for p in &mut self.proxiers {
                     changed |= match (old, new) {
                         (_, Some(n)) => p.on_endpoint_slice(n, false),
@@ -325,6 +330,9 @@ impl Node {
         self.services = services;
         self.slices = slices;
         self.set_pending();
+        if let (Some(e), Ok(mut h)) = (self.eligible(loaded), self.health.lock()) {
+            h.set_node_eligible(e);
+        }
         for p in &mut self.proxiers {
             for e in p.take_errors() {
                 tracing::error!(error = %e, "service ignored");
@@ -333,20 +341,9 @@ impl Node {
         Ok(changed)
     }
 
-    fn sync<B: Backend>(
-        &mut self,
-        backend: &mut B,
-        now: Instant,
-        health: &Mutex<Health>,
-        conntrack: Option<&ConntrackCli>,
-    ) -> anyhow::Result<()> {
-        let metrics = self.metrics.clone();
-        let record = |f: &dyn Fn(&mut Metrics)| {
-            if let Ok(mut x) = metrics.lock() {
-                f(&mut x);
-            }
-        };
-        for (index, p) in self.proxiers.iter_mut().enumerate() {
+    fn sync<B: Backend>(&mut self, backend: &mut B, now: Instant) -> anyhow::Result<()> {
+        let metrics = &self.metrics;
+        for (p, extras) in self.proxiers.iter_mut().zip(&mut self.extras) {
             let family = p.config().nft_family();
             let label = health_family(family).to_string();
             let fam = [label.as_str()];
@@ -358,13 +355,13 @@ impl Node {
                         verdict_proxier::ProxierError::Cleanup(_) => m::NFTABLES_CLEANUP_FAILURES,
                         _ => m::NFTABLES_SYNC_FAILURES,
                     };
-                    record(&|x| x.add(counter, &fam, 1.0));
+                    record(metrics, |x| x.add(counter, &fam, 1.0));
                     return Err(e).with_context(|| format!("syncing the {family} table"));
                 }
             };
             let elapsed = t.elapsed().as_secs_f64();
             let synced_at = SystemTime::now();
-            record(&|x| {
+            record(metrics, |x| {
                 x.observe(m::SYNC_DURATION, &fam, elapsed);
                 let kind = if r.full {
                     m::SYNC_FULL_DURATION
@@ -401,35 +398,32 @@ impl Node {
                 services = r.updated_services.len(),
                 "synced"
             );
-            if let Ok(mut h) = health.lock() {
+            if let Ok(mut h) = self.health.lock() {
                 h.updated(health_family(family), SystemTime::now());
             }
-            if let Some(live) = &self.live_health
-                && (r.full || !r.updated_services.is_empty())
-                && let Some(slot) = self.health_checks.get_mut(index)
-            {
-                sync_health_checks(slot, p, live);
+            let Some(ct) = &self.live else {
+                continue;
+            };
+            if !r.full && r.updated_services.is_empty() {
+                continue;
             }
-            if let Some(ct) = conntrack
-                && (r.full || !r.updated_services.is_empty())
-                && let Some(cleaned) = self.udp_cleaned.get_mut(index)
-            {
-                let targets = UdpTargets::of(p.service_ports(), p.endpoints());
-                if targets != *cleaned {
-                    let t = Instant::now();
-                    match clean_stale_udp(ct, family, &targets.clone().with_removed(cleaned)) {
-                        Ok(deleted) => {
-                            let took = t.elapsed().as_secs_f64();
-                            record(&|x| {
-                                x.observe(m::CONNTRACK_DURATION, &fam, took);
-                                x.add(m::CONNTRACK_DELETED, &fam, deleted as f64);
-                            });
-                            *cleaned = targets;
-                        }
-                        // Kept for the next sync, which tries again.
-                        Err(e) => {
-                            tracing::warn!(%family, error = %e, "stale UDP conntrack cleanup failed")
-                        }
+            sync_health_checks(&mut extras.health_checks, p, &self.health);
+            let targets = UdpTargets::of(p.service_ports(), p.endpoints());
+            if targets != extras.udp_cleaned {
+                let t = Instant::now();
+                let stale = targets.clone().with_removed(&extras.udp_cleaned);
+                match clean_stale_udp(ct, family, &stale) {
+                    Ok(deleted) => {
+                        let took = t.elapsed().as_secs_f64();
+                        record(metrics, |x| {
+                            x.observe(m::CONNTRACK_DURATION, &fam, took);
+                            x.add(m::CONNTRACK_DELETED, &fam, deleted as f64);
+                        });
+                        extras.udp_cleaned = targets;
+                    }
+                    // Kept for the next sync, which tries again.
+                    Err(e) => {
+                        tracing::warn!(%family, error = %e, "stale UDP conntrack cleanup failed")
                     }
                 }
             }
@@ -508,6 +502,13 @@ fn health_family(f: Family) -> HealthFamily {
     match f {
         Family::Ip => HealthFamily::V4,
         Family::Ip6 => HealthFamily::V6,
+    }
+}
+
+/// Updates kube-proxy's metrics (a poisoned lock skips the update).
+fn record(metrics: &Mutex<Metrics>, f: impl FnOnce(&mut Metrics)) {
+    if let Ok(mut x) = metrics.lock() {
+        f(&mut x);
     }
 }
 
@@ -605,12 +606,7 @@ pub fn plan(settings: &Settings, source: &Source) -> anyhow::Result<String> {
     let mut node = Node::new(settings)?;
     node.apply(&loaded)?;
     let mut memory = MemoryBackend::new();
-    node.sync(
-        &mut memory,
-        Instant::now(),
-        &Mutex::new(Health::new(Duration::from_secs(60))),
-        None,
-    )?;
+    node.sync(&mut memory, Instant::now())?;
     let mut out = String::new();
     for p in &node.proxiers {
         let c = p.config();
@@ -666,24 +662,18 @@ pub fn run(settings: &Settings, source: &Source) -> anyhow::Result<()> {
         tracing::warn!(%problem, "cleaning up iptables/IPVS leftovers");
     }
     let mut nft = NftCli::new().context("nftables")?;
-    let conntrack = ConntrackCli::new();
     tracing::info!(nft = ?nft.version(), manifests = %path.display(), "starting");
     let mut node = Node::new(settings)?;
     let configs: Vec<&ProxierConfig> = node.proxiers.iter().map(|p| p.config()).collect();
     let without_affinity = crate::probe::probe_nftables(&nft, &configs).context("startup check")?;
     tracing::info!("nftables dry run passed: the kernel accepts verdict's ruleset");
     node.without_affinity(&without_affinity)?;
-    let health = Arc::new(Mutex::new(Health::new(2 * settings.sync_period)));
-    serve_health(settings, &health, &node.metrics);
-    node.live_health = Some(health.clone());
+    node.live = Some(ConntrackCli::new());
+    serve_health(settings, &node.health, &node.metrics);
     serve_metrics(settings, &node.metrics);
     let mut seen = fingerprint(&path);
-    let loaded = verdict_k8s::load(&path);
-    node.apply(&loaded)?;
-    if let (Some(e), Ok(mut h)) = (node.eligible(&loaded), health.lock()) {
-        h.set_node_eligible(e);
-    }
-    node.queued(&health);
+    node.apply(&verdict_k8s::load(&path))?;
+    node.queued();
 
     let mut dirty = true;
     let mut last_sync: Option<Instant> = None;
@@ -694,13 +684,9 @@ pub fn run(settings: &Settings, source: &Source) -> anyhow::Result<()> {
         if current != seen {
             seen = current;
             tracing::info!(manifests = %path.display(), "manifests changed");
-            let loaded = verdict_k8s::load(&path);
-            if node.apply(&loaded)? {
+            if node.apply(&verdict_k8s::load(&path))? {
                 dirty = true;
-                node.queued(&health);
-            }
-            if let (Some(e), Ok(mut h)) = (node.eligible(&loaded), health.lock()) {
-                h.set_node_eligible(e);
+                node.queued();
             }
         }
         let spaced =
@@ -709,7 +695,7 @@ pub fn run(settings: &Settings, source: &Source) -> anyhow::Result<()> {
         let hourly = last_sync.is_some_and(|t| now.duration_since(t) >= FULL_SYNC_PERIOD);
         if ((dirty && retry_at.is_none()) || retry_due || hourly) && spaced {
             last_sync = Some(now);
-            match node.sync(&mut nft, now, &health, Some(&conntrack)) {
+            match node.sync(&mut nft, now) {
                 Ok(()) => {
                     dirty = false;
                     retry_at = None;

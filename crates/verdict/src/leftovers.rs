@@ -13,7 +13,6 @@
 //! Each step is independent: a failure is reported and the rest still runs.
 
 use std::collections::BTreeSet;
-use std::process::{Command, Stdio};
 
 /// `KUBE-*` chains that kubelet, not kube-proxy, creates; never touched.
 const KUBELET_CHAINS: [&str; 4] = [
@@ -98,28 +97,11 @@ pub fn removal_script(save: &str) -> Option<String> {
 
 /// Runs a program; `Ok(None)` if it is not installed.
 fn run(program: &str, args: &[&str], stdin: Option<&str>) -> Result<Option<String>, String> {
-    let mut cmd = Command::new(program);
-    cmd.args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        });
-    let mut child = match cmd.spawn() {
-        Ok(c) => c,
+    let out = match verdict_nft::process::run(program, args, stdin) {
+        Ok(out) => out,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(format!("{program}: {e}")),
     };
-    if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
-        use std::io::Write;
-        pipe.write_all(text.as_bytes())
-            .map_err(|e| format!("{program}: {e}"))?;
-    }
-    let out = child
-        .wait_with_output()
-        .map_err(|e| format!("{program}: {e}"))?;
     if out.status.success() {
         Ok(Some(String::from_utf8_lossy(&out.stdout).into_owned()))
     } else {

@@ -64,21 +64,16 @@ fn write(dir: &Path, name: &str, text: &str) {
 
 #[test]
 fn traffic_follows_the_manifests() {
-    if let Err(why) = can_run() {
-        println!("skipped: {why}");
+    let Some(mut bed) = bed() else {
         return;
-    }
-    let echo = PathBuf::from(verdict_e2e_echo());
-    let mut bed = TestBed::new(echo).unwrap();
+    };
     bed.add_pod(ip("10.180.0.1"), Placement::Local, &[80], &[])
         .unwrap();
     bed.add_pod(ip("10.180.0.2"), Placement::Local, &[80], &[])
         .unwrap();
     bed.add_pod(ip("10.0.0.2"), Placement::Local, &[], &[])
         .unwrap();
-    let dir = std::env::temp_dir().join(format!("verdict-manifests-e2e-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch_dir("manifests");
     write(&dir, "service.yaml", SERVICE);
     write(&dir, "slice.yaml", &slice("10.180.0.1"));
 
@@ -290,19 +285,14 @@ fn traffic_follows_the_manifests() {
 #[test]
 #[ignore = "known issue: a connection is sometimes refused during a restart's first full sync"]
 fn restart_keeps_every_connection() {
-    if let Err(why) = can_run() {
-        println!("skipped: {why}");
+    let Some(mut bed) = bed() else {
         return;
-    }
-    let echo = PathBuf::from(verdict_e2e_echo());
-    let mut bed = TestBed::new(echo).unwrap();
+    };
     bed.add_pod(ip("10.180.0.1"), Placement::Local, &[80], &[])
         .unwrap();
     bed.add_pod(ip("10.0.0.2"), Placement::Local, &[], &[])
         .unwrap();
-    let dir = std::env::temp_dir().join(format!("verdict-restart-e2e-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch_dir("restart");
     write(&dir, "service.yaml", SERVICE);
     write(&dir, "slice.yaml", &slice("10.180.0.1"));
     write(&dir, "node.yaml", NODE);
@@ -392,21 +382,16 @@ fn udp_wait_for(bed: &TestBed, want: &str) -> String {
 /// the old endpoint unless verdict deletes it.
 #[test]
 fn stale_udp_conntrack_entries_are_deleted() {
-    if let Err(why) = can_run() {
-        println!("skipped: {why}");
+    let Some(mut bed) = bed() else {
         return;
-    }
-    let echo = PathBuf::from(verdict_e2e_echo());
-    let mut bed = TestBed::new(echo).unwrap();
+    };
     bed.add_pod(ip("10.180.0.1"), Placement::Local, &[], &[53])
         .unwrap();
     bed.add_pod(ip("10.180.0.2"), Placement::Local, &[], &[53])
         .unwrap();
     bed.add_pod(ip("10.0.0.2"), Placement::Local, &[], &[])
         .unwrap();
-    let dir = std::env::temp_dir().join(format!("verdict-conntrack-e2e-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch_dir("conntrack");
     write(&dir, "service.yaml", UDP_SERVICE);
     write(&dir, "slice.yaml", &udp_slice(&["10.180.0.1"]));
     let verdict = env!("CARGO_BIN_EXE_verdict");
@@ -473,6 +458,24 @@ fn http_at(bed: &TestBed, host: &str, port: u16, path: &str) -> String {
     bed.node
         .exec("bash", &["-c", &script])
         .unwrap_or_else(|e| e.to_string())
+}
+
+/// A fresh test bed, or `None` (with the reason printed) where namespace
+/// tests cannot run.
+fn bed() -> Option<TestBed> {
+    if let Err(why) = can_run() {
+        println!("skipped: {why}");
+        return None;
+    }
+    Some(TestBed::new(PathBuf::from(verdict_e2e_echo())).unwrap())
+}
+
+/// An empty directory for one test's manifests.
+fn scratch_dir(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("verdict-{tag}-e2e-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
 }
 
 /// The echo tool of the test bed, built by the e2e crate.
