@@ -9,8 +9,11 @@
 //! # Layout
 //! - [`netns`]: namespace guards and command helpers.
 //! - [`bed`]: the topology (node, lan router, second node, external client, pods).
+//! - [`apiserver`]: a fake Kubernetes API server (list, watch, bookmarks,
+//!   410 Gone) for the Kubernetes source's tests.
 //! - [`runner`]: replays `verdict-conformance` scenarios as real traffic.
 
+pub mod apiserver;
 pub mod bed;
 pub mod netns;
 pub mod runner;

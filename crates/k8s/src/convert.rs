@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::discovery::v1 as discovery;
+use k8s_openapi::api::networking::v1 as networking;
 use verdict_model::{
     AddressType, EndpointHints, EndpointSlice, LoadBalancerIngress, LoadBalancerIpMode, Protocol,
     Service, ServicePortSpec, ServiceType, SessionAffinity, SliceEndpoint, SlicePort,
@@ -225,4 +226,25 @@ pub fn node_info(n: &core::Node) -> NodeInfo {
         labels,
         being_deleted: n.metadata.deletion_timestamp.is_some() || tainted,
     }
+}
+
+/// A ServiceCIDR's ranges (`spec.cidrs`); ones that do not parse are
+/// skipped with a warning (the API server validates them, so this is a
+/// corrupt object).
+pub fn service_cidrs(c: &networking::ServiceCIDR) -> Vec<ipnet::IpNet> {
+    let cidrs = c
+        .spec
+        .as_ref()
+        .and_then(|s| s.cidrs.clone())
+        .unwrap_or_default();
+    cidrs
+        .iter()
+        .filter_map(|s| match s.parse() {
+            Ok(n) => Some(n),
+            Err(e) => {
+                tracing::warn!(servicecidr = ?c.metadata.name, cidr = %s, error = %e, "ignoring an invalid ServiceCIDR range");
+                None
+            }
+        })
+        .collect()
 }

@@ -5,9 +5,12 @@
 //!   proxier's model.
 //! - [`manifests`]: the same objects from YAML files on disk (the no-cluster
 //!   source), with a clear error per bad document.
+//! - [`watch`]: the same objects from the Kubernetes API (kube-rs
+//!   watchers), with relists turned into differences.
 
 pub mod convert;
 pub mod manifests;
+pub mod watch;
 
-pub use convert::{NodeInfo, node_info, service, slice};
+pub use convert::{NodeInfo, node_info, service, service_cidrs, slice};
 pub use manifests::{Loaded, ManifestError, load};

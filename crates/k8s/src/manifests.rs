@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::discovery::v1 as discovery;
+use k8s_openapi::api::networking::v1 as networking;
 use serde_json::Value;
 use verdict_model::{EndpointSlice, Service};
 
@@ -47,6 +48,8 @@ pub struct Loaded {
     pub slices: Vec<EndpointSlice>,
     /// Nodes.
     pub nodes: Vec<NodeInfo>,
+    /// The ranges of every ServiceCIDR object (sorted, without repeats).
+    pub service_cidrs: Vec<ipnet::IpNet>,
     /// Documents that were skipped, and why.
     pub errors: Vec<ManifestError>,
     /// The files read.
@@ -92,6 +95,8 @@ pub fn load(path: &Path) -> Loaded {
         }),
     }
     check_duplicates(&mut out);
+    out.service_cidrs.sort();
+    out.service_cidrs.dedup();
     out
 }
 
@@ -150,7 +155,7 @@ fn load_value(file: &Path, where_: &str, v: Value, out: &mut Loaded) {
         .unwrap_or_default()
         .to_owned();
     match kind.as_str() {
-        "List" | "ServiceList" | "EndpointSliceList" | "NodeList" => {
+        "List" | "ServiceList" | "EndpointSliceList" | "NodeList" | "ServiceCIDRList" => {
             let items = v
                 .get("items")
                 .and_then(Value::as_array)
@@ -204,9 +209,28 @@ fn load_value(file: &Path, where_: &str, v: Value, out: &mut Loaded) {
             },
             Err(e) => out.errors.push(err(format!("not a valid Node: {e}"))),
         },
+        "ServiceCIDR" => match serde_json::from_value::<networking::ServiceCIDR>(v.clone()) {
+            Ok(c) => match missing_name(&c.metadata, false) {
+                Some(m) => out.errors.push(err(m)),
+                None => {
+                    let cidrs = c
+                        .spec
+                        .as_ref()
+                        .and_then(|s| s.cidrs.clone())
+                        .unwrap_or_default();
+                    for cidr in cidrs {
+                        match cidr.parse::<ipnet::IpNet>() {
+                            Ok(n) => out.service_cidrs.push(n),
+                            Err(e) => out.errors.push(err(format!("spec.cidrs: {cidr:?}: {e}"))),
+                        }
+                    }
+                }
+            },
+            Err(e) => out.errors.push(err(format!("not a valid ServiceCIDR: {e}"))),
+        },
         "" => out.errors.push(err("has no kind".into())),
         other => out.errors.push(err(format!(
-            "kind {other} is not used by verdict (Service, EndpointSlice, Node or List)"
+            "kind {other} is not used by verdict (Service, EndpointSlice, Node, ServiceCIDR or List)"
         ))),
     }
 }
@@ -363,6 +387,27 @@ endpoints:
         assert!(l.errors.is_empty(), "{:?}", l.errors);
         let deleting: Vec<bool> = l.nodes.iter().map(|n| n.being_deleted).collect();
         assert_eq!(deleting, [true, true, false]);
+    }
+
+    #[test]
+    fn reads_service_cidrs() {
+        let d = tmpdir("servicecidr");
+        let f = write(
+            &d,
+            "c.yaml",
+            "apiVersion: networking.k8s.io/v1\nkind: ServiceCIDR\nmetadata: {name: kubernetes}\nspec: {cidrs: [10.96.0.0/16, \"fd00:10:96::/112\"]}\n---\napiVersion: networking.k8s.io/v1\nkind: ServiceCIDR\nmetadata: {name: extra}\nspec: {cidrs: [10.96.0.0/16, 10.97.0.0/16, nonsense]}\n",
+        );
+        let l = load(&f);
+        let cidrs: Vec<String> = l.service_cidrs.iter().map(ToString::to_string).collect();
+        assert_eq!(cidrs, ["10.96.0.0/16", "10.97.0.0/16", "fd00:10:96::/112"]);
+        assert_eq!(l.errors.len(), 1, "{:?}", l.errors);
+        assert!(
+            l.errors[0]
+                .to_string()
+                .contains("ServiceCIDR extra: spec.cidrs: \"nonsense\""),
+            "{}",
+            l.errors[0]
+        );
     }
 
     #[test]

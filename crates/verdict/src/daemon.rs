@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -11,6 +12,7 @@ use anyhow::{Context, bail};
 use verdict_admin::metrics as m;
 use verdict_admin::service_health::{Healthy, ServiceHealthServers};
 use verdict_admin::{Family as HealthFamily, Health, Metrics, Response};
+use verdict_k8s::watch::{ApiSource, Update};
 use verdict_k8s::{Loaded, NodeInfo};
 use verdict_model::{EndpointSlice, IpFamily, Service};
 use verdict_nft::conntrack::ConntrackCli;
@@ -20,7 +22,9 @@ use verdict_proxier::{FULL_SYNC_PERIOD, LocalDetector, NodePortAddresses, Proxie
 
 use crate::config::{DetectLocal, NodePorts, Settings};
 
-/// Where Services, EndpointSlices and the Node come from.
+/// Where Services, EndpointSlices and the Node come from: `--manifests`
+/// if given, else the Kubernetes API (kubeconfig, `--master`, or the
+/// in-cluster service account).
 pub struct Source {
     /// `--manifests`: a YAML file or directory, followed for changes.
     pub manifests: Option<String>,
@@ -86,8 +90,14 @@ fn proxier_config(
     settings: &Settings,
     node: &NodeInfo,
     local_ips: &[IpAddr],
+    service_cidrs: &[ipnet::IpNet],
 ) -> anyhow::Result<ProxierConfig> {
     let mut c = ProxierConfig::new(family, node.name.clone());
+    c.service_cidrs = service_cidrs
+        .iter()
+        .filter(|n| IpFamily::of(n.addr()) == family)
+        .copied()
+        .collect();
     c.node_zone = node.zone.clone();
     c.node_ips = match settings.bind_address {
         Some(ip) => vec![ip],
@@ -131,11 +141,15 @@ fn proxier_config(
     Ok(c)
 }
 
-/// Both proxiers, fed from the manifests.
+/// Both proxiers, fed from the manifests or the Kubernetes API.
 struct Node {
     settings: Settings,
     name: String,
     info: NodeInfo,
+    /// Whether this node's Node object is known.
+    node_known: bool,
+    /// The CIDRs of the ServiceCIDR objects.
+    service_cidrs: Vec<ipnet::IpNet>,
     local_ips: Vec<IpAddr>,
     proxiers: Vec<Proxier>,
     services: BTreeMap<(String, String), Service>,
@@ -177,7 +191,11 @@ impl Node {
             .into_iter()
             .map(|f| {
                 Ok(Proxier::new(proxier_config(
-                    f, settings, &info, &local_ips,
+                    f,
+                    settings,
+                    &info,
+                    &local_ips,
+                    &[],
                 )?)?)
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
@@ -185,6 +203,8 @@ impl Node {
             settings: settings.clone(),
             name,
             info,
+            node_known: false,
+            service_cidrs: Vec::new(),
             local_ips,
             extras: proxiers.iter().map(|_| FamilyExtras::default()).collect(),
             no_affinity: Vec::new(),
@@ -243,7 +263,13 @@ impl Node {
     fn reconfigure(&mut self) -> anyhow::Result<()> {
         for p in &mut self.proxiers {
             let family = p.config().family;
-            let mut c = proxier_config(family, &self.settings, &self.info, &self.local_ips)?;
+            let mut c = proxier_config(
+                family,
+                &self.settings,
+                &self.info,
+                &self.local_ips,
+                &self.service_cidrs,
+            )?;
             c.session_affinity = !self.no_affinity.contains(&family);
             p.set_config(c)?;
         }
@@ -257,30 +283,125 @@ impl Node {
         self.reconfigure()
     }
 
-    /// Whether this node may take traffic: its Node is known and not being
-    /// deleted (`None` while it is unknown).
-    fn eligible(&self, loaded: &Loaded) -> Option<bool> {
-        loaded
-            .nodes
-            .iter()
-            .find(|n| n.name == self.name)
-            .map(|n| !n.being_deleted)
+    /// This node's Node object changed (`Some`) or was deleted (`None`).
+    /// A deleted Node, or one being deleted, takes no load-balancer traffic
+    /// (`/healthz` answers 503). Returns whether the rules must change.
+    fn set_node(&mut self, node: Option<&NodeInfo>) -> anyhow::Result<bool> {
+        let eligible = node.is_some_and(|n| !n.being_deleted);
+        if let Ok(mut h) = self.health.lock() {
+            h.set_node_eligible(eligible);
+        }
+        self.node_known = node.is_some();
+        let Some(me) = node else {
+            tracing::warn!(node = %self.name, "this node's Node object was deleted");
+            return Ok(false);
+        };
+        if *me == self.info {
+            return Ok(false);
+        }
+        tracing::info!(node = %me.name, addresses = ?me.addresses, pod_cidrs = ?me.pod_cidrs, "node changed");
+        self.info = me.clone();
+        self.reconfigure()?;
+        Ok(true)
     }
 
-    /// Moves the proxiers to what `loaded` holds. Returns whether anything changed.
+    /// The ServiceCIDRs changed. Returns whether the rules must change.
+    fn set_service_cidrs(&mut self, cidrs: &[ipnet::IpNet]) -> anyhow::Result<bool> {
+        if cidrs == self.service_cidrs.as_slice() {
+            return Ok(false);
+        }
+        tracing::info!(?cidrs, "service CIDRs changed");
+        self.service_cidrs = cidrs.to_vec();
+        self.reconfigure()?;
+        Ok(true)
+    }
+
+    /// A Service was added, changed (`Some`) or deleted (`None`).
+    fn set_service(&mut self, key: (String, String), new: Option<Service>) -> bool {
+        let old = self.services.get(&key);
+        if old == new.as_ref() {
+            return false;
+        }
+        record(&self.metrics, |x| x.add(m::SERVICE_CHANGES_TOTAL, &[], 1.0));
+        let mut changed = false;
+        for p in &mut self.proxiers {
+            changed |= p.on_service(old, new.as_ref());
+        }
+        match new {
+            Some(n) => self.services.insert(key, n),
+            None => self.services.remove(&key),
+        };
+        changed
+    }
+
+    /// An EndpointSlice was added, changed (`Some`) or deleted (`None`).
+    fn set_slice(&mut self, key: (String, String), new: Option<EndpointSlice>) -> bool {
+        let old = self.slices.get(&key);
+        if old == new.as_ref() {
+            return false;
+        }
+        record(&self.metrics, |x| {
+            x.add(m::ENDPOINT_CHANGES_TOTAL, &[], 1.0)
+        });
+        let mut changed = false;
+        for p in &mut self.proxiers {
+            changed |= match (old, &new) {
+                (_, Some(n)) => p.on_endpoint_slice(n, false),
+                (Some(o), None) => p.on_endpoint_slice(o, true),
+                (None, None) => false,
+            };
+        }
+        match new {
+            Some(n) => self.slices.insert(key, n),
+            None => self.slices.remove(&key),
+        };
+        changed
+    }
+
+    /// Reports what the proxiers refused, and updates the pending gauges.
+    fn after_changes(&mut self) {
+        self.set_pending();
+        for p in &mut self.proxiers {
+            for e in p.take_errors() {
+                tracing::error!(error = %e, "service ignored");
+            }
+        }
+    }
+
+    /// Applies one change from the Kubernetes API. Returns whether the
+    /// rules must change. A Node or ServiceCIDR that cannot be used is
+    /// logged and skipped; the rest keeps working.
+    fn on_update(&mut self, u: Update) -> bool {
+        let changed = match u {
+            Update::Service(key, s) => self.set_service(key, s),
+            Update::Slice(key, s) => self.set_slice(key, s),
+            Update::Node(n) => self.set_node(n.as_ref()).unwrap_or_else(|e| {
+                tracing::error!(error = %format!("{e:#}"), "cannot use this node's Node object");
+                false
+            }),
+            Update::ServiceCidrs(c) => self.set_service_cidrs(&c).unwrap_or_else(|e| {
+                tracing::error!(error = %format!("{e:#}"), "cannot use the ServiceCIDRs");
+                false
+            }),
+            Update::Synced => false,
+        };
+        self.after_changes();
+        changed
+    }
+
+    /// Moves the proxiers to what `loaded` holds (the manifests). Returns
+    /// whether anything changed.
     fn apply(&mut self, loaded: &Loaded) -> anyhow::Result<bool> {
         for e in &loaded.errors {
             tracing::error!(error = %e, "skipping a manifest");
         }
         let mut changed = false;
-        if let Some(me) = loaded.nodes.iter().find(|n| n.name == self.name)
-            && *me != self.info
-        {
-            tracing::info!(node = %me.name, addresses = ?me.addresses, "node changed");
-            self.info = me.clone();
-            self.reconfigure()?;
-            changed = true;
+        match loaded.nodes.iter().find(|n| n.name == self.name) {
+            Some(me) => changed |= self.set_node(Some(me))?,
+            None if self.node_known => changed |= self.set_node(None)?,
+            None => {}
         }
+        changed |= self.set_service_cidrs(&loaded.service_cidrs)?;
         let services: BTreeMap<_, _> = loaded
             .services
             .iter()
@@ -291,53 +412,31 @@ impl Node {
             .iter()
             .map(|s| ((s.namespace.clone(), s.name.clone()), s.clone()))
             .collect();
-        for key in self
+        let gone: Vec<_> = self
             .services
             .keys()
-            .chain(services.keys())
+            .filter(|k| !services.contains_key(*k))
             .cloned()
-            .collect::<std::collections::BTreeSet<_>>()
-        {
-            let (old, new) = (self.services.get(&key), services.get(&key));
-            if old != new {
-                record(&self.metrics, |x| x.add(m::SERVICE_CHANGES_TOTAL, &[], 1.0));
-                for p in &mut self.proxiers {
-                    changed |= p.on_service(old, new);
-                }
-            }
+            .collect();
+        for key in gone {
+            changed |= self.set_service(key, None);
         }
-        for key in self
+        for (key, svc) in services {
+            changed |= self.set_service(key, Some(svc));
+        }
+        let gone: Vec<_> = self
             .slices
             .keys()
-            .chain(slices.keys())
+            .filter(|k| !slices.contains_key(*k))
             .cloned()
-            .collect::<std::collections::BTreeSet<_>>()
-        {
-            let (old, new) = (self.slices.get(&key), slices.get(&key));
-            if old != new {
-                record(&self.metrics, |x| {
-                    x.add(m::ENDPOINT_CHANGES_TOTAL, &[], 1.0)
-                });
-                for p in &mut self.proxiers {
-                    changed |= match (old, new) {
-                        (_, Some(n)) => p.on_endpoint_slice(n, false),
-                        (Some(o), None) => p.on_endpoint_slice(o, true),
-                        (None, None) => false,
-                    };
-                }
-            }
+            .collect();
+        for key in gone {
+            changed |= self.set_slice(key, None);
         }
-        self.services = services;
-        self.slices = slices;
-        self.set_pending();
-        if let (Some(e), Ok(mut h)) = (self.eligible(loaded), self.health.lock()) {
-            h.set_node_eligible(e);
+        for (key, sl) in slices {
+            changed |= self.set_slice(key, Some(sl));
         }
-        for p in &mut self.proxiers {
-            for e in p.take_errors() {
-                tracing::error!(error = %e, "service ignored");
-            }
-        }
+        self.after_changes();
         Ok(changed)
     }
 
@@ -586,25 +685,110 @@ fn serve_metrics(settings: &Settings, metrics: &Arc<Mutex<Metrics>>) {
     }
 }
 
-fn manifests_path(source: &Source) -> anyhow::Result<PathBuf> {
-    match &source.manifests {
-        Some(p) => Ok(PathBuf::from(p)),
-        None if source.kubeconfig.is_some() || source.master.is_some() => bail!(
-            "watching the Kubernetes API is not part of this build yet; give --manifests PATH \
-             (a YAML file or directory of Services, EndpointSlices and Nodes)"
-        ),
-        None => {
-            bail!("nothing to proxy: give --manifests PATH (the Kubernetes API source comes later)")
+/// How long `plan` waits for the API server's initial lists.
+const PLAN_LIST_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Where the input comes from, and what was last seen of it.
+enum Feed {
+    /// `--manifests`: polled for edits.
+    Manifests {
+        path: PathBuf,
+        seen: Vec<(PathBuf, Option<SystemTime>, u64)>,
+    },
+    /// The Kubernetes API: updates from the watch thread.
+    Api {
+        rx: Receiver<Update>,
+        /// Services, EndpointSlices and the Node have been listed.
+        synced: bool,
+    },
+}
+
+impl Feed {
+    fn open(source: &Source, node_name: &str) -> anyhow::Result<Feed> {
+        if let Some(p) = &source.manifests {
+            let path = PathBuf::from(p);
+            return Ok(Feed::Manifests {
+                seen: Vec::new(),
+                path,
+            });
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        let api = ApiSource {
+            kubeconfig: source.kubeconfig.as_ref().map(PathBuf::from),
+            master: source.master.clone(),
+            node_name: node_name.to_string(),
+        };
+        verdict_k8s::watch::start(api, tx).context("the Kubernetes API source")?;
+        Ok(Feed::Api { rx, synced: false })
+    }
+
+    /// Whether the node may be programmed: everything has been listed once.
+    fn ready(&self) -> bool {
+        match self {
+            Feed::Manifests { .. } => true,
+            Feed::Api { synced, .. } => *synced,
+        }
+    }
+
+    /// Waits up to `wait` for input and applies it to `node`. Returns
+    /// whether the rules must change.
+    fn poll(&mut self, node: &mut Node, wait: Duration) -> anyhow::Result<bool> {
+        match self {
+            Feed::Manifests { path, seen } => {
+                let current = fingerprint(path);
+                if current == *seen {
+                    std::thread::sleep(wait);
+                    return Ok(false);
+                }
+                let first = seen.is_empty();
+                *seen = current;
+                if !first {
+                    tracing::info!(manifests = %path.display(), "manifests changed");
+                }
+                node.apply(&verdict_k8s::load(path))
+            }
+            Feed::Api { rx, synced } => {
+                let first = match rx.recv_timeout(wait) {
+                    Ok(u) => u,
+                    Err(RecvTimeoutError::Timeout) => return Ok(false),
+                    Err(RecvTimeoutError::Disconnected) => {
+                        bail!("the Kubernetes API source stopped")
+                    }
+                };
+                let mut changed = false;
+                for u in std::iter::once(first).chain(rx.try_iter()) {
+                    if u == Update::Synced {
+                        tracing::info!(
+                            "Services and EndpointSlices are listed: programming the node"
+                        );
+                        *synced = true;
+                        changed = true;
+                    }
+                    changed |= node.on_update(u);
+                }
+                Ok(changed)
+            }
         }
     }
 }
 
-/// The nftables script `run` would program for the manifests, both families.
+/// The nftables script `run` would program for the source's current
+/// state, both families.
 pub fn plan(settings: &Settings, source: &Source) -> anyhow::Result<String> {
-    let path = manifests_path(source)?;
-    let loaded = verdict_k8s::load(&path);
     let mut node = Node::new(settings)?;
-    node.apply(&loaded)?;
+    let mut feed = Feed::open(source, &node.name)?;
+    let deadline = Instant::now() + PLAN_LIST_TIMEOUT;
+    feed.poll(&mut node, Duration::ZERO)?;
+    while !feed.ready() {
+        if Instant::now() > deadline {
+            bail!(
+                "the API server did not list Services, EndpointSlices and the Node within {PLAN_LIST_TIMEOUT:?}"
+            );
+        }
+        feed.poll(&mut node, Duration::from_millis(200))?;
+    }
+    // Whatever else arrived with the lists.
+    while feed.poll(&mut node, Duration::from_millis(50))? {}
     let mut memory = MemoryBackend::new();
     node.sync(&mut memory, Instant::now())?;
     let mut out = String::new();
@@ -653,7 +837,6 @@ fn fingerprint(path: &Path) -> Vec<(PathBuf, Option<SystemTime>, u64)> {
 /// Programs the node and keeps it programmed. Returns only on error; on
 /// SIGTERM the process ends and the rules stay, so traffic keeps flowing.
 pub fn run(settings: &Settings, source: &Source) -> anyhow::Result<()> {
-    let path = manifests_path(source)?;
     check_kernel()?;
     crate::probe::check_net_admin()?;
     // As kube-proxy in nftables mode: what the iptables and IPVS modes left
@@ -662,8 +845,8 @@ pub fn run(settings: &Settings, source: &Source) -> anyhow::Result<()> {
         tracing::warn!(%problem, "cleaning up iptables/IPVS leftovers");
     }
     let mut nft = NftCli::new().context("nftables")?;
-    tracing::info!(nft = ?nft.version(), manifests = %path.display(), "starting");
     let mut node = Node::new(settings)?;
+    tracing::info!(nft = ?nft.version(), node = %node.name, "starting");
     let configs: Vec<&ProxierConfig> = node.proxiers.iter().map(|p| p.config()).collect();
     let without_affinity = crate::probe::probe_nftables(&nft, &configs).context("startup check")?;
     tracing::info!("nftables dry run passed: the kernel accepts verdict's ruleset");
@@ -671,29 +854,36 @@ pub fn run(settings: &Settings, source: &Source) -> anyhow::Result<()> {
     node.live = Some(ConntrackCli::new());
     serve_health(settings, &node.health, &node.metrics);
     serve_metrics(settings, &node.metrics);
-    let mut seen = fingerprint(&path);
-    node.apply(&verdict_k8s::load(&path))?;
-    node.queued();
+    let mut feed = Feed::open(source, &node.name)?;
 
-    let mut dirty = true;
+    let mut dirty = false;
     let mut last_sync: Option<Instant> = None;
     let mut retry_at: Option<Instant> = None;
     loop {
-        let now = Instant::now();
-        let current = fingerprint(&path);
-        if current != seen {
-            seen = current;
-            tracing::info!(manifests = %path.display(), "manifests changed");
-            if node.apply(&verdict_k8s::load(&path))? {
+        match feed.poll(&mut node, Duration::from_millis(200)) {
+            Ok(true) => {
                 dirty = true;
-                node.queued();
+                // As kube-proxy, changes count as queued (for /healthz)
+                // only once the initial lists are in.
+                if feed.ready() {
+                    node.queued();
+                }
             }
+            Ok(false) => {}
+            Err(e) if matches!(feed, Feed::Api { .. }) => return Err(e),
+            Err(e) => tracing::error!(error = %format!("{e:#}"), "cannot use the manifests"),
         }
+        if !feed.ready() {
+            // As kube-proxy: nothing is programmed before the initial lists.
+            continue;
+        }
+        let now = Instant::now();
         let spaced =
             last_sync.is_none_or(|t| now.duration_since(t) >= node.settings.min_sync_period);
         let retry_due = retry_at.is_some_and(|t| now >= t);
         let hourly = last_sync.is_some_and(|t| now.duration_since(t) >= FULL_SYNC_PERIOD);
-        if ((dirty && retry_at.is_none()) || retry_due || hourly) && spaced {
+        let first = last_sync.is_none();
+        if ((dirty && retry_at.is_none()) || retry_due || hourly || first) && spaced {
             last_sync = Some(now);
             match node.sync(&mut nft, now) {
                 Ok(()) => {
@@ -706,7 +896,6 @@ pub fn run(settings: &Settings, source: &Source) -> anyhow::Result<()> {
                 }
             }
         }
-        std::thread::sleep(Duration::from_millis(200));
     }
 }
 

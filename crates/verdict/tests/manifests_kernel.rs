@@ -5,16 +5,15 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::net::IpAddr;
-use std::path::{Path, PathBuf};
+mod common;
+
+use common::*;
+
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use verdict_e2e::bed::{Placement, TestBed};
-use verdict_e2e::netns::{Process, can_run};
-
-fn ip(s: &str) -> IpAddr {
-    s.parse().unwrap()
-}
+use verdict_e2e::netns::Process;
 
 const SERVICE: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: demo}\nspec:\n  clusterIP: 172.30.0.41\n  ports: [{name: http, port: 80, protocol: TCP}]\n";
 
@@ -34,25 +33,6 @@ fn slice(endpoint: &str) -> String {
     format!(
         "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: web-1\n  namespace: demo\n  labels: {{kubernetes.io/service-name: web}}\naddressType: IPv4\nports: [{{name: http, port: 80, protocol: TCP}}]\nendpoints:\n- {{addresses: [{endpoint}], nodeName: test-node}}\n"
     )
-}
-
-/// Who answers the pod's connection to the service ("" if nobody).
-fn who(bed: &TestBed) -> String {
-    let line = bed
-        .connect(ip("10.0.0.2"), ip("172.30.0.41"), "tcp", 80, 500)
-        .unwrap_or_default();
-    line.split_whitespace().nth(1).unwrap_or("").to_string()
-}
-
-fn wait_for(bed: &TestBed, want: &str) -> String {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let got = who(bed);
-        if got == want || Instant::now() > deadline {
-            return got;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
 }
 
 fn write(dir: &Path, name: &str, text: &str) {
@@ -431,56 +411,4 @@ fn stale_udp_conntrack_entries_are_deleted() {
     let got = udp_wait_for(&bed, "REFUSED");
     assert_eq!(got, "REFUSED", "scaled to zero");
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// An HTTP GET to verdict's health port, from inside the node.
-fn http(bed: &TestBed, path: &str) -> String {
-    http_on(bed, 10256, path)
-}
-
-/// The value of one sample of `/metrics` (`None` if it is not there).
-fn sample(metrics: &str, series: &str) -> Option<f64> {
-    metrics
-        .lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-}
-
-/// An HTTP GET to `port` on the node's loopback.
-fn http_on(bed: &TestBed, port: u16, path: &str) -> String {
-    http_at(bed, "127.0.0.1", port, path)
-}
-
-/// An HTTP GET to `host:port`, from the node.
-fn http_at(bed: &TestBed, host: &str, port: u16, path: &str) -> String {
-    let script = format!(
-        "exec 3<>/dev/tcp/{host}/{port} && printf 'GET {path} HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n' >&3 && cat <&3"
-    );
-    bed.node
-        .exec("bash", &["-c", &script])
-        .unwrap_or_else(|e| e.to_string())
-}
-
-/// A fresh test bed, or `None` (with the reason printed) where namespace
-/// tests cannot run.
-fn bed() -> Option<TestBed> {
-    if let Err(why) = can_run() {
-        println!("skipped: {why}");
-        return None;
-    }
-    Some(TestBed::new(PathBuf::from(verdict_e2e_echo())).unwrap())
-}
-
-/// An empty directory for one test's manifests.
-fn scratch_dir(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("verdict-{tag}-e2e-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-/// The echo tool of the test bed, built by the e2e crate.
-fn verdict_e2e_echo() -> String {
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().unwrap().parent().unwrap();
-    dir.join("verdict-e2e-echo").to_string_lossy().into_owned()
 }

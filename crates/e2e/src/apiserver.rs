@@ -1,0 +1,855 @@
+//! A fake Kubernetes API server for the resources verdict watches:
+//! Services, EndpointSlices, Nodes and ServiceCIDRs.
+//!
+//! It speaks the real protocol that client libraries use, over plain HTTP/1.1:
+//! - `GET <collection>` lists, with `labelSelector` and `fieldSelector`, and
+//!   answers the list's `metadata.resourceVersion`;
+//! - `GET <collection>?watch=true&resourceVersion=N` streams newline-delimited
+//!   watch events (`ADDED`, `MODIFIED`, `DELETED`, and `BOOKMARK` when
+//!   `allowWatchBookmarks=true`) with chunked encoding, from just after `N`,
+//!   ending after `timeoutSeconds`;
+//! - a watch from a resourceVersion older than the retained history gets an
+//!   `ERROR` event carrying a `410 Gone` Status, as etcd compaction causes;
+//! - a selector-filtered watch sees an object that stops matching as
+//!   `DELETED` and one that starts matching as `ADDED`.
+//!
+//! Tests change objects with [`FakeApiServer::apply`] and
+//! [`FakeApiServer::delete`], and force every client to relist with
+//! [`FakeApiServer::expire`]. The `verdict-e2e-apiserver` binary runs one
+//! inside a namespace and takes the same commands on stdin.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+/// A resource the fake serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Resource {
+    /// core/v1 Services.
+    Services,
+    /// discovery.k8s.io/v1 EndpointSlices.
+    EndpointSlices,
+    /// core/v1 Nodes.
+    Nodes,
+    /// networking.k8s.io/v1 ServiceCIDRs.
+    ServiceCidrs,
+}
+
+impl Resource {
+    /// Every resource.
+    pub const ALL: [Resource; 4] = [
+        Resource::Services,
+        Resource::EndpointSlices,
+        Resource::Nodes,
+        Resource::ServiceCidrs,
+    ];
+
+    /// The object kind.
+    pub fn kind(self) -> &'static str {
+        match self {
+            Resource::Services => "Service",
+            Resource::EndpointSlices => "EndpointSlice",
+            Resource::Nodes => "Node",
+            Resource::ServiceCidrs => "ServiceCIDR",
+        }
+    }
+
+    /// The resource of an object kind.
+    pub fn of_kind(kind: &str) -> Option<Resource> {
+        Resource::ALL.into_iter().find(|r| r.kind() == kind)
+    }
+
+    fn api_version(self) -> &'static str {
+        match self {
+            Resource::Services | Resource::Nodes => "v1",
+            Resource::EndpointSlices => "discovery.k8s.io/v1",
+            Resource::ServiceCidrs => "networking.k8s.io/v1",
+        }
+    }
+
+    fn namespaced(self) -> bool {
+        matches!(self, Resource::Services | Resource::EndpointSlices)
+    }
+
+    fn plural(self) -> &'static str {
+        match self {
+            Resource::Services => "services",
+            Resource::EndpointSlices => "endpointslices",
+            Resource::Nodes => "nodes",
+            Resource::ServiceCidrs => "servicecidrs",
+        }
+    }
+
+    /// The collection path across namespaces.
+    pub fn path(self) -> String {
+        match self.api_version() {
+            "v1" => format!("/api/v1/{}", self.plural()),
+            group => format!("/apis/{group}/{}", self.plural()),
+        }
+    }
+
+    /// The resource and namespace a request path names.
+    fn route(path: &str) -> Option<(Resource, Option<String>)> {
+        for r in Resource::ALL {
+            if path == r.path() {
+                return Some((r, None));
+            }
+            let prefix = match r.api_version() {
+                "v1" => "/api/v1".to_string(),
+                group => format!("/apis/{group}"),
+            };
+            if r.namespaced()
+                && let Some(rest) = path.strip_prefix(&format!("{prefix}/namespaces/"))
+                && let Some((ns, plural)) = rest.split_once('/')
+                && plural == r.plural()
+            {
+                return Some((r, Some(ns.to_string())));
+            }
+        }
+        None
+    }
+}
+
+/// Namespace (empty for cluster-scoped objects) and name.
+type Key = (Resource, String, String);
+
+#[derive(Clone, Debug)]
+struct Change {
+    rv: u64,
+    resource: Resource,
+    /// The object before (None: added).
+    old: Option<Value>,
+    /// The object after (None: deleted; `old` carries the last state).
+    new: Option<Value>,
+}
+
+#[derive(Debug, Default)]
+struct Store {
+    rv: u64,
+    objects: BTreeMap<Key, Value>,
+    /// Changes with `rv > compacted`.
+    history: Vec<Change>,
+    /// Watches from a resourceVersion below this get 410 Gone.
+    compacted: u64,
+    /// Bumped by `expire`: open watches end.
+    epoch: u64,
+    not_served: BTreeSet<Resource>,
+    requests: Vec<String>,
+}
+
+struct Shared {
+    store: Mutex<Store>,
+    changed: Condvar,
+    bookmark_every: Duration,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Store> {
+        // A panicking request thread leaves consistent data behind (every
+        // mutation is a single assignment), so a poisoned lock is still usable.
+        self.store.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Why an object could not be stored.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// The object lacks kind, name or namespace.
+    #[error("invalid object: {0}")]
+    Invalid(String),
+    /// No such object.
+    #[error("not found: {0}")]
+    NotFound(String),
+    /// The listener could not be set up.
+    #[error("listen: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// The fake API server; it stops serving when dropped (open connections
+/// end when their client goes away).
+pub struct FakeApiServer {
+    shared: Arc<Shared>,
+    addr: SocketAddr,
+}
+
+impl FakeApiServer {
+    /// Listens on `addr` (port 0 picks one), with a bookmark on every
+    /// open watch each `bookmark_every`.
+    pub fn start(addr: SocketAddr, bookmark_every: Duration) -> Result<FakeApiServer, ApiError> {
+        let listener = TcpListener::bind(addr)?;
+        let addr = listener.local_addr()?;
+        let shared = Arc::new(Shared {
+            store: Mutex::new(Store::default()),
+            changed: Condvar::new(),
+            bookmark_every,
+        });
+        let weak = Arc::downgrade(&shared);
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Some(shared) = weak.upgrade() else {
+                    return;
+                };
+                let Ok(conn) = conn else {
+                    continue;
+                };
+                std::thread::spawn(move || {
+                    let _ = serve(&shared, conn);
+                });
+            }
+        });
+        Ok(FakeApiServer { shared, addr })
+    }
+
+    /// Where it listens.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The current resourceVersion.
+    pub fn resource_version(&self) -> u64 {
+        self.shared.lock().rv
+    }
+
+    /// Creates or replaces an object (by kind, namespace and name); returns
+    /// its new resourceVersion.
+    pub fn apply(&self, mut obj: Value) -> Result<u64, ApiError> {
+        let kind = obj.get("kind").and_then(Value::as_str).unwrap_or_default();
+        let resource = Resource::of_kind(kind)
+            .ok_or_else(|| ApiError::Invalid(format!("kind {kind:?} is not served")))?;
+        let key = key_of(resource, &obj)?;
+        let mut s = self.shared.lock();
+        s.rv += 1;
+        let rv = s.rv;
+        let meta = obj
+            .as_object_mut()
+            .and_then(|o| o.get_mut("metadata"))
+            .and_then(Value::as_object_mut)
+            .ok_or_else(|| ApiError::Invalid("metadata is not an object".into()))?;
+        meta.insert("resourceVersion".into(), json!(rv.to_string()));
+        meta.entry("uid")
+            .or_insert_with(|| json!(format!("uid-{}-{}", key.1, key.2)));
+        obj["apiVersion"] = json!(resource.api_version());
+        let old = s.objects.insert(key, obj.clone());
+        s.history.push(Change {
+            rv,
+            resource,
+            old,
+            new: Some(obj),
+        });
+        drop(s);
+        self.shared.changed.notify_all();
+        Ok(rv)
+    }
+
+    /// Deletes an object; returns the resourceVersion of the deletion.
+    pub fn delete(&self, kind: &str, namespace: &str, name: &str) -> Result<u64, ApiError> {
+        let resource = Resource::of_kind(kind)
+            .ok_or_else(|| ApiError::Invalid(format!("kind {kind:?} is not served")))?;
+        let key = (resource, namespace.to_string(), name.to_string());
+        let mut s = self.shared.lock();
+        let Some(mut last) = s.objects.remove(&key) else {
+            return Err(ApiError::NotFound(format!("{kind} {namespace}/{name}")));
+        };
+        s.rv += 1;
+        let rv = s.rv;
+        last["metadata"]["resourceVersion"] = json!(rv.to_string());
+        s.history.push(Change {
+            rv,
+            resource,
+            old: Some(last),
+            new: None,
+        });
+        drop(s);
+        self.shared.changed.notify_all();
+        Ok(rv)
+    }
+
+    /// As etcd compaction plus an API server restart: the history so far is
+    /// forgotten and every open watch ends, so clients re-watch from their
+    /// last resourceVersion, get 410 Gone, and relist.
+    pub fn expire(&self) {
+        let mut s = self.shared.lock();
+        // Every resourceVersion handed out so far becomes too old; a list
+        // from now on returns the new one, which can be watched from.
+        s.rv += 1;
+        s.compacted = s.rv;
+        s.history.clear();
+        s.epoch += 1;
+        drop(s);
+        self.shared.changed.notify_all();
+    }
+
+    /// Serves a resource or not (answering 404, as an API server without
+    /// that API group version).
+    pub fn set_served(&self, resource: Resource, served: bool) {
+        let mut s = self.shared.lock();
+        if served {
+            s.not_served.remove(&resource);
+        } else {
+            s.not_served.insert(resource);
+        }
+    }
+
+    /// Request lines received so far (`GET /path?query`).
+    pub fn requests(&self) -> Vec<String> {
+        self.shared.lock().requests.clone()
+    }
+
+    /// Runs commands, one JSON document per line, answering each with one
+    /// line: `ok <resourceVersion>` or `error <message>`. Commands:
+    /// `{"apply": OBJECT}`, `{"delete": {"kind", "namespace", "name"}}`,
+    /// `{"expire": true}`, `{"served": {"kind", "served"}}`, `{"requests": true}`
+    /// (answers `ok <json array>`).
+    pub fn command(&self, line: &str) -> String {
+        let v: Value = match serde_json::from_str(line) {
+            Ok(v) => v,
+            Err(e) => return format!("error not JSON: {e}"),
+        };
+        let text = |v: &Value, k: &str| v.get(k).and_then(Value::as_str).unwrap_or("").to_string();
+        let r = if let Some(obj) = v.get("apply") {
+            self.apply(obj.clone())
+        } else if let Some(d) = v.get("delete") {
+            self.delete(&text(d, "kind"), &text(d, "namespace"), &text(d, "name"))
+        } else if v.get("expire").is_some() {
+            self.expire();
+            Ok(self.resource_version())
+        } else if let Some(d) = v.get("served") {
+            match Resource::of_kind(&text(d, "kind")) {
+                Some(r) => {
+                    self.set_served(r, d.get("served").and_then(Value::as_bool).unwrap_or(true));
+                    Ok(self.resource_version())
+                }
+                None => Err(ApiError::Invalid(format!("kind {:?}", text(d, "kind")))),
+            }
+        } else if v.get("requests").is_some() {
+            return format!("ok {}", json!(self.requests()));
+        } else {
+            Err(ApiError::Invalid(format!("unknown command {line}")))
+        };
+        match r {
+            Ok(rv) => format!("ok {rv}"),
+            Err(e) => format!("error {e}"),
+        }
+    }
+}
+
+/// The `verdict-e2e-apiserver` program running inside a test namespace,
+/// driven through its stdin; killed when dropped.
+pub struct ApiServerProcess {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    stdout: BufReader<std::process::ChildStdout>,
+}
+
+impl ApiServerProcess {
+    /// Starts `program` (the `verdict-e2e-apiserver` binary) in `ns`,
+    /// listening on `listen`, and waits until it listens.
+    pub fn spawn(
+        ns: &crate::netns::Netns,
+        program: &str,
+        listen: &str,
+        bookmark_every: Duration,
+    ) -> Result<ApiServerProcess, crate::netns::CmdError> {
+        use std::process::{Command, Stdio};
+        let fail =
+            |m: String| crate::netns::CmdError(format!("fake API server in {}: {m}", ns.name()));
+        let ms = bookmark_every.as_millis().to_string();
+        let mut child = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                ns.name(),
+                program,
+                "--listen",
+                listen,
+                "--bookmark-ms",
+                &ms,
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|e| fail(e.to_string()))?;
+        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(fail("no stdio".into()));
+        };
+        let mut p = ApiServerProcess {
+            child,
+            stdin,
+            stdout: BufReader::new(stdout),
+        };
+        let first = p.line().map_err(fail)?;
+        if !first.starts_with("listening ") {
+            return Err(fail(format!("did not start: {first:?}")));
+        }
+        Ok(p)
+    }
+
+    fn line(&mut self) -> Result<String, String> {
+        let mut line = String::new();
+        match self.stdout.read_line(&mut line) {
+            Ok(0) => Err("exited".into()),
+            Ok(_) => Ok(line.trim_end().to_string()),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// Runs one command (see [`FakeApiServer::command`]); returns what
+    /// follows `ok `, or the error.
+    pub fn command(&mut self, cmd: &Value) -> Result<String, String> {
+        writeln!(self.stdin, "{cmd}")
+            .and_then(|()| self.stdin.flush())
+            .map_err(|e| e.to_string())?;
+        let answer = self.line()?;
+        match answer.strip_prefix("ok ") {
+            Some(rest) => Ok(rest.to_string()),
+            None => Err(answer),
+        }
+    }
+
+    /// Creates or replaces an object.
+    pub fn apply(&mut self, obj: Value) -> Result<String, String> {
+        self.command(&json!({ "apply": obj }))
+    }
+
+    /// Deletes an object.
+    pub fn delete(&mut self, kind: &str, namespace: &str, name: &str) -> Result<String, String> {
+        self.command(&json!({"delete": {"kind": kind, "namespace": namespace, "name": name}}))
+    }
+
+    /// Forgets the history and ends every watch (see [`FakeApiServer::expire`]).
+    pub fn expire(&mut self) -> Result<String, String> {
+        self.command(&json!({"expire": true}))
+    }
+
+    /// Serves a kind or answers 404 for it.
+    pub fn set_served(&mut self, kind: &str, served: bool) -> Result<String, String> {
+        self.command(&json!({"served": {"kind": kind, "served": served}}))
+    }
+
+    /// The request lines received so far.
+    pub fn requests(&mut self) -> Result<Vec<String>, String> {
+        let text = self.command(&json!({"requests": true}))?;
+        serde_json::from_str(&text).map_err(|e| e.to_string())
+    }
+}
+
+impl Drop for ApiServerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn key_of(resource: Resource, obj: &Value) -> Result<Key, ApiError> {
+    let meta = obj.get("metadata");
+    let field = |k: &str| {
+        meta.and_then(|m| m.get(k))
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string()
+    };
+    let (ns, name) = (field("namespace"), field("name"));
+    if name.is_empty() {
+        return Err(ApiError::Invalid("metadata.name is missing".into()));
+    }
+    if resource.namespaced() == ns.is_empty() {
+        return Err(ApiError::Invalid(format!(
+            "{} {name}: metadata.namespace {}",
+            resource.kind(),
+            if ns.is_empty() {
+                "is missing"
+            } else {
+                "is not allowed"
+            }
+        )));
+    }
+    Ok((resource, ns, name))
+}
+
+/// Decodes `%XX` and `+` in a query component.
+fn unescape(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' if i + 3 <= bytes.len() => {
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("");
+                match u8::from_str_radix(hex, 16) {
+                    Ok(b) => {
+                        out.push(b);
+                        i += 3;
+                        continue;
+                    }
+                    Err(_) => out.push(b'%'),
+                }
+            }
+            b'+' => out.push(b' '),
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// One term of a label or field selector.
+#[derive(Clone, Debug, PartialEq)]
+enum Term {
+    Exists(String),
+    Absent(String),
+    Equals(String, String),
+    Differs(String, String),
+}
+
+fn parse_selector(s: &str) -> Vec<Term> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .map(|t| {
+            if let Some((k, v)) = t.split_once("!=") {
+                Term::Differs(k.into(), v.into())
+            } else if let Some((k, v)) = t.split_once("==").or_else(|| t.split_once('=')) {
+                Term::Equals(k.into(), v.into())
+            } else if let Some(k) = t.strip_prefix('!') {
+                Term::Absent(k.into())
+            } else {
+                Term::Exists(t.into())
+            }
+        })
+        .collect()
+}
+
+fn matches(obj: &Value, labels: &[Term], fields: &[Term]) -> bool {
+    let label = |k: &str| {
+        obj.pointer("/metadata/labels")
+            .and_then(|l| l.get(k))
+            .and_then(Value::as_str)
+    };
+    let field = |k: &str| {
+        let pointer = format!("/{}", k.replace('.', "/"));
+        obj.pointer(&pointer).and_then(Value::as_str).unwrap_or("")
+    };
+    labels.iter().all(|t| match t {
+        Term::Exists(k) => label(k).is_some(),
+        Term::Absent(k) => label(k).is_none(),
+        Term::Equals(k, v) => label(k) == Some(v.as_str()),
+        Term::Differs(k, v) => label(k) != Some(v.as_str()),
+    }) && fields.iter().all(|t| match t {
+        Term::Equals(k, v) => field(k) == v,
+        Term::Differs(k, v) => field(k) != v,
+        Term::Exists(_) | Term::Absent(_) => false,
+    })
+}
+
+struct Request {
+    line: String,
+    path: String,
+    query: BTreeMap<String, String>,
+}
+
+fn read_request(reader: &mut BufReader<TcpStream>) -> std::io::Result<Option<Request>> {
+    let mut line = String::new();
+    if reader.read_line(&mut line)? == 0 {
+        return Ok(None);
+    }
+    let line = line.trim_end().to_string();
+    loop {
+        let mut h = String::new();
+        if reader.read_line(&mut h)? == 0 || h.trim_end().is_empty() {
+            break;
+        }
+    }
+    let target = line.split(' ').nth(1).unwrap_or("/");
+    let (path, q) = target.split_once('?').unwrap_or((target, ""));
+    let query = q
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let (k, v) = p.split_once('=').unwrap_or((p, ""));
+            (unescape(k), unescape(v))
+        })
+        .collect();
+    Ok(Some(Request {
+        path: path.to_string(),
+        line,
+        query,
+    }))
+}
+
+fn respond(conn: &mut TcpStream, code: u16, reason: &str, body: &Value) -> std::io::Result<()> {
+    let body = body.to_string();
+    write!(
+        conn,
+        "HTTP/1.1 {code} {reason}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )?;
+    conn.flush()
+}
+
+fn status(code: u16, reason: &str, message: &str) -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+           "message": message, "reason": reason, "code": code})
+}
+
+fn serve(shared: &Shared, conn: TcpStream) -> std::io::Result<()> {
+    let mut reader = BufReader::new(conn.try_clone()?);
+    let mut conn = conn;
+    let Some(req) = read_request(&mut reader)? else {
+        return Ok(());
+    };
+    shared.lock().requests.push(req.line.clone());
+    let Some((resource, namespace)) = Resource::route(&req.path) else {
+        return respond(
+            &mut conn,
+            404,
+            "Not Found",
+            &status(
+                404,
+                "NotFound",
+                "the server could not find the requested resource",
+            ),
+        );
+    };
+    if shared.lock().not_served.contains(&resource) {
+        return respond(
+            &mut conn,
+            404,
+            "Not Found",
+            &status(
+                404,
+                "NotFound",
+                "the server could not find the requested resource",
+            ),
+        );
+    }
+    let q = |k: &str| req.query.get(k).cloned().unwrap_or_default();
+    let labels = parse_selector(&q("labelSelector"));
+    let fields = parse_selector(&q("fieldSelector"));
+    if let Some(bad) = fields.iter().find(|t| {
+        !matches!(t, Term::Equals(k, _) | Term::Differs(k, _)
+            if k == "metadata.name" || k == "metadata.namespace")
+    }) {
+        return respond(
+            &mut conn,
+            400,
+            "Bad Request",
+            &status(
+                400,
+                "BadRequest",
+                &format!("field selector {bad:?} is not supported"),
+            ),
+        );
+    }
+    let in_scope = |key: &Key, obj: &Value| {
+        key.0 == resource
+            && namespace.as_ref().is_none_or(|ns| *ns == key.1)
+            && matches(obj, &labels, &fields)
+    };
+    if q("watch") != "true" && q("watch") != "1" {
+        let s = shared.lock();
+        let items: Vec<Value> = s
+            .objects
+            .iter()
+            .filter(|(k, o)| in_scope(k, o))
+            .map(|(_, o)| {
+                let mut o = o.clone();
+                // Lists carry the kind once, not per item.
+                if let Some(m) = o.as_object_mut() {
+                    m.remove("kind");
+                    m.remove("apiVersion");
+                }
+                o
+            })
+            .collect();
+        let list = json!({
+            "kind": format!("{}List", resource.kind()),
+            "apiVersion": resource.api_version(),
+            "metadata": {"resourceVersion": s.rv.to_string()},
+            "items": items,
+        });
+        drop(s);
+        return respond(&mut conn, 200, "OK", &list);
+    }
+    watch(shared, conn, resource, &req, &in_scope)
+}
+
+fn chunk(conn: &mut TcpStream, event: &Value) -> std::io::Result<()> {
+    let line = format!("{event}\n");
+    write!(conn, "{:x}\r\n{line}\r\n", line.len())?;
+    conn.flush()
+}
+
+fn watch(
+    shared: &Shared,
+    mut conn: TcpStream,
+    resource: Resource,
+    req: &Request,
+    in_scope: &dyn Fn(&Key, &Value) -> bool,
+) -> std::io::Result<()> {
+    let q = |k: &str| req.query.get(k).cloned().unwrap_or_default();
+    let bookmarks = q("allowWatchBookmarks") == "true";
+    let timeout = Duration::from_secs(q("timeoutSeconds").parse().unwrap_or(1800));
+    write!(
+        conn,
+        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+    )?;
+    let deadline = Instant::now() + timeout;
+    let mut s = shared.lock();
+    let epoch = s.epoch;
+    let mut cursor = match q("resourceVersion").as_str() {
+        // "Any": start with the current state as ADDED events.
+        "" | "0" => {
+            let current: Vec<Value> = s
+                .objects
+                .iter()
+                .filter(|(k, o)| in_scope(k, o))
+                .map(|(_, o)| o.clone())
+                .collect();
+            let rv = s.rv;
+            drop(s);
+            for o in current {
+                chunk(&mut conn, &json!({"type": "ADDED", "object": o}))?;
+            }
+            s = shared.lock();
+            rv
+        }
+        v => match v.parse::<u64>() {
+            Ok(rv) if rv >= s.compacted => rv,
+            Ok(rv) => {
+                let msg = format!("too old resource version: {rv} ({})", s.compacted);
+                drop(s);
+                chunk(
+                    &mut conn,
+                    &json!({"type": "ERROR", "object": status(410, "Expired", &msg)}),
+                )?;
+                return write!(conn, "0\r\n\r\n");
+            }
+            Err(_) => {
+                drop(s);
+                let msg = format!("invalid resourceVersion {v:?}");
+                chunk(
+                    &mut conn,
+                    &json!({"type": "ERROR", "object": status(400, "BadRequest", &msg)}),
+                )?;
+                return write!(conn, "0\r\n\r\n");
+            }
+        },
+    };
+    let mut next_bookmark = Instant::now() + shared.bookmark_every;
+    loop {
+        if s.epoch != epoch {
+            // Expired: the connection drops, as when the server restarts.
+            return Ok(());
+        }
+        let events: Vec<Value> = s
+            .history
+            .iter()
+            .filter(|c| c.rv > cursor && c.resource == resource)
+            .filter_map(|c| {
+                let was = c
+                    .old
+                    .as_ref()
+                    .is_some_and(|o| in_scope(&key_from(resource, o), o));
+                let is = c
+                    .new
+                    .as_ref()
+                    .is_some_and(|o| in_scope(&key_from(resource, o), o));
+                match (was, is, &c.new) {
+                    (false, true, Some(n)) => Some(json!({"type": "ADDED", "object": n})),
+                    (true, true, Some(n)) => Some(json!({"type": "MODIFIED", "object": n})),
+                    (true, false, Some(n)) => Some(json!({"type": "DELETED", "object": n})),
+                    (true, false, None) => c
+                        .old
+                        .as_ref()
+                        .map(|o| json!({"type": "DELETED", "object": o})),
+                    _ => None,
+                }
+            })
+            .collect();
+        cursor = s.rv;
+        drop(s);
+        for e in events {
+            chunk(&mut conn, &e)?;
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return write!(conn, "0\r\n\r\n");
+        }
+        if bookmarks && now >= next_bookmark {
+            let mark = json!({"type": "BOOKMARK", "object": {
+                "kind": resource.kind(), "apiVersion": resource.api_version(),
+                "metadata": {"resourceVersion": cursor.to_string()}}});
+            chunk(&mut conn, &mark)?;
+            next_bookmark = now + shared.bookmark_every;
+        }
+        let wait = deadline.min(next_bookmark).saturating_duration_since(now);
+        s = shared.lock();
+        if s.rv == cursor && s.epoch == epoch {
+            s = shared
+                .changed
+                .wait_timeout(s, wait)
+                .map(|(g, _)| g)
+                .unwrap_or_else(|p| p.into_inner().0);
+        }
+    }
+}
+
+fn key_from(resource: Resource, obj: &Value) -> Key {
+    let f = |k: &str| {
+        obj.pointer(&format!("/metadata/{k}"))
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string()
+    };
+    (resource, f("namespace"), f("name"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn selectors_follow_kubernetes_syntax() {
+        let obj = json!({"metadata": {"name": "a", "namespace": "n", "labels": {"x": "1"}}});
+        let ok = |l: &str, f: &str| matches(&obj, &parse_selector(l), &parse_selector(f));
+        assert!(ok("x", ""));
+        assert!(ok("x=1,!y", ""));
+        assert!(!ok("!x", ""));
+        assert!(ok("x!=2", "metadata.name=a"));
+        assert!(!ok("", "metadata.name=b"));
+        assert!(ok("", "metadata.namespace!=kube-system"));
+    }
+
+    #[test]
+    fn query_components_are_unescaped() {
+        assert_eq!(
+            unescape("%21service.kubernetes.io%2Fheadless"),
+            "!service.kubernetes.io/headless"
+        );
+        assert_eq!(unescape("a%3D%3Db+c%"), "a==b c%");
+    }
+
+    #[test]
+    fn routes_cover_collections_and_namespaces() {
+        assert_eq!(
+            Resource::route("/api/v1/services"),
+            Some((Resource::Services, None))
+        );
+        assert_eq!(
+            Resource::route("/apis/discovery.k8s.io/v1/namespaces/x/endpointslices"),
+            Some((Resource::EndpointSlices, Some("x".into())))
+        );
+        assert_eq!(
+            Resource::route("/apis/networking.k8s.io/v1/servicecidrs"),
+            Some((Resource::ServiceCidrs, None))
+        );
+        assert_eq!(Resource::route("/api/v1/pods"), None);
+    }
+}

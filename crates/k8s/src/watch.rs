@@ -1,0 +1,557 @@
+//! The Kubernetes API source: kube-rs watchers for Services,
+//! EndpointSlices, this node's Node and (where served) ServiceCIDRs, turned
+//! into [`Update`]s for the daemon.
+//!
+//! What the daemon can rely on:
+//! - [`Update::Synced`] comes once, after Services, EndpointSlices and the
+//!   Node have all finished their initial list; before it the daemon
+//!   programs nothing (as kube-proxy).
+//! - A relist (after a watch expired with 410 Gone, or a reconnect) is
+//!   buffered until it is complete and then reported as the difference from
+//!   what was known: objects still there are not deleted and re-added, so no
+//!   valid rule is dropped, and objects that disappeared while nobody was
+//!   watching are deleted.
+//! - Disconnects are retried with backoff; until a watch is back, the last
+//!   known state stays programmed.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::mpsc::Sender;
+
+use futures::{Stream, StreamExt};
+use ipnet::IpNet;
+use k8s_openapi::api::core::v1 as core;
+use k8s_openapi::api::discovery::v1 as discovery;
+use k8s_openapi::api::networking::v1 as networking;
+use kube::api::{Api, ListParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use kube::{Client, Config, ResourceExt};
+use verdict_model::{EndpointSlice, LABEL_HEADLESS, LABEL_SERVICE_PROXY_NAME, Service};
+
+use crate::convert::{NodeInfo, node_info, service, service_cidrs, slice};
+
+/// Namespace and name of an object.
+pub type Key = (String, String);
+
+/// What changed in the cluster, as the daemon applies it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Update {
+    /// A Service was added or changed (`Some`), or deleted (`None`).
+    Service(Key, Option<Service>),
+    /// An EndpointSlice was added or changed (`Some`), or deleted (`None`).
+    Slice(Key, Option<EndpointSlice>),
+    /// This node's Node object changed (`Some`) or is gone (`None`).
+    Node(Option<NodeInfo>),
+    /// The CIDRs of every ServiceCIDR object.
+    ServiceCidrs(Vec<IpNet>),
+    /// Services, EndpointSlices and the Node have finished their initial
+    /// list: from now on the daemon may program the node.
+    Synced,
+}
+
+/// The label selector kube-proxy lists Services and EndpointSlices with:
+/// objects another proxy serves, and headless ones, are not even fetched.
+pub fn proxied_selector() -> String {
+    format!("!{LABEL_SERVICE_PROXY_NAME},!{LABEL_HEADLESS}")
+}
+
+/// Where the API server is and how to authenticate.
+#[derive(Clone, Debug, Default)]
+pub struct ApiSource {
+    /// `--kubeconfig`; without it (and without `master`), the in-cluster
+    /// service account.
+    pub kubeconfig: Option<PathBuf>,
+    /// `--master`: the API server's URL, overriding the kubeconfig's.
+    pub master: Option<String>,
+    /// This node's name (its Node object is watched).
+    pub node_name: String,
+}
+
+/// Why the API source could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    /// The kubeconfig could not be read or used.
+    #[error("kubeconfig {path}: {message}")]
+    Kubeconfig {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// `--master` is not a URL.
+    #[error("--master {url}: {message}")]
+    Master {
+        /// The value given.
+        url: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// Neither flag was given and this is not a pod.
+    #[error(
+        "no API server: give --kubeconfig or --master, or run in a pod with a service account ({0})"
+    )]
+    InCluster(String),
+    /// The client could not be built (TLS, runtime, thread).
+    #[error("Kubernetes client: {0}")]
+    Client(String),
+}
+
+/// A client configuration for `src`, as client-go's
+/// `BuildConfigFromFlags(master, kubeconfig)`: the kubeconfig if given
+/// (with `master` overriding its server), else `master` alone, else the
+/// in-cluster service account.
+async fn client_config(src: &ApiSource) -> Result<Config, SourceError> {
+    let master = match &src.master {
+        Some(url) => Some(url.parse::<http::Uri>().map_err(|e| SourceError::Master {
+            url: url.clone(),
+            message: e.to_string(),
+        })?),
+        None => None,
+    };
+    let mut config = match (&src.kubeconfig, &master) {
+        (Some(path), _) => {
+            let bad = |message: String| SourceError::Kubeconfig {
+                path: path.clone(),
+                message,
+            };
+            let kc = Kubeconfig::read_from(path).map_err(|e| bad(e.to_string()))?;
+            Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+                .await
+                .map_err(|e| bad(e.to_string()))?
+        }
+        (None, Some(url)) => Config::new(url.clone()),
+        (None, None) => Config::incluster().map_err(|e| SourceError::InCluster(e.to_string()))?,
+    };
+    if let Some(url) = master {
+        config.cluster_url = url;
+    }
+    Ok(config)
+}
+
+/// Keeps what one watch has reported, so that a relist can be turned into
+/// the difference from it (see the module documentation).
+#[derive(Debug)]
+pub struct Mirror<T> {
+    known: BTreeMap<Key, T>,
+    relisting: Option<BTreeMap<Key, T>>,
+    listed: bool,
+}
+
+impl<T> Default for Mirror<T> {
+    fn default() -> Self {
+        Mirror {
+            known: BTreeMap::new(),
+            relisting: None,
+            listed: false,
+        }
+    }
+}
+
+/// One watcher event, converted: `None` objects are ones the proxy does
+/// not use (treated as absent).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Seen<T> {
+    /// A (re)list starts.
+    ListStart,
+    /// An object of the list.
+    Listed(Key, Option<T>),
+    /// The list is complete.
+    ListDone,
+    /// An object was added or changed.
+    Applied(Key, Option<T>),
+    /// An object was deleted.
+    Deleted(Key),
+}
+
+impl<T: Clone + PartialEq> Mirror<T> {
+    /// Whether an initial list has completed.
+    pub fn listed(&self) -> bool {
+        self.listed
+    }
+
+    /// What is known now.
+    pub fn known(&self) -> &BTreeMap<Key, T> {
+        &self.known
+    }
+
+    /// Takes one event; returns the changes to apply (`None`: deleted).
+    pub fn see(&mut self, seen: Seen<T>) -> Vec<(Key, Option<T>)> {
+        match seen {
+            Seen::ListStart => {
+                self.relisting = Some(BTreeMap::new());
+                Vec::new()
+            }
+            Seen::Listed(key, obj) => {
+                if let (Some(buf), Some(obj)) = (&mut self.relisting, obj) {
+                    buf.insert(key, obj);
+                }
+                Vec::new()
+            }
+            Seen::ListDone => {
+                let fresh = self.relisting.take().unwrap_or_default();
+                let mut out: Vec<(Key, Option<T>)> = self
+                    .known
+                    .keys()
+                    .filter(|k| !fresh.contains_key(*k))
+                    .map(|k| (k.clone(), None))
+                    .collect();
+                out.extend(
+                    fresh
+                        .iter()
+                        .filter(|(k, v)| self.known.get(*k) != Some(*v))
+                        .map(|(k, v)| (k.clone(), Some(v.clone()))),
+                );
+                self.known = fresh;
+                self.listed = true;
+                out
+            }
+            Seen::Applied(key, Some(obj)) => {
+                if self.known.get(&key) == Some(&obj) {
+                    return Vec::new();
+                }
+                self.known.insert(key.clone(), obj.clone());
+                vec![(key, Some(obj))]
+            }
+            Seen::Applied(key, None) | Seen::Deleted(key) => match self.known.remove(&key) {
+                Some(_) => vec![(key, None)],
+                None => Vec::new(),
+            },
+        }
+    }
+}
+
+fn key_of<K: ResourceExt>(o: &K) -> Key {
+    (o.namespace().unwrap_or_default(), o.name_any())
+}
+
+fn seen<K: ResourceExt, T>(e: Event<K>, convert: impl Fn(&K) -> Option<T>) -> Seen<T> {
+    match e {
+        Event::Init => Seen::ListStart,
+        Event::InitApply(o) => Seen::Listed(key_of(&o), convert(&o)),
+        Event::InitDone => Seen::ListDone,
+        Event::Apply(o) => Seen::Applied(key_of(&o), convert(&o)),
+        Event::Delete(o) => Seen::Deleted(key_of(&o)),
+    }
+}
+
+/// Watcher events of every kind, on one stream. Each is consumed as soon
+/// as it arrives, so the size difference between variants costs nothing.
+#[allow(clippy::large_enum_variant)]
+enum Watched {
+    Service(Result<Event<core::Service>, watcher::Error>),
+    Slice(Result<Event<discovery::EndpointSlice>, watcher::Error>),
+    Node(Result<Event<core::Node>, watcher::Error>),
+    Cidr(Result<Event<networking::ServiceCIDR>, watcher::Error>),
+}
+
+/// The running API source: a thread with its own small async runtime.
+pub struct Watching {
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Watching {
+    /// Whether the source has stopped (the daemon went away, or it failed).
+    pub fn finished(&self) -> bool {
+        self.thread.is_finished()
+    }
+}
+
+/// Connects to the API server and starts watching; updates go to `tx`
+/// until it is dropped. A configuration that cannot be used is an error
+/// here; an unreachable server is not (watches retry with backoff).
+pub fn start(src: ApiSource, tx: Sender<Update>) -> Result<Watching, SourceError> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| SourceError::Client(e.to_string()))?;
+    let config = rt.block_on(client_config(&src))?;
+    tracing::info!(server = %config.cluster_url, node = %src.node_name, "watching the Kubernetes API");
+    let client = {
+        // The client spawns its connection tasks on the current runtime.
+        let _guard = rt.enter();
+        Client::try_from(config).map_err(|e| SourceError::Client(e.to_string()))?
+    };
+    let node = src.node_name.clone();
+    let thread = std::thread::Builder::new()
+        .name("kube-watch".into())
+        .spawn(move || rt.block_on(watch_all(client, node, tx)))
+        .map_err(|e| SourceError::Client(e.to_string()))?;
+    Ok(Watching { thread })
+}
+
+/// Whether the API server serves ServiceCIDRs (networking.k8s.io/v1).
+async fn serves_service_cidrs(client: &Client) -> bool {
+    let api: Api<networking::ServiceCIDR> = Api::all(client.clone());
+    match api.list(&ListParams::default().limit(1)).await {
+        Ok(_) => true,
+        Err(kube::Error::Api(s)) if s.code == 404 => false,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot tell whether ServiceCIDRs are served; watching them anyway");
+            true
+        }
+    }
+}
+
+fn boxed<'a, T>(s: impl Stream<Item = T> + 'a) -> std::pin::Pin<Box<dyn Stream<Item = T> + 'a>> {
+    Box::pin(s)
+}
+
+async fn watch_all(client: Client, node: String, tx: Sender<Update>) {
+    let selector = proxied_selector();
+    let cfg = watcher::Config::default().labels(&selector);
+    let mut streams = vec![
+        boxed(
+            watcher::watcher(Api::<core::Service>::all(client.clone()), cfg.clone())
+                .default_backoff()
+                .map(Watched::Service),
+        ),
+        boxed(
+            watcher::watcher(Api::<discovery::EndpointSlice>::all(client.clone()), cfg)
+                .default_backoff()
+                .map(Watched::Slice),
+        ),
+        boxed(
+            watcher::watcher(
+                Api::<core::Node>::all(client.clone()),
+                watcher::Config::default().fields(&format!("metadata.name={node}")),
+            )
+            .default_backoff()
+            .map(Watched::Node),
+        ),
+    ];
+    if serves_service_cidrs(&client).await {
+        streams.push(boxed(
+            watcher::watcher(
+                Api::<networking::ServiceCIDR>::all(client.clone()),
+                watcher::Config::default(),
+            )
+            .default_backoff()
+            .map(Watched::Cidr),
+        ));
+    } else {
+        tracing::info!(
+            "the API server does not serve ServiceCIDRs: traffic to unallocated ClusterIPs is not dropped"
+        );
+    }
+    let mut all = futures::stream::select_all(streams);
+    let mut feed = Feed::new(node);
+    while let Some(w) = all.next().await {
+        for u in feed.take(w) {
+            if tx.send(u).is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// The mirrors of every watch, and the one-time [`Update::Synced`].
+struct Feed {
+    node: String,
+    services: Mirror<Service>,
+    slices: Mirror<EndpointSlice>,
+    nodes: Mirror<NodeInfo>,
+    cidrs: Mirror<Vec<IpNet>>,
+    synced: bool,
+}
+
+impl Feed {
+    fn new(node: String) -> Feed {
+        Feed {
+            node,
+            services: Mirror::default(),
+            slices: Mirror::default(),
+            nodes: Mirror::default(),
+            cidrs: Mirror::default(),
+            synced: false,
+        }
+    }
+
+    fn take(&mut self, w: Watched) -> Vec<Update> {
+        let mut out = Vec::new();
+        match w {
+            Watched::Service(Ok(e)) => out.extend(
+                self.services
+                    .see(seen(e, |s| Some(service(s))))
+                    .into_iter()
+                    .map(|(k, v)| Update::Service(k, v)),
+            ),
+            Watched::Slice(Ok(e)) => out.extend(
+                self.slices
+                    .see(seen(e, |s| {
+                        Some(slice(s)).filter(|s| s.service_name.is_some())
+                    }))
+                    .into_iter()
+                    .map(|(k, v)| Update::Slice(k, v)),
+            ),
+            Watched::Node(Ok(e)) => {
+                let first = !self.nodes.listed();
+                let changes = self.nodes.see(seen(e, |n| Some(node_info(n))));
+                if first && self.nodes.listed() && self.nodes.known().is_empty() {
+                    tracing::warn!(node = %self.node, "no Node object of this name: NodePorts use no node address until it appears (set --hostname-override?)");
+                }
+                out.extend(changes.into_iter().map(|(_, v)| Update::Node(v)));
+            }
+            Watched::Cidr(Ok(e)) => {
+                let changes = self.cidrs.see(seen(e, |c| Some(service_cidrs(c))));
+                if !changes.is_empty() {
+                    let mut all: Vec<IpNet> =
+                        self.cidrs.known().values().flatten().copied().collect();
+                    all.sort();
+                    all.dedup();
+                    out.push(Update::ServiceCidrs(all));
+                }
+            }
+            Watched::Service(Err(e)) => log_error("Services", &e),
+            Watched::Slice(Err(e)) => log_error("EndpointSlices", &e),
+            Watched::Node(Err(e)) => log_error("Node", &e),
+            Watched::Cidr(Err(e)) => log_error("ServiceCIDRs", &e),
+        }
+        if !self.synced && self.services.listed() && self.slices.listed() && self.nodes.listed() {
+            self.synced = true;
+            tracing::info!(
+                services = self.services.known().len(),
+                endpoint_slices = self.slices.known().len(),
+                "initial lists complete"
+            );
+            out.push(Update::Synced);
+        }
+        out
+    }
+}
+
+fn log_error(what: &str, e: &watcher::Error) {
+    match e {
+        watcher::Error::WatchError(s) if s.code == 410 => {
+            tracing::info!(
+                watch = what,
+                "watch expired (410 Gone): relisting; rules stay as they are"
+            )
+        }
+        _ => tracing::warn!(watch = what, error = %e, "watch failed; retrying with backoff"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn k(n: &str) -> Key {
+        ("ns".into(), n.into())
+    }
+
+    fn listed(m: &mut Mirror<u32>, objs: &[(&str, u32)]) -> Vec<(Key, Option<u32>)> {
+        let mut out = m.see(Seen::ListStart);
+        for (n, v) in objs {
+            out.extend(m.see(Seen::Listed(k(n), Some(*v))));
+        }
+        out.extend(m.see(Seen::ListDone));
+        out
+    }
+
+    #[test]
+    fn initial_list_reports_every_object_once_complete() {
+        let mut m = Mirror::default();
+        assert!(m.see(Seen::ListStart).is_empty());
+        assert!(m.see(Seen::Listed(k("a"), Some(1))).is_empty());
+        assert!(!m.listed());
+        assert_eq!(m.see(Seen::ListDone), vec![(k("a"), Some(1))]);
+        assert!(m.listed());
+    }
+
+    #[test]
+    fn relist_reports_only_the_difference() {
+        let mut m = Mirror::default();
+        listed(&mut m, &[("a", 1), ("b", 2), ("c", 3)]);
+        // After a 410: b is unchanged (not re-sent), a changed, c is gone,
+        // d is new.
+        let got = listed(&mut m, &[("a", 10), ("b", 2), ("d", 4)]);
+        assert_eq!(
+            got,
+            vec![(k("c"), None), (k("a"), Some(10)), (k("d"), Some(4))]
+        );
+        assert_eq!(m.known().len(), 3);
+    }
+
+    #[test]
+    fn nothing_is_deleted_while_a_relist_is_under_way() {
+        let mut m = Mirror::default();
+        listed(&mut m, &[("a", 1)]);
+        assert!(m.see(Seen::ListStart).is_empty());
+        assert!(m.see(Seen::Listed(k("b"), Some(2))).is_empty());
+        assert_eq!(m.known().get(&k("a")), Some(&1));
+    }
+
+    #[test]
+    fn applies_and_deletes() {
+        let mut m = Mirror::default();
+        listed(&mut m, &[]);
+        assert_eq!(
+            m.see(Seen::Applied(k("a"), Some(1))),
+            vec![(k("a"), Some(1))]
+        );
+        assert!(
+            m.see(Seen::Applied(k("a"), Some(1))).is_empty(),
+            "no-op update"
+        );
+        assert_eq!(m.see(Seen::Deleted(k("a"))), vec![(k("a"), None)]);
+        assert!(m.see(Seen::Deleted(k("a"))).is_empty(), "unknown delete");
+    }
+
+    #[test]
+    fn objects_the_proxy_does_not_use_count_as_absent() {
+        let mut m = Mirror::default();
+        listed(&mut m, &[("a", 1)]);
+        assert_eq!(m.see(Seen::Applied(k("a"), None)), vec![(k("a"), None)]);
+        let got = {
+            let mut out = m.see(Seen::ListStart);
+            out.extend(m.see(Seen::Listed(k("b"), None)));
+            out.extend(m.see(Seen::ListDone));
+            out
+        };
+        assert!(got.is_empty());
+    }
+
+    fn svc(name: &str) -> core::Service {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"namespace": "ns", "name": name, "resourceVersion": "1"},
+            "spec": {"clusterIP": "10.0.0.1", "ports": [{"port": 80}]}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn synced_comes_once_after_services_slices_and_node_are_listed() {
+        let mut f = Feed::new("n1".into());
+        let synced = std::cell::Cell::new(0);
+        let run = |f: &mut Feed, w: Watched| {
+            let out = f.take(w);
+            synced.set(synced.get() + out.iter().filter(|u| **u == Update::Synced).count());
+            out
+        };
+        run(&mut f, Watched::Service(Ok(Event::Init)));
+        run(&mut f, Watched::Service(Ok(Event::InitApply(svc("a")))));
+        let out = run(&mut f, Watched::Service(Ok(Event::InitDone)));
+        assert!(matches!(&out[..], [Update::Service(k, Some(_))] if k.1 == "a"));
+        run(&mut f, Watched::Slice(Ok(Event::Init)));
+        run(&mut f, Watched::Slice(Ok(Event::InitDone)));
+        assert_eq!(synced.get(), 0, "the Node is not listed yet");
+        run(&mut f, Watched::Node(Ok(Event::Init)));
+        let out = run(&mut f, Watched::Node(Ok(Event::InitDone)));
+        assert_eq!(out, vec![Update::Synced]);
+        // A later relist of Services does not sync again.
+        run(&mut f, Watched::Service(Ok(Event::Init)));
+        let out = run(&mut f, Watched::Service(Ok(Event::InitDone)));
+        assert!(matches!(&out[..], [Update::Service(k, None)] if k.1 == "a"));
+        assert_eq!(synced.get(), 1);
+    }
+
+    #[test]
+    fn selector_matches_kube_proxy() {
+        assert_eq!(
+            proxied_selector(),
+            "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless"
+        );
+    }
+}

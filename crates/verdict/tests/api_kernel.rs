@@ -1,0 +1,323 @@
+//! The real `verdict run --kubeconfig` binary, inside the node of a
+//! network-namespace test bed, watching our fake API server (real list and
+//! watch protocol, talked to by kube-rs): nothing is programmed before the
+//! initial lists, traffic follows Service and EndpointSlice changes, the
+//! label filters hold, and a forced watch expiry (410 Gone, relist) picks up
+//! what changed meanwhile (added, changed, deleted) without dropping a rule
+//! that is still valid.
+//! Needs root.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use verdict_e2e::apiserver::ApiServerProcess;
+use verdict_e2e::bed::{Placement, TestBed};
+use verdict_e2e::netns::Process;
+
+use common::*;
+
+fn service(name: &str, ip: &str, labels: Value) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": name, "namespace": "demo", "labels": labels},
+        "spec": {"clusterIP": ip, "clusterIPs": [ip], "type": "ClusterIP",
+                 "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]}
+    })
+}
+
+fn slice(name: &str, service: &str, endpoint: &str) -> Value {
+    json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": name, "namespace": "demo",
+                     "labels": {"kubernetes.io/service-name": service}},
+        "addressType": "IPv4",
+        "ports": [{"name": "http", "port": 80, "protocol": "TCP"}],
+        "endpoints": [{"addresses": [endpoint], "conditions": {"ready": true},
+                       "nodeName": "test-node"}]
+    })
+}
+
+fn node() -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": "test-node", "labels": {"topology.kubernetes.io/zone": "z1"}},
+        "status": {"addresses": [{"type": "InternalIP", "address": "192.168.0.2"}]}
+    })
+}
+
+/// Who answers a pod's connection to `ip`:80 ("" if nobody).
+fn who_at(bed: &TestBed, ip_: &str) -> String {
+    bed.connect(ip("10.0.0.2"), ip(ip_), "tcp", 80, 500)
+        .unwrap_or_default()
+        .split_whitespace()
+        .nth(1)
+        .unwrap_or("")
+        .to_string()
+}
+
+fn has_table(bed: &TestBed) -> bool {
+    bed.node
+        .exec("nft", &["list", "tables"])
+        .unwrap_or_default()
+        .contains("table ip verdict")
+}
+
+#[test]
+fn traffic_follows_the_api_server_across_a_watch_expiry() {
+    let Some(mut bed) = bed() else {
+        return;
+    };
+    for pod in ["10.180.0.1", "10.180.0.2"] {
+        bed.add_pod(ip(pod), Placement::Local, &[80], &[]).unwrap();
+    }
+    bed.add_pod(ip("10.0.0.2"), Placement::Local, &[], &[])
+        .unwrap();
+
+    // The API server runs inside the node's namespace, on its loopback.
+    let mut api = ApiServerProcess::spawn(
+        &bed.node,
+        &e2e_bin("verdict-e2e-apiserver"),
+        "127.0.0.1:16443",
+        Duration::from_millis(500),
+    )
+    .unwrap();
+    api.apply(node()).unwrap();
+    api.apply(service("web", "172.30.0.41", json!({}))).unwrap();
+    api.apply(slice("web-1", "web", "10.180.0.1")).unwrap();
+    api.apply(service("gone", "172.30.0.45", json!({})))
+        .unwrap();
+    api.apply(slice("gone-1", "gone", "10.180.0.2")).unwrap();
+    // Served by another proxy, and headless: kube-proxy does not even
+    // fetch these.
+    api.apply(service(
+        "other",
+        "172.30.0.43",
+        json!({"service.kubernetes.io/service-proxy-name": "someone-else"}),
+    ))
+    .unwrap();
+    api.apply(slice("other-1", "other", "10.180.0.2")).unwrap();
+    api.apply(json!({
+        "apiVersion": "networking.k8s.io/v1", "kind": "ServiceCIDR",
+        "metadata": {"name": "kubernetes"}, "spec": {"cidrs": ["172.30.0.0/16"]}
+    }))
+    .unwrap();
+    // EndpointSlices are not served yet: their list fails, so nothing may
+    // be programmed.
+    api.set_served("EndpointSlice", false).unwrap();
+
+    let dir = scratch_dir("api");
+    let kubeconfig = dir.join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster: {server: \"http://127.0.0.1:16443\"}\nusers:\n- name: fake\n  user: {}\ncontexts:\n- name: fake\n  context: {cluster: fake, user: fake}\ncurrent-context: fake\n",
+    )
+    .unwrap();
+    let kubeconfig_s = kubeconfig.to_string_lossy().into_owned();
+    let args = [
+        "--kubeconfig",
+        &kubeconfig_s,
+        "--hostname-override",
+        "test-node",
+        "--cluster-cidr",
+        "10.0.0.0/8",
+        "--min-sync-period",
+        "0s",
+    ];
+    let verdict = env!("CARGO_BIN_EXE_verdict");
+    let mut daemon = Process(bed.node.spawn(verdict, &args).unwrap());
+    let log = |daemon: &mut Process| {
+        let _ = daemon.0.kill();
+        let _ = daemon.0.wait();
+        let mut text = String::new();
+        if let Some(mut e) = daemon.0.stderr.take() {
+            let _ = std::io::Read::read_to_string(&mut e, &mut text);
+        }
+        text
+    };
+
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        !has_table(&bed),
+        "programmed before the EndpointSlices were listed\n{}",
+        log(&mut daemon)
+    );
+    let livez = http(&bed, "/livez");
+    assert!(livez.starts_with("HTTP/1.1 200"), "{livez}");
+    // As kube-proxy: healthy while starting up, and no family has synced.
+    let healthz = http(&bed, "/healthz");
+    assert!(!healthz.contains("\"IPv4\""), "not synced yet: {healthz}");
+
+    api.set_served("EndpointSlice", true).unwrap();
+    let got = wait_until(
+        &bed,
+        "172.30.0.41",
+        "10.180.0.1:80",
+        Duration::from_secs(40),
+    );
+    assert_eq!(
+        got,
+        "10.180.0.1:80",
+        "programmed after the lists\n{}",
+        log(&mut daemon)
+    );
+    let healthz = http(&bed, "/healthz");
+    assert!(
+        healthz.starts_with("HTTP/1.1 200"),
+        "synced, Node known: {healthz}"
+    );
+    assert!(healthz.contains("\"IPv4\":{\"lastUpdated\""), "{healthz}");
+    assert_eq!(
+        who_at(&bed, "172.30.0.43"),
+        "",
+        "service-proxy-name label honoured"
+    );
+    assert_eq!(who_at(&bed, "172.30.0.45"), "10.180.0.2:80");
+
+    // What kube-rs asked for: label-filtered lists and watches with bookmarks.
+    let requests = api.requests().unwrap();
+    let asked = |needle: &str| requests.iter().any(|r| r.contains(needle));
+    assert!(
+        asked(
+            "GET /api/v1/services?&labelSelector=%21service.kubernetes.io%2Fservice-proxy-name%2C%21service.kubernetes.io%2Fheadless"
+        ),
+        "{requests:#?}"
+    );
+    assert!(
+        asked("/apis/discovery.k8s.io/v1/endpointslices?&watch=true"),
+        "{requests:#?}"
+    );
+    assert!(asked("allowWatchBookmarks=true"), "{requests:#?}");
+    assert!(
+        asked("GET /api/v1/nodes?&fieldSelector=metadata.name%3Dtest-node"),
+        "{requests:#?}"
+    );
+    assert!(
+        asked("GET /apis/networking.k8s.io/v1/servicecidrs?"),
+        "{requests:#?}"
+    );
+
+    // `verdict plan` against the same API server prints what is programmed.
+    let plan = bed
+        .node
+        .exec(verdict, &[&["plan"][..], &args[..]].concat())
+        .unwrap();
+    assert!(plan.contains("172.30.0.41"), "{plan}");
+    assert!(plan.contains("10.180.0.1"), "{plan}");
+    assert!(!plan.contains("172.30.0.43"), "{plan}");
+
+    // A watch event.
+    api.apply(slice("web-1", "web", "10.180.0.2")).unwrap();
+    assert_eq!(
+        wait_until(
+            &bed,
+            "172.30.0.41",
+            "10.180.0.2:80",
+            Duration::from_secs(10)
+        ),
+        "10.180.0.2:80",
+        "an EndpointSlice change is applied"
+    );
+
+    // Watch expiry: history is compacted and every watch drops. A new
+    // Service and a changed slice arrive while nobody watches; the
+    // clients get 410 Gone, relist, and must apply the difference while
+    // the still-valid rules keep working throughout.
+    let lists_before = count(&mut api, "GET /api/v1/services?&labelSelector");
+    api.expire().unwrap();
+    api.apply(service("late", "172.30.0.44", json!({})))
+        .unwrap();
+    api.apply(slice("late-1", "late", "10.180.0.1")).unwrap();
+    api.apply(slice("web-1", "web", "10.180.0.1")).unwrap();
+    api.delete("Service", "demo", "gone").unwrap();
+    api.delete("EndpointSlice", "demo", "gone-1").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let mut answers = Vec::new();
+    loop {
+        let got = who_at(&bed, "172.30.0.41");
+        answers.push(got.clone());
+        if got == "10.180.0.1:80" || Instant::now() > deadline {
+            break;
+        }
+    }
+    assert_eq!(
+        answers.last().map(String::as_str),
+        Some("10.180.0.1:80"),
+        "the relist applied the change\n{}",
+        log(&mut daemon)
+    );
+    assert!(
+        answers
+            .iter()
+            .all(|a| a == "10.180.0.2:80" || a == "10.180.0.1:80"),
+        "a valid rule was dropped during the relist: {answers:?}"
+    );
+    assert_eq!(
+        wait_until(
+            &bed,
+            "172.30.0.44",
+            "10.180.0.1:80",
+            Duration::from_secs(10)
+        ),
+        "10.180.0.1:80",
+        "a Service created during the expiry"
+    );
+    assert_eq!(
+        wait_until(&bed, "172.30.0.45", "", Duration::from_secs(10)),
+        "",
+        "a Service deleted during the expiry is removed by the relist"
+    );
+    assert!(
+        count(&mut api, "GET /api/v1/services?&labelSelector") > lists_before,
+        "Services were relisted after 410 Gone"
+    );
+
+    // Deletion, and a label that takes a Service away from this proxy.
+    api.delete("Service", "demo", "late").unwrap();
+    assert_eq!(
+        wait_until(&bed, "172.30.0.44", "", Duration::from_secs(10)),
+        "",
+        "a deleted Service is gone"
+    );
+    api.apply(service(
+        "web",
+        "172.30.0.41",
+        json!({"service.kubernetes.io/service-proxy-name": "someone-else"}),
+    ))
+    .unwrap();
+    assert_eq!(
+        wait_until(&bed, "172.30.0.41", "", Duration::from_secs(10)),
+        "",
+        "a Service that another proxy now serves is removed"
+    );
+
+    // SIGTERM leaves the rules; the table is still there.
+    let pid = daemon.0.id().to_string();
+    verdict_e2e::netns::run("kill", &["-TERM", &pid]).unwrap();
+    daemon.0.wait().unwrap();
+    assert!(has_table(&bed));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Polls until the pod reaches `want` at `ip_` (or `within` passes).
+fn wait_until(bed: &TestBed, ip_: &str, want: &str, within: Duration) -> String {
+    let deadline = Instant::now() + within;
+    loop {
+        let got = who_at(bed, ip_);
+        if got == want || Instant::now() > deadline {
+            return got;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn count(api: &mut ApiServerProcess, prefix: &str) -> usize {
+    api.requests()
+        .unwrap()
+        .iter()
+        .filter(|r| r.starts_with(prefix) && !r.contains("watch=true"))
+        .count()
+}

@@ -1,0 +1,98 @@
+//! Helpers shared by the namespace tests of the `verdict` binary.
+
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use verdict_e2e::bed::TestBed;
+use verdict_e2e::netns::can_run;
+
+/// An address literal.
+pub fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+/// Who answers the pod's connection to the service ("" if nobody).
+pub fn who(bed: &TestBed) -> String {
+    let line = bed
+        .connect(ip("10.0.0.2"), ip("172.30.0.41"), "tcp", 80, 500)
+        .unwrap_or_default();
+    line.split_whitespace().nth(1).unwrap_or("").to_string()
+}
+
+/// Polls until the pod reaches `want` (or 10 s pass); returns the last answer.
+pub fn wait_for(bed: &TestBed, want: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let got = who(bed);
+        if got == want || Instant::now() > deadline {
+            return got;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// An HTTP GET to verdict's health port, from inside the node.
+pub fn http(bed: &TestBed, path: &str) -> String {
+    http_on(bed, 10256, path)
+}
+
+/// The value of one sample of `/metrics` (`None` if it is not there).
+pub fn sample(metrics: &str, series: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// An HTTP GET to `port` on the node's loopback.
+pub fn http_on(bed: &TestBed, port: u16, path: &str) -> String {
+    http_at(bed, "127.0.0.1", port, path)
+}
+
+/// An HTTP GET to `host:port`, from the node.
+pub fn http_at(bed: &TestBed, host: &str, port: u16, path: &str) -> String {
+    let script = format!(
+        "exec 3<>/dev/tcp/{host}/{port} && printf 'GET {path} HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n' >&3 && cat <&3"
+    );
+    bed.node
+        .exec("bash", &["-c", &script])
+        .unwrap_or_else(|e| e.to_string())
+}
+
+/// A fresh test bed, or `None` (with the reason printed) where namespace
+/// tests cannot run.
+pub fn bed() -> Option<TestBed> {
+    if let Err(why) = can_run() {
+        println!("skipped: {why}");
+        return None;
+    }
+    Some(TestBed::new(PathBuf::from(verdict_e2e_echo())).unwrap())
+}
+
+/// An empty directory for one test's manifests.
+pub fn scratch_dir(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("verdict-{tag}-e2e-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// The echo tool of the test bed, built by the e2e crate.
+pub fn verdict_e2e_echo() -> String {
+    e2e_bin("verdict-e2e-echo")
+}
+
+/// A program of the e2e crate (`cargo test --workspace` builds them).
+pub fn e2e_bin(name: &str) -> String {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().unwrap().parent().unwrap();
+    let path = dir.join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: build the workspace (cargo test --workspace)",
+        path.display()
+    );
+    path.to_string_lossy().into_owned()
+}
