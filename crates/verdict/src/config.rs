@@ -79,6 +79,44 @@ pub struct Settings {
     pub kubeconfig: Option<String>,
     /// Log verbosity (`-v`).
     pub verbosity: u8,
+    /// Conntrack sysctls (`conntrack.*`).
+    pub conntrack: Conntrack,
+    /// `oomScoreAdj`; `None` leaves it alone.
+    pub oom_score_adj: Option<i32>,
+}
+
+/// kube-proxy's conntrack settings (`conntrack.*`, `--conntrack-*`): the
+/// sysctls it sets at start. Zero leaves a value alone.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Conntrack {
+    /// `maxPerCore`: `nf_conntrack_max` = max(maxPerCore × CPUs, min).
+    pub max_per_core: u32,
+    /// `min`.
+    pub min: u32,
+    /// `tcpEstablishedTimeout`: `nf_conntrack_tcp_timeout_established`.
+    pub tcp_established_timeout: Duration,
+    /// `tcpCloseWaitTimeout`: `nf_conntrack_tcp_timeout_close_wait`.
+    pub tcp_close_wait_timeout: Duration,
+    /// `tcpBeLiberal`: `nf_conntrack_tcp_be_liberal` = 1 when set.
+    pub tcp_be_liberal: bool,
+    /// `udpTimeout`: `nf_conntrack_udp_timeout`.
+    pub udp_timeout: Duration,
+    /// `udpStreamTimeout`: `nf_conntrack_udp_timeout_stream`.
+    pub udp_stream_timeout: Duration,
+}
+
+impl Default for Conntrack {
+    fn default() -> Conntrack {
+        Conntrack {
+            max_per_core: 32768,
+            min: 131072,
+            tcp_established_timeout: Duration::from_secs(24 * 3600),
+            tcp_close_wait_timeout: Duration::from_secs(3600),
+            tcp_be_liberal: false,
+            udp_timeout: Duration::ZERO,
+            udp_stream_timeout: Duration::ZERO,
+        }
+    }
 }
 
 impl Default for Settings {
@@ -96,6 +134,8 @@ impl Default for Settings {
             metrics_bind_address: Some(SocketAddr::from(([127, 0, 0, 1], 10249))),
             kubeconfig: None,
             verbosity: 0,
+            conntrack: Conntrack::default(),
+            oom_score_adj: Some(-999),
         }
     }
 }
@@ -136,6 +176,146 @@ pub struct Flags {
     pub kubeconfig: Option<String>,
     /// `-v` / `--v`.
     pub verbosity: Option<u8>,
+    /// `--conntrack-max-per-core`.
+    pub conntrack_max_per_core: Option<String>,
+    /// `--conntrack-min`.
+    pub conntrack_min: Option<String>,
+    /// `--conntrack-tcp-timeout-established`.
+    pub conntrack_tcp_timeout_established: Option<String>,
+    /// `--conntrack-tcp-timeout-close-wait`.
+    pub conntrack_tcp_timeout_close_wait: Option<String>,
+    /// `--conntrack-tcp-be-liberal`.
+    pub conntrack_tcp_be_liberal: Option<bool>,
+    /// `--conntrack-udp-timeout`.
+    pub conntrack_udp_timeout: Option<String>,
+    /// `--conntrack-udp-timeout-stream`.
+    pub conntrack_udp_timeout_stream: Option<String>,
+    /// `--oom-score-adj`.
+    pub oom_score_adj: Option<String>,
+}
+
+/// One of the Linux settings: its field in the file, its flag, and the
+/// flag's value.
+struct LinuxField {
+    file: &'static str,
+    flag: &'static str,
+    given: Option<String>,
+}
+
+impl Flags {
+    /// The conntrack and OOM settings, as (file field, flag, flag value).
+    fn linux(&self) -> Vec<LinuxField> {
+        let f = |file, flag, given: &Option<String>| LinuxField {
+            file,
+            flag,
+            given: given.clone(),
+        };
+        vec![
+            f(
+                "conntrack.maxPerCore",
+                "--conntrack-max-per-core",
+                &self.conntrack_max_per_core,
+            ),
+            f("conntrack.min", "--conntrack-min", &self.conntrack_min),
+            f(
+                "conntrack.tcpEstablishedTimeout",
+                "--conntrack-tcp-timeout-established",
+                &self.conntrack_tcp_timeout_established,
+            ),
+            f(
+                "conntrack.tcpCloseWaitTimeout",
+                "--conntrack-tcp-timeout-close-wait",
+                &self.conntrack_tcp_timeout_close_wait,
+            ),
+            f(
+                "conntrack.tcpBeLiberal",
+                "--conntrack-tcp-be-liberal",
+                &self.conntrack_tcp_be_liberal.map(|b| b.to_string()),
+            ),
+            f(
+                "conntrack.udpTimeout",
+                "--conntrack-udp-timeout",
+                &self.conntrack_udp_timeout,
+            ),
+            f(
+                "conntrack.udpStreamTimeout",
+                "--conntrack-udp-timeout-stream",
+                &self.conntrack_udp_timeout_stream,
+            ),
+            f("oomScoreAdj", "--oom-score-adj", &self.oom_score_adj),
+        ]
+    }
+}
+
+/// Reads the conntrack and OOM settings from the file (if any, which wins)
+/// or the flags. Returns the names of flags ignored because of the file.
+fn linux_settings(
+    file: Option<&Value>,
+    flags: &Flags,
+    s: &mut Settings,
+) -> Result<Vec<&'static str>, ConfigError> {
+    let mut ignored = Vec::new();
+    for field in flags.linux() {
+        // The value as text, and the name to report it under.
+        let (name, value): (&str, Option<String>) = match file {
+            Some(v) => {
+                if field.given.is_some() {
+                    ignored.push(field.flag);
+                }
+                let value = match get(v, field.file) {
+                    None => None,
+                    Some(Value::String(t)) => Some(t.clone()),
+                    Some(x @ (Value::Number(_) | Value::Bool(_))) => Some(x.to_string()),
+                    Some(other) => {
+                        return Err(bad(field.file, format!("{other} is not a valid value")));
+                    }
+                };
+                (field.file, value)
+            }
+            None => (field.flag, field.given),
+        };
+        let Some(value) = value else {
+            continue;
+        };
+        let count = |v: &str| {
+            v.trim()
+                .parse::<u32>()
+                .map_err(|_| bad(name, format!("{v:?} must be a whole number, 0 or more")))
+        };
+        let duration = |v: &str| {
+            parse_duration(v)
+                .ok_or_else(|| bad(name, format!("{v:?} is not a duration (like 1h, 30s)")))
+        };
+        let c = &mut s.conntrack;
+        match field.file {
+            "conntrack.maxPerCore" => c.max_per_core = count(&value)?,
+            "conntrack.min" => c.min = count(&value)?,
+            "conntrack.tcpEstablishedTimeout" => c.tcp_established_timeout = duration(&value)?,
+            "conntrack.tcpCloseWaitTimeout" => c.tcp_close_wait_timeout = duration(&value)?,
+            "conntrack.udpTimeout" => c.udp_timeout = duration(&value)?,
+            "conntrack.udpStreamTimeout" => c.udp_stream_timeout = duration(&value)?,
+            "conntrack.tcpBeLiberal" => {
+                c.tcp_be_liberal = value
+                    .parse()
+                    .map_err(|_| bad(name, format!("{value:?} must be true or false")))?;
+            }
+            _ => {
+                let adj = value
+                    .trim()
+                    .parse::<i32>()
+                    .ok()
+                    .filter(|a| (-1000..=1000).contains(a))
+                    .ok_or_else(|| {
+                        bad(
+                            name,
+                            format!("{value:?} must be in the range [-1000, 1000]"),
+                        )
+                    })?;
+                s.oom_score_adj = Some(adj);
+            }
+        }
+    }
+    Ok(ignored)
 }
 
 /// Parses a Go duration (`1s`, `1m30s`, `250ms`, `24h`).
@@ -306,9 +486,11 @@ pub fn resolve(file: Option<&str>, flags: &Flags) -> Result<(Settings, Vec<Strin
     let healthz: Option<String>;
     let metrics: Option<String>;
     let bind: Option<String>;
+    let mut parsed: Option<Value> = None;
     if let Some(text) = file {
         let v: Value = serde_saphyr::from_str(text)
             .map_err(|e| bad("--config", format!("not valid YAML: {e}")))?;
+        parsed = Some(v.clone());
         if !v.is_object() {
             return Err(bad("--config", "must be a KubeProxyConfiguration object"));
         }
@@ -426,6 +608,13 @@ pub fn resolve(file: Option<&str>, flags: &Flags) -> Result<(Settings, Vec<Strin
             .clone()
             .map(|d| ("--min-sync-period", d));
         sync = flags.sync_period.clone().map(|d| ("--sync-period", d));
+    }
+    let ignored = linux_settings(parsed.as_ref(), flags, &mut s)?;
+    if !ignored.is_empty() {
+        warnings.push(format!(
+            "{} ignored because --config is set (as in kube-proxy, the file wins)",
+            ignored.join(", ")
+        ));
     }
     // Always from the flags, as in kube-proxy.
     if let Some(h) = flags.hostname_override.clone().filter(|h| !h.is_empty()) {
@@ -795,6 +984,75 @@ clientConnection:
             resolve(None, &bad).unwrap_err().field,
             "--healthz-bind-address"
         );
+    }
+
+    #[test]
+    fn conntrack_and_oom_settings_from_the_file_or_the_flags() {
+        let text = FILE.replace(
+            "conntrack:\n  maxPerCore: 32768\n",
+            "oomScoreAdj: -500\nconntrack:\n  maxPerCore: 0\n  min: 1000\n  tcpEstablishedTimeout: 2h\n  tcpCloseWaitTimeout: 0s\n  tcpBeLiberal: true\n  udpTimeout: 45s\n  udpStreamTimeout: null\n",
+        );
+        let flags = Flags {
+            conntrack_udp_timeout: Some("9s".into()),
+            oom_score_adj: Some("1".into()),
+            ..Flags::default()
+        };
+        let (s, w) = resolve(Some(&text), &flags).unwrap();
+        let c = &s.conntrack;
+        assert_eq!((c.max_per_core, c.min), (0, 1000));
+        assert_eq!(c.tcp_established_timeout, Duration::from_secs(7200));
+        assert_eq!(c.tcp_close_wait_timeout, Duration::ZERO);
+        assert!(c.tcp_be_liberal);
+        assert_eq!(c.udp_timeout, Duration::from_secs(45), "the file wins");
+        assert_eq!(c.udp_stream_timeout, Duration::ZERO, "null is the default");
+        assert_eq!(s.oom_score_adj, Some(-500));
+        let w = w.join("\n");
+        assert!(
+            w.contains("--conntrack-udp-timeout, --oom-score-adj ignored"),
+            "{w}"
+        );
+
+        let (s, _) = resolve(None, &flags).unwrap();
+        assert_eq!(s.conntrack.udp_timeout, Duration::from_secs(9));
+        assert_eq!(s.oom_score_adj, Some(1));
+        let (s, _) = resolve(None, &Flags::default()).unwrap();
+        assert_eq!(s.conntrack, Conntrack::default());
+        assert_eq!(s.oom_score_adj, Some(-999), "kube-proxy's default");
+    }
+
+    #[test]
+    fn invalid_conntrack_and_oom_values_name_the_field() {
+        for (from, to, field) in [
+            (
+                "maxPerCore: 32768",
+                "maxPerCore: -1",
+                "conntrack.maxPerCore",
+            ),
+            (
+                "maxPerCore: 32768",
+                "maxPerCore: 1\n  udpTimeout: often",
+                "conntrack.udpTimeout",
+            ),
+            (
+                "maxPerCore: 32768",
+                "maxPerCore: 1\n  tcpBeLiberal: maybe",
+                "conntrack.tcpBeLiberal",
+            ),
+            (
+                "mode: nftables",
+                "mode: nftables\noomScoreAdj: -1001",
+                "oomScoreAdj",
+            ),
+        ] {
+            let text = FILE.replace(from, to);
+            let e = resolve(Some(&text), &Flags::default()).unwrap_err();
+            assert_eq!(e.field, field, "{e}");
+        }
+        let flags = Flags {
+            conntrack_min: Some("lots".into()),
+            ..Flags::default()
+        };
+        assert_eq!(resolve(None, &flags).unwrap_err().field, "--conntrack-min");
     }
 
     #[test]

@@ -851,6 +851,7 @@ pub fn run(settings: &Settings, source: &Source) -> anyhow::Result<()> {
     let without_affinity = crate::probe::probe_nftables(&nft, &configs).context("startup check")?;
     tracing::info!("nftables dry run passed: the kernel accepts verdict's ruleset");
     node.without_affinity(&without_affinity)?;
+    crate::setup::apply(settings)?;
     node.live = Some(ConntrackCli::new());
     serve_health(settings, &node.health, &node.metrics);
     serve_metrics(settings, &node.metrics);
@@ -897,6 +898,15 @@ pub fn run(settings: &Settings, source: &Source) -> anyhow::Result<()> {
             }
         }
     }
+}
+
+/// `--init-only`: the privileged settings (conntrack sysctls), then exit,
+/// so that the long-running process needs only CAP_NET_ADMIN.
+pub fn init_only(settings: &Settings) -> anyhow::Result<()> {
+    crate::probe::check_net_admin()?;
+    crate::setup::apply(settings)?;
+    tracing::info!("--init-only: conntrack settings applied");
+    Ok(())
 }
 
 /// Removes verdict's tables (both families).

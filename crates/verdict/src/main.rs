@@ -10,6 +10,7 @@ mod config;
 mod daemon;
 mod leftovers;
 mod probe;
+mod setup;
 
 use std::process::ExitCode;
 
@@ -103,6 +104,33 @@ struct Opts {
     /// Remove verdict's state and exit (as `verdict cleanup`).
     #[arg(long, global = true)]
     cleanup: bool,
+    /// Apply the privileged settings (conntrack sysctls) and exit.
+    #[arg(long, global = true)]
+    init_only: bool,
+    /// Conntrack entries per CPU (0 leaves nf_conntrack_max alone).
+    #[arg(long, global = true)]
+    conntrack_max_per_core: Option<String>,
+    /// Least nf_conntrack_max.
+    #[arg(long, global = true)]
+    conntrack_min: Option<String>,
+    /// Idle timeout of established TCP connections (0 leaves it alone).
+    #[arg(long, global = true)]
+    conntrack_tcp_timeout_established: Option<String>,
+    /// Timeout of TCP connections in CLOSE_WAIT (0 leaves it alone).
+    #[arg(long, global = true)]
+    conntrack_tcp_timeout_close_wait: Option<String>,
+    /// Set nf_conntrack_tcp_be_liberal.
+    #[arg(long, global = true)]
+    conntrack_tcp_be_liberal: bool,
+    /// Idle timeout of UDP flows (0 leaves it alone).
+    #[arg(long, global = true)]
+    conntrack_udp_timeout: Option<String>,
+    /// Idle timeout of UDP streams (0 leaves it alone).
+    #[arg(long, global = true)]
+    conntrack_udp_timeout_stream: Option<String>,
+    /// oom_score_adj of the process, in [-1000, 1000].
+    #[arg(long, global = true, allow_hyphen_values = true)]
+    oom_score_adj: Option<String>,
     /// Log verbosity (kube-proxy's -v).
     #[arg(short = 'v', long = "v", global = true)]
     verbosity: Option<u8>,
@@ -127,6 +155,14 @@ impl Opts {
             metrics_bind_address: self.metrics_bind_address.clone(),
             kubeconfig: self.kubeconfig.clone(),
             verbosity: self.verbosity,
+            conntrack_max_per_core: self.conntrack_max_per_core.clone(),
+            conntrack_min: self.conntrack_min.clone(),
+            conntrack_tcp_timeout_established: self.conntrack_tcp_timeout_established.clone(),
+            conntrack_tcp_timeout_close_wait: self.conntrack_tcp_timeout_close_wait.clone(),
+            conntrack_tcp_be_liberal: self.conntrack_tcp_be_liberal.then_some(true),
+            conntrack_udp_timeout: self.conntrack_udp_timeout.clone(),
+            conntrack_udp_timeout_stream: self.conntrack_udp_timeout_stream.clone(),
+            oom_score_adj: self.oom_score_adj.clone(),
         }
     }
 }
@@ -169,6 +205,7 @@ fn main() -> ExitCode {
         master: cli.opts.master.clone(),
     };
     let result = match command {
+        Command::Run if cli.opts.init_only => daemon::init_only(&settings),
         Command::Run => daemon::run(&settings, &source),
         Command::Plan => daemon::plan(&settings, &source).map(|script| print!("{script}")),
         Command::Cleanup => daemon::cleanup(),
