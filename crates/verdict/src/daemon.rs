@@ -776,6 +776,19 @@ impl Feed {
 /// state, both families.
 pub fn plan(settings: &Settings, source: &Source) -> anyhow::Result<String> {
     let mut node = Node::new(settings)?;
+    // What `run` would find out about this nft; without nft or the
+    // privilege to dry-run, the script assumes every feature works.
+    let probed = NftCli::new().map_err(anyhow::Error::from).and_then(|nft| {
+        let configs: Vec<&ProxierConfig> = node.proxiers.iter().map(|p| p.config()).collect();
+        crate::probe::probe_nftables(&nft, &configs)
+    });
+    match probed {
+        Ok(without_affinity) => node.without_affinity(&without_affinity)?,
+        Err(e) => tracing::warn!(
+            error = %format!("{e:#}"),
+            "cannot dry-run nft here: the plan assumes it supports every feature (run would check)"
+        ),
+    }
     let mut feed = Feed::open(source, &node.name)?;
     let deadline = Instant::now() + PLAN_LIST_TIMEOUT;
     feed.poll(&mut node, Duration::ZERO)?;
