@@ -208,6 +208,23 @@ fn traffic_follows_the_api_server_across_a_watch_expiry() {
     assert!(plan.contains("172.30.0.41"), "{plan}");
     assert!(plan.contains("10.180.0.1"), "{plan}");
     assert!(!plan.contains("172.30.0.43"), "{plan}");
+    // `--master` alone reaches the same server.
+    let by_master = bed
+        .node
+        .exec(
+            verdict,
+            &[
+                "plan",
+                "--master",
+                "http://127.0.0.1:16443",
+                "--hostname-override",
+                "test-node",
+                "--cluster-cidr",
+                "10.0.0.0/8",
+            ],
+        )
+        .unwrap();
+    assert_eq!(by_master, plan, "--master and --kubeconfig plan the same");
 
     // A watch event.
     api.apply(slice("web-1", "web", "10.180.0.2")).unwrap();
