@@ -137,8 +137,11 @@ fn verdict_accepts_the_configuration_in_the_configmap() {
     let _ = std::fs::remove_file(&file);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
+    // The nft probe may warn about this machine's nft; nothing else may.
     assert!(
-        !stderr.contains("WARN"),
+        !stderr
+            .lines()
+            .any(|l| l.contains("WARN") && !l.contains("verdict::probe")),
         "warnings about the file:\n{stderr}"
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("add table ip verdict"));
