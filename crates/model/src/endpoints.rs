@@ -140,6 +140,17 @@ pub fn local_ready_endpoints(map: &EndpointsMap) -> BTreeMap<NamespacedName, usi
         .collect()
 }
 
+/// [`local_ready_endpoints`] for one service: distinct local ready IPs
+/// across its ports. Costs O(its ports), whatever the cluster size.
+pub fn local_ready_endpoints_of(map: &EndpointsMap, service: &NamespacedName) -> usize {
+    map.range(ServicePortName::first_of(service)..)
+        .take_while(|(name, _)| name.service == *service)
+        .flat_map(|(_, eps)| eps.iter().filter(|ep| ep.is_local && ep.ready))
+        .map(|ep| ep.ip)
+        .collect::<BTreeSet<IpAddr>>()
+        .len()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -231,5 +242,19 @@ mod tests {
         assert_eq!(counts.get(&NamespacedName::new("ns", "svc")), Some(&1));
         assert_eq!(counts.get(&NamespacedName::new("ns", "other")), None);
         assert_eq!(counts.len(), 1);
+        // The per-service form agrees, for every service.
+        for (svc, want) in [("svc", 1), ("other", 0), ("absent", 0)] {
+            let name = NamespacedName::new("ns", svc);
+            assert_eq!(local_ready_endpoints_of(&map, &name), want, "{svc}");
+        }
+        map.insert(
+            ServicePortName::new("ns", "svc2", "", Protocol::Tcp),
+            vec![local("10.0.0.7:80", true)],
+        );
+        assert_eq!(
+            local_ready_endpoints_of(&map, &NamespacedName::new("ns", "svc")),
+            1,
+            "a neighbour's endpoints are not counted"
+        );
     }
 }

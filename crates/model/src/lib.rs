@@ -41,7 +41,8 @@ pub use api::{
     ServicePortSpec, ServiceType, SessionAffinity, SliceEndpoint, SlicePort, TrafficPolicy,
 };
 pub use endpoints::{
-    Endpoint, EndpointsMap, cmp_by_display, local_ready_endpoints, sort_endpoints,
+    Endpoint, EndpointsMap, cmp_by_display, local_ready_endpoints, local_ready_endpoints_of,
+    sort_endpoints,
 };
 pub use error::ModelError;
 pub use ip::{IpFamily, parse_cidr_legacy, parse_ip_legacy};

@@ -1,7 +1,7 @@
 //! Running verdict: where objects come from, the two per-family proxiers,
 //! and the sync loop.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
@@ -14,7 +14,7 @@ use verdict_admin::service_health::{Healthy, ServiceHealthServers};
 use verdict_admin::{Family as HealthFamily, Health, Metrics, Response};
 use verdict_k8s::watch::{ApiSource, Update};
 use verdict_k8s::{Loaded, NodeInfo};
-use verdict_model::{EndpointSlice, IpFamily, Service};
+use verdict_model::{EndpointSlice, IpFamily, NamespacedName, Protocol, Service, ServicePortName};
 use verdict_nft::conntrack::ConntrackCli;
 use verdict_nft::{Backend, Family, MemoryBackend, NftCli, Transaction};
 use verdict_proxier::conntrack::UdpTargets;
@@ -172,8 +172,14 @@ struct Node {
 struct FamilyExtras {
     /// The UDP services as of the last conntrack cleanup.
     udp_cleaned: UdpTargets,
+    /// The services that had a UDP port at the last conntrack cleanup.
+    udp_services: BTreeSet<NamespacedName>,
     /// The service health-check servers.
     health_checks: Option<ServiceHealthServers>,
+    /// The health-check node port of every service that has one.
+    hc_ports: BTreeMap<(String, String), u16>,
+    /// Their local ready endpoints (absent: none).
+    hc_local: BTreeMap<(String, String), usize>,
 }
 
 impl Node {
@@ -506,7 +512,17 @@ impl Node {
             if !r.full && r.updated_services.is_empty() {
                 continue;
             }
-            sync_health_checks(&mut extras.health_checks, p, &self.health);
+            // After a partial sync, only the services it touched are
+            // looked at again: O(changed), as the sync itself.
+            let touched = (!r.full).then_some(&r.updated_services);
+            sync_health_checks(extras, p, &self.health, touched);
+            let udp_touched = touched.is_none_or(|t| {
+                t.iter()
+                    .any(|s| extras.udp_services.contains(s) || has_udp_port(p, s))
+            });
+            if !udp_touched {
+                continue;
+            }
             let targets = UdpTargets::of(p.service_ports(), p.endpoints());
             if targets != extras.udp_cleaned {
                 let t = Instant::now();
@@ -519,6 +535,12 @@ impl Node {
                             x.add(m::CONNTRACK_DELETED, &fam, deleted as f64);
                         });
                         extras.udp_cleaned = targets;
+                        extras.udp_services = p
+                            .service_ports()
+                            .iter()
+                            .filter(|(_, sp)| sp.protocol == Protocol::Udp)
+                            .map(|(name, _)| name.service.clone())
+                            .collect();
                     }
                     // Kept for the next sync, which tries again.
                     Err(e) => {
@@ -532,12 +554,29 @@ impl Node {
     }
 }
 
+/// The service ports of one service (a range of the map).
+fn ports_of<'a>(
+    p: &'a Proxier,
+    svc: &'a NamespacedName,
+) -> impl Iterator<Item = &'a verdict_model::ServicePort> + 'a {
+    p.service_ports()
+        .range(ServicePortName::first_of(svc)..)
+        .take_while(move |(name, _)| name.service == *svc)
+        .map(|(_, sp)| sp)
+}
+
+fn has_udp_port(p: &Proxier, svc: &NamespacedName) -> bool {
+    ports_of(p, svc).any(|sp| sp.protocol == Protocol::Udp)
+}
+
 /// Opens and closes the service health-check node ports of one family
-/// (eTP=Local LoadBalancers) and updates their local endpoint counts.
+/// (eTP=Local LoadBalancers) and updates their local endpoint counts:
+/// for every service after a full sync, else for the `touched` ones.
 fn sync_health_checks(
-    slot: &mut Option<ServiceHealthServers>,
+    extras: &mut FamilyExtras,
     p: &Proxier,
     health: &Arc<Mutex<Health>>,
+    touched: Option<&BTreeSet<NamespacedName>>,
 ) {
     // Where NodePorts are served; v6 link-local addresses cannot be bound
     // without a scope and are skipped.
@@ -547,6 +586,7 @@ fn sync_health_checks(
         .into_iter()
         .filter(|ip| !matches!(ip, IpAddr::V6(v6) if (v6.segments()[0] & 0xffc0) == 0xfe80))
         .collect();
+    let slot = &mut extras.health_checks;
     if slot.as_ref().is_none_or(|s| s.addresses() != addresses) {
         let h = health.clone();
         let healthy: Healthy = Arc::new(move || {
@@ -559,24 +599,38 @@ fn sync_health_checks(
     let Some(servers) = slot else {
         return;
     };
-    let wanted: BTreeMap<(String, String), u16> = p
-        .service_ports()
-        .iter()
-        .filter_map(|(name, sp)| {
-            let port = sp.health_check_node_port?;
-            let svc = &name.service;
-            Some(((svc.namespace.clone(), svc.name.clone()), port))
-        })
-        .collect();
-    for e in servers.sync_services(&wanted) {
+    let services: Vec<NamespacedName> = match touched {
+        Some(t) => t.iter().cloned().collect(),
+        None => {
+            extras.hc_ports.clear();
+            extras.hc_local.clear();
+            let mut all: Vec<NamespacedName> = p
+                .service_ports()
+                .iter()
+                .filter(|(_, sp)| sp.health_check_node_port.is_some())
+                .map(|(name, _)| name.service.clone())
+                .collect();
+            all.dedup();
+            all
+        }
+    };
+    for svc in services {
+        let key = (svc.namespace.clone(), svc.name.clone());
+        extras.hc_ports.remove(&key);
+        extras.hc_local.remove(&key);
+        let Some(port) = ports_of(p, &svc).find_map(|sp| sp.health_check_node_port) else {
+            continue;
+        };
+        extras.hc_ports.insert(key.clone(), port);
+        let n = verdict_model::local_ready_endpoints_of(p.endpoints(), &svc);
+        if n > 0 {
+            extras.hc_local.insert(key, n);
+        }
+    }
+    for e in servers.sync_services(&extras.hc_ports) {
         tracing::warn!(error = %e, "service health check");
     }
-    servers.sync_endpoints(
-        verdict_model::local_ready_endpoints(p.endpoints())
-            .into_iter()
-            .map(|(svc, n)| ((svc.namespace, svc.name), n))
-            .collect(),
-    );
+    servers.sync_endpoints(extras.hc_local.clone());
 }
 
 /// Deletes the UDP conntrack entries `targets` says are stale; returns how
