@@ -99,6 +99,17 @@ fn traffic_follows_the_manifests() {
     }
     assert!(healthz.starts_with("HTTP/1.1 200"), "{healthz}");
     assert!(healthz.contains("\"IPv4\":{\"lastUpdated\""), "{healthz}");
+    // A new Node means a full sync; wait for it, so that the next edit is
+    // synced on its own (partially) rather than together with it.
+    let full_syncs = "kubeproxy_sync_full_proxy_rules_duration_seconds_count{ip_family=\"IPv4\"}";
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while sample(&http_on(&bed, 10249, "/metrics"), full_syncs).unwrap_or(0.0) < 2.0 {
+        assert!(
+            Instant::now() < deadline,
+            "no full sync after the Node changed"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 
     // The edit carries the trigger time the EndpointSlice controller would
     // set; network-programming latency is measured from it.
