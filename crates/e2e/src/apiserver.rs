@@ -598,6 +598,16 @@ fn status(code: u16, reason: &str, message: &str) -> Value {
            "message": message, "reason": reason, "code": code})
 }
 
+/// What an API server answers for a path or API group it does not serve.
+fn not_found(conn: &mut TcpStream) -> std::io::Result<()> {
+    let body = status(
+        404,
+        "NotFound",
+        "the server could not find the requested resource",
+    );
+    respond(conn, 404, "Not Found", &body)
+}
+
 fn serve(shared: &Shared, conn: TcpStream) -> std::io::Result<()> {
     let mut reader = BufReader::new(conn.try_clone()?);
     let mut conn = conn;
@@ -606,28 +616,10 @@ fn serve(shared: &Shared, conn: TcpStream) -> std::io::Result<()> {
     };
     shared.lock().requests.push(req.line.clone());
     let Some((resource, namespace)) = Resource::route(&req.path) else {
-        return respond(
-            &mut conn,
-            404,
-            "Not Found",
-            &status(
-                404,
-                "NotFound",
-                "the server could not find the requested resource",
-            ),
-        );
+        return not_found(&mut conn);
     };
     if shared.lock().not_served.contains(&resource) {
-        return respond(
-            &mut conn,
-            404,
-            "Not Found",
-            &status(
-                404,
-                "NotFound",
-                "the server could not find the requested resource",
-            ),
-        );
+        return not_found(&mut conn);
     }
     let q = |k: &str| req.query.get(k).cloned().unwrap_or_default();
     let labels = parse_selector(&q("labelSelector"));
