@@ -21,6 +21,7 @@
 //! Needs root. Prints a Markdown table; with `--out` also writes it, the
 //! raw figures and an SVG plot to DIR.
 
+mod daemon;
 mod probe;
 mod report;
 mod topo;
@@ -46,6 +47,7 @@ fn main() -> ExitCode {
         Some("serve") => probe::serve(&args[1..]),
         Some("probe") => probe::probe(&args[1..]),
         Some("one") => one(&args[1..]),
+        Some("daemon") => daemon::daemon(&args[1..]),
         _ => orchestrate(&args),
     };
     match r {

@@ -2,8 +2,9 @@
 //! Services, EndpointSlices, Nodes and ServiceCIDRs.
 //!
 //! It speaks the real protocol that client libraries use, over plain HTTP/1.1:
-//! - `GET <collection>` lists, with `labelSelector` and `fieldSelector`, and
-//!   answers the list's `metadata.resourceVersion`;
+//! - `GET <collection>` lists, with `labelSelector` and `fieldSelector`, in
+//!   pages of `limit` (`continue` fetches the next), and answers the list's
+//!   `metadata.resourceVersion`;
 //! - `GET <collection>?watch=true&resourceVersion=N` streams newline-delimited
 //!   watch events (`ADDED`, `MODIFIED`, `DELETED`, and `BOOKMARK` when
 //!   `allowWatchBookmarks=true`) with chunked encoding, from just after `N`,
@@ -585,11 +586,11 @@ fn read_request(reader: &mut BufReader<TcpStream>) -> std::io::Result<Option<Req
 
 fn respond(conn: &mut TcpStream, code: u16, reason: &str, body: &Value) -> std::io::Result<()> {
     let body = body.to_string();
-    write!(
-        conn,
-        "HTTP/1.1 {code} {reason}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+    let head = format!(
+        "HTTP/1.1 {code} {reason}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
-    )?;
+    );
+    conn.write_all((head + &body).as_bytes())?;
     conn.flush()
 }
 
@@ -609,6 +610,7 @@ fn not_found(conn: &mut TcpStream) -> std::io::Result<()> {
 }
 
 fn serve(shared: &Shared, conn: TcpStream) -> std::io::Result<()> {
+    conn.set_nodelay(true)?;
     let mut reader = BufReader::new(conn.try_clone()?);
     let mut conn = conn;
     let Some(req) = read_request(&mut reader)? else {
@@ -645,25 +647,42 @@ fn serve(shared: &Shared, conn: TcpStream) -> std::io::Result<()> {
             && matches(obj, &labels, &fields)
     };
     if q("watch") != "true" && q("watch") != "1" {
+        // Pages: `limit`, and `continue` naming the first object of the
+        // next page (`namespace/name`), so a page costs O(its size).
+        let limit: usize = q("limit").parse().unwrap_or(0);
+        let from: Key = match q("continue").split_once('/') {
+            Some((ns, name)) => (resource, ns.to_string(), name.to_string()),
+            None => (resource, String::new(), String::new()),
+        };
         let s = shared.lock();
-        let items: Vec<Value> = s
+        let mut matching = s
             .objects
-            .iter()
-            .filter(|(k, o)| in_scope(k, o))
-            .map(|(_, o)| {
-                let mut o = o.clone();
-                // Lists carry the kind once, not per item.
-                if let Some(m) = o.as_object_mut() {
-                    m.remove("kind");
-                    m.remove("apiVersion");
-                }
-                o
-            })
-            .collect();
+            .range(from..)
+            .take_while(|(k, _)| k.0 == resource)
+            .filter(|(k, o)| in_scope(k, o));
+        let mut items: Vec<Value> = Vec::new();
+        let mut next: Option<String> = None;
+        for (k, o) in matching.by_ref() {
+            if limit > 0 && items.len() == limit {
+                next = Some(format!("{}/{}", k.1, k.2));
+                break;
+            }
+            let mut o = o.clone();
+            // Lists carry the kind once, not per item.
+            if let Some(m) = o.as_object_mut() {
+                m.remove("kind");
+                m.remove("apiVersion");
+            }
+            items.push(o);
+        }
+        let mut meta = json!({"resourceVersion": s.rv.to_string()});
+        if let Some(next) = next {
+            meta["continue"] = json!(next);
+        }
         let list = json!({
             "kind": format!("{}List", resource.kind()),
             "apiVersion": resource.api_version(),
-            "metadata": {"resourceVersion": s.rv.to_string()},
+            "metadata": meta,
             "items": items,
         });
         drop(s);
@@ -674,7 +693,8 @@ fn serve(shared: &Shared, conn: TcpStream) -> std::io::Result<()> {
 
 fn chunk(conn: &mut TcpStream, event: &Value) -> std::io::Result<()> {
     let line = format!("{event}\n");
-    write!(conn, "{:x}\r\n{line}\r\n", line.len())?;
+    // One write per event: split writes would wait on Nagle's algorithm.
+    conn.write_all(format!("{:x}\r\n{line}\r\n", line.len()).as_bytes())?;
     conn.flush()
 }
 

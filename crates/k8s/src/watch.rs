@@ -131,11 +131,13 @@ async fn client_config(src: &ApiSource) -> Result<Config, SourceError> {
 }
 
 /// Keeps what one watch has reported, so that a relist can be turned into
-/// the difference from it (see the module documentation).
+/// the difference from it (see the module documentation). Only each
+/// object's resourceVersion is kept, not the object: the daemon holds the
+/// objects once.
 #[derive(Debug)]
 pub struct Mirror<T> {
-    known: BTreeMap<Key, T>,
-    relisting: Option<BTreeMap<Key, T>>,
+    known: BTreeMap<Key, String>,
+    relisting: Option<BTreeMap<Key, (String, T)>>,
     listed: bool,
 }
 
@@ -149,30 +151,33 @@ impl<T> Default for Mirror<T> {
     }
 }
 
-/// One watcher event, converted: `None` objects are ones the proxy does
+/// An object with its resourceVersion, or `None` for one the proxy does
 /// not use (treated as absent).
+pub type Versioned<T> = Option<(String, T)>;
+
+/// One watcher event, converted.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Seen<T> {
     /// A (re)list starts.
     ListStart,
     /// An object of the list.
-    Listed(Key, Option<T>),
+    Listed(Key, Versioned<T>),
     /// The list is complete.
     ListDone,
     /// An object was added or changed.
-    Applied(Key, Option<T>),
+    Applied(Key, Versioned<T>),
     /// An object was deleted.
     Deleted(Key),
 }
 
-impl<T: Clone + PartialEq> Mirror<T> {
+impl<T> Mirror<T> {
     /// Whether an initial list has completed.
     pub fn listed(&self) -> bool {
         self.listed
     }
 
-    /// What is known now.
-    pub fn known(&self) -> &BTreeMap<Key, T> {
+    /// The objects known now, with their resourceVersions.
+    pub fn known(&self) -> &BTreeMap<Key, String> {
         &self.known
     }
 
@@ -197,21 +202,22 @@ impl<T: Clone + PartialEq> Mirror<T> {
                     .filter(|k| !fresh.contains_key(*k))
                     .map(|k| (k.clone(), None))
                     .collect();
-                out.extend(
-                    fresh
-                        .iter()
-                        .filter(|(k, v)| self.known.get(*k) != Some(*v))
-                        .map(|(k, v)| (k.clone(), Some(v.clone()))),
-                );
-                self.known = fresh;
+                let mut known = BTreeMap::new();
+                for (k, (version, obj)) in fresh {
+                    if self.known.get(&k) != Some(&version) {
+                        out.push((k.clone(), Some(obj)));
+                    }
+                    known.insert(k, version);
+                }
+                self.known = known;
                 self.listed = true;
                 out
             }
-            Seen::Applied(key, Some(obj)) => {
-                if self.known.get(&key) == Some(&obj) {
+            Seen::Applied(key, Some((version, obj))) => {
+                if self.known.get(&key) == Some(&version) {
                     return Vec::new();
                 }
-                self.known.insert(key.clone(), obj.clone());
+                self.known.insert(key.clone(), version);
                 vec![(key, Some(obj))]
             }
             Seen::Applied(key, None) | Seen::Deleted(key) => match self.known.remove(&key) {
@@ -227,11 +233,12 @@ fn key_of<K: ResourceExt>(o: &K) -> Key {
 }
 
 fn seen<K: ResourceExt, T>(e: Event<K>, convert: impl Fn(&K) -> Option<T>) -> Seen<T> {
+    let versioned = |o: &K| convert(o).map(|t| (o.resource_version().unwrap_or_default(), t));
     match e {
         Event::Init => Seen::ListStart,
-        Event::InitApply(o) => Seen::Listed(key_of(&o), convert(&o)),
+        Event::InitApply(o) => Seen::Listed(key_of(&o), versioned(&o)),
         Event::InitDone => Seen::ListDone,
-        Event::Apply(o) => Seen::Applied(key_of(&o), convert(&o)),
+        Event::Apply(o) => Seen::Applied(key_of(&o), versioned(&o)),
         Event::Delete(o) => Seen::Deleted(key_of(&o)),
     }
 }
@@ -353,6 +360,8 @@ struct Feed {
     slices: Mirror<EndpointSlice>,
     nodes: Mirror<NodeInfo>,
     cidrs: Mirror<Vec<IpNet>>,
+    /// The ranges of every ServiceCIDR object.
+    cidr_values: BTreeMap<Key, Vec<IpNet>>,
     synced: bool,
 }
 
@@ -364,6 +373,7 @@ impl Feed {
             slices: Mirror::default(),
             nodes: Mirror::default(),
             cidrs: Mirror::default(),
+            cidr_values: BTreeMap::new(),
             synced: false,
         }
     }
@@ -396,8 +406,14 @@ impl Feed {
             Watched::Cidr(Ok(e)) => {
                 let changes = self.cidrs.see(seen(e, |c| Some(service_cidrs(c))));
                 if !changes.is_empty() {
+                    for (k, v) in changes {
+                        match v {
+                            Some(v) => self.cidr_values.insert(k, v),
+                            None => self.cidr_values.remove(&k),
+                        };
+                    }
                     let mut all: Vec<IpNet> =
-                        self.cidrs.known().values().flatten().copied().collect();
+                        self.cidr_values.values().flatten().copied().collect();
                     all.sort();
                     all.dedup();
                     out.push(Update::ServiceCidrs(all));
@@ -441,10 +457,15 @@ mod tests {
         ("ns".into(), n.into())
     }
 
+    /// An object whose resourceVersion is its value.
+    fn v(x: u32) -> Versioned<u32> {
+        Some((x.to_string(), x))
+    }
+
     fn listed(m: &mut Mirror<u32>, objs: &[(&str, u32)]) -> Vec<(Key, Option<u32>)> {
         let mut out = m.see(Seen::ListStart);
-        for (n, v) in objs {
-            out.extend(m.see(Seen::Listed(k(n), Some(*v))));
+        for (n, x) in objs {
+            out.extend(m.see(Seen::Listed(k(n), v(*x))));
         }
         out.extend(m.see(Seen::ListDone));
         out
@@ -454,7 +475,7 @@ mod tests {
     fn initial_list_reports_every_object_once_complete() {
         let mut m = Mirror::default();
         assert!(m.see(Seen::ListStart).is_empty());
-        assert!(m.see(Seen::Listed(k("a"), Some(1))).is_empty());
+        assert!(m.see(Seen::Listed(k("a"), v(1))).is_empty());
         assert!(!m.listed());
         assert_eq!(m.see(Seen::ListDone), vec![(k("a"), Some(1))]);
         assert!(m.listed());
@@ -479,20 +500,17 @@ mod tests {
         let mut m = Mirror::default();
         listed(&mut m, &[("a", 1)]);
         assert!(m.see(Seen::ListStart).is_empty());
-        assert!(m.see(Seen::Listed(k("b"), Some(2))).is_empty());
-        assert_eq!(m.known().get(&k("a")), Some(&1));
+        assert!(m.see(Seen::Listed(k("b"), v(2))).is_empty());
+        assert_eq!(m.known().get(&k("a")).map(String::as_str), Some("1"));
     }
 
     #[test]
     fn applies_and_deletes() {
         let mut m = Mirror::default();
         listed(&mut m, &[]);
-        assert_eq!(
-            m.see(Seen::Applied(k("a"), Some(1))),
-            vec![(k("a"), Some(1))]
-        );
+        assert_eq!(m.see(Seen::Applied(k("a"), v(1))), vec![(k("a"), Some(1))]);
         assert!(
-            m.see(Seen::Applied(k("a"), Some(1))).is_empty(),
+            m.see(Seen::Applied(k("a"), v(1))).is_empty(),
             "no-op update"
         );
         assert_eq!(m.see(Seen::Deleted(k("a"))), vec![(k("a"), None)]);
