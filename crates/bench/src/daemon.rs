@@ -11,7 +11,7 @@
 //!
 //! Times are read from verdict's own log lines, as they arrive.
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -140,6 +140,7 @@ fn run_one(
     changes: usize,
     verdict: &Path,
     apiserver: &Path,
+    log_to: Option<&Path>,
 ) -> Result<Row, String> {
     let ns = Netns::create(&format!("{}-api", unique_prefix())).map_err(|e| e.0)?;
     let mut api = ApiServerProcess::spawn(
@@ -196,11 +197,16 @@ fn run_one(
     let pid = child.id();
     let daemon = Process(child);
     let (tx, rx) = channel();
+    let mut keep = match log_to {
+        Some(p) => Some(std::fs::File::create(p).map_err(|e| format!("{}: {e}", p.display()))?),
+        None => None,
+    };
     std::thread::spawn(move || {
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if tx.send((Instant::now(), line)).is_err() {
-                return;
+            if let Some(f) = keep.as_mut() {
+                let _ = writeln!(f, "{:>9.3} s  {line}", started.elapsed().as_secs_f64());
             }
+            let _ = tx.send((Instant::now(), line));
         }
     });
     let log = Log { rx };
@@ -280,7 +286,8 @@ pub fn daemon(args: &[String]) -> Result<(), String> {
     );
     println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
     for n in sizes {
-        let r = run_one(n, k, changes, &verdict, &apiserver)?;
+        let log_to = flag(args, "--log").map(|d| PathBuf::from(d).join(format!("verdict-{n}.log")));
+        let r = run_one(n, k, changes, &verdict, &apiserver, log_to.as_deref())?;
         println!(
             "| {} | {:.1} s | {:.2} s | {:.2} s | {:.2} s | {:.0} MiB | {:.1} / {:.1} ms | {} |",
             r.n,
