@@ -648,13 +648,24 @@ fn serve(shared: &Shared, conn: TcpStream) -> std::io::Result<()> {
     };
     if q("watch") != "true" && q("watch") != "1" {
         // Pages: `limit`, and `continue` naming the first object of the
-        // next page (`namespace/name`), so a page costs O(its size).
+        // next page (`rv|namespace/name`), so a page costs O(its size).
         let limit: usize = q("limit").parse().unwrap_or(0);
-        let from: Key = match q("continue").split_once('/') {
-            Some((ns, name)) => (resource, ns.to_string(), name.to_string()),
-            None => (resource, String::new(), String::new()),
+        // The token also carries the first page's resourceVersion, which
+        // every page reports, as the API server serves one snapshot: a
+        // watch from it replays whatever changed while paging.
+        let token = q("continue");
+        let (version, from) = match token.split_once('|') {
+            Some((rv, rest)) => (
+                rv.parse::<u64>().ok(),
+                rest.split_once('/')
+                    .map_or((resource, String::new(), String::new()), |(ns, name)| {
+                        (resource, ns.to_string(), name.to_string())
+                    }),
+            ),
+            None => (None, (resource, String::new(), String::new())),
         };
         let s = shared.lock();
+        let version = version.unwrap_or(s.rv);
         let mut matching = s
             .objects
             .range(from..)
@@ -664,7 +675,7 @@ fn serve(shared: &Shared, conn: TcpStream) -> std::io::Result<()> {
         let mut next: Option<String> = None;
         for (k, o) in matching.by_ref() {
             if limit > 0 && items.len() == limit {
-                next = Some(format!("{}/{}", k.1, k.2));
+                next = Some(format!("{version}|{}/{}", k.1, k.2));
                 break;
             }
             let mut o = o.clone();
@@ -675,7 +686,7 @@ fn serve(shared: &Shared, conn: TcpStream) -> std::io::Result<()> {
             }
             items.push(o);
         }
-        let mut meta = json!({"resourceVersion": s.rv.to_string()});
+        let mut meta = json!({"resourceVersion": version.to_string()});
         if let Some(next) = next {
             meta["continue"] = json!(next);
         }
@@ -754,16 +765,23 @@ fn watch(
             }
         },
     };
-    let mut next_bookmark = Instant::now() + shared.bookmark_every;
+    // Without bookmarks, nothing is due before the deadline.
+    let every = shared.bookmark_every.max(Duration::from_millis(10));
+    let mut next_bookmark = if bookmarks {
+        Instant::now() + every
+    } else {
+        deadline
+    };
     loop {
         if s.epoch != epoch {
             // Expired: the connection drops, as when the server restarts.
             return Ok(());
         }
-        let events: Vec<Value> = s
-            .history
+        // History is in resourceVersion order: skip what was sent.
+        let from = s.history.partition_point(|c| c.rv <= cursor);
+        let events: Vec<Value> = s.history[from..]
             .iter()
-            .filter(|c| c.rv > cursor && c.resource == resource)
+            .filter(|c| c.resource == resource)
             .filter_map(|c| {
                 let was = c
                     .old
@@ -799,7 +817,7 @@ fn watch(
                 "kind": resource.kind(), "apiVersion": resource.api_version(),
                 "metadata": {"resourceVersion": cursor.to_string()}}});
             chunk(&mut conn, &mark)?;
-            next_bookmark = now + shared.bookmark_every;
+            next_bookmark = now + every;
         }
         let wait = deadline.min(next_bookmark).saturating_duration_since(now);
         s = shared.lock();

@@ -17,6 +17,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::mpsc::Sender;
+use std::time::Duration;
 
 use futures::{Stream, StreamExt};
 use ipnet::IpNet;
@@ -104,10 +105,25 @@ pub enum SourceError {
 /// in-cluster service account.
 async fn client_config(src: &ApiSource) -> Result<Config, SourceError> {
     let master = match &src.master {
-        Some(url) => Some(url.parse::<http::Uri>().map_err(|e| SourceError::Master {
-            url: url.clone(),
-            message: e.to_string(),
-        })?),
+        Some(url) => {
+            // As client-go: a bare host:port means HTTPS.
+            let full = if url.contains("://") {
+                url.clone()
+            } else {
+                format!("https://{url}")
+            };
+            let uri = full.parse::<http::Uri>().map_err(|e| SourceError::Master {
+                url: url.clone(),
+                message: e.to_string(),
+            })?;
+            if uri.host().is_none() {
+                return Err(SourceError::Master {
+                    url: url.clone(),
+                    message: "has no host".into(),
+                });
+            }
+            Some(uri)
+        }
         None => None,
     };
     let mut config = match (&src.kubeconfig, &master) {
@@ -265,10 +281,11 @@ impl Watching {
     }
 }
 
-/// Connects to the API server and starts watching; updates go to `tx`
-/// until it is dropped. A configuration that cannot be used is an error
+/// Connects to the API server and starts watching; updates go to `tx`, in
+/// batches that belong together (one watch event, or one relist's
+/// difference), until it is dropped. A configuration that cannot be used is an error
 /// here; an unreachable server is not (watches retry with backoff).
-pub fn start(src: ApiSource, tx: Sender<Update>) -> Result<Watching, SourceError> {
+pub fn start(src: ApiSource, tx: Sender<Vec<Update>>) -> Result<Watching, SourceError> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -288,16 +305,45 @@ pub fn start(src: ApiSource, tx: Sender<Update>) -> Result<Watching, SourceError
     Ok(Watching { thread })
 }
 
-/// Whether the API server serves ServiceCIDRs (networking.k8s.io/v1).
-async fn serves_service_cidrs(client: &Client) -> bool {
-    let api: Api<networking::ServiceCIDR> = Api::all(client.clone());
-    match api.list(&ListParams::default().limit(1)).await {
-        Ok(_) => true,
-        Err(kube::Error::Api(s)) if s.code == 404 => false,
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot tell whether ServiceCIDRs are served; watching them anyway");
-            true
-        }
+/// How long one request of the ServiceCIDR check may take.
+const CHECK_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often an API server that does not serve ServiceCIDRs (or does not let
+/// verdict list them) is asked again, say after an upgrade.
+const RECHECK_EVERY: Duration = Duration::from_secs(600);
+/// Watches end after this many seconds and are resumed from their last
+/// resourceVersion; a connection that went silent is noticed within it.
+const WATCH_TIMEOUT_SECS: u32 = 60;
+
+/// Returns once the API server serves ServiceCIDRs (networking.k8s.io/v1)
+/// and lets verdict list them; until then it asks again now and then.
+async fn until_service_cidrs_served(client: Client) {
+    let api: Api<networking::ServiceCIDR> = Api::all(client);
+    let mut said = false;
+    loop {
+        let wait = match tokio::time::timeout(
+            CHECK_TIMEOUT,
+            api.list(&ListParams::default().limit(1)),
+        )
+        .await
+        {
+            Ok(Ok(_)) => return,
+            Ok(Err(kube::Error::Api(s))) if s.code == 404 || s.code == 403 => {
+                if !said {
+                    tracing::info!(
+                        code = s.code,
+                        "ServiceCIDRs are not served (or not allowed): traffic to unallocated ClusterIPs is not dropped"
+                    );
+                    said = true;
+                }
+                RECHECK_EVERY
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "cannot tell yet whether ServiceCIDRs are served");
+                CHECK_TIMEOUT
+            }
+            Err(_) => CHECK_TIMEOUT,
+        };
+        tokio::time::sleep(wait).await;
     }
 }
 
@@ -305,50 +351,56 @@ fn boxed<'a, T>(s: impl Stream<Item = T> + 'a) -> std::pin::Pin<Box<dyn Stream<I
     Box::pin(s)
 }
 
-async fn watch_all(client: Client, node: String, tx: Sender<Update>) {
+async fn watch_all(client: Client, node: String, tx: Sender<Vec<Update>>) {
     let selector = proxied_selector();
-    let cfg = watcher::Config::default().labels(&selector);
-    let mut streams = vec![
+    let base = watcher::Config::default().timeout(WATCH_TIMEOUT_SECS);
+    let proxied = base.clone().labels(&selector);
+    let cidr_client = client.clone();
+    let cidr_base = base.clone();
+    let streams = vec![
         boxed(
-            watcher::watcher(Api::<core::Service>::all(client.clone()), cfg.clone())
+            watcher::watcher(Api::<core::Service>::all(client.clone()), proxied.clone())
                 .default_backoff()
                 .map(Watched::Service),
         ),
         boxed(
-            watcher::watcher(Api::<discovery::EndpointSlice>::all(client.clone()), cfg)
-                .default_backoff()
-                .map(Watched::Slice),
+            watcher::watcher(
+                Api::<discovery::EndpointSlice>::all(client.clone()),
+                proxied,
+            )
+            .default_backoff()
+            .map(Watched::Slice),
         ),
         boxed(
             watcher::watcher(
                 Api::<core::Node>::all(client.clone()),
-                watcher::Config::default().fields(&format!("metadata.name={node}")),
+                base.fields(&format!("metadata.name={node}")),
             )
             .default_backoff()
             .map(Watched::Node),
         ),
+        // Not every API server serves ServiceCIDRs: this watch starts once
+        // it does, without holding up the others.
+        boxed(
+            futures::stream::once(until_service_cidrs_served(cidr_client.clone()))
+                .flat_map(move |()| {
+                    watcher::watcher(
+                        Api::<networking::ServiceCIDR>::all(cidr_client.clone()),
+                        cidr_base.clone(),
+                    )
+                    .default_backoff()
+                })
+                .map(Watched::Cidr),
+        ),
     ];
-    if serves_service_cidrs(&client).await {
-        streams.push(boxed(
-            watcher::watcher(
-                Api::<networking::ServiceCIDR>::all(client.clone()),
-                watcher::Config::default(),
-            )
-            .default_backoff()
-            .map(Watched::Cidr),
-        ));
-    } else {
-        tracing::info!(
-            "the API server does not serve ServiceCIDRs: traffic to unallocated ClusterIPs is not dropped"
-        );
-    }
     let mut all = futures::stream::select_all(streams);
     let mut feed = Feed::new(node);
     while let Some(w) = all.next().await {
-        for u in feed.take(w) {
-            if tx.send(u).is_err() {
-                return;
-            }
+        // One event's changes travel together: a relist's difference is
+        // applied as a whole, never half before a sync.
+        let batch = feed.take(w);
+        if !batch.is_empty() && tx.send(batch).is_err() {
+            return;
         }
     }
 }
@@ -563,6 +615,27 @@ mod tests {
         let out = run(&mut f, Watched::Service(Ok(Event::InitDone)));
         assert!(matches!(&out[..], [Update::Service(k, None)] if k.1 == "a"));
         assert_eq!(synced.get(), 1);
+    }
+
+    fn config_for(master: &str) -> Result<Config, SourceError> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(client_config(&ApiSource {
+            master: Some(master.into()),
+            ..ApiSource::default()
+        }))
+    }
+
+    #[test]
+    fn master_alone_is_the_server_and_https_by_default() {
+        let c = config_for("10.0.0.1:6443").unwrap();
+        assert_eq!(c.cluster_url.to_string(), "https://10.0.0.1:6443/");
+        let c = config_for("http://127.0.0.1:8080").unwrap();
+        assert_eq!(c.cluster_url.to_string(), "http://127.0.0.1:8080/");
+        let e = config_for("not a url").map(|_| ()).unwrap_err();
+        assert!(e.to_string().contains("--master not a url"), "{e}");
     }
 
     #[test]

@@ -176,6 +176,8 @@ struct FamilyExtras {
     udp_cleaned: UdpTargets,
     /// The services that had a UDP port at the last conntrack cleanup.
     udp_services: BTreeSet<NamespacedName>,
+    /// The last cleanup failed: the next sync tries again, whatever it touched.
+    udp_retry: bool,
     /// The service health-check servers.
     health_checks: Option<ServiceHealthServers>,
     /// The health-check node port of every service that has one.
@@ -308,8 +310,13 @@ impl Node {
             return Ok(false);
         }
         tracing::info!(node = %me.name, addresses = ?me.addresses, pod_cidrs = ?me.pod_cidrs, "node changed");
-        self.info = me.clone();
-        self.reconfigure()?;
+        let before = std::mem::replace(&mut self.info, me.clone());
+        if let Err(e) = self.reconfigure() {
+            // Not taken: the same Node seen again is tried again.
+            self.info = before;
+            self.reconfigure()?;
+            return Err(e);
+        }
         Ok(true)
     }
 
@@ -319,8 +326,12 @@ impl Node {
             return Ok(false);
         }
         tracing::info!(?cidrs, "service CIDRs changed");
-        self.service_cidrs = cidrs.to_vec();
-        self.reconfigure()?;
+        let before = std::mem::replace(&mut self.service_cidrs, cidrs.to_vec());
+        if let Err(e) = self.reconfigure() {
+            self.service_cidrs = before;
+            self.reconfigure()?;
+            return Err(e);
+        }
         Ok(true)
     }
 
@@ -511,17 +522,18 @@ impl Node {
             let Some(ct) = &self.live else {
                 continue;
             };
-            if !r.full && r.updated_services.is_empty() {
+            if !r.full && r.updated_services.is_empty() && !extras.udp_retry {
                 continue;
             }
             // After a partial sync, only the services it touched are
             // looked at again: O(changed), as the sync itself.
             let touched = (!r.full).then_some(&r.updated_services);
             sync_health_checks(extras, p, &self.health, touched);
-            let udp_touched = touched.is_none_or(|t| {
-                t.iter()
-                    .any(|s| extras.udp_services.contains(s) || has_udp_port(p, s))
-            });
+            let udp_touched = extras.udp_retry
+                || touched.is_none_or(|t| {
+                    t.iter()
+                        .any(|s| extras.udp_services.contains(s) || has_udp_port(p, s))
+                });
             if !udp_touched {
                 continue;
             }
@@ -537,6 +549,7 @@ impl Node {
                             x.add(m::CONNTRACK_DELETED, &fam, deleted as f64);
                         });
                         extras.udp_cleaned = targets;
+                        extras.udp_retry = false;
                         extras.udp_services = p
                             .service_ports()
                             .iter()
@@ -546,6 +559,7 @@ impl Node {
                     }
                     // Kept for the next sync, which tries again.
                     Err(e) => {
+                        extras.udp_retry = true;
                         tracing::warn!(%family, error = %e, "stale UDP conntrack cleanup failed")
                     }
                 }
@@ -749,11 +763,12 @@ enum Feed {
     /// `--manifests`: polled for edits.
     Manifests {
         path: PathBuf,
-        seen: Vec<(PathBuf, Option<SystemTime>, u64)>,
+        /// The files as last loaded (`None`: not loaded yet).
+        seen: Option<Vec<(PathBuf, Option<SystemTime>, u64)>>,
     },
     /// The Kubernetes API: updates from the watch thread.
     Api {
-        rx: Receiver<Update>,
+        rx: Receiver<Vec<Update>>,
         /// Services, EndpointSlices and the Node have been listed.
         synced: bool,
     },
@@ -763,10 +778,7 @@ impl Feed {
     fn open(source: &Source, node_name: &str) -> anyhow::Result<Feed> {
         if let Some(p) = &source.manifests {
             let path = PathBuf::from(p);
-            return Ok(Feed::Manifests {
-                seen: Vec::new(),
-                path,
-            });
+            return Ok(Feed::Manifests { seen: None, path });
         }
         let (tx, rx) = std::sync::mpsc::channel();
         let api = ApiSource {
@@ -792,15 +804,14 @@ impl Feed {
         match self {
             Feed::Manifests { path, seen } => {
                 let current = fingerprint(path);
-                if current == *seen {
+                if seen.as_ref() == Some(&current) {
                     std::thread::sleep(wait);
                     return Ok(false);
                 }
-                let first = seen.is_empty();
-                *seen = current;
-                if !first {
+                if seen.is_some() {
                     tracing::info!(manifests = %path.display(), "manifests changed");
                 }
+                *seen = Some(current);
                 node.apply(&verdict_k8s::load(path))
             }
             Feed::Api { rx, synced } => {
@@ -812,7 +823,7 @@ impl Feed {
                     }
                 };
                 let mut changed = false;
-                for u in std::iter::once(first).chain(rx.try_iter()) {
+                for u in std::iter::once(first).chain(rx.try_iter()).flatten() {
                     if u == Update::Synced {
                         tracing::info!(
                             "Services and EndpointSlices are listed: programming the node"

@@ -50,6 +50,39 @@ pub fn conntrack_max(c: &Conntrack, cpus: u32) -> u64 {
     (u64::from(c.max_per_core) * u64::from(cpus)).max(u64::from(c.min))
 }
 
+/// The CPUs this process may run on, as Go's `runtime.NumCPU` (which
+/// kube-proxy uses) counts them: the affinity mask, not a cgroup CPU quota,
+/// so that a CPU limit on the DaemonSet does not shrink the node's
+/// conntrack table.
+fn cpu_count() -> u32 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+                .and_then(|list| count_cpu_list(list.trim()))
+        })
+        .filter(|n| *n > 0)
+        .unwrap_or(1)
+}
+
+/// Counts a kernel CPU list such as `0-3,8,10-11`.
+fn count_cpu_list(list: &str) -> Option<u32> {
+    let mut n = 0u32;
+    for part in list.split(',').filter(|p| !p.is_empty()) {
+        let (lo, hi) = match part.split_once('-') {
+            Some((lo, hi)) => (lo.parse::<u32>().ok()?, hi.parse::<u32>().ok()?),
+            None => {
+                let one = part.parse::<u32>().ok()?;
+                (one, one)
+            }
+        };
+        n = n.checked_add(hi.checked_sub(lo)?.checked_add(1)?)?;
+    }
+    Some(n)
+}
+
 fn read_number(path: &Path) -> std::io::Result<u64> {
     let text = std::fs::read_to_string(path)?;
     text.trim()
@@ -62,9 +95,7 @@ fn read_number(path: &Path) -> std::io::Result<u64> {
 /// changed from the host's network namespace; elsewhere that is a warning,
 /// as kube-proxy's read-only sysfs case. Any other failure is an error.
 pub fn apply_conntrack(c: &Conntrack) -> anyhow::Result<()> {
-    let cpus = std::thread::available_parallelism()
-        .map(|n| u32::try_from(n.get()).unwrap_or(u32::MAX))
-        .unwrap_or(1);
+    let cpus = cpu_count();
     for (name, value) in conntrack_sysctls(c, cpus) {
         let path = Path::new(NETFILTER).join(name);
         let current = read_number(&path).with_context(|| {
@@ -146,6 +177,16 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+
+    #[test]
+    fn cpu_lists_count_like_the_kernel_writes_them() {
+        assert_eq!(count_cpu_list("0"), Some(1));
+        assert_eq!(count_cpu_list("0-3,8,10-11"), Some(7));
+        assert_eq!(count_cpu_list("0-63"), Some(64));
+        assert_eq!(count_cpu_list("3-1"), None);
+        assert_eq!(count_cpu_list("x"), None);
+        assert!(cpu_count() >= 1);
+    }
 
     #[test]
     fn max_is_per_core_with_a_floor_and_zero_leaves_it_alone() {

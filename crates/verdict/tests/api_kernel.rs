@@ -176,6 +176,23 @@ fn traffic_follows_the_api_server_across_a_watch_expiry() {
         "service-proxy-name label honoured"
     );
     assert_eq!(who_at(&bed, "172.30.0.45"), "10.180.0.2:80");
+    // The ServiceCIDR's range: unallocated ClusterIPs in it are dropped.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut table = String::new();
+    while Instant::now() < deadline {
+        table = bed
+            .node
+            .exec("nft", &["list", "table", "ip", "verdict"])
+            .unwrap();
+        if table.contains("172.30.0.0/16") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(
+        table.contains("ip daddr 172.30.0.0/16 drop"),
+        "ServiceCIDR drop rule:\n{table}"
+    );
 
     // What kube-rs asked for: label-filtered lists and watches with bookmarks.
     let requests = api.requests().unwrap();
