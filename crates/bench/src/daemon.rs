@@ -165,7 +165,7 @@ fn run_one(
     let kubeconfig = dir.join("kubeconfig");
     std::fs::write(
         &kubeconfig,
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster: {server: \"http://127.0.0.1:16443\"}\nusers:\n- name: fake\n  user: {}\ncontexts:\n- name: fake\n  context: {cluster: fake, user: fake}\ncurrent-context: fake\n",
+        verdict_e2e::apiserver::kubeconfig("http://127.0.0.1:16443"),
     )
     .map_err(|e| e.to_string())?;
     let started = Instant::now();

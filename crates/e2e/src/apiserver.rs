@@ -338,6 +338,14 @@ impl FakeApiServer {
     }
 }
 
+/// A kubeconfig that points at `server` (`http://IP:port`) without
+/// credentials, as the fake API server wants.
+pub fn kubeconfig(server: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster: {{server: \"{server}\"}}\nusers:\n- name: fake\n  user: {{}}\ncontexts:\n- name: fake\n  context: {{cluster: fake, user: fake}}\ncurrent-context: fake\n"
+    )
+}
+
 /// The `verdict-e2e-apiserver` program running inside a test namespace,
 /// driven through its stdin; killed when dropped.
 pub struct ApiServerProcess {

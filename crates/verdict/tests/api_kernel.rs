@@ -113,7 +113,7 @@ fn traffic_follows_the_api_server_across_a_watch_expiry() {
     let kubeconfig = dir.join("kubeconfig");
     std::fs::write(
         &kubeconfig,
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster: {server: \"http://127.0.0.1:16443\"}\nusers:\n- name: fake\n  user: {}\ncontexts:\n- name: fake\n  context: {cluster: fake, user: fake}\ncurrent-context: fake\n",
+        verdict_e2e::apiserver::kubeconfig("http://127.0.0.1:16443"),
     )
     .unwrap();
     let kubeconfig_s = kubeconfig.to_string_lossy().into_owned();
