@@ -269,23 +269,11 @@ enum Watched {
     Cidr(Result<Event<networking::ServiceCIDR>, watcher::Error>),
 }
 
-/// The running API source: a thread with its own small async runtime.
-pub struct Watching {
-    thread: std::thread::JoinHandle<()>,
-}
-
-impl Watching {
-    /// Whether the source has stopped (the daemon went away, or it failed).
-    pub fn finished(&self) -> bool {
-        self.thread.is_finished()
-    }
-}
-
 /// Connects to the API server and starts watching; updates go to `tx`, in
 /// batches that belong together (one watch event, or one relist's
 /// difference), until it is dropped. A configuration that cannot be used is an error
 /// here; an unreachable server is not (watches retry with backoff).
-pub fn start(src: ApiSource, tx: Sender<Vec<Update>>) -> Result<Watching, SourceError> {
+pub fn start(src: ApiSource, tx: Sender<Vec<Update>>) -> Result<(), SourceError> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -298,11 +286,13 @@ pub fn start(src: ApiSource, tx: Sender<Vec<Update>>) -> Result<Watching, Source
         Client::try_from(config).map_err(|e| SourceError::Client(e.to_string()))?
     };
     let node = src.node_name.clone();
-    let thread = std::thread::Builder::new()
+    // The thread ends when the receiver is dropped; if it ends otherwise,
+    // the receiver sees the channel close.
+    std::thread::Builder::new()
         .name("kube-watch".into())
         .spawn(move || rt.block_on(watch_all(client, node, tx)))
         .map_err(|e| SourceError::Client(e.to_string()))?;
-    Ok(Watching { thread })
+    Ok(())
 }
 
 /// How long one request of the ServiceCIDR check may take.
