@@ -4,7 +4,9 @@
 //! initial lists, traffic follows Service and EndpointSlice changes, the
 //! label filters hold, and a forced watch expiry (410 Gone, relist) picks up
 //! what changed meanwhile (added, changed, deleted) without dropping a rule
-//! that is still valid.
+//! that is still valid. Last, verdict is restarted while the API server
+//! cannot list EndpointSlices: the rules in the kernel keep serving until it
+//! can, and the new process adopts them without a refused connection.
 //! Needs root.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -328,11 +330,55 @@ fn traffic_follows_the_api_server_across_a_watch_expiry() {
         "a Service that another proxy now serves is removed"
     );
 
-    // SIGTERM leaves the rules; the table is still there.
+    // SIGTERM leaves the rules, and a verdict started while the API server
+    // cannot list EndpointSlices keeps them: traffic flows throughout.
+    api.apply(service("web", "172.30.0.41", json!({}))).unwrap();
+    assert_eq!(
+        wait_until(
+            &bed,
+            "172.30.0.41",
+            "10.180.0.1:80",
+            Duration::from_secs(10)
+        ),
+        "10.180.0.1:80"
+    );
     let pid = daemon.0.id().to_string();
     verdict_e2e::netns::run("kill", &["-TERM", &pid]).unwrap();
     daemon.0.wait().unwrap();
     assert!(has_table(&bed));
+    api.set_served("EndpointSlice", false).unwrap();
+    let mut daemon = Process(bed.node.spawn(verdict, &args).unwrap());
+    let outage = Instant::now();
+    while outage.elapsed() < Duration::from_secs(3) {
+        assert_eq!(
+            who_at(&bed, "172.30.0.41"),
+            "10.180.0.1:80",
+            "during the outage, after {:?}\n{}",
+            outage.elapsed(),
+            log(&mut daemon)
+        );
+    }
+    // Once listed, the new process adopts the table (a full sync) without
+    // a refused connection.
+    api.set_served("EndpointSlice", true).unwrap();
+    let back = Instant::now();
+    let mut synced_at = None;
+    while synced_at.is_none_or(|t: Instant| t.elapsed() < Duration::from_secs(1)) {
+        assert!(
+            back.elapsed() < Duration::from_secs(40),
+            "never synced\n{}",
+            log(&mut daemon)
+        );
+        assert_eq!(
+            who_at(&bed, "172.30.0.41"),
+            "10.180.0.1:80",
+            "after the outage"
+        );
+        if synced_at.is_none() && http(&bed, "/healthz").contains("\"IPv4\":{\"lastUpdated\"") {
+            synced_at = Some(Instant::now());
+        }
+    }
+    drop(daemon);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
