@@ -23,7 +23,7 @@ use verdict_e2e::apiserver::ApiServerProcess;
 use verdict_e2e::netns::{Netns, Process, can_run, unique_prefix};
 
 use crate::workload::service_ip;
-use crate::{flag, pct};
+use crate::{flag, pct, sizes};
 
 const USAGE: &str =
     "usage: verdict-bench daemon [--sizes 1000,10000,30000] [--endpoints 2] [--changes 20]";
@@ -263,13 +263,7 @@ pub fn daemon(args: &[String]) -> Result<(), String> {
             v.parse().map_err(|e| format!("{name} {v}: {e}"))
         })
     };
-    let sizes: Vec<usize> = match flag(args, "--sizes") {
-        Some(v) => v
-            .split(',')
-            .map(|s| s.parse().map_err(|e| format!("--sizes {s}: {e}")))
-            .collect::<Result<_, _>>()?,
-        None => vec![1_000, 10_000, 30_000],
-    };
+    let sizes = sizes(args, &[1_000, 10_000, 30_000])?;
     let (k, changes) = (num("--endpoints", 2)?, num("--changes", 20)?);
     if k == 0 || changes == 0 || changes > 1000 || sizes.iter().any(|n| *n == 0 || *n > 60_000) {
         return Err(format!(

@@ -81,19 +81,24 @@ fn flag<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
     })
 }
 
+/// `--sizes N,N,…`, or `default`.
+fn sizes(args: &[String], default: &[usize]) -> Result<Vec<usize>, String> {
+    match flag(args, "--sizes") {
+        Some(v) => v
+            .split(',')
+            .map(|s| s.parse().map_err(|e| format!("--sizes {s}: {e}")))
+            .collect(),
+        None => Ok(default.to_vec()),
+    }
+}
+
 fn parse_options(args: &[String]) -> Result<Options, String> {
     let num = |name: &str, default: usize| -> Result<usize, String> {
         flag(args, name).map_or(Ok(default), |v| {
             v.parse().map_err(|e| format!("{name} {v}: {e}"))
         })
     };
-    let sizes = match flag(args, "--sizes") {
-        Some(v) => v
-            .split(',')
-            .map(|s| s.parse().map_err(|e| format!("--sizes {s}: {e}")))
-            .collect::<Result<Vec<usize>, _>>()?,
-        None => vec![1_000, 5_000, 10_000, 30_000],
-    };
+    let sizes = sizes(args, &[1_000, 5_000, 10_000, 30_000])?;
     let baseline = if args.iter().any(|a| a == "--iptables-baseline") {
         Some("legacy".to_owned())
     } else {

@@ -271,8 +271,9 @@ enum Watched {
 
 /// Connects to the API server and starts watching; updates go to `tx`, in
 /// batches that belong together (one watch event, or one relist's
-/// difference), until it is dropped. A configuration that cannot be used is an error
-/// here; an unreachable server is not (watches retry with backoff).
+/// difference), until it is dropped. A configuration that cannot be used
+/// is an error here; an unreachable server is not (watches retry with
+/// backoff).
 pub fn start(src: ApiSource, tx: Sender<Vec<Update>>) -> Result<(), SourceError> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -384,11 +385,11 @@ async fn watch_all(client: Client, node: String, tx: Sender<Vec<Update>>) {
         ),
     ];
     let mut all = futures::stream::select_all(streams);
-    let mut feed = Feed::new(node);
+    let mut mirrors = Mirrors::new(node);
     while let Some(w) = all.next().await {
         // One event's changes travel together: a relist's difference is
         // applied as a whole, never half before a sync.
-        let batch = feed.take(w);
+        let batch = mirrors.take(w);
         if !batch.is_empty() && tx.send(batch).is_err() {
             return;
         }
@@ -396,7 +397,7 @@ async fn watch_all(client: Client, node: String, tx: Sender<Vec<Update>>) {
 }
 
 /// The mirrors of every watch, and the one-time [`Update::Synced`].
-struct Feed {
+struct Mirrors {
     node: String,
     services: Mirror<Service>,
     slices: Mirror<EndpointSlice>,
@@ -407,9 +408,9 @@ struct Feed {
     synced: bool,
 }
 
-impl Feed {
-    fn new(node: String) -> Feed {
-        Feed {
+impl Mirrors {
+    fn new(node: String) -> Mirrors {
+        Mirrors {
             node,
             services: Mirror::default(),
             slices: Mirror::default(),
@@ -583,9 +584,9 @@ mod tests {
 
     #[test]
     fn synced_comes_once_after_services_slices_and_node_are_listed() {
-        let mut f = Feed::new("n1".into());
+        let mut f = Mirrors::new("n1".into());
         let synced = std::cell::Cell::new(0);
-        let run = |f: &mut Feed, w: Watched| {
+        let run = |f: &mut Mirrors, w: Watched| {
             let out = f.take(w);
             synced.set(synced.get() + out.iter().filter(|u| **u == Update::Synced).count());
             out

@@ -194,55 +194,103 @@ pub struct Flags {
     pub oom_score_adj: Option<String>,
 }
 
-/// One of the Linux settings: its field in the file, its flag, and the
-/// flag's value.
+/// Parses one Linux setting's text into the settings; the name is the field
+/// or flag to report an error under.
+type SetLinux = fn(&mut Settings, &str, &str) -> Result<(), ConfigError>;
+
+/// One of the Linux settings: its field in the file, its flag, the flag's
+/// value, and how it is set.
 struct LinuxField {
     file: &'static str,
     flag: &'static str,
     given: Option<String>,
+    set: SetLinux,
+}
+
+fn count(name: &str, v: &str) -> Result<u32, ConfigError> {
+    v.trim()
+        .parse::<u32>()
+        .map_err(|_| bad(name, format!("{v:?} must be a whole number, 0 or more")))
+}
+
+fn duration(name: &str, v: &str) -> Result<Duration, ConfigError> {
+    parse_duration(v).ok_or_else(|| bad(name, format!("{v:?} is not a duration (like 1h, 30s)")))
 }
 
 impl Flags {
-    /// The conntrack and OOM settings, as (file field, flag, flag value).
+    /// The conntrack and OOM settings.
     fn linux(&self) -> Vec<LinuxField> {
-        let f = |file, flag, given: &Option<String>| LinuxField {
+        let f = |file, flag, given: &Option<String>, set: SetLinux| LinuxField {
             file,
             flag,
             given: given.clone(),
+            set,
         };
         vec![
             f(
                 "conntrack.maxPerCore",
                 "--conntrack-max-per-core",
                 &self.conntrack_max_per_core,
+                |s, n, v| count(n, v).map(|x| s.conntrack.max_per_core = x),
             ),
-            f("conntrack.min", "--conntrack-min", &self.conntrack_min),
+            f(
+                "conntrack.min",
+                "--conntrack-min",
+                &self.conntrack_min,
+                |s, n, v| count(n, v).map(|x| s.conntrack.min = x),
+            ),
             f(
                 "conntrack.tcpEstablishedTimeout",
                 "--conntrack-tcp-timeout-established",
                 &self.conntrack_tcp_timeout_established,
+                |s, n, v| duration(n, v).map(|x| s.conntrack.tcp_established_timeout = x),
             ),
             f(
                 "conntrack.tcpCloseWaitTimeout",
                 "--conntrack-tcp-timeout-close-wait",
                 &self.conntrack_tcp_timeout_close_wait,
+                |s, n, v| duration(n, v).map(|x| s.conntrack.tcp_close_wait_timeout = x),
             ),
             f(
                 "conntrack.tcpBeLiberal",
                 "--conntrack-tcp-be-liberal",
                 &self.conntrack_tcp_be_liberal.map(|b| b.to_string()),
+                |s, n, v| {
+                    s.conntrack.tcp_be_liberal = v
+                        .parse()
+                        .map_err(|_| bad(n, format!("{v:?} must be true or false")))?;
+                    Ok(())
+                },
             ),
             f(
                 "conntrack.udpTimeout",
                 "--conntrack-udp-timeout",
                 &self.conntrack_udp_timeout,
+                |s, n, v| duration(n, v).map(|x| s.conntrack.udp_timeout = x),
             ),
             f(
                 "conntrack.udpStreamTimeout",
                 "--conntrack-udp-timeout-stream",
                 &self.conntrack_udp_timeout_stream,
+                |s, n, v| duration(n, v).map(|x| s.conntrack.udp_stream_timeout = x),
             ),
-            f("oomScoreAdj", "--oom-score-adj", &self.oom_score_adj),
+            f(
+                "oomScoreAdj",
+                "--oom-score-adj",
+                &self.oom_score_adj,
+                |s, n, v| {
+                    let adj = v
+                        .trim()
+                        .parse::<i32>()
+                        .ok()
+                        .filter(|a| (-1000..=1000).contains(a))
+                        .ok_or_else(|| {
+                            bad(n, format!("{v:?} must be in the range [-1000, 1000]"))
+                        })?;
+                    s.oom_score_adj = Some(adj);
+                    Ok(())
+                },
+            ),
         ]
     }
 }
@@ -274,45 +322,8 @@ fn linux_settings(
             }
             None => (field.flag, field.given),
         };
-        let Some(value) = value else {
-            continue;
-        };
-        let count = |v: &str| {
-            v.trim()
-                .parse::<u32>()
-                .map_err(|_| bad(name, format!("{v:?} must be a whole number, 0 or more")))
-        };
-        let duration = |v: &str| {
-            parse_duration(v)
-                .ok_or_else(|| bad(name, format!("{v:?} is not a duration (like 1h, 30s)")))
-        };
-        let c = &mut s.conntrack;
-        match field.file {
-            "conntrack.maxPerCore" => c.max_per_core = count(&value)?,
-            "conntrack.min" => c.min = count(&value)?,
-            "conntrack.tcpEstablishedTimeout" => c.tcp_established_timeout = duration(&value)?,
-            "conntrack.tcpCloseWaitTimeout" => c.tcp_close_wait_timeout = duration(&value)?,
-            "conntrack.udpTimeout" => c.udp_timeout = duration(&value)?,
-            "conntrack.udpStreamTimeout" => c.udp_stream_timeout = duration(&value)?,
-            "conntrack.tcpBeLiberal" => {
-                c.tcp_be_liberal = value
-                    .parse()
-                    .map_err(|_| bad(name, format!("{value:?} must be true or false")))?;
-            }
-            _ => {
-                let adj = value
-                    .trim()
-                    .parse::<i32>()
-                    .ok()
-                    .filter(|a| (-1000..=1000).contains(a))
-                    .ok_or_else(|| {
-                        bad(
-                            name,
-                            format!("{value:?} must be in the range [-1000, 1000]"),
-                        )
-                    })?;
-                s.oom_score_adj = Some(adj);
-            }
+        if let Some(value) = value {
+            (field.set)(s, name, &value)?;
         }
     }
     Ok(ignored)

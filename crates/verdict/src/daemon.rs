@@ -286,10 +286,11 @@ impl Node {
         Ok(())
     }
 
-    /// Turns session affinity off for `families` (the nft in use cannot
-    /// program it for them).
-    fn without_affinity(&mut self, families: &[IpFamily]) -> anyhow::Result<()> {
-        self.no_affinity = families.to_vec();
+    /// Dry-runs every family's probe ruleset through `nft` and turns
+    /// session affinity off for the families whose nft cannot program it.
+    fn probe(&mut self, nft: &NftCli) -> anyhow::Result<()> {
+        let configs: Vec<&ProxierConfig> = self.proxiers.iter().map(|p| p.config()).collect();
+        self.no_affinity = crate::probe::probe_nftables(nft, &configs)?;
         self.reconfigure()
     }
 
@@ -387,11 +388,11 @@ impl Node {
         }
     }
 
-    /// Applies one change from the Kubernetes API. Returns whether the
-    /// rules must change. A Node or ServiceCIDR that cannot be used is
+    /// Applies one change from the Kubernetes API (call `after_changes`
+    /// once the batch is in). Returns whether the rules must change. A Node or ServiceCIDR that cannot be used is
     /// logged and skipped; the rest keeps working.
     fn on_update(&mut self, u: Update) -> bool {
-        let changed = match u {
+        match u {
             Update::Service(key, s) => self.set_service(key, s),
             Update::Slice(key, s) => self.set_slice(key, s),
             Update::Node(n) => self.set_node(n.as_ref()).unwrap_or_else(|e| {
@@ -403,9 +404,7 @@ impl Node {
                 false
             }),
             Update::Synced => false,
-        };
-        self.after_changes();
-        changed
+        }
     }
 
     /// Moves the proxiers to what `loaded` holds (the manifests). Returns
@@ -833,6 +832,7 @@ impl Feed {
                     }
                     changed |= node.on_update(u);
                 }
+                node.after_changes();
                 Ok(changed)
             }
         }
@@ -845,16 +845,14 @@ pub fn plan(settings: &Settings, source: &Source) -> anyhow::Result<String> {
     let mut node = Node::new(settings)?;
     // What `run` would find out about this nft; without nft or the
     // privilege to dry-run, the script assumes every feature works.
-    let probed = NftCli::new().map_err(anyhow::Error::from).and_then(|nft| {
-        let configs: Vec<&ProxierConfig> = node.proxiers.iter().map(|p| p.config()).collect();
-        crate::probe::probe_nftables(&nft, &configs)
-    });
-    match probed {
-        Ok(without_affinity) => node.without_affinity(&without_affinity)?,
-        Err(e) => tracing::warn!(
+    let probed = NftCli::new()
+        .map_err(anyhow::Error::from)
+        .and_then(|nft| node.probe(&nft));
+    if let Err(e) = probed {
+        tracing::warn!(
             error = %format!("{e:#}"),
             "cannot dry-run nft here: the plan assumes it supports every feature (run would check)"
-        ),
+        );
     }
     let mut feed = Feed::open(source, &node.name)?;
     let deadline = Instant::now() + PLAN_LIST_TIMEOUT;
@@ -927,10 +925,8 @@ pub fn run(settings: &Settings, source: &Source) -> anyhow::Result<()> {
     let mut nft = NftCli::new().context("nftables")?;
     let mut node = Node::new(settings)?;
     tracing::info!(nft = ?nft.version(), node = %node.name, "starting");
-    let configs: Vec<&ProxierConfig> = node.proxiers.iter().map(|p| p.config()).collect();
-    let without_affinity = crate::probe::probe_nftables(&nft, &configs).context("startup check")?;
+    node.probe(&nft).context("startup check")?;
     tracing::info!("nftables dry run passed: the kernel accepts verdict's ruleset");
-    node.without_affinity(&without_affinity)?;
     crate::setup::apply(settings)?;
     node.live = Some(ConntrackCli::new());
     serve_health(settings, &node.health, &node.metrics);
