@@ -195,6 +195,13 @@ impl<B: verdict_nft::Backend> verdict_nft::Backend for Timed<B> {
         r
     }
 
+    fn check(&mut self, tx: &verdict_nft::Transaction) -> Result<(), verdict_nft::NftError> {
+        let t = Instant::now();
+        let r = self.inner.check(tx);
+        self.spent += t.elapsed();
+        r
+    }
+
     fn table(
         &mut self,
         family: verdict_nft::Family,

@@ -122,6 +122,10 @@ fn parse_version(out: &str) -> Option<(u32, u32, u32)> {
 }
 
 impl Backend for NftCli {
+    fn check(&mut self, tx: &Transaction) -> Result<(), NftError> {
+        NftCli::check(self, tx)
+    }
+
     fn run(&mut self, tx: &Transaction) -> Result<(), NftError> {
         if let Some(e) = tx.error() {
             return Err(e.clone());

@@ -9,8 +9,33 @@ use ipnet::IpNet;
 
 /// Longest object name the kernel accepts (`NFT_NAME_MAXLEN`).
 pub const NAME_LENGTH_MAX: usize = 256;
-/// Longest comment nft stores (`NFT_USERDATA_MAXLEN` for comments).
+/// Longest comment nft stores, in bytes (`NFTNL_UDATA_COMMENT_MAXLEN`).
 pub const COMMENT_LENGTH_MAX: usize = 128;
+
+/// A comment that fits [`COMMENT_LENGTH_MAX`]: returned as is when it fits,
+/// else cut at a character boundary and ended with `~` and eight hex digits
+/// of a hash of the whole text. The result is deterministic, valid UTF-8,
+/// and two different long comments stay different (unless their hashes
+/// collide), so a comment still names its owner.
+pub fn fit_comment(comment: impl Into<String>) -> String {
+    let mut s: String = comment.into();
+    if s.len() <= COMMENT_LENGTH_MAX {
+        return s;
+    }
+    // FNV-1a, 64 bits, folded to 32: stable across builds and platforms.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in s.bytes() {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    let tag = format!("~{:08x}", (h ^ (h >> 32)) as u32);
+    let mut cut = COMMENT_LENGTH_MAX - tag.len();
+    while !s.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    s.truncate(cut);
+    s.push_str(&tag);
+    s
+}
 
 /// An nftables address family. verdict uses one table per IP family.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -155,10 +180,10 @@ impl Chain {
         }
     }
 
-    /// Sets the comment.
+    /// Sets the comment (cut to fit the kernel, see [`fit_comment`]).
     #[must_use]
     pub fn with_comment(mut self, comment: impl Into<String>) -> Chain {
-        self.comment = Some(comment.into());
+        self.comment = Some(fit_comment(comment));
         self
     }
 }
@@ -254,10 +279,10 @@ impl Set {
         }
     }
 
-    /// Sets the comment.
+    /// Sets the comment (cut to fit the kernel, see [`fit_comment`]).
     #[must_use]
     pub fn with_comment(mut self, comment: impl Into<String>) -> Set {
-        self.comment = Some(comment.into());
+        self.comment = Some(fit_comment(comment));
         self
     }
 
@@ -517,10 +542,10 @@ impl Element {
         }
     }
 
-    /// Sets the comment.
+    /// Sets the comment (cut to fit the kernel, see [`fit_comment`]).
     #[must_use]
     pub fn with_comment(mut self, comment: impl Into<String>) -> Element {
-        self.comment = Some(comment.into());
+        self.comment = Some(fit_comment(comment));
         self
     }
 }
@@ -804,10 +829,10 @@ impl Rule {
         }
     }
 
-    /// Sets the comment.
+    /// Sets the comment (cut to fit the kernel, see [`fit_comment`]).
     #[must_use]
     pub fn with_comment(mut self, comment: impl Into<String>) -> Rule {
-        self.comment = Some(comment.into());
+        self.comment = Some(fit_comment(comment));
         self
     }
 
@@ -968,5 +993,36 @@ mod tests {
         assert!(!p.matches(&Value::Addr(v4("203.0.113.130"))));
         assert!(Value::Port(80).matches(&Value::Port(80)));
         assert!(!Value::Port(80).matches(&Value::Port(81)));
+    }
+
+    #[test]
+    fn long_comments_are_cut_to_fit_and_stay_distinct() {
+        // Kubernetes' maximum: a 63-byte namespace and name, a 15-byte port name.
+        let ns = "n".repeat(63);
+        let name = |c: char| format!("{}{c}", "s".repeat(62));
+        let a = fit_comment(format!("{ns}/{}:{}", name('a'), "p".repeat(15)));
+        let b = fit_comment(format!("{ns}/{}:{}", name('b'), "p".repeat(15)));
+        assert_eq!(a.len(), COMMENT_LENGTH_MAX);
+        assert_eq!(b.len(), COMMENT_LENGTH_MAX);
+        assert_ne!(a, b, "different owners keep different comments");
+        assert!(a.starts_with(&format!("{ns}/sss")), "{a}");
+        // Deterministic.
+        assert_eq!(
+            a,
+            fit_comment(format!("{ns}/{}:{}", name('a'), "p".repeat(15)))
+        );
+        // What fits is untouched, up to exactly the limit.
+        let exact = "x".repeat(COMMENT_LENGTH_MAX);
+        assert_eq!(fit_comment(exact.clone()), exact);
+        assert_eq!(fit_comment("ns/svc:http"), "ns/svc:http");
+        // Multi-byte characters are never split.
+        let wide = fit_comment("é".repeat(100));
+        assert!(wide.len() <= COMMENT_LENGTH_MAX, "{}", wide.len());
+        assert!(wide.starts_with("éé"));
+        // Every builder cuts, so a transaction never fails on a comment.
+        let e = Element::key(vec![Value::Port(1)]).with_comment("c".repeat(300));
+        assert_eq!(e.comment.as_deref().map(str::len), Some(COMMENT_LENGTH_MAX));
+        let r = Rule::new(vec![Expr::Verdict(Verdict::Accept)]).with_comment("c".repeat(300));
+        assert_eq!(r.comment.as_deref().map(str::len), Some(COMMENT_LENGTH_MAX));
     }
 }

@@ -17,6 +17,10 @@ pub trait Backend {
     /// Applies every operation of `tx`, or none of them.
     fn run(&mut self, tx: &Transaction) -> Result<(), NftError>;
 
+    /// Validates `tx` as [`Backend::run`] would, without applying it (a dry
+    /// run: the kernel checks the batch, then aborts it).
+    fn check(&mut self, tx: &Transaction) -> Result<(), NftError>;
+
     /// The current contents of one table, or `None` if it does not exist.
     fn table(&mut self, family: Family, name: &str) -> Result<Option<TableState>, NftError>;
 
@@ -436,14 +440,14 @@ impl MemoryBackend {
     }
 }
 
-impl Backend for MemoryBackend {
-    fn run(&mut self, tx: &Transaction) -> Result<(), NftError> {
+impl MemoryBackend {
+    /// The table as `tx` would leave it (`None`: deleted or never there).
+    fn apply(&self, tx: &Transaction) -> Result<Option<TableState>, NftError> {
         if let Some(err) = tx.error() {
             return Err(err.clone());
         }
-        let key = (tx.family(), tx.table().to_owned());
         // Work on a copy: either every operation applies or none does.
-        let mut table = self.tables.get(&key).cloned();
+        let mut table = self.get(tx.family(), tx.table()).cloned();
         for op in tx.ops() {
             if *op == Op::DeleteTable {
                 if table.is_none() {
@@ -473,6 +477,14 @@ impl Backend for MemoryBackend {
                 (Some(t), op) => t.apply(op)?,
             }
         }
+        Ok(table)
+    }
+}
+
+impl Backend for MemoryBackend {
+    fn run(&mut self, tx: &Transaction) -> Result<(), NftError> {
+        let table = self.apply(tx)?;
+        let key = (tx.family(), tx.table().to_owned());
         match table {
             Some(t) => {
                 self.tables.insert(key, t);
@@ -484,6 +496,10 @@ impl Backend for MemoryBackend {
         self.transactions += 1;
         self.last_ops = tx.len();
         Ok(())
+    }
+
+    fn check(&mut self, tx: &Transaction) -> Result<(), NftError> {
+        self.apply(tx).map(|_| ())
     }
 
     fn table(&mut self, family: Family, name: &str) -> Result<Option<TableState>, NftError> {

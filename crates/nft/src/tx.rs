@@ -114,74 +114,58 @@ impl Transaction {
 
     /// Adds the table (with a comment) if it is missing.
     pub fn add_table(&mut self, comment: Option<&str>) {
-        self.check_comment(comment);
-        self.ops.push(Op::AddTable(comment.map(str::to_owned)));
+        self.push(Op::AddTable(comment.map(str::to_owned)));
     }
 
     /// Deletes the table and everything in it (within the transaction; a
     /// later `add_table` recreates it, so readers never see it missing).
     pub fn delete_table(&mut self) {
-        self.ops.push(Op::DeleteTable);
+        self.push(Op::DeleteTable);
     }
 
     /// Adds a chain if it is missing.
     pub fn add_chain(&mut self, chain: Chain) {
-        self.check_name("chain", &chain.name);
-        self.check_comment(chain.comment.as_deref());
-        self.ops.push(Op::AddChain(chain));
+        self.push(Op::AddChain(chain));
     }
 
     /// Removes every rule of a chain.
     pub fn flush_chain(&mut self, name: &str) {
-        self.ops.push(Op::FlushChain(name.to_owned()));
+        self.push(Op::FlushChain(name.to_owned()));
     }
 
     /// Deletes an empty, unreferenced chain.
     pub fn delete_chain(&mut self, name: &str) {
-        self.ops.push(Op::DeleteChain(name.to_owned()));
+        self.push(Op::DeleteChain(name.to_owned()));
     }
 
     /// Adds a set or map if it is missing.
     pub fn add_set(&mut self, set: Set) {
-        self.check_name("set", &set.name);
-        self.check_comment(set.comment.as_deref());
-        if set.key.is_empty() {
-            self.fail(NftError::Invalid(format!(
-                "set {} has no key type",
-                set.name
-            )));
-        }
-        self.ops.push(Op::AddSet(set));
+        self.push(Op::AddSet(set));
     }
 
     /// Removes every element of a set or map.
     pub fn flush_set(&mut self, name: &str) {
-        self.ops.push(Op::FlushSet(name.to_owned()));
+        self.push(Op::FlushSet(name.to_owned()));
     }
 
     /// Deletes a set or map.
     pub fn delete_set(&mut self, name: &str) {
-        self.ops.push(Op::DeleteSet(name.to_owned()));
+        self.push(Op::DeleteSet(name.to_owned()));
     }
 
     /// Appends a rule to a chain.
     pub fn add_rule(&mut self, chain: &str, rule: Rule) {
-        self.check_comment(rule.comment.as_deref());
-        if rule.exprs.is_empty() {
-            self.fail(NftError::Invalid(format!("empty rule for chain {chain}")));
-        }
-        self.ops.push(Op::AddRule(chain.to_owned(), rule));
+        self.push(Op::AddRule(chain.to_owned(), rule));
     }
 
     /// Adds an element.
     pub fn add_element(&mut self, set: &str, element: Element) {
-        self.check_comment(element.comment.as_deref());
-        self.ops.push(Op::AddElement(set.to_owned(), element));
+        self.push(Op::AddElement(set.to_owned(), element));
     }
 
     /// Deletes an element by key.
     pub fn delete_element(&mut self, set: &str, key: Vec<Value>) {
-        self.ops.push(Op::DeleteElement(set.to_owned(), key));
+        self.push(Op::DeleteElement(set.to_owned(), key));
     }
 
     /// The operations, consumed (to record what was applied without copying).
@@ -189,9 +173,55 @@ impl Transaction {
         self.ops
     }
 
-    /// Appends an already-built operation.
+    /// Appends an operation, checking it as the verbs do.
     pub fn push(&mut self, op: Op) {
+        self.check(&op);
         self.ops.push(op);
+    }
+
+    /// A transaction on the same table with the operations `keep` accepts,
+    /// in order (each checked again).
+    pub fn filtered(&self, mut keep: impl FnMut(usize, &Op) -> bool) -> Transaction {
+        let mut tx = Transaction::new(self.family, self.table.clone());
+        for (i, op) in self.ops.iter().enumerate() {
+            if keep(i, op) {
+                tx.push(op.clone());
+            }
+        }
+        tx
+    }
+
+    fn check(&mut self, op: &Op) {
+        match op {
+            Op::AddTable(comment) => self.check_comment(comment.as_deref()),
+            Op::AddChain(chain) => {
+                self.check_name("chain", &chain.name);
+                self.check_comment(chain.comment.as_deref());
+            }
+            Op::AddSet(set) => {
+                self.check_name("set", &set.name);
+                self.check_comment(set.comment.as_deref());
+                if set.key.is_empty() {
+                    self.fail(NftError::Invalid(format!(
+                        "set {} has no key type",
+                        set.name
+                    )));
+                }
+            }
+            Op::AddRule(chain, rule) => {
+                self.check_comment(rule.comment.as_deref());
+                if rule.exprs.is_empty() {
+                    self.fail(NftError::Invalid(format!("empty rule for chain {chain}")));
+                }
+            }
+            Op::AddElement(_, element) => self.check_comment(element.comment.as_deref()),
+            Op::DeleteTable
+            | Op::FlushChain(_)
+            | Op::DeleteChain(_)
+            | Op::FlushSet(_)
+            | Op::DeleteSet(_)
+            | Op::DeleteElement(..) => {}
+        }
     }
 
     fn prefix(&self) -> String {

@@ -48,6 +48,12 @@ pub struct SyncResult {
     pub updated_services: BTreeSet<NamespacedName>,
     /// Trigger times of the endpoint changes this sync programmed.
     pub last_change_trigger_times: BTreeMap<NamespacedName, Vec<String>>,
+    /// Service ports the backend refused in this sync, with its reason.
+    /// They are not programmed (everything else is), and are tried again
+    /// when their Service or its endpoints change.
+    pub quarantined: Vec<(ServicePortName, String)>,
+    /// Quarantined service ports that changed, so this sync tried them again.
+    pub retried: Vec<ServicePortName>,
 }
 
 /// A service port, shared by every element it owns.
@@ -75,7 +81,40 @@ impl Owners {
     fn winner(&self) -> Option<&Element> {
         self.0.first().map(|(_, e)| e)
     }
+
+    fn winner_owner(&self) -> Option<&Owner> {
+        self.0.first().map(|(o, _)| o)
+    }
 }
+
+/// Why the main transaction of a sync failed, with what is needed to find
+/// the service ports responsible.
+struct Failure {
+    error: ProxierError,
+    /// The transaction that failed, and the owner of each of its
+    /// operations (element additions only).
+    attempt: Option<Box<(Transaction, Vec<Option<Owner>>)>>,
+}
+
+impl From<ProxierError> for Failure {
+    fn from(error: ProxierError) -> Failure {
+        Failure {
+            error,
+            attempt: None,
+        }
+    }
+}
+
+impl From<verdict_nft::NftError> for Failure {
+    fn from(e: verdict_nft::NftError) -> Failure {
+        Failure::from(ProxierError::from(e))
+    }
+}
+
+/// How many times one sync quarantines and tries again before it gives up.
+const MAX_ISOLATION_ROUNDS: usize = 8;
+/// The most service ports one isolation blames for conflicts between them.
+const MAX_CONFLICTS: usize = 64;
 
 /// What a service port contributed, without the elements themselves (they
 /// live once, in `desired`).
@@ -113,6 +152,9 @@ pub struct Proxier {
     affinity_dirty: bool,
     /// Service ports with internal / external Local policy and no local endpoint.
     no_local: (usize, usize),
+    /// Service ports the backend refused, with its reason: not programmed
+    /// until they change.
+    quarantined: BTreeMap<ServicePortName, String>,
     need_full_sync: bool,
     last_full_sync: Option<Instant>,
 }
@@ -136,6 +178,7 @@ impl Proxier {
             affinity_allowed: BTreeMap::new(),
             affinity_dirty: false,
             no_local: (0, 0),
+            quarantined: BTreeMap::new(),
             need_full_sync: true,
             last_full_sync: None,
         })
@@ -161,7 +204,15 @@ impl Proxier {
         }
         self.cfg = cfg;
         self.need_full_sync = true;
+        // What the backend refused may fit the new configuration.
+        self.quarantined.clear();
         Ok(())
+    }
+
+    /// Service ports the backend refused, with its reason. They are not
+    /// programmed until their Service or endpoints change.
+    pub fn quarantined(&self) -> &BTreeMap<ServicePortName, String> {
+        &self.quarantined
     }
 
     /// A Service event (`None` before an add or after a delete). Returns
@@ -227,10 +278,61 @@ impl Proxier {
         result.updated_services = svc.updated_services;
         result.updated_services.extend(eps.updated_services);
 
-        match self.sync_inner(backend, now, full, &mut result) {
+        // A quarantined port whose service changed is tried again.
+        for svc in &result.updated_services {
+            let from = ServicePortName::first_of(svc);
+            let again: Vec<ServicePortName> = self
+                .quarantined
+                .range(from..)
+                .map(|(k, _)| k)
+                .take_while(|k| k.service == *svc)
+                .cloned()
+                .collect();
+            for port in again {
+                self.quarantined.remove(&port);
+                result.retried.push(port);
+            }
+        }
+
+        // Chains emptied by an attempt that failed were not emptied.
+        let stale_before = self.stale_chains.clone();
+        let mut rounds = 0;
+        let outcome = loop {
+            let failure = match self.sync_inner(backend, now, result.full, &mut result) {
+                Ok(()) => break Ok(()),
+                Err(f) => f,
+            };
+            self.stale_chains = stale_before.clone();
+            rounds += 1;
+            let Some(attempt) = failure.attempt.filter(|_| rounds <= MAX_ISOLATION_ROUNDS) else {
+                break Err(failure.error);
+            };
+            let (tx, owners) = *attempt;
+            if !isolatable(&failure.error) {
+                break Err(failure.error);
+            }
+            match isolate(backend, &tx, &owners) {
+                Ok(bad) if !bad.is_empty() => {
+                    // Not programmed until they change; everything else is
+                    // applied by the next round, in this same sync.
+                    for (port, reason) in bad {
+                        self.quarantined
+                            .insert(port.as_ref().clone(), reason.clone());
+                        result.updated_services.insert(port.service.clone());
+                        result.quarantined.push((port.as_ref().clone(), reason));
+                    }
+                }
+                // Not the fault of any service port. A partial sync works
+                // from what it believes the kernel has: read it back and
+                // try once more, in full.
+                _ if !result.full => result.full = true,
+                _ => break Err(failure.error),
+            }
+        };
+        match outcome {
             Ok(()) => {
                 self.need_full_sync = false;
-                if full {
+                if result.full {
                     self.last_full_sync = Some(now);
                 }
                 result.affinity_entries_purged = self.purge_affinity(backend);
@@ -252,10 +354,10 @@ impl Proxier {
         now: Instant,
         full: bool,
         result: &mut SyncResult,
-    ) -> Result<(), ProxierError> {
+    ) -> Result<(), Failure> {
         let family = self.cfg.nft_family();
         let table = self.cfg.table.clone();
-        result.stale_chains_deleted = self.delete_stale_chains(backend, now)?;
+        result.stale_chains_deleted += self.delete_stale_chains(backend, now)?;
         if full {
             // Affinity entries left by an earlier run (or from before a
             // failure) are checked against what every service allows now.
@@ -267,11 +369,11 @@ impl Proxier {
         let mut replace_table = false;
         let existing = if full {
             match backend.table(family, &table) {
-                Ok(t) => Some(t.unwrap_or_default()),
+                Ok(t) => Some(t),
                 Err(verdict_nft::NftError::Parse(_)) => {
                     replace_table = true;
                     self.stale_chains.clear();
-                    Some(verdict_nft::TableState::default())
+                    Some(None)
                 }
                 Err(e) => return Err(e.into()),
             }
@@ -317,6 +419,9 @@ impl Proxier {
             if let Some(old) = self.contributions.remove(port) {
                 self.withdraw(port, &old, touched.as_mut());
             }
+            if self.quarantined.contains_key(port) {
+                continue;
+            }
             let new = self.services.get(port).map(|sp| {
                 let eps = self.endpoints.get(port).map(Vec::as_slice).unwrap_or(&[]);
                 contribution(&self.cfg, sp, eps, &node_port_ips)
@@ -336,8 +441,18 @@ impl Proxier {
         }
         let wanted = self.wanted_chains();
         let mut chains_now: BTreeSet<String> = self.programmed_chains.clone();
+        let existing_chains = existing
+            .as_ref()
+            .and_then(Option::as_ref)
+            .map(|t| &t.chains);
         if let Some(existing) = &existing {
-            self.write_fixed(&mut tx, existing);
+            let empty = verdict_nft::TableState::default();
+            self.write_fixed(
+                &mut tx,
+                existing.as_ref(),
+                existing.as_ref().unwrap_or(&empty),
+            );
+            let existing = existing.as_ref().unwrap_or(&empty);
             // What is really there replaces what we believed.
             self.programmed = BTreeMap::new();
             for set in layout::sets(&self.cfg) {
@@ -355,40 +470,41 @@ impl Proxier {
                 .filter(|c| !is_fixed_chain(c))
                 .cloned()
                 .collect();
-            // Everything in the table is ours: rewrite every chain we keep.
             self.stale_chains
                 .retain(|c, _| existing.chains.contains_key(c));
         }
+        // Rules of a chain in the kernel, on a full sync.
+        let rules_now = |name: &str| existing_chains.and_then(|c| c.get(name)).map(|c| &c.rules);
 
-        // Shared chains: (re)write new ones, in dependency order.
+        // Shared chains: write new ones, in dependency order; on a full sync
+        // rewrite those whose rules differ from what they should be.
         let mut order: Vec<DynChain> = wanted.iter().copied().collect();
         order.sort_by_key(|c| !c.needs().is_empty());
         for chain in order {
             let name = chain.to_string();
+            let rules = chain.rules(&self.cfg);
             let fresh = !chains_now.contains(&name) || self.stale_chains.contains_key(&name);
-            if full || fresh {
+            let differs = full && rules_now(&name).is_none_or(|r| !same_rules(r, &rules, family));
+            if fresh || differs {
                 tx.add_chain(Chain::regular(&name));
-                if !fresh || full {
+                if rules_now(&name).is_some_and(|r| !r.is_empty()) {
                     tx.flush_chain(&name);
                 }
-                for rule in chain.rules(&self.cfg) {
+                for rule in rules {
                     tx.add_rule(&name, rule);
                 }
-                self.stale_chains.remove(&name);
             }
+            self.stale_chains.remove(&name);
         }
 
-        // Elements: delete what changed or went away, then add.
+        // Elements: delete what changed or went away, then add (with the
+        // service port that wants it, to blame it if the kernel refuses).
         let mut deletes: Vec<(&'static str, Vec<Value>)> = Vec::new();
-        let mut adds: Vec<(&'static str, Element)> = Vec::new();
+        let mut adds: Vec<(&'static str, Element, Option<Owner>)> = Vec::new();
         match &touched {
             Some(touched) => {
                 for (set, key) in touched {
-                    let want = self
-                        .desired
-                        .get(set)
-                        .and_then(|m| m.get(key))
-                        .and_then(Owners::winner);
+                    let want = self.desired.get(set).and_then(|m| m.get(key));
                     let have = self.programmed.get(set).and_then(|m| m.get(key));
                     diff(set, key, want, have, &mut deletes, &mut adds);
                 }
@@ -417,7 +533,7 @@ impl Proxier {
                         match order {
                             std::cmp::Ordering::Less => {
                                 if let Some((k, o)) = w.next() {
-                                    diff(set, k, o.winner(), None, &mut deletes, &mut adds);
+                                    diff(set, k, Some(o), None, &mut deletes, &mut adds);
                                 }
                             }
                             std::cmp::Ordering::Greater => {
@@ -427,7 +543,7 @@ impl Proxier {
                             }
                             std::cmp::Ordering::Equal => {
                                 if let (Some((k, o)), Some((_, e))) = (w.next(), h.next()) {
-                                    diff(set, k, o.winner(), Some(e), &mut deletes, &mut adds);
+                                    diff(set, k, Some(o), Some(e), &mut deletes, &mut adds);
                                 }
                             }
                         }
@@ -439,27 +555,26 @@ impl Proxier {
                     .get(layout::NODEPORT_IPS)
                     .cloned()
                     .unwrap_or_default();
-                let want: BTreeMap<Vec<Value>, Element> = node_port_ips
-                    .iter()
-                    .map(|ip| (vec![Value::Addr(*ip)], Element::key(vec![Value::Addr(*ip)])))
-                    .collect();
-                for k in have.keys().chain(want.keys()).collect::<BTreeSet<_>>() {
-                    diff(
-                        layout::NODEPORT_IPS,
-                        k,
-                        want.get(k),
-                        have.get(k),
-                        &mut deletes,
-                        &mut adds,
-                    );
+                for ip in &node_port_ips {
+                    let key = vec![Value::Addr(*ip)];
+                    if !have.contains_key(&key) {
+                        adds.push((layout::NODEPORT_IPS, Element::key(key), None));
+                    }
+                }
+                for key in have.keys() {
+                    if !matches!(key.as_slice(), [Value::Addr(ip)] if node_port_ips.contains(ip)) {
+                        deletes.push((layout::NODEPORT_IPS, key.clone()));
+                    }
                 }
             }
         }
         for (set, key) in deletes {
             tx.delete_element(set, key);
         }
-        for (set, e) in adds {
+        let mut owners: Vec<Option<Owner>> = vec![None; tx.len()];
+        for (set, e, owner) in adds {
             tx.add_element(set, e);
+            owners.push(owner);
         }
 
         // Chains nobody jumps to any more: empty them now, delete them later.
@@ -468,14 +583,20 @@ impl Proxier {
             if !self.stale_chains.contains_key(name) {
                 tx.flush_chain(name);
                 self.stale_chains.insert(name.clone(), now);
-            } else if full {
+            } else if full && rules_now(name).is_some_and(|r| !r.is_empty()) {
                 tx.flush_chain(name);
             }
         }
 
         result.operations = tx.len();
-        if !tx.is_empty() {
-            backend.run(&tx)?;
+        if !tx.is_empty()
+            && let Err(e) = backend.run(&tx)
+        {
+            owners.resize(tx.len(), None);
+            return Err(Failure {
+                error: e.into(),
+                attempt: Some(Box::new((tx, owners))),
+            });
         }
         // The kernel has it now: record the element changes.
         for op in tx.into_ops() {
@@ -501,39 +622,76 @@ impl Proxier {
         Ok(())
     }
 
-    /// The table, base chains, fixed chains and sets of a full sync.
-    fn write_fixed(&self, tx: &mut Transaction, existing: &verdict_nft::TableState) {
-        tx.add_table(Some(layout::TABLE_COMMENT));
-        // Rewrite everything: empty every chain first, so that sets can be
-        // replaced and base chains re-created with the right priorities.
-        for name in existing.chains.keys() {
-            tx.flush_chain(name);
-        }
+    /// The table, base chains, fixed chains and sets of a full sync, given
+    /// what the kernel has (`current`: `None` if the table is missing).
+    /// Only what differs is written, so a full sync of a table that is as
+    /// it should be sends nothing.
+    fn write_fixed(
+        &self,
+        tx: &mut Transaction,
+        current: Option<&verdict_nft::TableState>,
+        existing: &verdict_nft::TableState,
+    ) {
+        let family = self.cfg.nft_family();
         let fixed = layout::fixed_chains(&self.cfg);
-        for (chain, _) in &fixed {
-            if let Some(old) = existing.chains.get(&chain.name)
-                && old.chain.base != chain.base
-            {
-                tx.delete_chain(&chain.name);
-            }
-        }
         let sets = layout::sets(&self.cfg);
-        for (name, old) in &existing.sets {
-            if !sets
-                .iter()
-                .any(|s| s.name == *name && s.same_type(&old.set))
-            {
+        if current.is_none() {
+            tx.add_table(Some(layout::TABLE_COMMENT));
+        }
+        // A set of another type, or a base chain with another hook or
+        // priority, must be replaced. Nothing may refer to it then: empty
+        // every chain first and rewrite all of them.
+        let replaced_sets: Vec<&String> = existing
+            .sets
+            .iter()
+            .filter(|(name, old)| {
+                !sets
+                    .iter()
+                    .any(|s| s.name == **name && s.same_type(&old.set))
+            })
+            .map(|(name, _)| name)
+            .collect();
+        let replaced_chains: Vec<&str> = fixed
+            .iter()
+            .filter(|(chain, _)| {
+                existing
+                    .chains
+                    .get(&chain.name)
+                    .is_some_and(|old| old.chain.base != chain.base)
+            })
+            .map(|(chain, _)| chain.name.as_str())
+            .collect();
+        let rebuild = !replaced_sets.is_empty() || !replaced_chains.is_empty();
+        if rebuild {
+            for (name, c) in &existing.chains {
+                if !c.rules.is_empty() {
+                    tx.flush_chain(name);
+                }
+            }
+            for name in replaced_chains {
+                tx.delete_chain(name);
+            }
+            for name in replaced_sets {
                 tx.delete_set(name);
             }
         }
+        let have_chain = |name: &str| !rebuild && existing.chains.contains_key(name);
         for (chain, _) in &fixed {
-            tx.add_chain(chain.clone());
+            if !have_chain(&chain.name) {
+                tx.add_chain(chain.clone());
+            }
         }
         for set in sets {
-            tx.add_set(set);
+            if rebuild || !existing.sets.contains_key(&set.name) {
+                tx.add_set(set);
+            }
         }
         for (chain, rules) in fixed {
-            if !existing.chains.contains_key(&chain.name) {
+            let now = existing.chains.get(&chain.name);
+            if !rebuild && now.is_some_and(|c| same_rules(&c.rules, &rules, family)) {
+                continue;
+            }
+            if !rebuild && now.is_some_and(|c| !c.rules.is_empty()) {
                 tx.flush_chain(&chain.name);
             }
             for rule in rules {
@@ -705,21 +863,151 @@ impl Proxier {
 fn diff(
     set: &'static str,
     key: &[Value],
-    want: Option<&Element>,
+    want: Option<&Owners>,
     have: Option<&Element>,
     deletes: &mut Vec<(&'static str, Vec<Value>)>,
-    adds: &mut Vec<(&'static str, Element)>,
+    adds: &mut Vec<(&'static str, Element, Option<Owner>)>,
 ) {
-    match (want, have) {
+    let owner = want.and_then(Owners::winner_owner).cloned();
+    match (want.and_then(Owners::winner), have) {
         (Some(w), Some(h)) if w == h => {}
         (Some(w), Some(_)) => {
             deletes.push((set, key.to_vec()));
-            adds.push((set, w.clone()));
+            adds.push((set, w.clone(), owner));
         }
-        (Some(w), None) => adds.push((set, w.clone())),
+        (Some(w), None) => adds.push((set, w.clone(), owner)),
         (None, Some(_)) => deletes.push((set, key.to_vec())),
         (None, None) => {}
     }
+}
+
+/// Whether a chain's rules in the kernel are the rules it should have
+/// (compared as nft text, which is how they were read back).
+fn same_rules(
+    have: &[verdict_nft::Rule],
+    want: &[verdict_nft::Rule],
+    family: verdict_nft::Family,
+) -> bool {
+    have.len() == want.len()
+        && have
+            .iter()
+            .zip(want)
+            .all(|(h, w)| h == w || h.render(family) == w.render(family))
+}
+
+/// The first line of an error, at most 300 bytes: enough to say why,
+/// short enough for a log line, a metric label or an Event.
+fn brief(e: &verdict_nft::NftError) -> String {
+    let text = e.to_string();
+    let mut line = text.lines().next().unwrap_or_default().to_owned();
+    if line.len() > 300 {
+        let mut cut = 300;
+        while !line.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        line.truncate(cut);
+        line.push('…');
+    }
+    line
+}
+
+/// Whether the backend's refusal may be the fault of some service port's
+/// elements (and not, say, a missing `nft`).
+fn isolatable(e: &ProxierError) -> bool {
+    use verdict_nft::NftError as E;
+    matches!(
+        e,
+        ProxierError::Nft(
+            E::Invalid(_) | E::NotFound(_) | E::AlreadyExists(_) | E::Busy(_) | E::Refused(_)
+        )
+    )
+}
+
+/// Finds the service ports whose element additions make `tx` fail, with
+/// dry runs (`Backend::check`) of parts of it. Everything that is not an
+/// element addition of some port (chains, rules, deletions) is always
+/// kept; if that alone fails, no port is to blame and the error is
+/// returned. A port the backend refuses on its own is found by bisection
+/// (about 2·log₂ n dry runs each); ports that only fail together are
+/// resolved in name order, the later one losing, as `Owners` decides.
+fn isolate<B: Backend>(
+    backend: &mut B,
+    tx: &Transaction,
+    owners: &[Option<Owner>],
+) -> Result<Vec<(Owner, String)>, verdict_nft::NftError> {
+    let mut candidates: Vec<Owner> = owners.iter().flatten().cloned().collect();
+    candidates.sort();
+    candidates.dedup();
+    let mut attempt = |allowed: &BTreeSet<&Owner>| {
+        let part = tx.filtered(|i, _| owners[i].as_ref().is_none_or(|o| allowed.contains(o)));
+        backend.check(&part)
+    };
+    attempt(&BTreeSet::new())?;
+
+    // Ports refused on their own.
+    let mut bad: Vec<(Owner, String)> = Vec::new();
+    let mut pending: Vec<&[Owner]> = vec![&candidates];
+    while let Some(part) = pending.pop() {
+        let Err(e) = attempt(&part.iter().collect()) else {
+            continue;
+        };
+        match part {
+            [] => {}
+            [one] => bad.push((one.clone(), brief(&e))),
+            _ => {
+                let (a, b) = part.split_at(part.len() / 2);
+                pending.push(b);
+                pending.push(a);
+            }
+        }
+    }
+
+    // Ports refused only together with others: the shortest failing prefix
+    // (in name order) ends with one to blame.
+    let rest: Vec<&Owner> = candidates
+        .iter()
+        .filter(|o| !bad.iter().any(|(b, _)| b == *o))
+        .collect();
+    let mut blamed: BTreeSet<&Owner> = BTreeSet::new();
+    let prefix = |end: usize, blamed: &BTreeSet<&Owner>| -> BTreeSet<&Owner> {
+        rest[..end]
+            .iter()
+            .copied()
+            .filter(|o| !blamed.contains(o))
+            .collect()
+    };
+    let mut start = 0;
+    while blamed.len() < MAX_CONFLICTS {
+        if start >= rest.len() || attempt(&prefix(rest.len(), &blamed)).is_ok() {
+            break;
+        }
+        // prefix(hi) fails, prefix(start) passes.
+        let (mut lo, mut hi) = (start + 1, rest.len());
+        let mut reason = String::new();
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            match attempt(&prefix(mid, &blamed)) {
+                Err(e) => {
+                    hi = mid;
+                    reason = brief(&e);
+                }
+                Ok(()) => lo = mid + 1,
+            }
+        }
+        if reason.is_empty()
+            && let Err(e) = attempt(&prefix(hi, &blamed))
+        {
+            reason = brief(&e);
+        }
+        let culprit = rest[hi - 1];
+        blamed.insert(culprit);
+        bad.push((
+            culprit.clone(),
+            format!("refused together with the service ports before it: {reason}"),
+        ));
+        start = hi;
+    }
+    Ok(bad)
 }
 
 fn is_fixed_chain(name: &str) -> bool {

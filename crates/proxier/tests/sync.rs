@@ -164,13 +164,17 @@ impl Backend for Flaky {
         self.inner.run(tx)
     }
 
+    fn check(&mut self, tx: &Transaction) -> Result<(), NftError> {
+        self.inner.check(tx)
+    }
+
     fn table(&mut self, family: Family, name: &str) -> Result<Option<TableState>, NftError> {
         self.inner.table(family, name)
     }
 }
 
 #[test]
-fn a_failed_sync_forces_a_full_one_that_converges() {
+fn a_failed_partial_sync_is_retried_in_full_in_the_same_sync() {
     let mut p = Proxier::new(upstream_config(IpFamily::V4)).unwrap();
     let mut nft = Flaky {
         inner: MemoryBackend::new(),
@@ -191,22 +195,54 @@ fn a_failed_sync_forces_a_full_one_that_converges() {
         .port("p80", TCP, 80)
         .ep("10.0.1.1", "");
     p.on_endpoint_slice(&s, false);
+    // A refusal no dry run reproduces is nobody's fault: the sync reads
+    // the table back and tries again in full, at once.
     nft.fail_next = true;
-    let err = p.sync(&mut nft, t0).unwrap_err();
-    assert!(err.to_string().contains("injected failure"), "{err}");
-    // The kernel kept the old state: still a reject.
-    assert!(
-        nft.inner
-            .dump(Family::Ip, "verdict")
-            .contains("goto reject-chain")
-    );
-
     let r = p.sync(&mut nft, t0).unwrap();
-    assert!(r.full, "the sync after a failure is full");
+    assert!(r.full, "retried as a full sync");
+    assert!(r.quarantined.is_empty(), "{:?}", r.quarantined);
     let mut fresh = Fixture::new(IpFamily::V4);
     one_ep(&mut fresh, "ns1", "svc1", "172.30.0.41", 80, &["10.0.1.1"]);
     fresh.sync();
     assert_eq!(nft.inner.dump(Family::Ip, "verdict"), fresh.dump());
+}
+
+/// A backend that always refuses: the sync fails, and the next one is full.
+struct Broken(MemoryBackend);
+
+impl Backend for Broken {
+    fn run(&mut self, _: &Transaction) -> Result<(), NftError> {
+        Err(NftError::Refused("no space left on device".into()))
+    }
+
+    fn check(&mut self, _: &Transaction) -> Result<(), NftError> {
+        Err(NftError::Refused("no space left on device".into()))
+    }
+
+    fn table(&mut self, family: Family, name: &str) -> Result<Option<TableState>, NftError> {
+        self.0.table(family, name)
+    }
+}
+
+#[test]
+fn a_failure_no_service_explains_fails_the_sync_and_blames_nobody() {
+    let mut p = Proxier::new(upstream_config(IpFamily::V4)).unwrap();
+    let mut nft = Broken(MemoryBackend::new());
+    p.on_service(
+        None,
+        Some(
+            &svc("ns1", "svc1")
+                .cluster_ip("172.30.0.41")
+                .port("p80", TCP, 80, 0),
+        ),
+    );
+    let err = p.sync(&mut nft, std::time::Instant::now()).unwrap_err();
+    assert!(err.to_string().contains("no space left"), "{err}");
+    assert!(p.quarantined().is_empty());
+    let mut ok = nft.0;
+    let r = p.sync(&mut ok, std::time::Instant::now()).unwrap();
+    assert!(r.full, "the sync after a failure is full");
+    assert!(ok.dump(Family::Ip, "verdict").contains("172.30.0.41"));
 }
 
 /// A backend whose table cannot be read back.
@@ -215,6 +251,10 @@ struct Unreadable(MemoryBackend);
 impl Backend for Unreadable {
     fn run(&mut self, tx: &Transaction) -> Result<(), NftError> {
         self.0.run(tx)
+    }
+
+    fn check(&mut self, tx: &Transaction) -> Result<(), NftError> {
+        self.0.check(tx)
     }
 
     fn table(&mut self, _: Family, _: &str) -> Result<Option<TableState>, NftError> {

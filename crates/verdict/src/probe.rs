@@ -52,6 +52,10 @@ impl Backend for Recorder {
         Ok(())
     }
 
+    fn check(&mut self, _tx: &Transaction) -> Result<(), NftError> {
+        Ok(())
+    }
+
     fn table(&mut self, _family: Family, _name: &str) -> Result<Option<TableState>, NftError> {
         Ok(None)
     }

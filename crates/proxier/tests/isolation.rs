@@ -1,0 +1,348 @@
+//! One service port the backend refuses never stops the others: the sync
+//! finds it with dry runs, quarantines it, and applies everything else in
+//! the same sync. It is tried again when it changes.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::*;
+use verdict_model::{IpFamily, ServicePortName};
+use verdict_nft::{Backend, Family, MemoryBackend, NftError, Op, TableState, Transaction};
+
+/// The in-memory backend, refusing any transaction that adds an element
+/// whose comment is `poison` (as the kernel would refuse, say, an element
+/// it cannot store). Counts dry runs.
+struct Poisoned {
+    inner: MemoryBackend,
+    poison: Option<String>,
+    checks: usize,
+}
+
+impl Poisoned {
+    fn refuses(&self, tx: &Transaction) -> Result<(), NftError> {
+        let hit = tx.ops().iter().any(|op| {
+            matches!(op, Op::AddElement(_, e)
+                if e.comment.is_some() && e.comment == self.poison)
+        });
+        if hit {
+            return Err(NftError::Refused(
+                "Error: Could not process rule: Message too long".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Backend for Poisoned {
+    fn run(&mut self, tx: &Transaction) -> Result<(), NftError> {
+        self.refuses(tx)?;
+        self.inner.run(tx)
+    }
+
+    fn check(&mut self, tx: &Transaction) -> Result<(), NftError> {
+        self.checks += 1;
+        self.refuses(tx)?;
+        self.inner.check(tx)
+    }
+
+    fn table(&mut self, family: Family, name: &str) -> Result<Option<TableState>, NftError> {
+        self.inner.table(family, name)
+    }
+}
+
+fn service(fx: &mut Fixture, ns: &str, name: &str, i: u32, endpoint: &str) {
+    fx.service(
+        svc(ns, name)
+            .cluster_ip(&format!("172.30.{}.{}", i / 200, 1 + i % 200))
+            .port("p80", TCP, 80, 0),
+    );
+    fx.slice(
+        slice(ns, name, &format!("{name}-1"))
+            .port("p80", TCP, 80)
+            .ep(endpoint, ""),
+    );
+}
+
+fn port(ns: &str, name: &str) -> ServicePortName {
+    ServicePortName::new(ns, name, "p80", verdict_model::Protocol::Tcp)
+}
+
+fn sync(fx: &mut Fixture, nft: &mut Poisoned) -> verdict_proxier::SyncResult {
+    let now = fx.now;
+    fx.proxier.sync(nft, now).expect("the sync succeeds")
+}
+
+#[test]
+fn a_refused_service_port_is_quarantined_and_the_rest_lands_in_the_same_sync() {
+    let mut fx = Fixture::new(IpFamily::V4);
+    let mut nft = Poisoned {
+        inner: MemoryBackend::new(),
+        poison: Some("bad/svc:p80".into()),
+        checks: 0,
+    };
+    for i in 0..40 {
+        service(&mut fx, "good", &format!("svc{i}"), i, "10.0.1.1");
+    }
+    service(&mut fx, "bad", "svc", 100, "10.0.9.9");
+
+    // A cold sync: everything but the refused port is programmed.
+    let r = sync(&mut fx, &mut nft);
+    assert_eq!(r.quarantined.len(), 1, "{:?}", r.quarantined);
+    assert_eq!(r.quarantined[0].0, port("bad", "svc"));
+    assert!(
+        r.quarantined[0].1.contains("Message too long"),
+        "the backend's reason is kept: {:?}",
+        r.quarantined[0]
+    );
+    let dump = nft.inner.dump(Family::Ip, "verdict");
+    assert!(!dump.contains("bad/svc"), "{dump}");
+    assert!(!dump.contains("10.0.9.9"), "{dump}");
+    for i in 0..40 {
+        assert!(dump.contains(&format!("good/svc{i}:p80")), "svc{i} missing");
+    }
+    // Bisection: a handful of dry runs for 41 ports, not one per port.
+    assert!(nft.checks <= 2 * 7 + 2, "{} dry runs", nft.checks);
+    assert_eq!(
+        fx.proxier.quarantined().keys().collect::<Vec<_>>(),
+        vec![&port("bad", "svc")]
+    );
+
+    // Other changes keep landing, at once, without dry runs.
+    nft.checks = 0;
+    service(&mut fx, "good", "svc3", 3, "10.0.3.3");
+    let r = sync(&mut fx, &mut nft);
+    assert!(!r.full, "a partial sync");
+    assert!(r.quarantined.is_empty());
+    assert_eq!(nft.checks, 0, "the quarantined port is not tried again");
+    assert!(nft.inner.dump(Family::Ip, "verdict").contains("10.0.3.3"));
+
+    // A full sync does not try it again either.
+    fx.proxier.force_full_sync();
+    let r = sync(&mut fx, &mut nft);
+    assert!(r.full && r.quarantined.is_empty() && r.retried.is_empty());
+    assert_eq!(nft.checks, 0);
+
+    // When it changes it is tried again; still refused, still quarantined.
+    service(&mut fx, "bad", "svc", 100, "10.0.9.8");
+    let r = sync(&mut fx, &mut nft);
+    assert_eq!(r.retried, vec![port("bad", "svc")]);
+    assert_eq!(r.quarantined.len(), 1);
+    assert!(!nft.inner.dump(Family::Ip, "verdict").contains("10.0.9.8"));
+
+    // Once the backend takes it, the next change programs it.
+    nft.poison = None;
+    service(&mut fx, "bad", "svc", 100, "10.0.9.7");
+    let r = sync(&mut fx, &mut nft);
+    assert_eq!(r.retried, vec![port("bad", "svc")]);
+    assert!(r.quarantined.is_empty());
+    assert!(fx.proxier.quarantined().is_empty());
+    let dump = nft.inner.dump(Family::Ip, "verdict");
+    assert!(dump.contains("10.0.9.7"), "{dump}");
+
+    // The table is what a clean proxier with the same services programs.
+    let mut clean = Fixture::new(IpFamily::V4);
+    for i in 0..40 {
+        let ep = if i == 3 { "10.0.3.3" } else { "10.0.1.1" };
+        service(&mut clean, "good", &format!("svc{i}"), i, ep);
+    }
+    service(&mut clean, "bad", "svc", 100, "10.0.9.7");
+    clean.sync();
+    assert_eq!(dump, clean.dump());
+}
+
+#[test]
+fn a_refused_update_removes_the_service_port_and_nothing_else() {
+    let mut fx = Fixture::new(IpFamily::V4);
+    let mut nft = Poisoned {
+        inner: MemoryBackend::new(),
+        poison: None,
+        checks: 0,
+    };
+    service(&mut fx, "ns", "a", 1, "10.0.1.1");
+    service(&mut fx, "ns", "b", 2, "10.0.2.2");
+    sync(&mut fx, &mut nft);
+
+    // An update the backend refuses (a second endpoint changes b's
+    // dispatch element): the port is withdrawn (quarantined ports are not
+    // programmed), the other service's change lands.
+    nft.poison = Some("ns/b:p80".into());
+    fx.slice(
+        slice("ns", "b", "b-1")
+            .port("p80", TCP, 80)
+            .ep("10.0.2.2", "")
+            .ep("10.0.2.3", ""),
+    );
+    service(&mut fx, "ns", "a", 1, "10.0.1.2");
+    let r = sync(&mut fx, &mut nft);
+    assert!(!r.full);
+    assert_eq!(r.quarantined.len(), 1);
+    let dump = nft.inner.dump(Family::Ip, "verdict");
+    assert!(dump.contains("10.0.1.2"), "{dump}");
+    assert!(!dump.contains("ns/b:p80"), "{dump}");
+    assert!(!dump.contains("10.0.2."), "{dump}");
+}
+
+#[test]
+fn ports_that_conflict_are_resolved_in_name_order() {
+    // Two LoadBalancers on the same VIP and port with overlapping source
+    // ranges: each is fine alone, but the kernel refuses the overlapping
+    // interval elements together ("File exists"). The first in name order
+    // keeps the VIP, as for any key two services want.
+    let mut fx = Fixture::new(IpFamily::V4);
+    let mut nft = Poisoned {
+        inner: MemoryBackend::new(),
+        poison: None,
+        checks: 0,
+    };
+    for (name, ip, range) in [
+        ("a", "172.30.0.1", "10.0.0.0/8"),
+        ("b", "172.30.0.2", "10.1.0.0/16"),
+    ] {
+        fx.service(
+            svc("ns", name)
+                .cluster_ip(ip)
+                .port("p80", TCP, 80, 30080 + i32::from(name == "b"))
+                .lb(&["5.6.7.8"])
+                .source_ranges(&[range]),
+        );
+        fx.slice(
+            slice("ns", name, &format!("{name}-1"))
+                .port("p80", TCP, 80)
+                .ep("10.0.1.1", ""),
+        );
+    }
+    for i in 0..10 {
+        service(&mut fx, "other", &format!("s{i}"), 10 + i, "10.0.5.5");
+    }
+    let r = sync(&mut fx, &mut nft);
+    assert_eq!(
+        r.quarantined.iter().map(|q| &q.0).collect::<Vec<_>>(),
+        vec![&port("ns", "b")],
+        "{:?}",
+        r.quarantined
+    );
+    assert!(
+        r.quarantined[0].1.contains("together"),
+        "{:?}",
+        r.quarantined
+    );
+    let dump = nft.inner.dump(Family::Ip, "verdict");
+    assert!(dump.contains("5.6.7.8 . tcp . 80 . 10.0.0.0/8"), "{dump}");
+    assert!(dump.contains("other/s9:p80"), "{dump}");
+    // Traffic to a's VIP from its range reaches the endpoint.
+    std::mem::swap(&mut fx.nft, &mut nft.inner);
+    let t = fx.trace(verdict_nft::L4Proto::Tcp, "10.2.0.1", "5.6.7.8", 80);
+    assert!(format!("{t:?}").contains("10.0.1.1"), "{t:?}");
+}
+
+#[test]
+fn names_at_kubernetes_maximum_lengths_are_programmed() {
+    // A 63-character namespace and name and a 15-character port name make
+    // a 143-byte comment, longer than nft stores.
+    let ns = format!("n{}", "s".repeat(62));
+    let mut fx = Fixture::new(IpFamily::V4);
+    for (i, last) in ["a", "b"].iter().enumerate() {
+        let name = format!("{}{last}", "x".repeat(62));
+        let port_name = "p".repeat(15);
+        fx.service(
+            svc(&ns, &name)
+                .cluster_ip(&format!("172.30.0.{}", i + 1))
+                .port(&port_name, TCP, 80, 0),
+        );
+        fx.slice(
+            slice(&ns, &name, &format!("{name}-1"))
+                .port(&port_name, TCP, 80)
+                .ep("10.0.1.1", ""),
+        );
+    }
+    let r = fx.sync();
+    assert!(r.quarantined.is_empty());
+    let dump = fx.dump();
+    let comments: Vec<&str> = dump
+        .lines()
+        .flat_map(|l| l.split("comment \"").skip(1))
+        .filter_map(|c| c.split('"').next())
+        .filter(|c| c.starts_with(&ns))
+        .collect();
+    assert!(!comments.is_empty(), "{dump}");
+    assert!(comments.iter().all(|c| c.len() <= 128), "{comments:?}");
+    let distinct: std::collections::BTreeSet<&&str> = comments.iter().collect();
+    assert_eq!(
+        distinct.len(),
+        2,
+        "two services keep two comments: {comments:?}"
+    );
+}
+
+#[test]
+fn a_full_sync_of_a_table_that_is_as_it_should_be_sends_nothing() {
+    let mut fx = Fixture::new(IpFamily::V4);
+    for i in 0..5 {
+        service(&mut fx, "ns", &format!("s{i}"), i, "10.0.1.1");
+    }
+    fx.service(
+        svc("ns", "lb")
+            .cluster_ip("172.30.1.1")
+            .port("p80", TCP, 80, 30080)
+            .lb(&["5.6.7.8"])
+            .source_ranges(&["10.0.0.0/8"])
+            .etp_local()
+            .affinity(100),
+    );
+    fx.slice(
+        slice("ns", "lb", "lb-1")
+            .port("p80", TCP, 80)
+            .ep("10.0.1.1", "")
+            .ep("10.0.1.2", ""),
+    );
+    fx.sync();
+    let dump = fx.dump();
+    let before = fx.nft.transactions();
+    fx.proxier.force_full_sync();
+    let r = fx.sync();
+    assert!(r.full);
+    assert_eq!(r.operations, 0, "nothing differs, nothing is sent");
+    assert_eq!(fx.nft.transactions(), before);
+
+    // A chain someone emptied is rewritten, and only it.
+    let mut tx = Transaction::new(Family::Ip, "verdict");
+    tx.flush_chain("services");
+    fx.nft.run(&tx).unwrap();
+    fx.proxier.force_full_sync();
+    let r = fx.sync();
+    assert_eq!(fx.dump(), dump);
+    assert!(
+        r.operations > 0 && r.operations < 10,
+        "{} operations",
+        r.operations
+    );
+
+    // A deleted element is put back.
+    let mut tx = Transaction::new(Family::Ip, "verdict");
+    tx.delete_element(
+        "cluster-ips",
+        vec![verdict_nft::Value::Addr("172.30.0.1".parse().unwrap())],
+    );
+    fx.nft.run(&tx).unwrap();
+    fx.proxier.force_full_sync();
+    let r = fx.sync();
+    assert_eq!(r.operations, 1);
+    assert_eq!(fx.dump(), dump);
+}
+
+#[test]
+fn a_proxier_on_a_fresh_backend_is_not_blamed_on_services() {
+    // Sanity: with nothing refused, nothing is quarantined and no dry run
+    // happens.
+    let mut fx = Fixture::new(IpFamily::V4);
+    let mut nft = Poisoned {
+        inner: MemoryBackend::new(),
+        poison: Some("nobody".into()),
+        checks: 0,
+    };
+    service(&mut fx, "ns", "a", 1, "10.0.1.1");
+    let r = sync(&mut fx, &mut nft);
+    assert!(r.quarantined.is_empty());
+    assert_eq!(nft.checks, 0);
+}
