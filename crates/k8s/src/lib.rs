@@ -5,11 +5,15 @@
 //!   proxier's model.
 //! - [`manifests`]: the same objects from YAML files on disk (the no-cluster
 //!   source), with a clear error per bad document.
+//! - [`validate`]: the API server's validation of those objects, for the
+//!   manifests source, which has no API server in front of it: an invalid
+//!   object is refused whole, naming the field.
 //! - [`watch`]: the same objects from the Kubernetes API (kube-rs
 //!   watchers), with relists turned into differences.
 
 pub mod convert;
 pub mod manifests;
+pub mod validate;
 pub mod watch;
 
 pub use convert::{NodeInfo, node_info, service, service_cidrs, slice};

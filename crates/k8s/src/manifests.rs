@@ -6,6 +6,7 @@
 
 use std::collections::BTreeSet;
 use std::fmt;
+use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::core::v1 as core;
@@ -15,6 +16,7 @@ use serde_json::Value;
 use verdict_model::{EndpointSlice, Service};
 
 use crate::convert::{NodeInfo, node_info, service, slice};
+use crate::validate;
 
 /// A document that could not be used.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -54,20 +56,25 @@ pub struct Loaded {
     pub errors: Vec<ManifestError>,
     /// The files read.
     pub files: Vec<PathBuf>,
+    /// The Services and EndpointSlices loaded so far, to refuse a second
+    /// definition in the file that makes it.
+    keys: BTreeSet<(&'static str, String, String)>,
 }
 
 /// The files a path stands for.
 pub fn files(path: &Path) -> std::io::Result<Vec<PathBuf>> {
     if path.is_dir() {
+        // Every entry with a manifest's extension is listed, whatever it
+        // is: one that is not a readable regular file (a dangling link, a
+        // link loop, a FIFO) is reported by `load`, not skipped in silence.
         let mut v: Vec<PathBuf> = std::fs::read_dir(path)?
             .filter_map(Result::ok)
             .map(|e| e.path())
             .filter(|p| {
-                p.is_file()
-                    && matches!(
-                        p.extension().and_then(|e| e.to_str()),
-                        Some("yaml" | "yml" | "json")
-                    )
+                matches!(
+                    p.extension().and_then(|e| e.to_str()),
+                    Some("yaml" | "yml" | "json")
+                )
             })
             .collect();
         v.sort();
@@ -94,10 +101,19 @@ pub fn load(path: &Path) -> Loaded {
             message: e.to_string(),
         }),
     }
-    check_duplicates(&mut out);
     out.service_cidrs.sort();
     out.service_cidrs.dedup();
     out
+}
+
+const DUPLICATE: &str = "defined more than once; the first definition is used";
+
+impl Loaded {
+    /// Whether this is the first object of this kind and name.
+    fn first(&mut self, kind: &'static str, namespace: &str, name: &str) -> bool {
+        self.keys
+            .insert((kind, namespace.to_owned(), name.to_owned()))
+    }
 }
 
 fn load_file(file: &Path, out: &mut Loaded) {
@@ -106,6 +122,31 @@ fn load_file(file: &Path, out: &mut Loaded) {
         object,
         message,
     };
+    // Reading a FIFO would block the source forever, and a directory or
+    // device is not a manifest: only regular files (through links) are read.
+    match std::fs::metadata(file) {
+        Ok(m) if m.is_file() => {}
+        Ok(m) => {
+            let what = if m.is_dir() {
+                "a directory"
+            } else if m.file_type().is_fifo() {
+                "a FIFO"
+            } else if m.file_type().is_socket() {
+                "a socket"
+            } else {
+                "a device"
+            };
+            out.errors.push(err(
+                "file".into(),
+                format!("is {what}, not a regular file; not read"),
+            ));
+            return;
+        }
+        Err(e) => {
+            out.errors.push(err("file".into(), e.to_string()));
+            return;
+        }
+    }
     let text = match std::fs::read_to_string(file) {
         Ok(t) => t,
         Err(e) => {
@@ -163,68 +204,80 @@ fn load_value(file: &Path, where_: &str, v: Value, out: &mut Loaded) {
                 .unwrap_or_default();
             for (j, item) in items.into_iter().enumerate() {
                 let mut item = item;
-                // Typed lists leave out the item kind.
-                if item.get("kind").is_none()
-                    && kind != "List"
+                // Typed lists leave out the item kind and apiVersion.
+                if kind != "List"
                     && let Some(obj) = item.as_object_mut()
                 {
-                    obj.insert(
-                        "kind".into(),
-                        Value::String(kind.trim_end_matches("List").to_owned()),
-                    );
+                    if !obj.contains_key("kind") {
+                        obj.insert(
+                            "kind".into(),
+                            Value::String(kind.trim_end_matches("List").to_owned()),
+                        );
+                    }
+                    if !obj.contains_key("apiVersion")
+                        && let Some(api) = v.get("apiVersion")
+                    {
+                        obj.insert("apiVersion".into(), api.clone());
+                    }
                 }
                 load_value(file, &format!("{where_}, item {}", j + 1), item, out);
             }
         }
-        "Service" => match serde_json::from_value::<core::Service>(v.clone()) {
-            Ok(s) => match missing_name(&s.metadata, true) {
-                Some(m) => out.errors.push(err(m)),
-                None => out.services.push(service(&s)),
+        "Service" | "EndpointSlice" | "Node" | "ServiceCIDR"
+            if !api_version_ok(&kind, v.get("apiVersion")) =>
+        {
+            out.errors.push(err(format!(
+                "apiVersion {} is not served for {kind} (expected {})",
+                v.get("apiVersion").map_or("(missing)".into(), Value::to_string),
+                expected_api_versions(&kind).join(" or ")
+            )))
+        }
+        "Service" => match serde_json::from_value::<core::Service>(v) {
+            Ok(s) => match validate::service(&s).as_slice() {
+                [] => {
+                    let s = service(&s);
+                    if out.first("Service", &s.namespace, &s.name) {
+                        out.services.push(s);
+                    } else {
+                        out.errors.push(err(DUPLICATE.into()));
+                    }
+                }
+                errors => out.errors.push(err(validate::describe(errors))),
             },
             Err(e) => out.errors.push(err(format!("not a valid Service: {e}"))),
         },
-        "EndpointSlice" => match serde_json::from_value::<discovery::EndpointSlice>(v.clone()) {
-            Ok(s) => match missing_name(&s.metadata, true) {
-                Some(m) => out.errors.push(err(m)),
-                None => {
+        "EndpointSlice" => match serde_json::from_value::<discovery::EndpointSlice>(v) {
+            Ok(s) => match validate::endpoint_slice(&s).as_slice() {
+                [] => {
                     let sl = slice(&s);
                     if sl.service_name.is_none() {
                         out.errors.push(err(format!(
-                            "has no {} label, so it belongs to no Service",
+                            "metadata.labels: has no {} label, so it belongs to no Service",
                             crate::convert::LABEL_SERVICE_NAME
                         )));
-                    } else {
+                    } else if out.first("EndpointSlice", &sl.namespace, &sl.name) {
                         out.slices.push(sl);
+                    } else {
+                        out.errors.push(err(DUPLICATE.into()));
                     }
                 }
+                errors => out.errors.push(err(validate::describe(errors))),
             },
             Err(e) => out
                 .errors
                 .push(err(format!("not a valid EndpointSlice: {e}"))),
         },
-        "Node" => match serde_json::from_value::<core::Node>(v.clone()) {
-            Ok(n) => match missing_name(&n.metadata, false) {
-                Some(m) => out.errors.push(err(m)),
-                None => out.nodes.push(node_info(&n)),
+        "Node" => match serde_json::from_value::<core::Node>(v) {
+            Ok(n) => match validate::node(&n).as_slice() {
+                [] => out.nodes.push(node_info(&n)),
+                errors => out.errors.push(err(validate::describe(errors))),
             },
             Err(e) => out.errors.push(err(format!("not a valid Node: {e}"))),
         },
-        "ServiceCIDR" => match serde_json::from_value::<networking::ServiceCIDR>(v.clone()) {
-            Ok(c) => match missing_name(&c.metadata, false) {
-                Some(m) => out.errors.push(err(m)),
-                None => {
-                    let cidrs = c
-                        .spec
-                        .as_ref()
-                        .and_then(|s| s.cidrs.clone())
-                        .unwrap_or_default();
-                    for cidr in cidrs {
-                        match cidr.parse::<ipnet::IpNet>() {
-                            Ok(n) => out.service_cidrs.push(n),
-                            Err(e) => out.errors.push(err(format!("spec.cidrs: {cidr:?}: {e}"))),
-                        }
-                    }
-                }
+        "ServiceCIDR" => match serde_json::from_value::<networking::ServiceCIDR>(v) {
+            Ok(c) => match validate::service_cidr(&c).as_slice() {
+                [] => out.service_cidrs.extend(crate::convert::service_cidrs(&c)),
+                errors => out.errors.push(err(validate::describe(errors))),
             },
             Err(e) => out.errors.push(err(format!("not a valid ServiceCIDR: {e}"))),
         },
@@ -235,46 +288,21 @@ fn load_value(file: &Path, where_: &str, v: Value, out: &mut Loaded) {
     }
 }
 
-fn missing_name(
-    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
-    namespaced: bool,
-) -> Option<String> {
-    if meta.name.as_deref().unwrap_or_default().is_empty() {
-        return Some("metadata.name is missing".into());
+/// The API versions the API server serves each kind at.
+fn expected_api_versions(kind: &str) -> &'static [&'static str] {
+    match kind {
+        "EndpointSlice" => &["discovery.k8s.io/v1"],
+        "ServiceCIDR" => &["networking.k8s.io/v1", "networking.k8s.io/v1beta1"],
+        _ => &["v1"],
     }
-    if namespaced && meta.namespace.as_deref().unwrap_or_default().is_empty() {
-        return Some("metadata.namespace is missing".into());
-    }
-    None
+}
+
+fn api_version_ok(kind: &str, v: Option<&Value>) -> bool {
+    v.and_then(Value::as_str)
+        .is_some_and(|a| expected_api_versions(kind).contains(&a))
 }
 
 /// The same object twice: the first one (in file order) is kept.
-fn check_duplicates(out: &mut Loaded) {
-    let mut seen = BTreeSet::new();
-    let mut dup = Vec::new();
-    out.services.retain(|s| {
-        let new = seen.insert(("Service", s.namespace.clone(), s.name.clone()));
-        if !new {
-            dup.push(format!("Service {}/{}", s.namespace, s.name));
-        }
-        new
-    });
-    out.slices.retain(|s| {
-        let new = seen.insert(("EndpointSlice", s.namespace.clone(), s.name.clone()));
-        if !new {
-            dup.push(format!("EndpointSlice {}/{}", s.namespace, s.name));
-        }
-        new
-    });
-    for object in dup {
-        out.errors.push(ManifestError {
-            file: PathBuf::new(),
-            object,
-            message: "defined more than once; the first definition is used".into(),
-        });
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -399,12 +427,14 @@ endpoints:
         );
         let l = load(&f);
         let cidrs: Vec<String> = l.service_cidrs.iter().map(ToString::to_string).collect();
-        assert_eq!(cidrs, ["10.96.0.0/16", "10.97.0.0/16", "fd00:10:96::/112"]);
+        // Like the API server, an object with one invalid field is refused
+        // whole: "extra" contributes nothing, not its two good ranges.
+        assert_eq!(cidrs, ["10.96.0.0/16", "fd00:10:96::/112"]);
         assert_eq!(l.errors.len(), 1, "{:?}", l.errors);
         assert!(
             l.errors[0]
                 .to_string()
-                .contains("ServiceCIDR extra: spec.cidrs: \"nonsense\""),
+                .contains("ServiceCIDR extra: spec.cidrs: Too many"),
             "{}",
             l.errors[0]
         );
@@ -452,9 +482,16 @@ endpoints:
             msgs[1]
         );
         assert!(
-            msgs[2].contains("EndpointSlice demo/orphan: has no kubernetes.io/service-name label")
+            msgs[2].contains("EndpointSlice demo/orphan:")
+                && msgs[2].contains("has no kubernetes.io/service-name label"),
+            "{}",
+            msgs[2]
         );
-        assert!(msgs[3].contains("Service nons: metadata.namespace is missing"));
+        assert!(
+            msgs[3].contains("Service nons: metadata.namespace"),
+            "{}",
+            msgs[3]
+        );
     }
 
     #[test]

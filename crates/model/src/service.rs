@@ -40,6 +40,11 @@ pub struct ServicePort {
     pub load_balancer_vips: Vec<IpAddr>,
     /// Source ranges of this family: trimmed, parsed, host bits cleared, de-duplicated.
     pub load_balancer_source_ranges: Vec<IpNet>,
+    /// Whether `loadBalancerSourceRanges` restrict this family: some entry
+    /// is of this family, or cannot be parsed. An entry that cannot be
+    /// parsed fails closed: the VIPs are firewalled to the valid ranges of
+    /// this family, to none if there are none, and are never left open.
+    pub source_ranges_restrict: bool,
     /// `Some(seconds)` iff the Service has ClientIP session affinity.
     pub session_affinity_timeout: Option<u32>,
     /// `externalTrafficPolicy: Local` (only meaningful if externally accessible; see
@@ -185,13 +190,15 @@ pub fn service_ports(svc: &Service, family: IpFamily) -> Result<Vec<ServicePort>
     }
 
     let mut load_balancer_source_ranges = Vec::new();
-    for net in svc
-        .load_balancer_source_ranges
-        .iter()
-        .filter_map(|s| parse_cidr_legacy(s))
-    {
-        if IpFamily::of_net(&net) == family {
-            push_unique(&mut load_balancer_source_ranges, net);
+    let mut source_ranges_restrict = false;
+    for range in &svc.load_balancer_source_ranges {
+        match parse_cidr_legacy(range) {
+            Some(net) if IpFamily::of_net(&net) == family => {
+                push_unique(&mut load_balancer_source_ranges, net);
+                source_ranges_restrict = true;
+            }
+            Some(_) => {}
+            None => source_ranges_restrict = true,
         }
     }
 
@@ -245,6 +252,7 @@ pub fn service_ports(svc: &Service, family: IpFamily) -> Result<Vec<ServicePort>
                 external_ips: external_ips.clone(),
                 load_balancer_vips: load_balancer_vips.clone(),
                 load_balancer_source_ranges: load_balancer_source_ranges.clone(),
+                source_ranges_restrict,
                 session_affinity_timeout,
                 external_policy_local,
                 internal_policy_local,
@@ -350,6 +358,23 @@ mod tests {
             sp.load_balancer_source_ranges,
             vec![net("203.0.113.0/25"), net("192.168.0.0/24")]
         );
+        assert!(sp.source_ranges_restrict);
+    }
+
+    #[test]
+    fn source_ranges_that_cannot_be_parsed_fail_closed() {
+        // Only an invalid range: restricted to nothing, in both families.
+        let mut s = svc(&["10.0.0.1"]);
+        s.load_balancer_source_ranges = vec!["10.0.0.0/33".into()];
+        let sp = only(&s, IpFamily::V4);
+        assert!(sp.load_balancer_source_ranges.is_empty());
+        assert!(sp.source_ranges_restrict, "never open");
+        // Ranges of the other family only leave this family open, as
+        // kube-proxy does.
+        s.load_balancer_source_ranges = vec!["fd00::/64".into()];
+        assert!(!only(&s, IpFamily::V4).source_ranges_restrict);
+        s.load_balancer_source_ranges = vec![];
+        assert!(!only(&s, IpFamily::V4).source_ranges_restrict);
     }
 
     #[test]

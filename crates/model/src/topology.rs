@@ -205,6 +205,7 @@ mod tests {
             external_ips: vec![],
             load_balancer_vips: vec![],
             load_balancer_source_ranges: vec![],
+            source_ranges_restrict: false,
             session_affinity_timeout: None,
             external_policy_local: etp_local,
             internal_policy_local: itp_local,

@@ -130,6 +130,7 @@ mod tests {
             external_ips: vec![ip("192.0.2.10")],
             load_balancer_vips: vec![],
             load_balancer_source_ranges: vec![],
+            source_ranges_restrict: false,
             session_affinity_timeout: None,
             external_policy_local: false,
             internal_policy_local: false,

@@ -247,7 +247,7 @@ pub fn contribution(
 /// the node's own address, the VIPs themselves are allowed too (a node
 /// reaching its own LoadBalancer is SNATed to the VIP).
 fn firewall(b: &mut Builder, cfg: &ProxierConfig, sp: &ServicePort) {
-    if sp.load_balancer_source_ranges.is_empty() || sp.load_balancer_vips.is_empty() {
+    if !sp.source_ranges_restrict || sp.load_balancer_vips.is_empty() {
         return;
     }
     let node_ips = cfg.primary_ips();

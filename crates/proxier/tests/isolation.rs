@@ -346,3 +346,38 @@ fn a_proxier_on_a_fresh_backend_is_not_blamed_on_services() {
     assert!(r.quarantined.is_empty());
     assert_eq!(nft.checks, 0);
 }
+
+#[test]
+fn a_load_balancer_whose_source_ranges_cannot_be_parsed_is_closed() {
+    // `10.0.0.0/33` is no range: the LoadBalancer is firewalled to the
+    // ranges that are valid (none here), never left open to every source.
+    let mut fx = Fixture::new(IpFamily::V4);
+    fx.service(
+        svc("ns", "lb")
+            .cluster_ip("172.30.0.9")
+            .port("p80", TCP, 80, 0)
+            .lb(&["5.6.7.8"])
+            .source_ranges(&["10.0.0.0/33"]),
+    );
+    fx.slice(
+        slice("ns", "lb", "lb-1")
+            .port("p80", TCP, 80)
+            .ep("10.0.1.1", ""),
+    );
+    fx.sync();
+    let t = fx.trace(verdict_nft::L4Proto::Tcp, "203.0.113.9", "5.6.7.8", 80);
+    assert_eq!(t.output(), "DROP", "{t:?}");
+    // A valid range next to it is allowed, and only it.
+    fx.service(
+        svc("ns", "lb")
+            .cluster_ip("172.30.0.9")
+            .port("p80", TCP, 80, 0)
+            .lb(&["5.6.7.8"])
+            .source_ranges(&["10.0.0.0/33", "203.0.113.0/24"]),
+    );
+    fx.sync();
+    let t = fx.trace(verdict_nft::L4Proto::Tcp, "203.0.113.9", "5.6.7.8", 80);
+    assert_eq!(t.output(), "10.0.1.1:80", "{t:?}");
+    let t = fx.trace(verdict_nft::L4Proto::Tcp, "198.51.100.1", "5.6.7.8", 80);
+    assert_eq!(t.output(), "DROP", "{t:?}");
+}
