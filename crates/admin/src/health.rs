@@ -5,6 +5,12 @@
 //! - families that never synced are not listed and do not count;
 //! - `/healthz` is 200 iff every family is healthy and the node is eligible
 //!   (its Node is known and not being deleted); `/livez` ignores the node.
+//!
+//! One difference, because verdict knows more: a family is also unhealthy
+//! while its rules are known to be missing or stale (another process
+//! changed verdict's tables, or a sync failed) for longer than
+//! [`REPAIR_WINDOW`]. kube-proxy would answer 200 until the next change
+//! had waited 2 × syncPeriod.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -30,10 +36,16 @@ impl fmt::Display for Family {
     }
 }
 
+/// How long rules may be known broken before the family counts as
+/// unhealthy: a repair normally takes well under a second.
+pub const REPAIR_WINDOW: Duration = Duration::from_secs(5);
+
 #[derive(Clone, Copy, Debug, Default)]
 struct FamilyState {
     last_updated: Option<SystemTime>,
     oldest_pending: Option<SystemTime>,
+    /// Since when the rules are known missing or stale.
+    broken_since: Option<SystemTime>,
 }
 
 /// An HTTP answer.
@@ -109,6 +121,24 @@ impl Health {
         s.oldest_pending = None;
     }
 
+    /// `family`'s rules are known to be missing or stale since `since`.
+    pub fn broken(&mut self, family: Family, since: SystemTime) {
+        let s = self.families.entry(family).or_default();
+        if s.broken_since.is_none() {
+            s.broken_since = Some(since);
+        }
+    }
+
+    /// A sync of `family` that began at `started` succeeded: what was
+    /// known broken before it began is repaired.
+    pub fn repaired(&mut self, family: Family, started: SystemTime) {
+        if let Some(s) = self.families.get_mut(&family)
+            && s.broken_since.is_some_and(|t| t <= started)
+        {
+            s.broken_since = None;
+        }
+    }
+
     /// Whether the node may take traffic (its Node is known and not being
     /// deleted).
     pub fn set_node_eligible(&mut self, eligible: bool) {
@@ -116,8 +146,10 @@ impl Health {
     }
 
     fn family_healthy(&self, s: &FamilyState, now: SystemTime) -> bool {
-        s.oldest_pending
-            .is_none_or(|t| now.duration_since(t).unwrap_or_default() <= self.timeout)
+        let within = |since: Option<SystemTime>, limit: Duration| {
+            since.is_none_or(|t| now.duration_since(t).unwrap_or_default() <= limit)
+        };
+        within(s.oldest_pending, self.timeout) && within(s.broken_since, REPAIR_WINDOW)
     }
 
     /// Whether every family that ever synced is healthy.
@@ -247,6 +279,37 @@ mod tests {
         assert_eq!(h.healthz(at(1)).code, 200);
         h.set_node_eligible(false);
         assert_eq!(h.healthz(at(1)).code, 503);
+    }
+
+    #[test]
+    fn rules_known_broken_beyond_the_repair_window_are_unhealthy() {
+        let mut h = Health::new(Duration::from_secs(60));
+        h.set_node_eligible(true);
+        h.updated(Family::V4, at(0));
+        h.updated(Family::V6, at(0));
+        h.broken(Family::V6, at(10));
+        h.broken(Family::V6, at(12)); // the first one counts
+        assert_eq!(h.healthz(at(15)).code, 200, "within the window");
+        let r = h.healthz(at(16));
+        assert_eq!(r.code, 503);
+        assert!(
+            r.body
+                .contains("\"IPv6\":{\"lastUpdated\":\"2025-01-02T03:03:20Z\",\"healthy\":false}"),
+            "{}",
+            r.body
+        );
+        assert!(
+            r.body
+                .contains("\"IPv4\":{\"lastUpdated\":\"2025-01-02T03:03:20Z\",\"healthy\":true}"),
+            "{}",
+            r.body
+        );
+        // A sync that began before the breakage repairs nothing.
+        h.repaired(Family::V6, at(9));
+        assert_eq!(h.healthz(at(16)).code, 503);
+        h.repaired(Family::V6, at(13));
+        h.updated(Family::V6, at(14));
+        assert_eq!(h.healthz(at(16)).code, 200);
     }
 
     #[test]

@@ -84,6 +84,16 @@ pub const CONNTRACK_DELETED: &str = "kubeproxy_conntrack_reconciler_deleted_entr
 
 const FAMILY: &[&str] = &["ip_family"];
 
+/// `verdict_foreign_changes_total`: commits by other processes that
+/// changed verdict's tables (each brings a full resync).
+pub const FOREIGN_CHANGES: &str = "verdict_foreign_changes_total";
+/// `verdict_quarantined_service_port`: 1 for each service port the kernel
+/// refused and that is left out of the rules until it changes.
+pub const QUARANTINED: &str = "verdict_quarantined_service_port";
+/// `verdict_quarantines_total`: how many times a service port was
+/// quarantined.
+pub const QUARANTINES_TOTAL: &str = "verdict_quarantines_total";
+
 /// `prometheus.ExponentialBuckets(start, factor, count)`.
 fn exponential(start: f64, factor: f64, count: usize) -> Vec<f64> {
     (0..count)
@@ -256,6 +266,27 @@ impl Metrics {
             "Cumulative conntrack flows deleted by conntrack reconciler",
             vec![],
         );
+        add(
+            FOREIGN_CHANGES,
+            Counter,
+            FAMILY,
+            "Commits by other processes that changed verdict's tables; each is repaired by a full resync",
+            vec![],
+        );
+        add(
+            QUARANTINED,
+            Gauge,
+            &["ip_family", "namespace", "service", "port"],
+            "Service ports the kernel refused, left out of the rules until they change (1 each)",
+            vec![],
+        );
+        add(
+            QUARANTINES_TOTAL,
+            Counter,
+            FAMILY,
+            "Service ports quarantined because the kernel refused them",
+            vec![],
+        );
         for f in m.families.values_mut() {
             if f.labels.is_empty() {
                 f.series.insert(Vec::new(), Series::Value(0.0));
@@ -301,6 +332,14 @@ impl Metrics {
     pub fn set(&mut self, name: &str, labels: &[&str], value: f64) {
         if let Some((Series::Value(v), _)) = self.series(name, labels) {
             *v = value;
+        }
+    }
+
+    /// Removes a series (a gauge about an object that is gone).
+    pub fn remove(&mut self, name: &str, labels: &[&str]) {
+        if let Some(f) = self.families.get_mut(name) {
+            let key: Vec<String> = labels.iter().map(|l| (*l).to_owned()).collect();
+            f.series.remove(&key);
         }
     }
 
@@ -397,7 +436,8 @@ fn number(v: f64) -> String {
 mod tests {
     use super::*;
 
-    /// The names and types kube-proxy's nftables mode exports (reference §6.1).
+    /// The names and types kube-proxy's nftables mode exports (reference
+    /// §6.1), then verdict's own.
     #[test]
     fn names_and_types_match_kube_proxy() {
         assert_eq!(
@@ -420,6 +460,9 @@ kubeproxy_sync_proxy_rules_nftables_sync_failures_total counter
 kubeproxy_sync_proxy_rules_no_local_endpoints_total gauge
 kubeproxy_sync_proxy_rules_service_changes_pending gauge
 kubeproxy_sync_proxy_rules_service_changes_total counter
+verdict_foreign_changes_total counter
+verdict_quarantined_service_port gauge
+verdict_quarantines_total counter
 "
         );
     }

@@ -11,6 +11,8 @@
 //! - [`trace`]: [`Tracer`], which walks a packet through a [`TableState`].
 //! - [`cli`]: [`NftCli`], the kernel backend (the `nft` program).
 //! - [`json`]: reads `nft -j list table` back into the IR.
+//! - [`monitor`]: the kernel's announcements of ruleset changes (the
+//!   netlink group `nft monitor` reads), to notice other processes' edits.
 
 pub mod cli;
 pub mod conntrack;
@@ -18,6 +20,7 @@ pub mod error;
 pub mod ir;
 pub mod json;
 pub mod memory;
+pub mod monitor;
 pub mod process;
 pub mod trace;
 pub mod tx;

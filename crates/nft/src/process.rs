@@ -1,8 +1,20 @@
 //! Running the kernel tools (`nft`, `conntrack`, `iptables-*`): one process,
 //! optional standard input, output captured.
+//!
+//! The pids of recent children are remembered, so that a commit the
+//! [`monitor`](crate::monitor) sees can be told apart from another
+//! process's: the kernel names the committing process by pid.
 
+use std::collections::VecDeque;
 use std::io::Write;
 use std::process::{Command, Output, Stdio};
+use std::sync::Mutex;
+
+/// How many recent children are remembered: enough for every process a
+/// sync runs before the monitor thread reads their commits.
+const REMEMBERED: usize = 256;
+
+static SPAWNED: Mutex<VecDeque<u32>> = Mutex::new(VecDeque::new());
 
 /// Runs `program` with `args`, writing `stdin` to it if given, and waits.
 pub fn run(program: &str, args: &[&str], stdin: Option<&str>) -> std::io::Result<Output> {
@@ -16,8 +28,34 @@ pub fn run(program: &str, args: &[&str], stdin: Option<&str>) -> std::io::Result
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()?;
+    // Recorded before the child reads its input, so before it can commit.
+    if let Ok(mut s) = SPAWNED.lock() {
+        if s.len() == REMEMBERED {
+            s.pop_front();
+        }
+        s.push_back(child.id());
+    }
     if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
         pipe.write_all(text.as_bytes())?;
     }
     child.wait_with_output()
+}
+
+/// Whether `pid` is this process or one of its recent children.
+pub fn is_ours(pid: u32) -> bool {
+    pid == std::process::id() || SPAWNED.lock().is_ok_and(|s| s.contains(&pid))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn children_are_remembered() {
+        let out = run("sh", &["-c", "echo $$"], None).unwrap();
+        let pid: u32 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+        assert!(is_ours(pid));
+        assert!(is_ours(std::process::id()));
+        assert!(!is_ours(u32::MAX));
+    }
 }

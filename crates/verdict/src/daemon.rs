@@ -18,9 +18,10 @@ use verdict_model::{EndpointSlice, IpFamily, NamespacedName, Protocol, Service, 
 use verdict_nft::conntrack::ConntrackCli;
 use verdict_nft::{Backend, Family, MemoryBackend, NftCli, Transaction};
 use verdict_proxier::conntrack::UdpTargets;
-use verdict_proxier::{FULL_SYNC_PERIOD, LocalDetector, NodePortAddresses, Proxier, ProxierConfig};
+use verdict_proxier::{LocalDetector, NodePortAddresses, Proxier, ProxierConfig};
 
 use crate::config::{DetectLocal, NodePorts, Settings};
+use crate::schedule::{Due, Schedule};
 
 /// Where Services, EndpointSlices and the Node come from: `--manifests`
 /// if given, else the Kubernetes API (kubeconfig, `--master`, or the
@@ -269,6 +270,61 @@ impl Node {
         });
     }
 
+    /// Another process changed verdict's tables (or announcements were
+    /// lost): says what, counts it, and marks the families broken until
+    /// the repair.
+    fn foreign_change(&self, event: &Foreign) {
+        let now = SystemTime::now();
+        let families: Vec<HealthFamily> = match event {
+            Foreign::Overflow => {
+                tracing::warn!(
+                    "ruleset announcements were lost (the kernel's buffer overflowed): resyncing both families in full"
+                );
+                vec![HealthFamily::V4, HealthFamily::V6]
+            }
+            Foreign::Commit {
+                pid,
+                process,
+                changes,
+            } => {
+                const SHOWN: usize = 10;
+                let shown: Vec<String> = changes
+                    .iter()
+                    .take(SHOWN)
+                    .map(ToString::to_string)
+                    .collect();
+                tracing::warn!(
+                    %process,
+                    pid,
+                    changes = changes.len(),
+                    what = %shown.join("; "),
+                    more = changes.len().saturating_sub(SHOWN),
+                    "another process changed verdict's tables: repairing with a full resync"
+                );
+                let mut f: Vec<HealthFamily> = changes
+                    .iter()
+                    .map(|c| {
+                        if c.family == "ip6" {
+                            HealthFamily::V6
+                        } else {
+                            HealthFamily::V4
+                        }
+                    })
+                    .collect();
+                f.sort();
+                f.dedup();
+                f
+            }
+        };
+        for f in families {
+            let label = f.to_string();
+            record(&self.metrics, |x| x.add(m::FOREIGN_CHANGES, &[&label], 1.0));
+            if let Ok(mut h) = self.health.lock() {
+                h.broken(f, now);
+            }
+        }
+    }
+
     /// Rebuilds the proxiers' configurations from the node facts.
     fn reconfigure(&mut self) -> anyhow::Result<()> {
         for p in &mut self.proxiers {
@@ -458,13 +514,26 @@ impl Node {
         Ok(changed)
     }
 
-    fn sync<B: Backend>(&mut self, backend: &mut B, now: Instant) -> anyhow::Result<()> {
+    /// Syncs both families (`full`: comparing everything with the kernel).
+    /// A family that fails does not keep the other from syncing; the
+    /// error names every family that failed.
+    fn sync<B: Backend>(
+        &mut self,
+        backend: &mut B,
+        now: Instant,
+        full: bool,
+    ) -> anyhow::Result<()> {
         let metrics = &self.metrics;
+        let mut failed: Vec<String> = Vec::new();
         for (p, extras) in self.proxiers.iter_mut().zip(&mut self.extras) {
             let family = p.config().nft_family();
             let label = health_family(family).to_string();
             let fam = [label.as_str()];
             let t = Instant::now();
+            let started = SystemTime::now();
+            if full {
+                p.force_full_sync();
+            }
             let r = match p.sync(backend, now) {
                 Ok(r) => r,
                 Err(e) => {
@@ -473,9 +542,14 @@ impl Node {
                         _ => m::NFTABLES_SYNC_FAILURES,
                     };
                     record(metrics, |x| x.add(counter, &fam, 1.0));
-                    return Err(e).with_context(|| format!("syncing the {family} table"));
+                    if let Ok(mut h) = self.health.lock() {
+                        h.broken(health_family(family), started);
+                    }
+                    failed.push(format!("syncing the {family} table: {e}"));
+                    continue;
                 }
             };
+            report_quarantine(metrics, &label, &r);
             let elapsed = t.elapsed().as_secs_f64();
             let synced_at = SystemTime::now();
             record(metrics, |x| {
@@ -517,6 +591,7 @@ impl Node {
             );
             if let Ok(mut h) = self.health.lock() {
                 h.updated(health_family(family), SystemTime::now());
+                h.repaired(health_family(family), started);
             }
             let Some(ct) = &self.live else {
                 continue;
@@ -565,7 +640,59 @@ impl Node {
             }
         }
         self.set_pending();
-        Ok(())
+        if failed.is_empty() {
+            Ok(())
+        } else {
+            bail!("{}", failed.join("; "))
+        }
+    }
+}
+
+/// Logs and counts the service ports a sync quarantined or tried again,
+/// so that an operator finds them by name without reading nft's errors.
+fn report_quarantine(metrics: &Mutex<Metrics>, family: &str, r: &verdict_proxier::SyncResult) {
+    for port in &r.retried {
+        let port_label = port.port.to_string();
+        record(metrics, |x| {
+            x.remove(
+                m::QUARANTINED,
+                &[
+                    family,
+                    &port.service.namespace,
+                    &port.service.name,
+                    &port_label,
+                ],
+            )
+        });
+        if !r.quarantined.iter().any(|(q, _)| q == port) {
+            tracing::info!(
+                ip_family = family,
+                service_port = %port,
+                "a quarantined service port changed and was programmed"
+            );
+        }
+    }
+    for (port, reason) in &r.quarantined {
+        let port_label = port.port.to_string();
+        tracing::error!(
+            ip_family = family,
+            service_port = %port,
+            %reason,
+            "the kernel refused this service port: it is left out of the rules until it changes; everything else was programmed"
+        );
+        record(metrics, |x| {
+            x.set(
+                m::QUARANTINED,
+                &[
+                    family,
+                    &port.service.namespace,
+                    &port.service.name,
+                    &port_label,
+                ],
+                1.0,
+            );
+            x.add(m::QUARANTINES_TOTAL, &[family], 1.0);
+        });
     }
 }
 
@@ -637,7 +764,18 @@ fn sync_health_checks(
             continue;
         };
         extras.hc_ports.insert(key.clone(), port);
-        let n = verdict_model::local_ready_endpoints_of(p.endpoints(), &svc);
+        // A quarantined service is not programmed: no load balancer should
+        // send it here.
+        let quarantined = p
+            .quarantined()
+            .range(ServicePortName::first_of(&svc)..)
+            .next()
+            .is_some_and(|(k, _)| k.service == svc);
+        let n = if quarantined {
+            0
+        } else {
+            verdict_model::local_ready_endpoints_of(p.endpoints(), &svc)
+        };
         if n > 0 {
             extras.hc_local.insert(key, n);
         }
@@ -868,7 +1006,7 @@ pub fn plan(settings: &Settings, source: &Source) -> anyhow::Result<String> {
     // Whatever else arrived with the lists.
     while feed.poll(&mut node, Duration::from_millis(50))? {}
     let mut memory = MemoryBackend::new();
-    node.sync(&mut memory, Instant::now())?;
+    node.sync(&mut memory, Instant::now(), true)?;
     let mut out = String::new();
     for p in &node.proxiers {
         let c = p.config();
@@ -932,14 +1070,14 @@ pub fn run(settings: &Settings, source: &Source) -> anyhow::Result<()> {
     serve_health(settings, &node.health, &node.metrics);
     serve_metrics(settings, &node.metrics);
     let mut feed = Feed::open(source, &node.name)?;
+    let foreign = watch_foreign_changes(&node.proxiers);
 
-    let mut dirty = false;
-    let mut last_sync: Option<Instant> = None;
-    let mut retry_at: Option<Instant> = None;
+    let mut schedule = Schedule::new(node.settings.min_sync_period, node.settings.sync_period);
+    let mut wait = POLL;
     loop {
-        match feed.poll(&mut node, Duration::from_millis(200)) {
+        match feed.poll(&mut node, wait) {
             Ok(true) => {
-                dirty = true;
+                schedule.changed();
                 // As kube-proxy, changes count as queued (for /healthz)
                 // only once the initial lists are in.
                 if feed.ready() {
@@ -950,30 +1088,123 @@ pub fn run(settings: &Settings, source: &Source) -> anyhow::Result<()> {
             Err(e) if matches!(feed, Feed::Api { .. }) => return Err(e),
             Err(e) => tracing::error!(error = %format!("{e:#}"), "cannot use the manifests"),
         }
+        for event in foreign
+            .as_ref()
+            .map(|rx| rx.try_iter())
+            .into_iter()
+            .flatten()
+        {
+            node.foreign_change(&event);
+            schedule.foreign(Instant::now());
+        }
         if !feed.ready() {
             // As kube-proxy: nothing is programmed before the initial lists.
             continue;
         }
         let now = Instant::now();
-        let spaced =
-            last_sync.is_none_or(|t| now.duration_since(t) >= node.settings.min_sync_period);
-        let retry_due = retry_at.is_some_and(|t| now >= t);
-        let hourly = last_sync.is_some_and(|t| now.duration_since(t) >= FULL_SYNC_PERIOD);
-        let first = last_sync.is_none();
-        if ((dirty && retry_at.is_none()) || retry_due || hourly || first) && spaced {
-            last_sync = Some(now);
-            match node.sync(&mut nft, now) {
-                Ok(()) => {
-                    dirty = false;
-                    retry_at = None;
-                }
-                Err(e) => {
-                    tracing::error!(error = %format!("{e:#}"), retry_in = ?node.settings.sync_period, "sync failed");
-                    retry_at = Some(now + node.settings.sync_period);
+        let full = match schedule.due(now) {
+            Due::Wait(until) => {
+                wait = until.map_or(POLL, |t| {
+                    t.saturating_duration_since(now)
+                        .clamp(Duration::from_millis(1), POLL)
+                });
+                continue;
+            }
+            Due::Partial => false,
+            Due::Full => true,
+        };
+        wait = POLL;
+        let result = node.sync(&mut nft, now, full);
+        if let Err(e) = &result {
+            tracing::error!(error = %format!("{e:#}"), "sync failed; retrying with backoff, and new changes still go through");
+        }
+        schedule.synced(now, full, result.is_ok());
+    }
+}
+
+/// How long the loop waits for input at most: a foreign change is noticed
+/// within this (plus the debounce).
+const POLL: Duration = Duration::from_millis(100);
+
+/// A commit by another process that touched verdict's tables, or lost
+/// announcements.
+#[derive(Debug)]
+enum Foreign {
+    Commit {
+        pid: u32,
+        process: String,
+        changes: Vec<verdict_nft::monitor::Change>,
+    },
+    Overflow,
+}
+
+/// Starts the thread that listens to the kernel's ruleset announcements
+/// and passes on the commits of other processes that touched verdict's
+/// tables. `None` if the kernel does not let us listen (then only the
+/// periodic resync repairs).
+fn watch_foreign_changes(proxiers: &[Proxier]) -> Option<Receiver<Foreign>> {
+    use verdict_nft::monitor::{Event, Monitor};
+    let ours: Vec<(&'static str, String)> = proxiers
+        .iter()
+        .map(|p| {
+            let fam = match p.config().nft_family() {
+                Family::Ip => "ip",
+                Family::Ip6 => "ip6",
+            };
+            (fam, p.config().table.clone())
+        })
+        .collect();
+    let mut monitor = match Monitor::open() {
+        Ok(m) => m,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot listen for changes other processes make to the ruleset; only the periodic resync (syncPeriod) repairs them");
+            return None;
+        }
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    let spawned = std::thread::Builder::new()
+        .name("nft-monitor".into())
+        .spawn(move || {
+            loop {
+                let event = match monitor.next_event() {
+                    Ok(Event::Overflow) => Foreign::Overflow,
+                    Ok(Event::Commit {
+                        pid,
+                        process,
+                        changes,
+                        ..
+                    }) => {
+                        if verdict_nft::process::is_ours(pid) {
+                            continue;
+                        }
+                        let changes: Vec<_> = changes
+                            .into_iter()
+                            .filter(|c| ours.iter().any(|(f, t)| c.family == *f && c.table == *t))
+                            .collect();
+                        if changes.is_empty() {
+                            continue;
+                        }
+                        Foreign::Commit {
+                            pid,
+                            process,
+                            changes,
+                        }
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, "the ruleset monitor stopped; only the periodic resync repairs foreign changes now");
+                        return;
+                    }
+                };
+                if tx.send(event).is_err() {
+                    return;
                 }
             }
-        }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "cannot start the ruleset monitor");
+        return None;
     }
+    Some(rx)
 }
 
 /// `--init-only`: the privileged settings (conntrack sysctls), then exit,

@@ -10,6 +10,7 @@ mod config;
 mod daemon;
 mod leftovers;
 mod probe;
+mod schedule;
 mod setup;
 
 use std::process::ExitCode;
