@@ -1,7 +1,7 @@
 //! Times as Go marshals `time.Time` to JSON (RFC 3339 with nanoseconds,
 //! trailing zeros of the fraction dropped), in UTC.
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Days since 1970-01-01 to a civil date (Howard Hinnant's algorithm).
 fn civil(days: i64) -> (i64, u32, u32) {
@@ -43,6 +43,15 @@ fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
     let doy = (153 * mp + 2) / 5 + i64::from(d) - 1;
     let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
     era * 146_097 + doe - 719_468
+}
+
+/// `t` as Kubernetes' MicroTime writes it: exactly six fractional digits
+/// (`2006-01-02T15:04:05.000000Z`), as Events' `eventTime` wants.
+pub fn rfc3339_micro(t: SystemTime) -> String {
+    let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let whole = UNIX_EPOCH + Duration::from_secs(d.as_secs());
+    let text = rfc3339_nano(whole);
+    format!("{}.{:06}Z", text.trim_end_matches('Z'), d.subsec_micros())
 }
 
 /// Parses an RFC 3339 time as Kubernetes writes it in annotations

@@ -140,6 +140,8 @@ struct Store {
     epoch: u64,
     not_served: BTreeSet<Resource>,
     requests: Vec<String>,
+    /// Events created (`POST .../events`), as received.
+    events: Vec<Value>,
 }
 
 struct Shared {
@@ -304,7 +306,7 @@ impl FakeApiServer {
     /// line: `ok <resourceVersion>` or `error <message>`. Commands:
     /// `{"apply": OBJECT}`, `{"delete": {"kind", "namespace", "name"}}`,
     /// `{"expire": true}`, `{"served": {"kind", "served"}}`, `{"requests": true}`
-    /// (answers `ok <json array>`).
+    /// and `{"events": true}` (answer `ok <json array>`).
     pub fn command(&self, line: &str) -> String {
         let v: Value = match serde_json::from_str(line) {
             Ok(v) => v,
@@ -328,6 +330,8 @@ impl FakeApiServer {
             }
         } else if v.get("requests").is_some() {
             return format!("ok {}", json!(self.requests()));
+        } else if v.get("events").is_some() {
+            return format!("ok {}", json!(self.shared.lock().events));
         } else {
             Err(ApiError::Invalid(format!("unknown command {line}")))
         };
@@ -447,6 +451,12 @@ impl ApiServerProcess {
         let text = self.command(&json!({"requests": true}))?;
         serde_json::from_str(&text).map_err(|e| e.to_string())
     }
+
+    /// The Events created so far.
+    pub fn events(&mut self) -> Result<Vec<Value>, String> {
+        let text = self.command(&json!({"events": true}))?;
+        serde_json::from_str(&text).map_err(|e| e.to_string())
+    }
 }
 
 impl Drop for ApiServerProcess {
@@ -561,6 +571,7 @@ struct Request {
     line: String,
     path: String,
     query: BTreeMap<String, String>,
+    body: Vec<u8>,
 }
 
 fn read_request(reader: &mut BufReader<TcpStream>) -> std::io::Result<Option<Request>> {
@@ -569,12 +580,20 @@ fn read_request(reader: &mut BufReader<TcpStream>) -> std::io::Result<Option<Req
         return Ok(None);
     }
     let line = line.trim_end().to_string();
+    let mut length = 0usize;
     loop {
         let mut h = String::new();
         if reader.read_line(&mut h)? == 0 || h.trim_end().is_empty() {
             break;
         }
+        if let Some((k, v)) = h.split_once(':')
+            && k.eq_ignore_ascii_case("content-length")
+        {
+            length = v.trim().parse().unwrap_or(0);
+        }
     }
+    let mut body = vec![0; length.min(1 << 20)];
+    std::io::Read::read_exact(reader, &mut body)?;
     let target = line.split(' ').nth(1).unwrap_or("/");
     let (path, q) = target.split_once('?').unwrap_or((target, ""));
     let query = q
@@ -589,6 +608,7 @@ fn read_request(reader: &mut BufReader<TcpStream>) -> std::io::Result<Option<Req
         path: path.to_string(),
         line,
         query,
+        body,
     }))
 }
 
@@ -625,6 +645,25 @@ fn serve(shared: &Shared, conn: TcpStream) -> std::io::Result<()> {
         return Ok(());
     };
     shared.lock().requests.push(req.line.clone());
+    // Events are only created, as a recorder does; they are kept for
+    // tests to read (`events`).
+    if req.line.starts_with("POST ")
+        && req.path.starts_with("/apis/events.k8s.io/v1/namespaces/")
+        && req.path.ends_with("/events")
+    {
+        return match serde_json::from_slice::<Value>(&req.body) {
+            Ok(event) => {
+                shared.lock().events.push(event.clone());
+                respond(&mut conn, 201, "Created", &event)
+            }
+            Err(e) => respond(
+                &mut conn,
+                400,
+                "Bad Request",
+                &status(400, "BadRequest", &format!("not JSON: {e}")),
+            ),
+        };
+    }
     let Some((resource, namespace)) = Resource::route(&req.path) else {
         return not_found(&mut conn);
     };

@@ -3,6 +3,8 @@
 //! # Layout
 //! - [`convert`]: Kubernetes API objects (k8s-openapi types) to the
 //!   proxier's model.
+//! - [`events`]: Events about Services (a Service the kernel refused),
+//!   posted from a thread of their own.
 //! - [`manifests`]: the same objects from YAML files on disk (the no-cluster
 //!   source), with a clear error per bad document.
 //! - [`validate`]: the API server's validation of those objects, for the
@@ -12,6 +14,7 @@
 //!   watchers), with relists turned into differences.
 
 pub mod convert;
+pub mod events;
 pub mod manifests;
 pub mod validate;
 pub mod watch;

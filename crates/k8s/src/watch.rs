@@ -103,7 +103,7 @@ pub enum SourceError {
 /// `BuildConfigFromFlags(master, kubeconfig)`: the kubeconfig if given
 /// (with `master` overriding its server), else `master` alone, else the
 /// in-cluster service account.
-async fn client_config(src: &ApiSource) -> Result<Config, SourceError> {
+pub(crate) async fn client_config(src: &ApiSource) -> Result<Config, SourceError> {
     let master = match &src.master {
         Some(url) => {
             // As client-go: a bare host:port means HTTPS.

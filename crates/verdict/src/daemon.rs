@@ -168,6 +168,8 @@ struct Node {
     /// Set by `run`: after syncs, reconcile conntrack and serve the
     /// health-check node ports (`plan` leaves the machine alone).
     live: Option<ConntrackCli>,
+    /// With the Kubernetes source: where Events about Services go.
+    events: Option<std::sync::mpsc::Sender<verdict_k8s::events::Notice>>,
 }
 
 /// Per family, the daemon's state beside the proxier.
@@ -222,6 +224,7 @@ impl Node {
             metrics: Arc::new(Mutex::new(kube_proxy_metrics())),
             health: Arc::new(Mutex::new(Health::new(2 * settings.sync_period))),
             live: None,
+            events: None,
             proxiers,
             services: BTreeMap::new(),
             slices: BTreeMap::new(),
@@ -549,7 +552,7 @@ impl Node {
                     continue;
                 }
             };
-            report_quarantine(metrics, &label, &r);
+            report_quarantine(metrics, self.events.as_ref(), &label, &r);
             let elapsed = t.elapsed().as_secs_f64();
             let synced_at = SystemTime::now();
             record(metrics, |x| {
@@ -650,7 +653,12 @@ impl Node {
 
 /// Logs and counts the service ports a sync quarantined or tried again,
 /// so that an operator finds them by name without reading nft's errors.
-fn report_quarantine(metrics: &Mutex<Metrics>, family: &str, r: &verdict_proxier::SyncResult) {
+fn report_quarantine(
+    metrics: &Mutex<Metrics>,
+    events: Option<&std::sync::mpsc::Sender<verdict_k8s::events::Notice>>,
+    family: &str,
+    r: &verdict_proxier::SyncResult,
+) {
     for port in &r.retried {
         let port_label = port.port.to_string();
         record(metrics, |x| {
@@ -693,6 +701,19 @@ fn report_quarantine(metrics: &Mutex<Metrics>, family: &str, r: &verdict_proxier
             );
             x.add(m::QUARANTINES_TOTAL, &[family], 1.0);
         });
+        if let Some(tx) = events {
+            let _ = tx.send(verdict_k8s::events::Notice {
+                namespace: port.service.namespace.clone(),
+                name: port.service.name.clone(),
+                kind: "Warning",
+                reason: "FailedToProgram",
+                action: "Programming",
+                note: format!(
+                    "{family} port {port}: the kernel refused its rules, so it is not programmed on this node until the Service changes: {reason}"
+                ),
+                time: verdict_admin::time::rfc3339_micro(SystemTime::now()),
+            });
+        }
     }
 }
 
@@ -1070,6 +1091,19 @@ pub fn run(settings: &Settings, source: &Source) -> anyhow::Result<()> {
     serve_health(settings, &node.health, &node.metrics);
     serve_metrics(settings, &node.metrics);
     let mut feed = Feed::open(source, &node.name)?;
+    if source.manifests.is_none() {
+        let api = ApiSource {
+            kubeconfig: source.kubeconfig.as_ref().map(PathBuf::from),
+            master: source.master.clone(),
+            node_name: node.name.clone(),
+        };
+        match verdict_k8s::events::start(&api) {
+            Ok(tx) => node.events = Some(tx),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot post Events; refused Services are still logged and counted")
+            }
+        }
+    }
     let foreign = watch_foreign_changes(&node.proxiers);
 
     let mut schedule = Schedule::new(node.settings.min_sync_period, node.settings.sync_period);

@@ -401,3 +401,116 @@ fn count(api: &mut ApiServerProcess, prefix: &str) -> usize {
         .filter(|r| r.starts_with(prefix) && !r.contains("watch=true"))
         .count()
 }
+
+/// A LoadBalancer on 198.51.100.7 with one source range.
+fn load_balancer(name: &str, ip: &str, node_port: u16, range: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": name, "namespace": "demo"},
+        "spec": {"clusterIP": ip, "clusterIPs": [ip], "type": "LoadBalancer",
+                 "loadBalancerSourceRanges": [range],
+                 "ports": [{"name": "http", "port": 80, "protocol": "TCP", "nodePort": node_port}]},
+        "status": {"loadBalancer": {"ingress": [{"ip": "198.51.100.7"}]}}
+    })
+}
+
+#[test]
+fn a_service_the_kernel_refuses_gets_an_event() {
+    let Some(mut bed) = bed() else {
+        return;
+    };
+    bed.add_pod(ip("10.180.0.1"), Placement::Local, &[80], &[])
+        .unwrap();
+    bed.add_pod(ip("10.0.0.2"), Placement::Local, &[], &[])
+        .unwrap();
+    let mut api = ApiServerProcess::spawn(
+        &bed.node,
+        &e2e_bin("verdict-e2e-apiserver"),
+        "127.0.0.1:16444",
+        Duration::from_millis(500),
+    )
+    .unwrap();
+    api.apply(node()).unwrap();
+    api.apply(service("web", "172.30.0.41", json!({}))).unwrap();
+    api.apply(slice("web-1", "web", "10.180.0.1")).unwrap();
+    // Valid for the API server, refused by the kernel: two LoadBalancers
+    // on one address and port whose source ranges overlap.
+    api.apply(load_balancer(
+        "lb-a",
+        "172.30.0.51",
+        30051,
+        "203.0.113.0/24",
+    ))
+    .unwrap();
+    api.apply(slice("lb-a-1", "lb-a", "10.180.0.1")).unwrap();
+    api.apply(load_balancer(
+        "lb-b",
+        "172.30.0.52",
+        30052,
+        "203.0.113.128/25",
+    ))
+    .unwrap();
+    api.apply(slice("lb-b-1", "lb-b", "10.180.0.1")).unwrap();
+
+    let dir = scratch_dir("api-event");
+    let kubeconfig = dir.join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        verdict_e2e::apiserver::kubeconfig("http://127.0.0.1:16444"),
+    )
+    .unwrap();
+    let kubeconfig_s = kubeconfig.to_string_lossy().into_owned();
+    let args = [
+        "--kubeconfig",
+        &kubeconfig_s,
+        "--hostname-override",
+        "test-node",
+        "--cluster-cidr",
+        "10.0.0.0/8",
+    ];
+    let verdict = env!("CARGO_BIN_EXE_verdict");
+    let _daemon = Process(bed.node.spawn(verdict, &args).unwrap());
+    assert_eq!(
+        wait_until(
+            &bed,
+            "172.30.0.41",
+            "10.180.0.1:80",
+            Duration::from_secs(40)
+        ),
+        "10.180.0.1:80",
+        "the rest is programmed"
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let event = loop {
+        let events = api.events().unwrap();
+        if let Some(e) = events
+            .into_iter()
+            .find(|e| e["regarding"]["name"] == "lb-b")
+        {
+            break e;
+        }
+        assert!(Instant::now() < deadline, "no Event for demo/lb-b");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(event["regarding"]["kind"], "Service");
+    assert_eq!(event["regarding"]["namespace"], "demo");
+    assert_eq!(event["type"], "Warning");
+    assert_eq!(event["reason"], "FailedToProgram");
+    assert_eq!(event["reportingController"], "verdict");
+    let note = event["note"].as_str().unwrap();
+    println!(
+        "Event for demo/lb-b: {} {}: {note}",
+        event["type"], event["reason"]
+    );
+    assert!(
+        note.contains("demo/lb-b:http") && note.contains("exists"),
+        "{note}"
+    );
+    assert!(
+        event["eventTime"]
+            .as_str()
+            .is_some_and(|t| t.len() == "2026-12-01T10:00:00.000000Z".len()),
+        "{event}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -31,6 +31,14 @@ use verdict_e2e::bed::{Placement, TestBed};
 use verdict_e2e::netns::Process;
 use verdict_nft::{Backend, Family, NftCli, TableState};
 
+/// The tests measure time: they run one at a time, whatever the harness's
+/// thread count, so that one test's load does not skew another's figures.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 const NODE: &str = "apiVersion: v1\nkind: Node\nmetadata: {name: test-node}\nstatus:\n  addresses: [{type: InternalIP, address: 192.168.0.2}]\n";
 
 fn service(name: &str, ip: &str) -> String {
@@ -157,6 +165,7 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 
 #[test]
 fn foreign_changes_are_repaired_within_a_second() {
+    let _serial = serial();
     let Some(bed) = bed_with_pods(&["10.180.0.1"]) else {
         return;
     };
@@ -261,6 +270,7 @@ fn foreign_changes_are_repaired_within_a_second() {
 
 #[test]
 fn rules_known_broken_beyond_the_repair_window_fail_healthz() {
+    let _serial = serial();
     let Some(bed) = bed_with_pods(&["10.180.0.1"]) else {
         return;
     };
@@ -360,6 +370,7 @@ fn lb(name: &str, ip: &str, node_port: u16, range: &str) -> String {
 
 #[test]
 fn a_refused_service_is_quarantined_and_the_rest_lands_in_the_same_sync() {
+    let _serial = serial();
     let Some(bed) = bed_with_pods(&["10.180.0.1", "10.180.0.2"]) else {
         return;
     };
@@ -485,6 +496,7 @@ fn many(n: usize) -> String {
 
 #[test]
 fn kill_9_during_a_cold_sync_then_a_restart_gives_the_rules_of_a_clean_start() {
+    let _serial = serial();
     let Some(bed) = bed_with_pods(&["10.180.0.1"]) else {
         return;
     };
@@ -557,6 +569,7 @@ fn kill_9_during_a_cold_sync_then_a_restart_gives_the_rules_of_a_clean_start() {
 
 #[test]
 fn rolling_replacement_under_load_fails_no_connection() {
+    let _serial = serial();
     let pods = [
         "10.180.0.1",
         "10.180.0.2",
@@ -673,6 +686,7 @@ fn rolling_replacement_under_load_fails_no_connection() {
 
 #[test]
 fn the_malformed_corpus_names_every_invalid_object_and_touches_no_good_service() {
+    let _serial = serial();
     let Some(bed) = bed_with_pods(&["10.180.0.1"]) else {
         return;
     };
