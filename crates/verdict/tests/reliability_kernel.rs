@@ -186,7 +186,7 @@ fn foreign_changes_are_repaired_within_a_second() {
     });
     let before = tables(&mut nft);
 
-    let breakages: [(&str, &[&str]); 4] = [
+    let breakages: [(&str, &[&str]); 5] = [
         ("nft flush ruleset", &["flush", "ruleset"]),
         (
             "nft delete table ip verdict",
@@ -199,6 +199,10 @@ fn foreign_changes_are_repaired_within_a_second() {
         (
             "nft delete chain ip verdict nat-prerouting",
             &["delete", "chain", "ip", "verdict", "nat-prerouting"],
+        ),
+        (
+            "nft flush map ip verdict service-ips",
+            &["flush", "map", "ip", "verdict", "service-ips"],
         ),
     ];
     let mut report = Vec::new();
@@ -261,7 +265,7 @@ fn foreign_changes_are_repaired_within_a_second() {
         "verdict_foreign_changes_total{ip_family=\"IPv6\"}",
     )
     .unwrap_or(0.0);
-    assert!(v4 >= 30.0 && v6 >= 20.0, "counted: IPv4 {v4}, IPv6 {v6}");
+    assert!(v4 >= 40.0 && v6 >= 20.0, "counted: IPv4 {v4}, IPv6 {v6}");
     // Quick repairs keep the proxy healthy.
     let h = http(&bed, "/healthz");
     assert!(h.starts_with("HTTP/1.1 200"), "{h}");
