@@ -215,6 +215,17 @@ impl Proxier {
         &self.quarantined
     }
 
+    /// The quarantined ports of one service.
+    pub fn quarantined_ports_of<'a>(
+        &'a self,
+        svc: &'a NamespacedName,
+    ) -> impl Iterator<Item = &'a ServicePortName> + 'a {
+        self.quarantined
+            .range(ServicePortName::first_of(svc)..)
+            .map(|(k, _)| k)
+            .take_while(move |k| k.service == *svc)
+    }
+
     /// A Service event (`None` before an add or after a delete). Returns
     /// whether a sync is needed.
     pub fn on_service(&mut self, previous: Option<&Service>, current: Option<&Service>) -> bool {
@@ -280,14 +291,7 @@ impl Proxier {
 
         // A quarantined port whose service changed is tried again.
         for svc in &result.updated_services {
-            let from = ServicePortName::first_of(svc);
-            let again: Vec<ServicePortName> = self
-                .quarantined
-                .range(from..)
-                .map(|(k, _)| k)
-                .take_while(|k| k.service == *svc)
-                .cloned()
-                .collect();
+            let again: Vec<ServicePortName> = self.quarantined_ports_of(svc).cloned().collect();
             for port in again {
                 self.quarantined.remove(&port);
                 result.retried.push(port);

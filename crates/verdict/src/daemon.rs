@@ -35,6 +35,18 @@ pub struct Source {
     pub master: Option<String>,
 }
 
+impl Source {
+    /// The Kubernetes API connection for `node_name` (when `manifests` is
+    /// not given).
+    fn api(&self, node_name: &str) -> ApiSource {
+        ApiSource {
+            kubeconfig: self.kubeconfig.as_ref().map(PathBuf::from),
+            master: self.master.clone(),
+            node_name: node_name.to_string(),
+        }
+    }
+}
+
 /// Logs to stderr; `-v` 0–1 is info, 2–3 debug, 4 and more trace
 /// (`RUST_LOG` overrides).
 pub fn init_logging(verbosity: u8) {
@@ -651,6 +663,16 @@ impl Node {
     }
 }
 
+/// The labels of `verdict_quarantined_service_port` for one port.
+fn quarantine_labels<'a>(family: &'a str, port: &'a ServicePortName) -> [&'a str; 4] {
+    [
+        family,
+        &port.service.namespace,
+        &port.service.name,
+        &port.port,
+    ]
+}
+
 /// Logs and counts the service ports a sync quarantined or tried again,
 /// so that an operator finds them by name without reading nft's errors.
 fn report_quarantine(
@@ -660,17 +682,8 @@ fn report_quarantine(
     r: &verdict_proxier::SyncResult,
 ) {
     for port in &r.retried {
-        let port_label = port.port.to_string();
         record(metrics, |x| {
-            x.remove(
-                m::QUARANTINED,
-                &[
-                    family,
-                    &port.service.namespace,
-                    &port.service.name,
-                    &port_label,
-                ],
-            )
+            x.remove(m::QUARANTINED, &quarantine_labels(family, port))
         });
         if !r.quarantined.iter().any(|(q, _)| q == port) {
             tracing::info!(
@@ -681,7 +694,6 @@ fn report_quarantine(
         }
     }
     for (port, reason) in &r.quarantined {
-        let port_label = port.port.to_string();
         tracing::error!(
             ip_family = family,
             service_port = %port,
@@ -689,16 +701,7 @@ fn report_quarantine(
             "the kernel refused this service port: it is left out of the rules until it changes; everything else was programmed"
         );
         record(metrics, |x| {
-            x.set(
-                m::QUARANTINED,
-                &[
-                    family,
-                    &port.service.namespace,
-                    &port.service.name,
-                    &port_label,
-                ],
-                1.0,
-            );
+            x.set(m::QUARANTINED, &quarantine_labels(family, port), 1.0);
             x.add(m::QUARANTINES_TOTAL, &[family], 1.0);
         });
         if let Some(tx) = events {
@@ -787,12 +790,7 @@ fn sync_health_checks(
         extras.hc_ports.insert(key.clone(), port);
         // A quarantined service is not programmed: no load balancer should
         // send it here.
-        let quarantined = p
-            .quarantined()
-            .range(ServicePortName::first_of(&svc)..)
-            .next()
-            .is_some_and(|(k, _)| k.service == svc);
-        let n = if quarantined {
+        let n = if p.quarantined_ports_of(&svc).next().is_some() {
             0
         } else {
             verdict_model::local_ready_endpoints_of(p.endpoints(), &svc)
@@ -939,12 +937,8 @@ impl Feed {
             return Ok(Feed::Manifests { seen: None, path });
         }
         let (tx, rx) = std::sync::mpsc::channel();
-        let api = ApiSource {
-            kubeconfig: source.kubeconfig.as_ref().map(PathBuf::from),
-            master: source.master.clone(),
-            node_name: node_name.to_string(),
-        };
-        verdict_k8s::watch::start(api, tx).context("the Kubernetes API source")?;
+        verdict_k8s::watch::start(source.api(node_name), tx)
+            .context("the Kubernetes API source")?;
         Ok(Feed::Api { rx, synced: false })
     }
 
@@ -1092,12 +1086,7 @@ pub fn run(settings: &Settings, source: &Source) -> anyhow::Result<()> {
     serve_metrics(settings, &node.metrics);
     let mut feed = Feed::open(source, &node.name)?;
     if source.manifests.is_none() {
-        let api = ApiSource {
-            kubeconfig: source.kubeconfig.as_ref().map(PathBuf::from),
-            master: source.master.clone(),
-            node_name: node.name.clone(),
-        };
-        match verdict_k8s::events::start(&api) {
+        match verdict_k8s::events::start(&source.api(&node.name)) {
             Ok(tx) => node.events = Some(tx),
             Err(e) => {
                 tracing::warn!(error = %e, "cannot post Events; refused Services are still logged and counted")

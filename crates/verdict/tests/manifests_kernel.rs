@@ -9,7 +9,6 @@ mod common;
 
 use common::*;
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use verdict_e2e::bed::{Placement, TestBed};
@@ -33,13 +32,6 @@ fn slice(endpoint: &str) -> String {
     format!(
         "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: web-1\n  namespace: demo\n  labels: {{kubernetes.io/service-name: web}}\naddressType: IPv4\nports: [{{name: http, port: 80, protocol: TCP}}]\nendpoints:\n- {{addresses: [{endpoint}], nodeName: test-node}}\n"
     )
-}
-
-fn write(dir: &Path, name: &str, text: &str) {
-    // Write then rename, as editors and kubectl do: readers never see half a file.
-    let tmp = dir.join(format!(".{name}.tmp"));
-    std::fs::write(&tmp, text).unwrap();
-    std::fs::rename(&tmp, dir.join(name)).unwrap();
 }
 
 #[test]

@@ -82,12 +82,6 @@ fn base(dir: &Path, endpoint: &str) {
     );
 }
 
-fn write(dir: &Path, name: &str, text: &str) {
-    let tmp = dir.join(format!(".{name}.tmp"));
-    std::fs::write(&tmp, text).unwrap();
-    std::fs::rename(&tmp, dir.join(name)).unwrap();
-}
-
 /// Starts verdict in the node, its log in `log`; `path` replaces `$PATH`.
 fn start(bed: &TestBed, dir: &Path, log: &Path, extra: &[&str], path: Option<&str>) -> Process {
     let verdict = env!("CARGO_BIN_EXE_verdict");

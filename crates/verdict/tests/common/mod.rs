@@ -71,6 +71,14 @@ pub fn bed() -> Option<TestBed> {
     Some(TestBed::new(PathBuf::from(verdict_e2e_echo())).unwrap())
 }
 
+/// Writes a manifest as editors and kubectl do, write then rename:
+/// readers never see half a file.
+pub fn write(dir: &std::path::Path, name: &str, text: &str) {
+    let tmp = dir.join(format!(".{name}.tmp"));
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, dir.join(name)).unwrap();
+}
+
 /// An empty directory for one test's manifests.
 pub fn scratch_dir(tag: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("verdict-{tag}-e2e-{}", std::process::id()));
