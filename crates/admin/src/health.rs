@@ -54,7 +54,7 @@ pub struct Response {
     /// Status code.
     pub code: u16,
     /// The body.
-    pub body: String,
+    pub body: Vec<u8>,
     /// Its `Content-Type`.
     pub content_type: &'static str,
     /// More headers.
@@ -62,11 +62,16 @@ pub struct Response {
 }
 
 impl Response {
+    /// The body as text (lossy), for checks and logs.
+    pub fn text_body(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
     /// A JSON answer.
     pub fn json(code: u16, body: String) -> Response {
         Response {
             code,
-            body,
+            body: body.into_bytes(),
             content_type: "application/json",
             headers: Vec::new(),
         }
@@ -77,7 +82,7 @@ impl Response {
     pub fn text(code: u16, body: String, content_type: &'static str) -> Response {
         Response {
             code,
-            body,
+            body: body.into_bytes(),
             content_type,
             headers: Vec::new(),
         }
@@ -230,7 +235,7 @@ mod tests {
         let r = h.healthz(at(10));
         assert_eq!(r.code, 200);
         assert_eq!(
-            r.body,
+            r.text_body(),
             "{\"lastUpdated\":\"2025-01-02T03:03:30Z\",\"currentTime\":\"2025-01-02T03:03:30Z\",\"nodeEligible\":true,\"healthy\":true,\"status\":{\"IPv4\":{\"lastUpdated\":\"2025-01-02T03:03:21Z\",\"healthy\":true},\"IPv6\":{\"lastUpdated\":\"2025-01-02T03:03:22Z\",\"healthy\":true}}}"
         );
         // A family with nothing pending is healthy however old its last sync.
@@ -249,15 +254,15 @@ mod tests {
         let r = h.healthz(at(71));
         assert_eq!(r.code, 503);
         assert!(
-            r.body
+            r.text_body()
                 .contains("\"IPv6\":{\"lastUpdated\":\"2025-01-02T03:03:20Z\",\"healthy\":false}"),
             "{}",
-            r.body
+            r.text_body()
         );
         assert!(
-            r.body.contains("\"healthy\":false,\"status\""),
+            r.text_body().contains("\"healthy\":false,\"status\""),
             "{}",
-            r.body
+            r.text_body()
         );
         assert_eq!(h.livez(at(71)).code, 503);
         h.updated(Family::V6, at(72));
@@ -271,10 +276,10 @@ mod tests {
         // Node not known yet.
         let r = h.healthz(at(1));
         assert_eq!(r.code, 503);
-        assert!(r.body.contains("\"nodeEligible\":false"));
+        assert!(r.text_body().contains("\"nodeEligible\":false"));
         let r = h.livez(at(1));
         assert_eq!(r.code, 200);
-        assert!(!r.body.contains("nodeEligible"));
+        assert!(!r.text_body().contains("nodeEligible"));
         h.set_node_eligible(true);
         assert_eq!(h.healthz(at(1)).code, 200);
         h.set_node_eligible(false);
@@ -293,16 +298,16 @@ mod tests {
         let r = h.healthz(at(16));
         assert_eq!(r.code, 503);
         assert!(
-            r.body
+            r.text_body()
                 .contains("\"IPv6\":{\"lastUpdated\":\"2025-01-02T03:03:20Z\",\"healthy\":false}"),
             "{}",
-            r.body
+            r.text_body()
         );
         assert!(
-            r.body
+            r.text_body()
                 .contains("\"IPv4\":{\"lastUpdated\":\"2025-01-02T03:03:20Z\",\"healthy\":true}"),
             "{}",
-            r.body
+            r.text_body()
         );
         // A sync that began before the breakage repairs nothing.
         h.repaired(Family::V6, at(9));
@@ -317,11 +322,11 @@ mod tests {
         let h = Health::new(Duration::from_secs(60));
         let r = h.healthz(at(0));
         assert!(
-            r.body
+            r.text_body()
                 .starts_with("{\"lastUpdated\":\"0001-01-01T00:00:00Z\""),
             "{}",
-            r.body
+            r.text_body()
         );
-        assert!(!r.body.contains("status"));
+        assert!(!r.text_body().contains("status"));
     }
 }

@@ -1,6 +1,7 @@
 //! A small HTTP/1.1 server: one thread accepts, each request is answered
-//! and the connection closed. Enough for probes and scrapers; nothing here
-//! blocks the sync loop.
+//! and the connection closed. Enough for probes, scrapers and the debug
+//! endpoints; nothing here blocks the sync loop. Every method reaches the
+//! handler, as with Go's handlers; a HEAD answer has no body.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -10,8 +11,54 @@ use std::time::Duration;
 
 use crate::health::Response;
 
-/// Answers a request path; `None` is 404.
-pub type Handler = Arc<dyn Fn(&str) -> Option<Response> + Send + Sync>;
+/// The largest request body read (`PUT /debug/flags/v` sends a number).
+const MAX_BODY: usize = 64 * 1024;
+
+/// A request, as the handler sees it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Request {
+    /// `GET`, `HEAD`, `PUT`, ...
+    pub method: String,
+    /// The path, without the query.
+    pub path: String,
+    /// The query, without `?` (empty if none).
+    pub query: String,
+    /// Headers, names lower-cased.
+    pub headers: Vec<(String, String)>,
+    /// The body.
+    pub body: Vec<u8>,
+}
+
+impl Request {
+    /// A GET of `target` (`/path?query`), for tests and callers.
+    pub fn get(target: &str) -> Request {
+        let (path, query) = target.split_once('?').unwrap_or((target, ""));
+        Request {
+            method: "GET".into(),
+            path: path.into(),
+            query: query.into(),
+            ..Request::default()
+        }
+    }
+
+    /// A header's value (`name` lower-case).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// Whether the query has this key (`?verbose`, `?verbose=1`).
+    pub fn has_query(&self, key: &str) -> bool {
+        self.query
+            .split('&')
+            .any(|p| p.split('=').next() == Some(key))
+    }
+}
+
+/// Answers a request; `None` is 404.
+pub type Handler = Arc<dyn Fn(&Request) -> Option<Response> + Send + Sync>;
 
 /// Binds `addr` and serves `handler` on a background thread. Returns the
 /// bound address (useful with port 0).
@@ -22,7 +69,7 @@ pub fn serve(addr: SocketAddr, handler: Handler) -> std::io::Result<SocketAddr> 
         .name(format!("http-{bound}"))
         .spawn(move || {
             for stream in listener.incoming().flatten() {
-                if let Err(e) = answer(stream, &handler, false) {
+                if let Err(e) = answer(stream, &handler) {
                     tracing::debug!(error = %e, "http request");
                 }
             }
@@ -41,12 +88,10 @@ impl Drop for Stopper {
 }
 
 /// Binds `addr` and serves `handler` until the returned [`Stopper`] is
-/// dropped. With `any_method`, every method is answered like GET (as
-/// kube-proxy's service health checks are).
+/// dropped.
 pub fn serve_until_dropped(
     addr: SocketAddr,
     handler: Handler,
-    any_method: bool,
 ) -> std::io::Result<(SocketAddr, Stopper)> {
     let listener = TcpListener::bind(addr)?;
     let bound = listener.local_addr()?;
@@ -61,7 +106,7 @@ pub fn serve_until_dropped(
                     Ok((stream, _)) => {
                         let r = stream
                             .set_nonblocking(false)
-                            .and_then(|()| answer(stream, &handler, any_method));
+                            .and_then(|()| answer(stream, &handler));
                         if let Err(e) = r {
                             tracing::debug!(error = %e, "http request");
                         }
@@ -76,52 +121,95 @@ pub fn serve_until_dropped(
 fn reason(code: u16) -> &'static str {
     match code {
         200 => "OK",
+        400 => "Bad Request",
         404 => "Not Found",
         405 => "Method Not Allowed",
+        406 => "Not Acceptable",
+        500 => "Internal Server Error",
         503 => "Service Unavailable",
         _ => "Bad Request",
     }
 }
 
-fn answer(mut s: TcpStream, handler: &Handler, any_method: bool) -> std::io::Result<()> {
-    s.set_read_timeout(Some(Duration::from_secs(2)))?;
+/// Reads one request: the head, then as much body as `Content-Length`
+/// says (up to [`MAX_BODY`]).
+fn read_request(s: &mut TcpStream) -> std::io::Result<Request> {
     let mut buf = Vec::new();
-    let mut chunk = [0u8; 1024];
-    while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 16 * 1024 {
+    let mut chunk = [0u8; 4096];
+    let head_end = loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        if buf.len() > 16 * 1024 {
+            break buf.len();
+        }
+        let n = s.read(&mut chunk)?;
+        if n == 0 {
+            break buf.len();
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
+    let mut lines = head.lines();
+    let mut words = lines.next().unwrap_or_default().split_whitespace();
+    let method = words.next().unwrap_or_default().to_owned();
+    let target = words.next().unwrap_or_default();
+    let (path, query) = target.split_once('?').unwrap_or((target, ""));
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    let length = headers
+        .iter()
+        .find(|(k, _)| k == "content-length")
+        .and_then(|(_, v)| v.parse::<usize>().ok())
+        .unwrap_or(0)
+        .min(MAX_BODY);
+    let mut body = buf[head_end.min(buf.len())..].to_vec();
+    while body.len() < length {
         let n = s.read(&mut chunk)?;
         if n == 0 {
             break;
         }
-        buf.extend_from_slice(&chunk[..n]);
+        body.extend_from_slice(&chunk[..n]);
     }
-    let head = String::from_utf8_lossy(&buf);
-    let mut words = head.lines().next().unwrap_or_default().split_whitespace();
-    let (method, target) = (
-        words.next().unwrap_or_default(),
-        words.next().unwrap_or_default(),
-    );
-    let path = target.split('?').next().unwrap_or_default();
-    let plain = "text/plain; charset=utf-8";
-    let (code, body, content_type, headers) = match method {
-        _ if any_method || matches!(method, "GET" | "HEAD") => match handler(path) {
-            Some(r) => (r.code, r.body, r.content_type, r.headers),
-            None => (404, "404 page not found\n".to_owned(), plain, Vec::new()),
-        },
-        _ => (405, String::new(), plain, Vec::new()),
-    };
-    let extra: String = headers
+    body.truncate(length);
+    Ok(Request {
+        method,
+        path: path.to_owned(),
+        query: query.to_owned(),
+        headers,
+        body,
+    })
+}
+
+fn answer(mut s: TcpStream, handler: &Handler) -> std::io::Result<()> {
+    s.set_read_timeout(Some(Duration::from_secs(2)))?;
+    let req = read_request(&mut s)?;
+    let r = handler(&req).unwrap_or_else(|| {
+        Response::text(
+            404,
+            "404 page not found\n".into(),
+            "text/plain; charset=utf-8",
+        )
+    });
+    let extra: String = r
+        .headers
         .iter()
         .map(|(k, v)| format!("{k}: {v}\r\n"))
         .collect();
     let mut out = format!(
-        "HTTP/1.1 {code} {}\r\nContent-Type: {content_type}\r\nX-Content-Type-Options: nosniff\r\n{extra}Content-Length: {}\r\nConnection: close\r\n\r\n",
-        reason(code),
-        body.len()
-    );
-    if method != "HEAD" {
-        out.push_str(&body);
+        "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nX-Content-Type-Options: nosniff\r\n{extra}Content-Length: {}\r\nConnection: close\r\n\r\n",
+        r.code,
+        reason(r.code),
+        r.content_type,
+        r.body.len()
+    )
+    .into_bytes();
+    if req.method != "HEAD" {
+        out.extend_from_slice(&r.body);
     }
-    s.write_all(out.as_bytes())
+    s.write_all(&out)
 }
 
 #[cfg(test)]
@@ -138,8 +226,8 @@ mod tests {
 
     #[test]
     fn answers_paths_and_closes() {
-        let handler: Handler = Arc::new(|p: &str| {
-            (p == "/healthz").then(|| Response::json(503, "{\"healthy\":false}".into()))
+        let handler: Handler = Arc::new(|r: &Request| {
+            (r.path == "/healthz").then(|| Response::json(503, "{\"healthy\":false}".into()))
         });
         let addr = serve("127.0.0.1:0".parse().unwrap(), handler).unwrap();
         let r = get(addr, "/healthz?verbose");
@@ -152,19 +240,29 @@ mod tests {
 
     #[test]
     fn a_dropped_stopper_closes_the_port() {
-        let handler: Handler = Arc::new(|_: &str| {
-            let mut r = Response::json(200, "{}".into());
+        let handler: Handler = Arc::new(|req: &Request| {
+            let mut r = Response::json(
+                200,
+                format!("{{\"body\":{:?}}}", String::from_utf8_lossy(&req.body)),
+            );
             r.headers.push(("X-Test", "1".into()));
             Some(r)
         });
-        let (addr, stopper) =
-            serve_until_dropped("127.0.0.1:0".parse().unwrap(), handler, true).unwrap();
+        let (addr, stopper) = serve_until_dropped("127.0.0.1:0".parse().unwrap(), handler).unwrap();
         let mut s = TcpStream::connect(addr).unwrap();
-        write!(s, "POST /any HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        write!(
+            s,
+            "POST /any HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n42"
+        )
+        .unwrap();
         let mut r = String::new();
         s.read_to_string(&mut r).unwrap();
         assert!(r.starts_with("HTTP/1.1 200 OK\r\n"), "{r}");
         assert!(r.contains("\r\nX-Test: 1\r\n"), "{r}");
+        assert!(
+            r.ends_with("{\"body\":\"42\"}"),
+            "the body reaches the handler: {r}"
+        );
         drop(stopper);
         std::thread::sleep(Duration::from_millis(300));
         assert!(TcpStream::connect(addr).is_err(), "still listening");

@@ -6,11 +6,13 @@
 //! - [`http`]: a small HTTP/1.1 server for it.
 //! - [`service_health`]: health-check node ports of eTP=Local LoadBalancers.
 //! - [`metrics`]: the metrics registry and its text format.
+//! - [`process`]: the `process_*` metrics, from `/proc/self`.
 //! - [`time`]: Go's RFC 3339 time format, as kube-proxy's JSON uses it.
 
 pub mod health;
 pub mod http;
 pub mod metrics;
+pub mod process;
 pub mod service_health;
 pub mod time;
 

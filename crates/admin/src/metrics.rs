@@ -40,6 +40,9 @@ enum Series {
 #[derive(Clone, Debug)]
 struct Family {
     help: &'static str,
+    /// component-base's stability level (`ALPHA`, `BETA`, `STABLE`),
+    /// printed before the help; empty for client_golang's own metrics.
+    stability: &'static str,
     kind: Kind,
     labels: &'static [&'static str],
     buckets: Vec<f64>,
@@ -94,6 +97,32 @@ pub const QUARANTINED: &str = "verdict_quarantined_service_port";
 /// quarantined.
 pub const QUARANTINES_TOTAL: &str = "verdict_quarantines_total";
 
+/// `kubernetes_build_info`: 1, labelled with what this build is.
+pub const BUILD_INFO: &str = "kubernetes_build_info";
+/// `kubernetes_feature_enabled`: 1 or 0 per feature gate.
+pub const FEATURE_ENABLED: &str = "kubernetes_feature_enabled";
+/// `rest_client_requests_total`: API requests by code, method and host.
+pub const REST_CLIENT_REQUESTS: &str = "rest_client_requests_total";
+/// `rest_client_request_duration_seconds`: API request latency.
+pub const REST_CLIENT_DURATION: &str = "rest_client_request_duration_seconds";
+/// `kubernetes_healthcheck` (on `/metrics/slis`).
+pub const HEALTHCHECK: &str = "kubernetes_healthcheck";
+/// `kubernetes_healthchecks_total` (on `/metrics/slis`).
+pub const HEALTHCHECKS_TOTAL: &str = "kubernetes_healthchecks_total";
+
+/// The labels of `kubernetes_build_info`, in order.
+pub const BUILD_INFO_LABELS: &[&str] = &[
+    "major",
+    "minor",
+    "git_version",
+    "git_commit",
+    "git_tree_state",
+    "build_date",
+    "go_version",
+    "compiler",
+    "platform",
+];
+
 /// `prometheus.ExponentialBuckets(start, factor, count)`.
 fn exponential(start: f64, factor: f64, count: usize) -> Vec<f64> {
     (0..count)
@@ -105,10 +134,10 @@ fn exponential(start: f64, factor: f64, count: usize) -> Vec<f64> {
         .collect()
 }
 
-/// kube-proxy's network-programming buckets: 0.25, 0.5, 1…59, 60…115 by 5,
-/// 120…300 by 30.
+/// kube-proxy's network-programming buckets: 0, 0.25, 0.5, 1…59, 60…115
+/// by 5, 120…300 by 30 (its `merge` starts with a 0 bucket).
 fn network_programming_buckets() -> Vec<f64> {
-    let mut b = vec![0.25, 0.5];
+    let mut b = vec![0.0, 0.25, 0.5];
     b.extend((1..60).map(f64::from));
     b.extend((0..12).map(|i| f64::from(60 + 5 * i)));
     b.extend((0..7).map(|i| f64::from(120 + 30 * i)));
@@ -139,6 +168,7 @@ impl Metrics {
                 name,
                 Family {
                     help,
+                    stability: "ALPHA",
                     kind,
                     labels,
                     buckets,
@@ -287,11 +317,97 @@ impl Metrics {
             "Service ports quarantined because the kernel refused them",
             vec![],
         );
+        m.generic();
         for f in m.families.values_mut() {
             if f.labels.is_empty() {
                 f.series.insert(Vec::new(), Series::Value(0.0));
             }
         }
+        m
+    }
+
+    fn family(
+        &mut self,
+        name: &'static str,
+        kind: Kind,
+        stability: &'static str,
+        labels: &'static [&'static str],
+        help: &'static str,
+        buckets: Vec<f64>,
+    ) {
+        self.families.insert(
+            name,
+            Family {
+                help,
+                stability,
+                kind,
+                labels,
+                buckets,
+                series: BTreeMap::new(),
+            },
+        );
+    }
+
+    /// The metrics every Kubernetes component has: its build, its feature
+    /// gates, and its API client's requests.
+    fn generic(&mut self) {
+        self.family(
+            BUILD_INFO,
+            Kind::Gauge,
+            "BETA",
+            BUILD_INFO_LABELS,
+            "A metric with a constant '1' value labeled by major, minor, git version, git commit, git tree state, build date, Go version, and compiler from which Kubernetes was built, and platform on which it is running.",
+            vec![],
+        );
+        self.family(
+            FEATURE_ENABLED,
+            Kind::Gauge,
+            "BETA",
+            &["name", "stage"],
+            "This metric records the data about the stage and enablement of a k8s feature.",
+            vec![],
+        );
+        self.family(
+            REST_CLIENT_REQUESTS,
+            Kind::Counter,
+            "BETA",
+            &["code", "host", "method"],
+            "Number of HTTP requests, partitioned by status code, method, and host.",
+            vec![],
+        );
+        self.family(
+            REST_CLIENT_DURATION,
+            Kind::Histogram,
+            "BETA",
+            &["host", "verb"],
+            "Request latency in seconds. Broken down by verb, and host.",
+            vec![
+                0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0,
+            ],
+        );
+    }
+
+    /// component-base's `/metrics/slis`: the results of health checks.
+    pub fn slis() -> Metrics {
+        let mut m = Metrics {
+            families: BTreeMap::new(),
+        };
+        m.family(
+            HEALTHCHECK,
+            Kind::Gauge,
+            "STABLE",
+            &["name", "type"],
+            "This metric records the result of a single healthcheck.",
+            vec![],
+        );
+        m.family(
+            HEALTHCHECKS_TOTAL,
+            Kind::Counter,
+            "STABLE",
+            &["name", "status", "type"],
+            "This metric records the results of all healthcheck.",
+            vec![],
+        );
         m
     }
 
@@ -377,7 +493,11 @@ impl Metrics {
             if f.series.is_empty() {
                 continue;
             }
-            let _ = writeln!(out, "# HELP {name} [ALPHA] {}", f.help);
+            if f.stability.is_empty() {
+                let _ = writeln!(out, "# HELP {name} {}", f.help);
+            } else {
+                let _ = writeln!(out, "# HELP {name} [{}] {}", f.stability, f.help);
+            }
             let _ = writeln!(out, "# TYPE {name} {}", f.kind.as_str());
             for (values, s) in &f.series {
                 let pairs: Vec<String> = f
@@ -424,7 +544,7 @@ fn escape(v: &str) -> String {
 }
 
 /// Numbers as Prometheus writes them (integers without a fraction).
-fn number(v: f64) -> String {
+pub(crate) fn number(v: f64) -> String {
     if v.is_finite() && v.fract() == 0.0 && v.abs() < 1e15 {
         format!("{}", v as i64)
     } else {
@@ -460,6 +580,10 @@ kubeproxy_sync_proxy_rules_nftables_sync_failures_total counter
 kubeproxy_sync_proxy_rules_no_local_endpoints_total gauge
 kubeproxy_sync_proxy_rules_service_changes_pending gauge
 kubeproxy_sync_proxy_rules_service_changes_total counter
+kubernetes_build_info gauge
+kubernetes_feature_enabled gauge
+rest_client_request_duration_seconds histogram
+rest_client_requests_total counter
 verdict_foreign_changes_total counter
 verdict_quarantined_service_port gauge
 verdict_quarantines_total counter
@@ -501,12 +625,12 @@ verdict_quarantines_total counter
     #[test]
     fn network_programming_buckets_are_kube_proxys() {
         let b = network_programming_buckets();
-        assert_eq!(b.len(), 2 + 59 + 12 + 7);
-        assert_eq!(&b[..3], &[0.25, 0.5, 1.0]);
-        assert_eq!(b[60], 59.0);
-        assert_eq!(b[61], 60.0);
-        assert_eq!(b[72], 115.0);
-        assert_eq!(b[73], 120.0);
-        assert_eq!(b[79], 300.0);
+        assert_eq!(b.len(), 3 + 59 + 12 + 7);
+        assert_eq!(&b[..4], &[0.0, 0.25, 0.5, 1.0]);
+        assert_eq!(b[61], 59.0);
+        assert_eq!(b[62], 60.0);
+        assert_eq!(b[73], 115.0);
+        assert_eq!(b[74], 120.0);
+        assert_eq!(b[80], 300.0);
     }
 }

@@ -61,6 +61,19 @@ struct Server {
     _stoppers: Vec<Stopper>,
 }
 
+/// A health-check node port that could not be opened.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ListenFailure {
+    /// The service.
+    pub service: ServiceKey,
+    /// Its health-check node port.
+    pub port: u16,
+    /// The address it was to listen on.
+    pub address: IpAddr,
+    /// Why it could not.
+    pub error: String,
+}
+
 /// The health-check servers of one IP family.
 pub struct ServiceHealthServers {
     addresses: Vec<IpAddr>,
@@ -89,7 +102,7 @@ impl ServiceHealthServers {
     /// Opens a server for every wanted service (closing and reopening it
     /// if its port changed) and closes the others. Returns one message per
     /// port that could not be opened; it is tried again on the next call.
-    pub fn sync_services(&mut self, wanted: &BTreeMap<ServiceKey, u16>) -> Vec<String> {
+    pub fn sync_services(&mut self, wanted: &BTreeMap<ServiceKey, u16>) -> Vec<ListenFailure> {
         self.servers
             .retain(|k, s| wanted.get(k).is_some_and(|p| *p == s.port));
         let mut errors = Vec::new();
@@ -99,7 +112,7 @@ impl ServiceHealthServers {
             }
             let (ns, name) = key.clone();
             let (local, healthy) = (self.local.clone(), self.healthy.clone());
-            let handler: Handler = Arc::new(move |_path: &str| {
+            let handler: Handler = Arc::new(move |_: &crate::http::Request| {
                 let n = local
                     .lock()
                     .ok()
@@ -109,12 +122,14 @@ impl ServiceHealthServers {
             });
             let mut stoppers = Vec::new();
             for ip in &self.addresses {
-                match serve_until_dropped(SocketAddr::new(*ip, *port), handler.clone(), true) {
+                match serve_until_dropped(SocketAddr::new(*ip, *port), handler.clone()) {
                     Ok((_, s)) => stoppers.push(s),
-                    Err(e) => errors.push(format!(
-                        "failed to start healthcheck \"{}/{}\" on port {port} ({ip}): {e}",
-                        key.0, key.1
-                    )),
+                    Err(e) => errors.push(ListenFailure {
+                        service: key.clone(),
+                        port: *port,
+                        address: *ip,
+                        error: e.to_string(),
+                    }),
                 }
             }
             if stoppers.len() == self.addresses.len() {
@@ -157,7 +172,7 @@ mod tests {
         let r = answer("ns1", "svc1", 1, true);
         assert_eq!(r.code, 200);
         assert_eq!(
-            r.body,
+            r.text_body(),
             "{\n\t\"service\": {\n\t\t\"namespace\": \"ns1\",\n\t\t\"name\": \"svc1\"\n\t},\n\t\"localEndpoints\": 1,\n\t\"serviceProxyHealthy\": true\n}"
         );
         assert_eq!(
@@ -226,7 +241,8 @@ mod tests {
         let wanted = BTreeMap::from([(("ns1".to_owned(), "svc1".to_owned()), port)]);
         let errors = h.sync_services(&wanted);
         assert_eq!(errors.len(), 1, "{errors:?}");
-        assert!(errors[0].contains("ns1/svc1"), "{errors:?}");
+        assert_eq!(errors[0].service.1, "svc1", "{errors:?}");
+        assert_eq!(errors[0].port, port);
         drop(busy);
         assert!(h.sync_services(&wanted).is_empty());
         assert_eq!(h.served(), wanted);

@@ -17,6 +17,44 @@ fn civil(days: i64) -> (i64, u32, u32) {
     (y, m, d)
 }
 
+/// A time's UTC calendar fields.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Utc {
+    /// Year.
+    pub year: i64,
+    /// Month, 1–12.
+    pub month: u32,
+    /// Day of the month, 1–31.
+    pub day: u32,
+    /// Hour, 0–23.
+    pub hour: u32,
+    /// Minute.
+    pub minute: u32,
+    /// Second.
+    pub second: u32,
+    /// Nanoseconds within the second.
+    pub nanos: u32,
+}
+
+impl Utc {
+    /// The UTC calendar fields of `t` (times before 1970 count as 1970).
+    pub fn of(t: SystemTime) -> Utc {
+        let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
+        let secs = d.as_secs() as i64;
+        let (year, month, day) = civil(secs.div_euclid(86_400));
+        let rem = secs.rem_euclid(86_400) as u32;
+        Utc {
+            year,
+            month,
+            day,
+            hour: rem / 3600,
+            minute: rem % 3600 / 60,
+            second: rem % 60,
+            nanos: d.subsec_nanos(),
+        }
+    }
+}
+
 /// `2025-01-02T03:04:05.123456789Z`.
 pub fn rfc3339_nano(t: SystemTime) -> String {
     let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();

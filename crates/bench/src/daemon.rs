@@ -183,6 +183,8 @@ fn run_one(
         .args([
             "--min-sync-period",
             "0s",
+            // Each sync's summary, which the times are read from.
+            "-v=2",
             "--healthz-bind-address",
             "",
             "--metrics-bind-address",
@@ -212,7 +214,7 @@ fn run_one(
     let log = Log { rx };
     let limit = Duration::from_secs(600);
     let lists = log.wait(&["initial lists complete"], limit)? - started;
-    let cold = log.wait(&["synced", "family=ip ", "full=true"], limit)? - started;
+    let cold = log.wait(&["\"synced\"", "family=\"ip\"", "full=true"], limit)? - started;
     let (cpu, rss_cold) = usage(pid);
     // What the kernel has: one service-ips element per Service.
     let table = ns
@@ -228,7 +230,7 @@ fn run_one(
         let t = Instant::now();
         api.apply(slice(i, k, port))?;
         let done = log.wait(
-            &["synced", "family=ip ", "full=false"],
+            &["\"synced\"", "family=\"ip\"", "full=false"],
             Duration::from_secs(60),
         )?;
         times.push(done.saturating_duration_since(t).as_secs_f64() * 1000.0);

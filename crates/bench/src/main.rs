@@ -287,7 +287,7 @@ fn one_in_thread(args: &[String]) -> Result<(), String> {
     cfg.local_ips = vec![topo::NODE_IP.into()];
     cfg.local_detector = LocalDetector::Cidr("10.200.0.0/16".parse().map_err(|e| format!("{e}"))?);
     cfg.service_cidrs = vec!["172.30.0.0/16".parse().map_err(|e| format!("{e}"))?];
-    cfg.node_port_addresses = NodePortAddresses::Primary;
+    cfg.node_port_addresses = NodePortAddresses::primary();
     let mut proxier = Proxier::new(cfg).map_err(|e| e.to_string())?;
     // Run nft the way the daemon does: directly, from inside the node's
     // network namespace (this thread moves there; children inherit it).

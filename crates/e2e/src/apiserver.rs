@@ -664,6 +664,43 @@ fn serve(shared: &Shared, conn: TcpStream) -> std::io::Result<()> {
             ),
         };
     }
+    // A recorder folds a repeated Event into a series: a merge patch of
+    // the Event it created.
+    if req.line.starts_with("PATCH ") && req.path.starts_with("/apis/events.k8s.io/v1/namespaces/")
+    {
+        let mut parts = req.path.rsplit('/');
+        let name = parts.next().unwrap_or_default().to_owned();
+        let patch: Value = match serde_json::from_slice(&req.body) {
+            Ok(p) => p,
+            Err(e) => {
+                return respond(
+                    &mut conn,
+                    400,
+                    "Bad Request",
+                    &status(400, "BadRequest", &format!("not JSON: {e}")),
+                );
+            }
+        };
+        let merged = {
+            let mut s = shared.lock();
+            let found = s
+                .events
+                .iter_mut()
+                .find(|e| e["metadata"]["name"] == name.as_str());
+            found.map(|event| {
+                if let (Some(e), Some(p)) = (event.as_object_mut(), patch.as_object()) {
+                    for (k, v) in p {
+                        e.insert(k.clone(), v.clone());
+                    }
+                }
+                event.clone()
+            })
+        };
+        return match merged {
+            Some(event) => respond(&mut conn, 200, "OK", &event),
+            None => not_found(&mut conn),
+        };
+    }
     let Some((resource, namespace)) = Resource::route(&req.path) else {
         return not_found(&mut conn);
     };

@@ -62,7 +62,7 @@ pub fn node_config(s: &Scenario) -> Result<ProxierConfig, String> {
             .collect(),
     };
     c.node_port_addresses =
-        NodePortAddresses::Cidrs(cidrs.iter().map(|a| net(a)).collect::<Result<_, _>>()?);
+        NodePortAddresses::cidrs(cidrs.iter().map(|a| net(a)).collect::<Result<_, _>>()?);
     c.masquerade_all = s.setup.tweaks.masquerade_all;
     Ok(c)
 }

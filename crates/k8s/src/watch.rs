@@ -68,6 +68,8 @@ pub struct ApiSource {
     pub master: Option<String>,
     /// This node's name (its Node object is watched).
     pub node_name: String,
+    /// Rate limit and request metrics.
+    pub client: crate::client::ClientOptions,
 }
 
 /// Why the API source could not start.
@@ -284,7 +286,7 @@ pub fn start(src: ApiSource, tx: Sender<Vec<Update>>) -> Result<(), SourceError>
     let client = {
         // The client spawns its connection tasks on the current runtime.
         let _guard = rt.enter();
-        Client::try_from(config).map_err(|e| SourceError::Client(e.to_string()))?
+        crate::client::build(config, &src.client)?
     };
     let node = src.node_name.clone();
     // The thread ends when the receiver is dropped; if it ends otherwise,

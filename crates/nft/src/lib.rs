@@ -11,9 +11,12 @@
 //! - [`trace`]: [`Tracer`], which walks a packet through a [`TableState`].
 //! - [`cli`]: [`NftCli`], the kernel backend (the `nft` program).
 //! - [`json`]: reads `nft -j list table` back into the IR.
+//! - [`addresses`]: the node's addresses, and announcements of their
+//!   changes.
 //! - [`monitor`]: the kernel's announcements of ruleset changes (the
 //!   netlink group `nft monitor` reads), to notice other processes' edits.
 
+pub mod addresses;
 pub mod cli;
 pub mod conntrack;
 pub mod error;

@@ -13,16 +13,49 @@ pub const DEFAULT_TABLE: &str = "verdict";
 /// kube-proxy's default masquerade bit.
 pub const DEFAULT_MASQUERADE_BIT: u8 = 14;
 
-/// Which node addresses accept NodePort traffic (`nodePortAddresses`).
-#[derive(Clone, Debug, PartialEq, Eq, Default)]
-pub enum NodePortAddresses {
-    /// The node's primary IP of the family (nftables mode's default).
-    #[default]
-    Primary,
-    /// Every local address inside one of these CIDRs (loopback never).
-    Cidrs(Vec<IpNet>),
-    /// Every local address (`0.0.0.0/0`, `::/0` or `all`; loopback never).
-    All,
+/// Which node addresses accept NodePort traffic (`nodePortAddresses`):
+/// the node's primary addresses (`primary`), local addresses inside some
+/// CIDRs, or both. Loopback addresses never do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodePortAddresses {
+    /// The node's primary IP of the family (`primary`, nftables mode's
+    /// default).
+    pub primary: bool,
+    /// Every local address inside one of these CIDRs (`0.0.0.0/0` and
+    /// `::/0` for `all`).
+    pub cidrs: Vec<IpNet>,
+}
+
+impl Default for NodePortAddresses {
+    fn default() -> Self {
+        NodePortAddresses::primary()
+    }
+}
+
+impl NodePortAddresses {
+    /// `primary`.
+    pub fn primary() -> Self {
+        NodePortAddresses {
+            primary: true,
+            cidrs: Vec::new(),
+        }
+    }
+
+    /// `all`: every local address.
+    pub fn all() -> Self {
+        NodePortAddresses::cidrs(vec![
+            IpNet::V4(ipnet::Ipv4Net::default()),
+            IpNet::V6(ipnet::Ipv6Net::default()),
+        ])
+    }
+
+    /// Local addresses inside these CIDRs.
+    pub fn cidrs(cidrs: Vec<IpNet>) -> Self {
+        NodePortAddresses {
+            primary: false,
+            cidrs,
+        }
+    }
 }
 
 /// How traffic from local pods is recognised (`detectLocalMode`).
@@ -85,7 +118,7 @@ impl ProxierConfig {
             node_zone: None,
             node_ips: Vec::new(),
             local_ips: Vec::new(),
-            node_port_addresses: NodePortAddresses::Primary,
+            node_port_addresses: NodePortAddresses::primary(),
             masquerade_all: false,
             masquerade_bit: DEFAULT_MASQUERADE_BIT,
             local_detector: LocalDetector::None,
@@ -167,18 +200,17 @@ impl ProxierConfig {
                 .filter(|ip| self.of_family(ip) && !ip.is_loopback())
                 .copied()
         };
-        let mut ips: Vec<IpAddr> = match &self.node_port_addresses {
-            NodePortAddresses::Primary => self
-                .node_ips
-                .iter()
-                .filter(|ip| self.of_family(ip) && !ip.is_loopback())
-                .copied()
-                .collect(),
-            NodePortAddresses::All => local().collect(),
-            NodePortAddresses::Cidrs(cidrs) => local()
-                .filter(|ip| cidrs.iter().any(|c| c.contains(ip)))
-                .collect(),
-        };
+        let np = &self.node_port_addresses;
+        let mut ips: Vec<IpAddr> = local()
+            .filter(|ip| np.cidrs.iter().any(|c| c.contains(ip)))
+            .collect();
+        if np.primary {
+            ips.extend(
+                self.node_ips
+                    .iter()
+                    .filter(|ip| self.of_family(ip) && !ip.is_loopback()),
+            );
+        }
         ips.sort();
         ips.dedup();
         ips
@@ -224,7 +256,7 @@ mod tests {
             c.node_port_ips(),
             vec!["192.168.0.2".parse::<IpAddr>().unwrap()]
         );
-        c.node_port_addresses = NodePortAddresses::Cidrs(vec![
+        c.node_port_addresses = NodePortAddresses::cidrs(vec![
             "192.168.0.0/24".parse().unwrap(),
             "192.168.1.0/24".parse().unwrap(),
             "2001:db8::/64".parse().unwrap(),
@@ -236,7 +268,7 @@ mod tests {
                 "192.168.1.2".parse().unwrap()
             ]
         );
-        c.node_port_addresses = NodePortAddresses::All;
+        c.node_port_addresses = NodePortAddresses::all();
         assert_eq!(
             c.node_port_ips().len(),
             3,

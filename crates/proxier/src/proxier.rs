@@ -593,6 +593,12 @@ impl Proxier {
         }
 
         result.operations = tx.len();
+        // kube-proxy's -v=4: every change, as the script that makes it.
+        if !tx.is_empty() && tracing::enabled!(tracing::Level::TRACE) {
+            for line in tx.to_string().lines() {
+                tracing::trace!(family = %self.cfg.family, "{line}");
+            }
+        }
         if !tx.is_empty()
             && let Err(e) = backend.run(&tx)
         {

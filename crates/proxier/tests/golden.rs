@@ -219,7 +219,7 @@ fn protocols() {
 #[test]
 fn node_ports_on_all_addresses() {
     let mut cfg = upstream_config(IpFamily::V4);
-    cfg.node_port_addresses = NodePortAddresses::All;
+    cfg.node_port_addresses = NodePortAddresses::all();
     let mut fx = Fixture::with_config(cfg);
     fx.service(
         svc("ns1", "svc1")

@@ -11,21 +11,25 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::{Context, bail};
 use verdict_admin::metrics as m;
 use verdict_admin::service_health::{Healthy, ServiceHealthServers};
-use verdict_admin::{Family as HealthFamily, Health, Metrics, Response};
+use verdict_admin::{Family as HealthFamily, Health, Metrics};
+use verdict_k8s::client::{ClientOptions, Observer, RequestRecord};
+use verdict_k8s::events::{Notice, Regarding};
 use verdict_k8s::watch::{ApiSource, Update};
 use verdict_k8s::{Loaded, NodeInfo};
 use verdict_model::{EndpointSlice, IpFamily, NamespacedName, Protocol, Service, ServicePortName};
 use verdict_nft::conntrack::ConntrackCli;
 use verdict_nft::{Backend, Family, MemoryBackend, NftCli, Transaction};
 use verdict_proxier::conntrack::UdpTargets;
-use verdict_proxier::{LocalDetector, NodePortAddresses, Proxier, ProxierConfig};
+use verdict_proxier::{LocalDetector, Proxier, ProxierConfig};
 
-use crate::config::{DetectLocal, NodePorts, Settings};
+use crate::config::{DetectLocal, Settings};
+use crate::logging::Verbosity;
 use crate::schedule::{Due, Schedule};
 
 /// Where Services, EndpointSlices and the Node come from: `--manifests`
 /// if given, else the Kubernetes API (kubeconfig, `--master`, or the
-/// in-cluster service account).
+/// in-cluster service account); and what else `run` needs from the
+/// command line.
 pub struct Source {
     /// `--manifests`: a YAML file or directory, followed for changes.
     pub manifests: Option<String>,
@@ -33,36 +37,40 @@ pub struct Source {
     pub kubeconfig: Option<String>,
     /// `--master`.
     pub master: Option<String>,
+    /// `--keep-kube-proxy-nftables`.
+    pub keep_kube_proxy_nftables: bool,
+    /// `--config`'s path and the text read at start: as kube-proxy, verdict
+    /// exits when the file changes, so that its pod restarts with it.
+    pub config_file: Option<(String, String)>,
 }
 
 impl Source {
     /// The Kubernetes API connection for `node_name` (when `manifests` is
     /// not given).
-    fn api(&self, node_name: &str) -> ApiSource {
+    fn api(&self, node_name: &str, client: ClientOptions) -> ApiSource {
         ApiSource {
             kubeconfig: self.kubeconfig.as_ref().map(PathBuf::from),
             master: self.master.clone(),
             node_name: node_name.to_string(),
+            client,
         }
     }
 }
 
-/// Logs to stderr; `-v` 0–1 is info, 2–3 debug, 4 and more trace
-/// (`RUST_LOG` overrides).
-pub fn init_logging(verbosity: u8) {
-    let level = match verbosity {
-        0 | 1 => "info",
-        2 | 3 => "debug",
-        _ => "trace",
-    };
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
-    // Colours only on a terminal: `kubectl logs` and files get plain text.
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr)
-        .try_init();
+/// The API client's rate limit, and its requests counted in the metrics.
+fn client_options(settings: &Settings, metrics: &Arc<Mutex<Metrics>>) -> ClientOptions {
+    let x = metrics.clone();
+    let observer: Observer = Arc::new(move |r: &RequestRecord| {
+        record(&x, |m| {
+            m.add(m::REST_CLIENT_REQUESTS, &[&r.code, &r.host, &r.method], 1.0);
+            m.observe(m::REST_CLIENT_DURATION, &[&r.host, &r.method], r.seconds);
+        });
+    });
+    ClientOptions {
+        qps: settings.client.qps,
+        burst: settings.client.burst,
+        observer: Some(observer),
+    }
 }
 
 /// The node's name: `hostnameOverride`, else the host name (lower-case).
@@ -74,29 +82,13 @@ fn node_name(settings: &Settings) -> String {
     })
 }
 
-/// Every address on this network namespace's interfaces (`ip -j addr`).
+/// Every address on this network namespace's interfaces, sorted.
 fn local_addresses() -> anyhow::Result<Vec<IpAddr>> {
-    let out = std::process::Command::new("ip")
-        .args(["-j", "addr", "show"])
-        .output()
-        .context("running `ip -j addr show` to list the node's addresses")?;
-    let v: serde_json::Value =
-        serde_json::from_slice(&out.stdout).context("reading `ip -j addr show`")?;
-    Ok(v.as_array()
-        .into_iter()
-        .flatten()
-        .flat_map(|link| {
-            link.get("addr_info")
-                .and_then(|a| a.as_array())
-                .into_iter()
-                .flatten()
-        })
-        .filter_map(|a| {
-            a.get("local")
-                .and_then(|l| l.as_str())
-                .and_then(|l| l.parse().ok())
-        })
-        .collect())
+    let mut ips = verdict_nft::addresses::local_addresses()
+        .context("listing the node's addresses (ip -j addr show)")?;
+    ips.sort();
+    ips.dedup();
+    Ok(ips)
 }
 
 /// The configuration of one family's proxier.
@@ -147,11 +139,7 @@ fn proxier_config(
     if c.local_detector == LocalDetector::None {
         tracing::info!(%family, "no local-traffic detector for this family: ClusterIP traffic is not masqueraded");
     }
-    c.node_port_addresses = match &settings.node_ports {
-        NodePorts::Primary => NodePortAddresses::Primary,
-        NodePorts::All => NodePortAddresses::All,
-        NodePorts::Cidrs(c) => NodePortAddresses::Cidrs(c.clone()),
-    };
+    c.node_port_addresses = settings.node_ports.clone();
     c.validate()?;
     Ok(c)
 }
@@ -180,8 +168,8 @@ struct Node {
     /// Set by `run`: after syncs, reconcile conntrack and serve the
     /// health-check node ports (`plan` leaves the machine alone).
     live: Option<ConntrackCli>,
-    /// With the Kubernetes source: where Events about Services go.
-    events: Option<std::sync::mpsc::Sender<verdict_k8s::events::Notice>>,
+    /// With the Kubernetes source: where Events go.
+    events: Option<std::sync::mpsc::Sender<Notice>>,
 }
 
 /// Per family, the daemon's state beside the proxier.
@@ -199,6 +187,9 @@ struct FamilyExtras {
     hc_ports: BTreeMap<(String, String), u16>,
     /// Their local ready endpoints (absent: none).
     hc_local: BTreeMap<(String, String), usize>,
+    /// The health-check ports that could not be opened (an Event was
+    /// posted for each).
+    hc_failed: BTreeSet<((String, String), u16)>,
 }
 
 impl Node {
@@ -233,7 +224,7 @@ impl Node {
             local_ips,
             extras: proxiers.iter().map(|_| FamilyExtras::default()).collect(),
             no_affinity: Vec::new(),
-            metrics: Arc::new(Mutex::new(kube_proxy_metrics())),
+            metrics: Arc::new(Mutex::new(kube_proxy_metrics(settings))),
             health: Arc::new(Mutex::new(Health::new(2 * settings.sync_period))),
             live: None,
             events: None,
@@ -357,6 +348,38 @@ impl Node {
         Ok(())
     }
 
+    /// Reads the node's addresses again (kube-proxy does at every full
+    /// sync) and reconfigures the proxiers if they changed. Returns whether
+    /// they did.
+    fn refresh_addresses(&mut self) -> bool {
+        let now = match local_addresses() {
+            Ok(ips) => ips,
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"), "cannot read the node's addresses; keeping the last ones");
+                return false;
+            }
+        };
+        if now == self.local_ips {
+            return false;
+        }
+        tracing::info!(before = ?self.local_ips, after = ?now, "the node's addresses changed");
+        let before = std::mem::replace(&mut self.local_ips, now);
+        if let Err(e) = self.reconfigure() {
+            tracing::error!(error = %format!("{e:#}"), "cannot use the node's new addresses");
+            self.local_ips = before;
+            let _ = self.reconfigure();
+            return false;
+        }
+        true
+    }
+
+    /// Posts an Event (with the Kubernetes source).
+    fn notify(&self, notice: Notice) {
+        if let Some(tx) = &self.events {
+            let _ = tx.send(notice);
+        }
+    }
+
     /// Dry-runs every family's probe ruleset through `nft` and turns
     /// session affinity off for the families whose nft cannot program it.
     fn probe(&mut self, nft: &NftCli) -> anyhow::Result<()> {
@@ -414,6 +437,12 @@ impl Node {
             return false;
         }
         record(&self.metrics, |x| x.add(m::SERVICE_CHANGES_TOTAL, &[], 1.0));
+        let what = match (old.is_some(), new.is_some()) {
+            (false, _) => "added",
+            (true, true) => "changed",
+            (true, false) => "deleted",
+        };
+        tracing::debug!(service = %format!("{}/{}", key.0, key.1), "Service {what}");
         let mut changed = false;
         for p in &mut self.proxiers {
             changed |= p.on_service(old, new.as_ref());
@@ -434,6 +463,12 @@ impl Node {
         record(&self.metrics, |x| {
             x.add(m::ENDPOINT_CHANGES_TOTAL, &[], 1.0)
         });
+        tracing::debug!(
+            endpoint_slice = %format!("{}/{}", key.0, key.1),
+            endpoints = new.as_ref().map_or(0, |s| s.endpoints.len()),
+            "EndpointSlice {}",
+            if new.is_some() { "updated" } else { "deleted" }
+        );
         let mut changed = false;
         for p in &mut self.proxiers {
             changed |= match (old, &new) {
@@ -538,6 +573,9 @@ impl Node {
         now: Instant,
         full: bool,
     ) -> anyhow::Result<()> {
+        if full && self.live.is_some() {
+            self.refresh_addresses();
+        }
         let metrics = &self.metrics;
         let mut failed: Vec<String> = Vec::new();
         for (p, extras) in self.proxiers.iter_mut().zip(&mut self.extras) {
@@ -596,7 +634,7 @@ impl Node {
                     }
                 }
             });
-            tracing::info!(
+            tracing::debug!(
                 %family,
                 full = r.full,
                 operations = r.operations,
@@ -617,7 +655,14 @@ impl Node {
             // After a partial sync, only the services it touched are
             // looked at again: O(changed), as the sync itself.
             let touched = (!r.full).then_some(&r.updated_services);
-            sync_health_checks(extras, p, &self.health, touched);
+            sync_health_checks(
+                extras,
+                p,
+                &self.health,
+                touched,
+                self.events.as_ref(),
+                &self.name,
+            );
             let udp_touched = extras.udp_retry
                 || touched.is_none_or(|t| {
                     t.iter()
@@ -677,7 +722,7 @@ fn quarantine_labels<'a>(family: &'a str, port: &'a ServicePortName) -> [&'a str
 /// so that an operator finds them by name without reading nft's errors.
 fn report_quarantine(
     metrics: &Mutex<Metrics>,
-    events: Option<&std::sync::mpsc::Sender<verdict_k8s::events::Notice>>,
+    events: Option<&std::sync::mpsc::Sender<Notice>>,
     family: &str,
     r: &verdict_proxier::SyncResult,
 ) {
@@ -705,16 +750,17 @@ fn report_quarantine(
             x.add(m::QUARANTINES_TOTAL, &[family], 1.0);
         });
         if let Some(tx) = events {
-            let _ = tx.send(verdict_k8s::events::Notice {
-                namespace: port.service.namespace.clone(),
-                name: port.service.name.clone(),
-                kind: "Warning",
+            let _ = tx.send(Notice {
+                regarding: Regarding::Service {
+                    namespace: port.service.namespace.clone(),
+                    name: port.service.name.clone(),
+                },
+                warning: true,
                 reason: "FailedToProgram",
                 action: "Programming",
                 note: format!(
                     "{family} port {port}: the kernel refused its rules, so it is not programmed on this node until the Service changes: {reason}"
                 ),
-                time: verdict_admin::time::rfc3339_micro(SystemTime::now()),
             });
         }
     }
@@ -743,6 +789,8 @@ fn sync_health_checks(
     p: &Proxier,
     health: &Arc<Mutex<Health>>,
     touched: Option<&BTreeSet<NamespacedName>>,
+    events: Option<&std::sync::mpsc::Sender<Notice>>,
+    node: &str,
 ) {
     // Where NodePorts are served; v6 link-local addresses cannot be bound
     // without a scope and are skipped.
@@ -799,9 +847,38 @@ fn sync_health_checks(
             extras.hc_local.insert(key, n);
         }
     }
-    for e in servers.sync_services(&extras.hc_ports) {
-        tracing::warn!(error = %e, "service health check");
+    let mut failing = BTreeSet::new();
+    for f in servers.sync_services(&extras.hc_ports) {
+        let (ns, name) = &f.service;
+        tracing::warn!(
+            service = %format!("{ns}/{name}"),
+            port = f.port,
+            address = %f.address,
+            error = %f.error,
+            "cannot open the service's health-check node port"
+        );
+        let key = (f.service.clone(), f.port);
+        if !extras.hc_failed.contains(&key)
+            && let Some(tx) = events
+        {
+            // As kube-proxy's FailedToStartServiceHealthcheck.
+            let _ = tx.send(Notice {
+                regarding: Regarding::Service {
+                    namespace: ns.clone(),
+                    name: name.clone(),
+                },
+                warning: true,
+                reason: "FailedToStartServiceHealthcheck",
+                action: "Listen",
+                note: format!(
+                    "node {node} failed to start healthcheck \"{ns}/{name}\" on port {}: {}",
+                    f.port, f.error
+                ),
+            });
+        }
+        failing.insert(key);
     }
+    extras.hc_failed = failing;
     servers.sync_endpoints(extras.hc_local.clone());
 }
 
@@ -837,9 +914,23 @@ fn record(metrics: &Mutex<Metrics>, f: impl FnOnce(&mut Metrics)) {
     }
 }
 
-/// The registry, with the per-family counters visible from the start.
-fn kube_proxy_metrics() -> Metrics {
+/// The registry, with the per-family counters visible from the start, the
+/// build and the feature gates.
+fn kube_proxy_metrics(settings: &Settings) -> Metrics {
     let mut x = Metrics::new();
+    let labels: Vec<&str> = crate::version::BUILD
+        .labels()
+        .iter()
+        .map(|(_, v)| *v)
+        .collect();
+    x.set(m::BUILD_INFO, &labels, 1.0);
+    for (gate, on) in settings.feature_gates.all() {
+        x.set(
+            m::FEATURE_ENABLED,
+            &[gate.name, gate.stage.label()],
+            if on { 1.0 } else { 0.0 },
+        );
+    }
     for f in ["IPv4", "IPv6"] {
         for name in [
             m::NFTABLES_SYNC_FAILURES,
@@ -856,59 +947,6 @@ fn unix_seconds(t: SystemTime) -> f64 {
     t.duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs_f64())
         .unwrap_or(0.0)
-}
-
-/// Serves `/healthz` and `/livez` (kube-proxy's semantics), if configured.
-fn serve_health(settings: &Settings, health: &Arc<Mutex<Health>>, metrics: &Arc<Mutex<Metrics>>) {
-    let Some(addr) = settings.healthz_bind_address else {
-        return;
-    };
-    let (h, x) = (health.clone(), metrics.clone());
-    let handler: verdict_admin::http::Handler = Arc::new(move |path: &str| {
-        let (answer, counter) = {
-            let health = h.lock().ok()?;
-            match path {
-                "/healthz" => (health.healthz(SystemTime::now()), m::HEALTHZ_TOTAL),
-                "/livez" => (health.livez(SystemTime::now()), m::LIVEZ_TOTAL),
-                _ => return None,
-            }
-        };
-        if let Ok(mut x) = x.lock() {
-            x.add(counter, &[&answer.code.to_string()], 1.0);
-        }
-        Some(answer)
-    });
-    match verdict_admin::http::serve(addr, handler) {
-        Ok(bound) => tracing::info!(%bound, "serving /healthz and /livez"),
-        Err(e) => tracing::error!(%addr, error = %e, "cannot serve /healthz and /livez"),
-    }
-}
-
-/// Serves `/metrics` (kube-proxy's `kubeproxy_*` metrics), `/healthz`
-/// (plain `ok`, as component-base's) and `/proxyMode`, if configured.
-fn serve_metrics(settings: &Settings, metrics: &Arc<Mutex<Metrics>>) {
-    let Some(addr) = settings.metrics_bind_address else {
-        return;
-    };
-    let x = metrics.clone();
-    let plain = "text/plain; charset=utf-8";
-    let handler: verdict_admin::http::Handler = Arc::new(move |path: &str| match path {
-        "/metrics" => {
-            let body = x.lock().ok()?.render();
-            Some(Response::text(
-                200,
-                body,
-                "text/plain; version=0.0.4; charset=utf-8",
-            ))
-        }
-        "/healthz" => Some(Response::text(200, "ok".into(), plain)),
-        "/proxyMode" => Some(Response::text(200, "nftables".into(), plain)),
-        _ => None,
-    });
-    match verdict_admin::http::serve(addr, handler) {
-        Ok(bound) => tracing::info!(%bound, "serving /metrics"),
-        Err(e) => tracing::error!(%addr, error = %e, "cannot serve /metrics"),
-    }
 }
 
 /// How long `plan` waits for the API server's initial lists.
@@ -931,13 +969,13 @@ enum Feed {
 }
 
 impl Feed {
-    fn open(source: &Source, node_name: &str) -> anyhow::Result<Feed> {
+    fn open(source: &Source, node_name: &str, client: ClientOptions) -> anyhow::Result<Feed> {
         if let Some(p) = &source.manifests {
             let path = PathBuf::from(p);
             return Ok(Feed::Manifests { seen: None, path });
         }
         let (tx, rx) = std::sync::mpsc::channel();
-        verdict_k8s::watch::start(source.api(node_name), tx)
+        verdict_k8s::watch::start(source.api(node_name, client), tx)
             .context("the Kubernetes API source")?;
         Ok(Feed::Api { rx, synced: false })
     }
@@ -1007,7 +1045,8 @@ pub fn plan(settings: &Settings, source: &Source) -> anyhow::Result<String> {
             "cannot dry-run nft here: the plan assumes it supports every feature (run would check)"
         );
     }
-    let mut feed = Feed::open(source, &node.name)?;
+    let client = client_options(settings, &node.metrics);
+    let mut feed = Feed::open(source, &node.name, client)?;
     let deadline = Instant::now() + PLAN_LIST_TIMEOUT;
     feed.poll(&mut node, Duration::ZERO)?;
     while !feed.ready() {
@@ -1067,33 +1106,108 @@ fn fingerprint(path: &Path) -> Vec<(PathBuf, Option<SystemTime>, u64)> {
 
 /// Programs the node and keeps it programmed. Returns only on error; on
 /// SIGTERM the process ends and the rules stay, so traffic keeps flowing.
-pub fn run(settings: &Settings, source: &Source) -> anyhow::Result<()> {
+pub fn run(settings: &Settings, source: &Source, verbosity: &Verbosity) -> anyhow::Result<()> {
     check_kernel()?;
     crate::probe::check_net_admin()?;
-    // As kube-proxy in nftables mode: what the iptables and IPVS modes left
-    // would still catch packets first; remove it so switching needs no reboot.
-    for problem in crate::leftovers::cleanup() {
-        tracing::warn!(%problem, "cleaning up iptables/IPVS leftovers");
+    let mut node = Node::new(settings)?;
+    tracing::info!(
+        node = %node.name,
+        addresses = ?node.local_ips,
+        kernel = %std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
+        "node facts"
+    );
+    // As kube-proxy, the API client comes first: a configuration that
+    // cannot reach the API server stops verdict before it changes anything.
+    let client = client_options(settings, &node.metrics);
+    let mut feed = Feed::open(source, &node.name, client.clone())?;
+    let mut events = None;
+    if source.manifests.is_none() {
+        match verdict_k8s::events::start(&source.api(&node.name, client)) {
+            Ok(e) => {
+                node.events = Some(e.sender());
+                events = Some(e);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot post Events; what they would say is still logged and counted")
+            }
+        }
+    }
+    node.notify(Notice {
+        regarding: Regarding::Node,
+        warning: false,
+        reason: "Starting",
+        action: "StartKubeProxy",
+        note: format!("Starting verdict {}.", crate::version::BUILD.git_version),
+    });
+    // As kube-proxy in nftables mode: what the iptables and IPVS modes (and,
+    // for verdict, kube-proxy's nftables mode) left would still catch
+    // packets first; remove it so switching needs no reboot.
+    for problem in crate::leftovers::cleanup(source.keep_kube_proxy_nftables) {
+        tracing::warn!(%problem, "cleaning up kube-proxy's leftovers");
     }
     let mut nft = NftCli::new().context("nftables")?;
-    let mut node = Node::new(settings)?;
     tracing::info!(nft = ?nft.version(), node = %node.name, "starting");
     node.probe(&nft).context("startup check")?;
     tracing::info!("nftables dry run passed: the kernel accepts verdict's ruleset");
     crate::setup::apply(settings)?;
     node.live = Some(ConntrackCli::new());
-    serve_health(settings, &node.health, &node.metrics);
-    serve_metrics(settings, &node.metrics);
-    let mut feed = Feed::open(source, &node.name)?;
-    if source.manifests.is_none() {
-        match verdict_k8s::events::start(&source.api(&node.name)) {
-            Ok(tx) => node.events = Some(tx),
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot post Events; refused Services are still logged and counted")
+    let fatal = |node: &Node, reason: &'static str, note: String| {
+        node.notify(Notice {
+            regarding: Regarding::Node,
+            warning: true,
+            reason,
+            action: "StartKubeProxy",
+            note: note.clone(),
+        });
+        anyhow::anyhow!(note)
+    };
+    if let Some(addr) = settings.healthz_bind_address {
+        let handler = crate::endpoints::health_handler(node.health.clone(), node.metrics.clone());
+        if let Err(e) = crate::endpoints::serve(
+            addr,
+            handler,
+            "/healthz and /livez",
+            settings.bind_address_hard_fail,
+        ) {
+            let err = fatal(
+                &node,
+                "FailedToStartProxierHealthcheck",
+                format!("healthz server failed: {e}"),
+            );
+            if let Some(e) = events.take() {
+                e.close(EVENT_FLUSH);
             }
+            return Err(err);
+        }
+    }
+    if let Some(addr) = settings.metrics_bind_address {
+        let site = crate::endpoints::MetricsSite {
+            metrics: node.metrics.clone(),
+            slis: Arc::new(Mutex::new(Metrics::slis())),
+            configz: crate::config::render::configz(&settings.effective).to_string(),
+            profiling: settings.enable_profiling,
+            verbosity: verbosity.clone(),
+        };
+        if let Err(e) = crate::endpoints::serve(
+            addr,
+            crate::endpoints::metrics_handler(site),
+            "/metrics",
+            settings.bind_address_hard_fail,
+        ) {
+            let err = fatal(
+                &node,
+                "FailedToStartMetricServer",
+                format!("starting metrics server failed: {e}"),
+            );
+            if let Some(e) = events.take() {
+                e.close(EVENT_FLUSH);
+            }
+            return Err(err);
         }
     }
     let foreign = watch_foreign_changes(&node.proxiers);
+    let addresses = watch_addresses();
+    let mut config_checked = Instant::now();
 
     let mut schedule = Schedule::new(node.settings.min_sync_period, node.settings.sync_period);
     let mut wait = POLL;
@@ -1120,6 +1234,23 @@ pub fn run(settings: &Settings, source: &Source) -> anyhow::Result<()> {
             node.foreign_change(&event);
             schedule.foreign(Instant::now());
         }
+        if addresses
+            .as_ref()
+            .is_some_and(|rx| rx.try_iter().count() > 0)
+            && node.refresh_addresses()
+        {
+            schedule.changed();
+        }
+        if config_checked.elapsed() >= CONFIG_CHECK {
+            config_checked = Instant::now();
+            if let Some((path, text)) = &source.config_file
+                && std::fs::read_to_string(path).is_ok_and(|now| now != *text)
+            {
+                bail!(
+                    "content of the proxy server's configuration file was updated ({path}): exiting so that it is read again"
+                );
+            }
+        }
         if !feed.ready() {
             // As kube-proxy: nothing is programmed before the initial lists.
             continue;
@@ -1143,6 +1274,39 @@ pub fn run(settings: &Settings, source: &Source) -> anyhow::Result<()> {
         }
         schedule.synced(now, full, result.is_ok());
     }
+}
+
+/// How often `--config` is read again to notice a change.
+const CONFIG_CHECK: Duration = Duration::from_secs(1);
+/// How long a fatal error waits for its Event to be posted.
+const EVENT_FLUSH: Duration = Duration::from_secs(5);
+
+/// Starts the thread that says when the node's addresses change (`None`
+/// if the kernel does not let us listen: then they are read again at each
+/// full sync only).
+fn watch_addresses() -> Option<Receiver<()>> {
+    let mut monitor = match verdict_nft::addresses::AddressMonitor::open() {
+        Ok(m) => m,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot listen for address changes; the node's addresses are read again at each full sync (syncPeriod)");
+            return None;
+        }
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    let spawned = std::thread::Builder::new()
+        .name("addr-monitor".into())
+        .spawn(move || {
+            while monitor.wait().is_ok() {
+                if tx.send(()).is_err() {
+                    return;
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "cannot start the address monitor");
+        return None;
+    }
+    Some(rx)
 }
 
 /// How long the loop waits for input at most: a foreign change is noticed
@@ -1239,8 +1403,9 @@ pub fn init_only(settings: &Settings) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Removes verdict's tables (both families).
-pub fn cleanup() -> anyhow::Result<()> {
+/// Removes verdict's tables (both families) and kube-proxy's state: its
+/// iptables and IPVS leftovers and, unless kept, its nftables tables.
+pub fn cleanup(source: &Source) -> anyhow::Result<()> {
     let mut nft = NftCli::new().context("nftables")?;
     for family in [Family::Ip, Family::Ip6] {
         if nft
@@ -1253,10 +1418,10 @@ pub fn cleanup() -> anyhow::Result<()> {
             tracing::info!(%family, "deleted table {}", verdict_proxier::config::DEFAULT_TABLE);
         }
     }
-    let problems = crate::leftovers::cleanup();
+    let problems = crate::leftovers::cleanup(source.keep_kube_proxy_nftables);
     if !problems.is_empty() {
         bail!(
-            "cleanup of iptables/IPVS leftovers failed: {}",
+            "cleanup of kube-proxy's leftovers failed: {}",
             problems.join("; ")
         );
     }

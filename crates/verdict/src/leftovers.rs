@@ -2,25 +2,86 @@
 //! kube-proxy does when it starts in nftables mode (reference §5.2 step 4),
 //! so that switching a node needs no reboot:
 //! - in every iptables table, of both backends (legacy and nft) and both
-//!   families, the `KUBE-*` chains kube-proxy owns are flushed and deleted,
-//!   after the rules of other chains that jump to them; kubelet's own
-//!   `KUBE-*` chains and everything not ours stay;
+//!   families, the chains kube-proxy's iptables and IPVS modes create are
+//!   flushed and deleted, after the rules of other chains that jump to
+//!   them. Only those: kubelet's `KUBE-*` chains, and other programs'
+//!   (kube-router's `KUBE-ROUTER-*`, `KUBE-NWPLCY-*`, `KUBE-POD-FW-*`, as on
+//!   k3s), stay;
 //! - the `kube-ipvs0` dummy device of IPVS mode is deleted;
 //! - IPVS virtual servers are cleared with `ipvsadm -C` when the kernel
-//!   has any (IPVS mode owned them all, as in kube-proxy), and the
-//!   `KUBE-*` ipsets are destroyed when `ipset` is installed.
+//!   has any (IPVS mode owned them all, as in kube-proxy), and IPVS mode's
+//!   ipsets are destroyed when `ipset` is installed;
+//! - kube-proxy's own nftables tables (`ip kube-proxy`, `ip6 kube-proxy`)
+//!   are deleted, unless `--keep-kube-proxy-nftables`. Left in place they
+//!   still act on Service traffic: their pre-DNAT firewall drops what
+//!   LoadBalancer source ranges allowed when kube-proxy stopped, and a
+//!   table loaded after verdict's (a saved ruleset restored at boot, a
+//!   kube-proxy that comes back) runs its stale DNATs before verdict's,
+//!   since the kernel runs base chains of equal priority newest first. (The
+//!   test `a_node_that_ran_kube_proxy_in_nftables_mode_is_migrated` shows
+//!   both.) kube-proxy itself deletes the other modes' state when it starts
+//!   in one.
 //!
 //! Each step is independent: a failure is reported and the rest still runs.
 
 use std::collections::BTreeSet;
 
-/// `KUBE-*` chains that kubelet, not kube-proxy, creates; never touched.
-const KUBELET_CHAINS: [&str; 4] = [
-    "KUBE-FIREWALL",
-    "KUBE-KUBELET-CANARY",
-    "KUBE-IPTABLES-HINT",
-    "KUBE-MARK-DROP",
+/// The chains kube-proxy's iptables and IPVS modes create by name.
+const OWNED_CHAINS: [&str; 13] = [
+    "KUBE-SERVICES",
+    "KUBE-EXTERNAL-SERVICES",
+    "KUBE-NODEPORTS",
+    "KUBE-POSTROUTING",
+    "KUBE-MARK-MASQ",
+    "KUBE-FORWARD",
+    "KUBE-PROXY-FIREWALL",
+    "KUBE-PROXY-CANARY",
+    "KUBE-NODE-PORT",
+    "KUBE-LOAD-BALANCER",
+    "KUBE-SOURCE-RANGES-FIREWALL",
+    "KUBE-IPVS-FILTER",
+    "KUBE-IPVS-OUT-FILTER",
 ];
+
+/// The prefixes of the chains it creates per Service and endpoint.
+const OWNED_PREFIXES: [&str; 6] = [
+    "KUBE-SVC-",
+    "KUBE-SVL-",
+    "KUBE-SEP-",
+    "KUBE-FW-",
+    "KUBE-EXT-",
+    "KUBE-XLB-",
+];
+
+/// The ipsets of IPVS mode (IPv6 ones are `KUBE-6-…`).
+const IPVS_SETS: [&str; 17] = [
+    "KUBE-LOOP-BACK",
+    "KUBE-CLUSTER-IP",
+    "KUBE-EXTERNAL-IP",
+    "KUBE-EXTERNAL-IP-LOCAL",
+    "KUBE-LOAD-BALANCER",
+    "KUBE-LOAD-BALANCER-LOCAL",
+    "KUBE-LOAD-BALANCER-FW",
+    "KUBE-LOAD-BALANCER-SOURCE-IP",
+    "KUBE-LOAD-BALANCER-SOURCE-CIDR",
+    "KUBE-NODE-PORT-TCP",
+    "KUBE-NODE-PORT-LOCAL-TCP",
+    "KUBE-NODE-PORT-UDP",
+    "KUBE-NODE-PORT-LOCAL-UDP",
+    "KUBE-NODE-PORT-SCTP-HASH",
+    "KUBE-NODE-PORT-LOCAL-SCTP-HASH",
+    "KUBE-HEALTH-CHECK-NODE-PORT",
+    "KUBE-IPVS-IPS",
+];
+
+/// Whether an ipset is one of IPVS mode's.
+fn ipvs_set(name: &str) -> bool {
+    let v4 = match name.strip_prefix("KUBE-6-") {
+        Some(rest) => format!("KUBE-{rest}"),
+        None => name.to_owned(),
+    };
+    IPVS_SETS.contains(&v4.as_str())
+}
 
 /// The iptables front-ends whose state is cleaned: (save, restore).
 const IPTABLES: [(&str, &str); 4] = [
@@ -32,7 +93,7 @@ const IPTABLES: [(&str, &str); 4] = [
 
 /// Whether kube-proxy owns a chain of this name.
 fn owned(chain: &str) -> bool {
-    chain.starts_with("KUBE-") && !KUBELET_CHAINS.contains(&chain)
+    OWNED_CHAINS.contains(&chain) || OWNED_PREFIXES.iter().any(|p| chain.starts_with(p))
 }
 
 /// From an `iptables-save` dump, the `iptables-restore --noflush` input
@@ -113,10 +174,57 @@ fn run(program: &str, args: &[&str], stdin: Option<&str>) -> Result<Option<Strin
     }
 }
 
-/// Removes kube-proxy's iptables and IPVS leftovers. Returns the problems
-/// met (each step still ran).
-pub fn cleanup() -> Vec<String> {
+/// kube-proxy's nftables table, in each family it uses.
+pub const KUBE_PROXY_TABLES: [(&str, &str); 2] = [("ip", "kube-proxy"), ("ip6", "kube-proxy")];
+
+/// The tables of `nft list tables` output, as (family, name).
+fn tables(listing: &str) -> Vec<(&str, &str)> {
+    listing
+        .lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            (w.next() == Some("table")).then(|| (w.next().unwrap_or(""), w.next().unwrap_or("")))
+        })
+        .collect()
+}
+
+/// Deletes kube-proxy's nftables tables. Returns the problems met.
+fn remove_kube_proxy_tables() -> Vec<String> {
+    let listing = match run("nft", &["list", "tables"], None) {
+        Ok(Some(l)) => l,
+        Ok(None) => return Vec::new(),
+        Err(e) => return vec![e],
+    };
+    let present = tables(&listing);
     let mut problems = Vec::new();
+    for (family, table) in KUBE_PROXY_TABLES {
+        if !present.contains(&(family, table)) {
+            continue;
+        }
+        match run("nft", &["delete", "table", family, table], None) {
+            Ok(_) => tracing::info!(
+                family,
+                table,
+                "deleted kube-proxy's nftables table (its rules would still catch Service traffic)"
+            ),
+            Err(e) => problems.push(e),
+        }
+    }
+    problems
+}
+
+/// Removes kube-proxy's iptables and IPVS leftovers, and its nftables
+/// tables unless `keep_nftables`. Returns the problems met (each step
+/// still ran).
+pub fn cleanup(keep_nftables: bool) -> Vec<String> {
+    let mut problems = Vec::new();
+    if keep_nftables {
+        tracing::info!(
+            "leaving kube-proxy's nftables tables in place (--keep-kube-proxy-nftables)"
+        );
+    } else {
+        problems.extend(remove_kube_proxy_tables());
+    }
     for (save, restore) in IPTABLES {
         let dump = match run(save, &[], None) {
             Ok(Some(d)) => d,
@@ -161,7 +269,7 @@ pub fn cleanup() -> Vec<String> {
     }
 
     if let Ok(Some(names)) = run("ipset", &["list", "-n"], None) {
-        for set in names.lines().filter(|n| n.starts_with("KUBE-")) {
+        for set in names.lines().filter(|n| ipvs_set(n)) {
             if let Err(e) = run("ipset", &["destroy", set], None) {
                 problems.push(e);
             }
@@ -212,6 +320,35 @@ COMMIT
              :KUBE-FORWARD - [0:0]\n:KUBE-SERVICES - [0:0]\n\
              -X KUBE-FORWARD\n-X KUBE-SERVICES\nCOMMIT\n"
         );
+    }
+
+    #[test]
+    fn other_programs_kube_chains_and_sets_stay() {
+        let save = "*filter\n:INPUT ACCEPT [0:0]\n:KUBE-ROUTER-INPUT - [0:0]\n:KUBE-NWPLCY-ABC - [0:0]\n:KUBE-POD-FW-XYZ - [0:0]\n:KUBE-FIREWALL - [0:0]\n:KUBE-PROXY-FIREWALL - [0:0]\n-A INPUT -j KUBE-ROUTER-INPUT\n-A INPUT -j KUBE-PROXY-FIREWALL\nCOMMIT\n";
+        let script = removal_script(save).unwrap();
+        assert!(script.contains("-X KUBE-PROXY-FIREWALL"), "{script}");
+        for keep in [
+            "KUBE-ROUTER-INPUT",
+            "KUBE-NWPLCY-ABC",
+            "KUBE-POD-FW-XYZ",
+            "KUBE-FIREWALL",
+        ] {
+            assert!(!script.contains(keep), "{keep}: {script}");
+        }
+        assert!(ipvs_set("KUBE-CLUSTER-IP") && ipvs_set("KUBE-6-NODE-PORT-TCP"));
+        assert!(
+            !ipvs_set("KUBE-SRC-ABCDEF") && !ipvs_set("KUBE-DST-ABCDEF"),
+            "kube-router's sets"
+        );
+    }
+
+    #[test]
+    fn finds_kube_proxys_tables() {
+        let listing =
+            "table inet filter\ntable ip kube-proxy\ntable ip6 kube-proxy\ntable ip verdict\n";
+        let t = tables(listing);
+        assert!(KUBE_PROXY_TABLES.iter().all(|k| t.contains(k)), "{t:?}");
+        assert!(!t.contains(&("inet", "kube-proxy")));
     }
 
     #[test]

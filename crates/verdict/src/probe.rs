@@ -210,7 +210,7 @@ mod tests {
             IpFamily::V4 => "192.168.0.2".parse().unwrap(),
             IpFamily::V6 => "fd00::2".parse().unwrap(),
         }];
-        c.node_port_addresses = NodePortAddresses::Primary;
+        c.node_port_addresses = NodePortAddresses::primary();
         c.local_detector = LocalDetector::None;
         c
     }

@@ -219,6 +219,40 @@ fn traffic_follows_the_api_server_across_a_watch_expiry() {
         "{requests:#?}"
     );
 
+    // kube-proxy's birth cry, on this node's Node, through the recorder.
+    let events = api.events().unwrap();
+    let starting = events
+        .iter()
+        .find(|e| e["reason"] == "Starting")
+        .unwrap_or_else(|| panic!("no Starting Event: {events:#?}"));
+    assert_eq!(starting["regarding"]["kind"], "Node");
+    assert_eq!(starting["regarding"]["name"], "test-node");
+    assert_eq!(starting["type"], "Normal");
+    assert_eq!(starting["action"], "StartKubeProxy");
+    assert_eq!(starting["reportingController"], "verdict");
+    assert!(
+        asked("POST /apis/events.k8s.io/v1/namespaces/default/events"),
+        "cluster-scoped: posted in default\n{requests:#?}"
+    );
+    // client-go's request metrics, from kube-rs's requests.
+    let metrics = http_on(&bed, 10249, "/metrics");
+    let listed = metrics.lines().find(|l| {
+        l.starts_with("rest_client_requests_total{code=\"200\",") && l.contains("method=\"GET\"")
+    });
+    assert!(
+        listed.is_some_and(|l| l
+            .rsplit(' ')
+            .next()
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+            >= 4.0),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("rest_client_request_duration_seconds_count{host=\""),
+        "{metrics}"
+    );
+
     // `verdict plan` against the same API server prints what is programmed.
     let plan = bed
         .node

@@ -13,7 +13,7 @@ use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use serde_json::Value;
 
 fn deploy_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/base")
 }
 
 fn documents() -> Vec<(String, Value)> {
@@ -22,6 +22,7 @@ fn documents() -> Vec<(String, Value)> {
         .unwrap()
         .map(|e| e.unwrap().path())
         .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .filter(|p| !p.ends_with("kustomization.yaml"))
         .collect();
     files.sort();
     for f in files {
@@ -137,12 +138,116 @@ fn verdict_accepts_the_configuration_in_the_configmap() {
     let _ = std::fs::remove_file(&file);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
-    // The nft probe may warn about this machine's nft; nothing else may.
+    // The nft probe may warn about this machine's nft; nothing else may
+    // (warnings are klog's `W` lines).
     assert!(
-        !stderr
-            .lines()
-            .any(|l| l.contains("WARN") && !l.contains("verdict::probe")),
+        !stderr.lines().any(|l| l.starts_with('W')
+            && !l.contains(" probe.rs:")
+            && !l.contains("cannot dry-run nft here")),
         "warnings about the file:\n{stderr}"
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("add table ip verdict"));
+}
+
+fn monitoring_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/monitoring")
+}
+
+/// Runs promtool, where it is installed (CI installs it, and sets
+/// `VERDICT_REQUIRE_PROMTOOL=1` so that its absence fails). Returns its
+/// output, or `None` when it is not installed.
+fn promtool(args: &[&str], dir: &Path) -> Option<String> {
+    let out = match std::process::Command::new("promtool")
+        .args(args)
+        .current_dir(dir)
+        .output()
+    {
+        Ok(out) => out,
+        Err(e) => {
+            assert!(
+                std::env::var_os("VERDICT_REQUIRE_PROMTOOL").is_none(),
+                "promtool: {e}"
+            );
+            println!("promtool is not installed: skipped");
+            return None;
+        }
+    };
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "promtool {args:?}:\n{said}");
+    Some(said)
+}
+
+/// The PrometheusRule's groups as a plain rule file, as promtool reads them.
+fn rules_file(dir: &Path) {
+    let text = std::fs::read_to_string(monitoring_dir().join("prometheusrule.yaml")).unwrap();
+    let rule: Value = serde_saphyr::from_str(&text).unwrap();
+    assert_eq!(rule["kind"], "PrometheusRule");
+    let yaml = serde_saphyr::to_string(&rule["spec"]).unwrap();
+    std::fs::write(dir.join("verdict-rules.yaml"), yaml).unwrap();
+}
+
+#[test]
+fn the_alerts_pass_promtool_and_their_unit_tests() {
+    let dir = std::env::temp_dir().join(format!("verdict-rules-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    rules_file(&dir);
+    std::fs::copy(
+        monitoring_dir().join("rules-test.yaml"),
+        dir.join("rules-test.yaml"),
+    )
+    .unwrap();
+    if let Some(out) = promtool(&["check", "rules", "verdict-rules.yaml"], &dir) {
+        assert!(out.contains("SUCCESS"), "{out}");
+        promtool(&["test", "rules", "rules-test.yaml"], &dir);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn every_dashboard_query_is_valid_promql() {
+    let text = std::fs::read_to_string(monitoring_dir().join("grafana-dashboard.json")).unwrap();
+    let dashboard: Value = serde_json::from_str(&text).unwrap();
+    let mut exprs = Vec::new();
+    fn walk(v: &Value, out: &mut Vec<String>) {
+        match v {
+            Value::Object(m) => {
+                for (k, v) in m {
+                    match (k.as_str(), v) {
+                        ("expr", Value::String(e)) => out.push(e.clone()),
+                        _ => walk(v, out),
+                    }
+                }
+            }
+            Value::Array(a) => a.iter().for_each(|v| walk(v, out)),
+            _ => {}
+        }
+    }
+    walk(&dashboard, &mut exprs);
+    assert!(exprs.len() >= 20, "{} queries", exprs.len());
+    // Grafana's variables, as a dashboard fills them in.
+    let rules: Vec<Value> = exprs
+        .iter()
+        .enumerate()
+        .map(|(i, e)| {
+            let e = e
+                .replace("$__rate_interval", "5m")
+                .replace("$job", "kube-proxy")
+                .replace("$instance", "node-a");
+            serde_json::json!({"record": format!("dashboard:query{i}"), "expr": e})
+        })
+        .collect();
+    let file = serde_json::json!({"groups": [{"name": "dashboard", "rules": rules}]});
+    let dir = std::env::temp_dir().join(format!("verdict-dashboard-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("queries.yaml"),
+        serde_saphyr::to_string(&file).unwrap(),
+    )
+    .unwrap();
+    promtool(&["check", "rules", "queries.yaml"], &dir);
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -65,6 +65,8 @@ fn traffic_follows_the_manifests() {
         "nftables",
         "--min-sync-period",
         "0s",
+        // Each sync's summary, which the restart below checks.
+        "-v=2",
     ];
     let child = bed.node.spawn(verdict, &args).unwrap();
     let mut daemon = Process(child);

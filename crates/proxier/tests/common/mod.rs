@@ -31,7 +31,7 @@ pub fn upstream_config(family: IpFamily) -> ProxierConfig {
     c.local_ips = facts.local_ips.iter().map(|s| ip(s)).collect();
     c.local_detector = LocalDetector::Cidr(facts.pod_cidr.parse().unwrap());
     c.service_cidrs = vec![facts.service_cidr.parse().unwrap()];
-    c.node_port_addresses = NodePortAddresses::Cidrs(
+    c.node_port_addresses = NodePortAddresses::cidrs(
         facts
             .node_port_cidrs
             .iter()
@@ -156,7 +156,7 @@ impl Fixture {
         let mut cfg = upstream_config(setup.family);
         if let Some(cidrs) = &setup.tweaks.node_port_cidrs {
             cfg.node_port_addresses =
-                NodePortAddresses::Cidrs(cidrs.iter().map(|c| c.parse().unwrap()).collect());
+                NodePortAddresses::cidrs(cidrs.iter().map(|c| c.parse().unwrap()).collect());
         }
         cfg.masquerade_all = setup.tweaks.masquerade_all;
         if setup.tweaks.no_detector {

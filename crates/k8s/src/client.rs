@@ -1,0 +1,220 @@
+//! The API client: kube-rs, with two things client-go gives kube-proxy.
+//! - **A client-side rate limit** (`clientConnection.qps`, `.burst`): a
+//!   token bucket every request waits on. The further pages of one paged
+//!   list do not wait: client-go's informers list from the API server's
+//!   cache in one request, so kube-proxy's limit counts a list once.
+//! - **Request metrics**: each request's method, status code (`<error>`
+//!   without a response), host and time to the response's headers, handed
+//!   to an observer (the daemon turns them into
+//!   `rest_client_requests_total` and `rest_client_request_duration_seconds`).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use http::{Request, Response};
+use kube::client::{Body, ClientBuilder};
+use kube::{Client, Config};
+use tower::{Layer, Service};
+
+use crate::watch::SourceError;
+
+/// One request, as the metrics count it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RequestRecord {
+    /// `GET`, `POST`, ...
+    pub method: String,
+    /// The API server's `host:port`.
+    pub host: String,
+    /// The status code, or `<error>` when no response came.
+    pub code: String,
+    /// From sending to the response's headers.
+    pub seconds: f64,
+}
+
+/// Receives every request's record.
+pub type Observer = Arc<dyn Fn(&RequestRecord) + Send + Sync>;
+
+/// How the client behaves.
+#[derive(Clone, Default)]
+pub struct ClientOptions {
+    /// Requests per second; negative for no limit (as client-go).
+    pub qps: f64,
+    /// How many requests may go at once before the rate applies.
+    pub burst: u32,
+    /// Where request records go.
+    pub observer: Option<Observer>,
+}
+
+impl std::fmt::Debug for ClientOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientOptions")
+            .field("qps", &self.qps)
+            .field("burst", &self.burst)
+            .field("observer", &self.observer.is_some())
+            .finish()
+    }
+}
+
+/// A token bucket, as client-go's `flowcontrol` limiter: `burst` tokens,
+/// refilled at `qps` a second; a request takes one, waiting for it if
+/// there is none.
+#[derive(Debug)]
+pub struct Bucket {
+    qps: f64,
+    burst: f64,
+    tokens: f64,
+    at: Instant,
+}
+
+impl Bucket {
+    /// A full bucket.
+    pub fn new(qps: f64, burst: u32, now: Instant) -> Bucket {
+        let burst = f64::from(burst.max(1));
+        Bucket {
+            qps,
+            burst,
+            tokens: burst,
+            at: now,
+        }
+    }
+
+    /// Takes a token: how long to wait for it (`None`: go now).
+    pub fn take(&mut self, now: Instant) -> Option<Duration> {
+        if self.qps <= 0.0 {
+            return None;
+        }
+        let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
+        self.at = now.max(self.at);
+        self.tokens = (self.tokens + elapsed * self.qps).min(self.burst) - 1.0;
+        (self.tokens < 0.0).then(|| Duration::from_secs_f64(-self.tokens / self.qps))
+    }
+}
+
+/// A client for `config` with the rate limit and the metrics. Call it
+/// inside the runtime that will drive it.
+pub fn build(config: Config, opts: &ClientOptions) -> Result<Client, SourceError> {
+    let host = config
+        .cluster_url
+        .authority()
+        .map_or_else(|| "none".to_owned(), ToString::to_string);
+    let builder =
+        ClientBuilder::try_from(config).map_err(|e| SourceError::Client(e.to_string()))?;
+    let layer = Observed {
+        host: host.into(),
+        bucket: (opts.qps > 0.0).then(|| {
+            Arc::new(Mutex::new(Bucket::new(
+                opts.qps,
+                opts.burst,
+                Instant::now(),
+            )))
+        }),
+        observer: opts.observer.clone(),
+    };
+    Ok(builder.with_layer(&layer).build())
+}
+
+#[derive(Clone)]
+struct Observed {
+    host: Arc<str>,
+    bucket: Option<Arc<Mutex<Bucket>>>,
+    observer: Option<Observer>,
+}
+
+impl<S> Layer<S> for Observed {
+    type Service = ObservedService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        ObservedService {
+            inner,
+            layer: self.clone(),
+        }
+    }
+}
+
+/// The service [`build`] puts in front of kube-rs's stack.
+pub struct ObservedService<S> {
+    inner: S,
+    layer: Observed,
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+impl<S, B> Service<Request<Body>> for ObservedService<S>
+where
+    S: Service<Request<Body>, Response = Response<B>>,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    B: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = BoxFuture<Result<S::Response, S::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<Body>) -> Self::Future {
+        let method = req.method().to_string();
+        let next_page = req
+            .uri()
+            .query()
+            .is_some_and(|q| q.split('&').any(|p| p.starts_with("continue=")));
+        let wait = match &self.layer.bucket {
+            Some(b) if !next_page => b.lock().ok().and_then(|mut b| b.take(Instant::now())),
+            _ => None,
+        };
+        // Futures start when first polled: the request goes out after the wait.
+        let response = self.inner.call(req);
+        let host = self.layer.host.clone();
+        let observer = self.layer.observer.clone();
+        Box::pin(async move {
+            if let Some(wait) = wait {
+                tokio::time::sleep(wait).await;
+            }
+            let start = Instant::now();
+            let result = response.await;
+            if let Some(observe) = observer {
+                observe(&RequestRecord {
+                    method,
+                    host: host.to_string(),
+                    code: match &result {
+                        Ok(r) => r.status().as_u16().to_string(),
+                        Err(_) => "<error>".to_owned(),
+                    },
+                    seconds: start.elapsed().as_secs_f64(),
+                });
+            }
+            result
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bucket_lets_a_burst_through_then_paces() {
+        let t0 = Instant::now();
+        let mut b = Bucket::new(5.0, 10, t0);
+        for _ in 0..10 {
+            assert_eq!(b.take(t0), None);
+        }
+        let wait = b.take(t0).unwrap();
+        assert!((wait.as_secs_f64() - 0.2).abs() < 1e-9, "{wait:?}");
+        let wait = b.take(t0).unwrap();
+        assert!((wait.as_secs_f64() - 0.4).abs() < 1e-9, "{wait:?}");
+        // After two seconds, ten more tokens (minus the two owed).
+        let later = t0 + Duration::from_secs(2);
+        for _ in 0..8 {
+            assert_eq!(b.take(later), None);
+        }
+        assert!(b.take(later).is_some());
+        let mut free = Bucket::new(-1.0, 0, t0);
+        assert!((0..1000).all(|_| free.take(t0).is_none()));
+    }
+}

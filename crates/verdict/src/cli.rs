@@ -1,0 +1,583 @@
+//! The command line, in kube-proxy's grammar (pflag's): `--flag=value` and
+//! `--flag value`, booleans alone or as `--flag=true`/`--flag=false`, `_`
+//! read as `-`, the last of a repeated flag wins (lists and feature gates
+//! add up), `-v=2`/`-v 2`/`-v2`, and `--help`/`--version` anywhere. The
+//! configuration flags come from [`crate::config::table::SETTINGS`]; the
+//! others (what to do, where the file is) are defined here.
+
+use crate::config::table::{self, Default, Literal, SETTINGS, Setting};
+use crate::config::value::Kind;
+use crate::config::{GivenFlag, Input};
+
+/// What to do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Command {
+    /// Program the node and keep it programmed (the default).
+    Run,
+    /// Print the nftables script `run` would program, and exit.
+    Plan,
+    /// Remove verdict's and kube-proxy's state, and exit.
+    Cleanup,
+    /// Print the version.
+    Version,
+}
+
+/// `--version`: plain, or `raw` (every build detail).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Version {
+    /// `--version`.
+    Plain,
+    /// `--version=raw`.
+    Raw,
+}
+
+/// The parsed command line.
+#[derive(Clone, Debug)]
+pub struct Cli {
+    /// What to do.
+    pub command: Command,
+    /// `--config`.
+    pub config: Option<String>,
+    /// `--write-config-to`.
+    pub write_config_to: Option<String>,
+    /// `--init-only`.
+    pub init_only: bool,
+    /// `--master`.
+    pub master: Option<String>,
+    /// `--healthz-port` (deprecated).
+    pub healthz_port: Option<String>,
+    /// `--metrics-port` (deprecated).
+    pub metrics_port: Option<String>,
+    /// `--manifests` (verdict's own).
+    pub manifests: Option<String>,
+    /// `--keep-kube-proxy-nftables` (verdict's own).
+    pub keep_kube_proxy_nftables: bool,
+    /// `--help`.
+    pub help: bool,
+    /// `--version`.
+    pub version: Option<Version>,
+    /// The configuration flags, in order.
+    pub flags: Vec<GivenFlag>,
+    /// Every flag as given (`name`, value), for the start-up log.
+    pub given: Vec<(String, String)>,
+}
+
+impl Cli {
+    /// The configuration's input: the file's text and the flags.
+    pub fn input<'a>(&'a self, file: Option<&'a str>) -> Input<'a> {
+        Input {
+            file,
+            flags: self.flags.clone(),
+            healthz_port: self.healthz_port.as_deref(),
+            metrics_port: self.metrics_port.as_deref(),
+        }
+    }
+}
+
+/// A command line that cannot be used (exit code 2).
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct UsageError(pub String);
+
+/// The flags that are not configuration settings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Opt {
+    Config,
+    WriteConfigTo,
+    Cleanup,
+    InitOnly,
+    Master,
+    HealthzPort,
+    MetricsPort,
+    Help,
+    Version,
+    Manifests,
+    KeepKubeProxyNftables,
+}
+
+struct OptSpec {
+    name: &'static str,
+    short: Option<char>,
+    opt: Opt,
+    /// Takes a value (`--name value`); otherwise a boolean-like flag whose
+    /// value, if any, comes after `=`.
+    takes_value: bool,
+    help: &'static str,
+    /// kube-proxy has it (verdict's own flags are marked in `--help`).
+    kube_proxy: bool,
+}
+
+const OPTIONS: &[OptSpec] = &[
+    OptSpec {
+        name: "config",
+        short: None,
+        opt: Opt::Config,
+        takes_value: true,
+        help: "KubeProxyConfiguration file (kubeproxy.config.k8s.io/v1alpha1); it wins over the other flags but --hostname-override, --master and the logging flags",
+        kube_proxy: true,
+    },
+    OptSpec {
+        name: "write-config-to",
+        short: None,
+        opt: Opt::WriteConfigTo,
+        takes_value: true,
+        help: "Write the effective configuration to this file, and exit",
+        kube_proxy: true,
+    },
+    OptSpec {
+        name: "cleanup",
+        short: None,
+        opt: Opt::Cleanup,
+        takes_value: false,
+        help: "Remove verdict's tables and kube-proxy's iptables, IPVS and nftables state, and exit",
+        kube_proxy: true,
+    },
+    OptSpec {
+        name: "init-only",
+        short: None,
+        opt: Opt::InitOnly,
+        takes_value: false,
+        help: "Apply the privileged settings (conntrack sysctls, OOM score), and exit",
+        kube_proxy: true,
+    },
+    OptSpec {
+        name: "master",
+        short: None,
+        opt: Opt::Master,
+        takes_value: true,
+        help: "The API server's address (overrides the kubeconfig's)",
+        kube_proxy: true,
+    },
+    OptSpec {
+        name: "healthz-port",
+        short: None,
+        opt: Opt::HealthzPort,
+        takes_value: true,
+        help: "Deprecated: the port of an --healthz-bind-address given without one (0 disables)",
+        kube_proxy: true,
+    },
+    OptSpec {
+        name: "metrics-port",
+        short: None,
+        opt: Opt::MetricsPort,
+        takes_value: true,
+        help: "Deprecated: the port of a --metrics-bind-address given without one (0 disables)",
+        kube_proxy: true,
+    },
+    OptSpec {
+        name: "help",
+        short: Some('h'),
+        opt: Opt::Help,
+        takes_value: false,
+        help: "Print this help",
+        kube_proxy: true,
+    },
+    OptSpec {
+        name: "version",
+        short: None,
+        opt: Opt::Version,
+        takes_value: false,
+        help: "Print the version (--version=raw: every build detail)",
+        kube_proxy: true,
+    },
+    OptSpec {
+        name: "manifests",
+        short: None,
+        opt: Opt::Manifests,
+        takes_value: true,
+        help: "Read Services, EndpointSlices, Nodes and ServiceCIDRs from this YAML file or directory instead of the API server, and follow its changes",
+        kube_proxy: false,
+    },
+    OptSpec {
+        name: "keep-kube-proxy-nftables",
+        short: None,
+        opt: Opt::KeepKubeProxyNftables,
+        takes_value: false,
+        help: "Leave kube-proxy's own nftables tables (ip/ip6 kube-proxy) in place at start and in cleanup",
+        kube_proxy: false,
+    },
+];
+
+/// What a flag name stands for.
+enum Target {
+    Opt(&'static OptSpec),
+    Setting(&'static Setting, &'static str),
+}
+
+impl Target {
+    fn takes_value(&self) -> bool {
+        match self {
+            Target::Opt(o) => o.takes_value,
+            Target::Setting(s, _) => s.kind != Kind::Bool,
+        }
+    }
+}
+
+fn lookup(name: &str) -> Option<Target> {
+    if let Some(o) = OPTIONS.iter().find(|o| o.name == name) {
+        return Some(Target::Opt(o));
+    }
+    SETTINGS.iter().find_map(|s| {
+        s.flags
+            .iter()
+            .find(|f| **f == name)
+            .map(|f| Target::Setting(s, f))
+    })
+}
+
+fn lookup_short(c: char) -> Option<Target> {
+    match c {
+        'v' => lookup("v"),
+        _ => OPTIONS.iter().find(|o| o.short == Some(c)).map(Target::Opt),
+    }
+}
+
+/// Parses the arguments (without the program name).
+pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, UsageError> {
+    let args: Vec<String> = args.into_iter().collect();
+    let mut cli = Cli {
+        command: Command::Run,
+        config: None,
+        write_config_to: None,
+        init_only: false,
+        master: None,
+        healthz_port: None,
+        metrics_port: None,
+        manifests: None,
+        keep_kube_proxy_nftables: false,
+        help: false,
+        version: None,
+        flags: Vec::new(),
+        given: Vec::new(),
+    };
+    let mut cleanup = false;
+    let mut positional: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < args.len() {
+        let arg = &args[i];
+        i += 1;
+        if arg == "--" {
+            positional.extend(args[i..].iter().cloned());
+            break;
+        }
+        let (target, spelled, inline) = if let Some(long) = arg.strip_prefix("--") {
+            let (name, inline) = match long.split_once('=') {
+                Some((n, v)) => (n, Some(v.to_owned())),
+                None => (long, None),
+            };
+            // pflag's word-separator normalisation: `_` is `-`.
+            let name = name.replace('_', "-");
+            let target =
+                lookup(&name).ok_or_else(|| UsageError(format!("unknown flag: --{name}")))?;
+            (target, format!("--{name}"), inline)
+        } else if let Some(short) = arg.strip_prefix('-').filter(|s| !s.is_empty()) {
+            let mut chars = short.chars();
+            let c = chars.next().unwrap_or_default();
+            let rest = chars.as_str();
+            let target = lookup_short(c)
+                .ok_or_else(|| UsageError(format!("unknown shorthand flag: {c:?} in -{short}")))?;
+            let inline = match rest.strip_prefix('=') {
+                Some(v) => Some(v.to_owned()),
+                None if rest.is_empty() => None,
+                None if target.takes_value() => Some(rest.to_owned()),
+                None => {
+                    return Err(UsageError(format!(
+                        "unknown shorthand flag: {:?} in -{short}",
+                        rest.chars().next().unwrap_or_default()
+                    )));
+                }
+            };
+            (target, format!("-{c}"), inline)
+        } else {
+            positional.push(arg.clone());
+            continue;
+        };
+        let value = match (inline, target.takes_value()) {
+            (Some(v), _) => v,
+            (None, true) => {
+                let v = args
+                    .get(i)
+                    .cloned()
+                    .ok_or_else(|| UsageError(format!("flag needs an argument: {spelled}")))?;
+                i += 1;
+                v
+            }
+            (None, false) => "true".to_owned(),
+        };
+        let boolean = |v: &str| {
+            crate::config::value::parse_bool(v).ok_or_else(|| {
+                UsageError(format!(
+                    "invalid argument {v:?} for {spelled}: must be true or false"
+                ))
+            })
+        };
+        match target {
+            Target::Setting(setting, name) => {
+                cli.given.push((name.to_owned(), value.clone()));
+                cli.flags.push(GivenFlag {
+                    setting,
+                    name,
+                    value,
+                });
+            }
+            Target::Opt(o) => {
+                cli.given.push((o.name.to_owned(), value.clone()));
+                match o.opt {
+                    Opt::Config => cli.config = Some(value),
+                    Opt::WriteConfigTo => cli.write_config_to = Some(value),
+                    Opt::Cleanup => cleanup = boolean(&value)?,
+                    Opt::InitOnly => cli.init_only = boolean(&value)?,
+                    Opt::Master => cli.master = Some(value),
+                    Opt::HealthzPort => cli.healthz_port = Some(value),
+                    Opt::MetricsPort => cli.metrics_port = Some(value),
+                    Opt::Help => cli.help = boolean(&value)?,
+                    Opt::Version => {
+                        cli.version = match value.as_str() {
+                            "raw" => Some(Version::Raw),
+                            v => boolean(v)?.then_some(Version::Plain),
+                        }
+                    }
+                    Opt::Manifests => cli.manifests = Some(value),
+                    Opt::KeepKubeProxyNftables => cli.keep_kube_proxy_nftables = boolean(&value)?,
+                }
+            }
+        }
+    }
+    let subcommand = match positional.as_slice() {
+        [] => None,
+        [one] => Some(match one.as_str() {
+            "run" => Command::Run,
+            "plan" => Command::Plan,
+            "cleanup" => Command::Cleanup,
+            "version" => Command::Version,
+            "help" => {
+                cli.help = true;
+                Command::Run
+            }
+            other => return Err(UsageError(format!("unknown command {other:?}"))),
+        }),
+        more => {
+            return Err(UsageError(format!(
+                "verdict takes one command, not {}",
+                more.join(" ")
+            )));
+        }
+    };
+    cli.command = subcommand.unwrap_or(Command::Run);
+    // kube-proxy's "do this and exit" flags belong to `run`.
+    if !matches!(subcommand, None | Some(Command::Run)) {
+        for (set, flag) in [
+            (cleanup && subcommand != Some(Command::Cleanup), "--cleanup"),
+            (cli.init_only, "--init-only"),
+            (cli.write_config_to.is_some(), "--write-config-to"),
+        ] {
+            if set {
+                return Err(UsageError(format!(
+                    "{flag} cannot be used with `verdict {}`",
+                    positional[0]
+                )));
+            }
+        }
+    }
+    if cleanup {
+        cli.command = Command::Cleanup;
+    }
+    Ok(cli)
+}
+
+/// The names of kube-proxy's own flags (not verdict's additions), as
+/// `--help` lists them.
+#[cfg(test)]
+pub fn kube_proxy_flags() -> Vec<&'static str> {
+    OPTIONS
+        .iter()
+        .filter(|o| o.kube_proxy)
+        .map(|o| o.name)
+        .chain(SETTINGS.iter().filter_map(|s| s.flags.first().copied()))
+        .collect()
+}
+
+fn default_text(s: &Setting) -> Option<String> {
+    let l = match s.default {
+        Default::WhenZero(l) | Default::WhenNull(l) => l,
+        Default::Computed if s.path == "healthzBindAddress" => Literal::Str("0.0.0.0:10256"),
+        Default::Computed if s.path == "metricsBindAddress" => Literal::Str("127.0.0.1:10249"),
+        _ => return None,
+    };
+    Some(match l {
+        Literal::Str(t) => t.to_owned(),
+        Literal::Int(n) => n.to_string(),
+        Literal::Float(f) => f.to_string(),
+        Literal::Bool(b) => b.to_string(),
+        Literal::List(l) => l.join(","),
+    })
+}
+
+/// `--help`.
+pub fn help() -> String {
+    let mut out = String::from(
+        "verdict: a Kubernetes Service proxy on nftables, a drop-in replacement for kube-proxy in nftables mode.
+
+Usage:
+  verdict [run] [flags]     program this node and keep it programmed (the default)
+  verdict plan [flags]      print the nftables script run would program, change nothing
+  verdict cleanup [flags]   remove verdict's tables and kube-proxy's leftovers (as --cleanup)
+  verdict version           print the version (as --version)
+
+Flags are kube-proxy's, in its grammar (--flag=value or --flag value). Flags
+kube-proxy ignores in nftables mode are accepted with a warning. With
+--config the file wins over the other configuration flags.
+
+Exit codes: 0 success; 1 runtime failure; 2 invalid flags or configuration.
+Environment: KUBE_PROXY_NFTABLES_SKIP_KERNEL_VERSION_CHECK skips the kernel
+version check, as in kube-proxy.
+
+Flags:
+",
+    );
+    let mut lines: Vec<(String, String)> = Vec::new();
+    for o in OPTIONS {
+        let name = match o.short {
+            Some(c) => format!("-{c}, --{}", o.name),
+            None => format!("    --{}", o.name),
+        };
+        let name = if o.takes_value {
+            format!("{name} string")
+        } else {
+            name
+        };
+        let mark = if o.kube_proxy { "" } else { " [verdict]" };
+        lines.push((name, format!("{}{mark}", o.help)));
+    }
+    for s in SETTINGS {
+        for (i, flag) in s.flags.iter().enumerate() {
+            let kind = match s.kind {
+                Kind::Bool => "",
+                Kind::Duration | Kind::NanosOrDuration => " duration",
+                Kind::Int32 | Kind::Uint32 => " int",
+                Kind::Float => " float",
+                Kind::List => " strings",
+                Kind::Gates => " mapStringBool",
+                Kind::VModule => " pattern=N,...",
+                Kind::Quantity => " quantity",
+                Kind::Str => " string",
+            };
+            let name = if *flag == "v" {
+                format!("-v, --v{kind}")
+            } else {
+                format!("    --{flag}{kind}")
+            };
+            let mut help = s.help.to_owned();
+            if i > 0 {
+                help = format!("Same as --{} [verdict]", s.flags[0]);
+            } else if let table::Effect::None(_) | table::Effect::Checked(..) = s.effect {
+                help.push_str(" (no effect in verdict)");
+            }
+            if let Some(d) = default_text(s).filter(|_| i == 0) {
+                help.push_str(&format!(" (default {d})"));
+            }
+            lines.push((name, help));
+        }
+    }
+    let width = lines.iter().map(|(n, _)| n.len()).max().unwrap_or(0);
+    for (name, help) in lines {
+        out.push_str(&format!("  {name:width$}  {help}\n"));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse_str(args: &[&str]) -> Result<Cli, UsageError> {
+        parse(args.iter().map(|s| s.to_string()))
+    }
+
+    fn values(cli: &Cli, path: &str) -> Vec<String> {
+        cli.flags
+            .iter()
+            .filter(|f| f.setting.path == path)
+            .map(|f| f.value.clone())
+            .collect()
+    }
+
+    #[test]
+    fn pflag_grammar() {
+        let cli = parse_str(&[
+            "--masquerade-all=true",
+            "--hostname_override",
+            "node-a",
+            "--cluster-cidr=10.0.0.0/8",
+            "--cluster-cidr",
+            "10.1.0.0/16",
+            "-v=2",
+            "--conntrack-tcp-be-liberal",
+            "--profiling=false",
+        ])
+        .unwrap();
+        assert_eq!(values(&cli, "nftables.masqueradeAll"), ["true"]);
+        assert_eq!(values(&cli, "hostnameOverride"), ["node-a"]);
+        assert_eq!(
+            values(&cli, "clusterCIDR"),
+            ["10.0.0.0/8", "10.1.0.0/16"],
+            "both kept: the last wins when applied"
+        );
+        assert_eq!(values(&cli, "logging.verbosity"), ["2"]);
+        assert_eq!(values(&cli, "conntrack.tcpBeLiberal"), ["true"]);
+        assert_eq!(values(&cli, "enableProfiling"), ["false"]);
+        for v in [["-v4"].as_slice(), &["-v", "4"], &["--v=4"], &["--v", "4"]] {
+            assert_eq!(values(&parse_str(v).unwrap(), "logging.verbosity"), ["4"]);
+        }
+    }
+
+    #[test]
+    fn commands_and_exits() {
+        assert_eq!(parse_str(&[]).unwrap().command, Command::Run);
+        assert_eq!(parse_str(&["plan"]).unwrap().command, Command::Plan);
+        assert_eq!(parse_str(&["--cleanup"]).unwrap().command, Command::Cleanup);
+        assert_eq!(
+            parse_str(&["run", "--cleanup=true"]).unwrap().command,
+            Command::Cleanup
+        );
+        assert_eq!(
+            parse_str(&["plan", "--version"]).unwrap().version,
+            Some(Version::Plain)
+        );
+        assert_eq!(
+            parse_str(&["--version=raw"]).unwrap().version,
+            Some(Version::Raw)
+        );
+        assert_eq!(parse_str(&["--version=false"]).unwrap().version, None);
+        assert!(parse_str(&["plan", "-h"]).unwrap().help);
+        let e = parse_str(&["plan", "--cleanup"]).unwrap_err();
+        assert!(e.0.contains("--cleanup cannot be used"), "{e}");
+        assert!(parse_str(&["plan", "--init-only"]).is_err());
+        assert!(parse_str(&["frobnicate"]).is_err());
+        assert!(parse_str(&["plan", "run"]).is_err());
+        let e = parse_str(&["--no-such-flag"]).unwrap_err();
+        assert_eq!(e.0, "unknown flag: --no-such-flag");
+        let e = parse_str(&["--config"]).unwrap_err();
+        assert_eq!(e.0, "flag needs an argument: --config");
+        assert!(
+            parse_str(&["--masquerade-all=perhaps"]).is_ok(),
+            "checked when applied"
+        );
+        assert!(parse_str(&["--cleanup=perhaps"]).is_err());
+        let cli = parse_str(&["--", "plan"]).unwrap();
+        assert_eq!(cli.command, Command::Plan);
+    }
+
+    #[test]
+    fn help_lists_every_flag_with_its_default() {
+        let h = help();
+        for s in SETTINGS {
+            for f in s.flags {
+                assert!(h.contains(&format!("--{f}")), "--{f}");
+            }
+        }
+        assert!(h.contains("(default 0.0.0.0:10256)"), "{h}");
+        assert!(h.contains("(default 30s)"), "{h}");
+        assert!(h.contains("--manifests string"));
+    }
+}

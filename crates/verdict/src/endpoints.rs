@@ -1,0 +1,364 @@
+//! The HTTP endpoints, as kube-proxy serves them.
+//! - Health address (`healthzBindAddress`): `/healthz` and `/livez`.
+//! - Metrics address (`metricsBindAddress`): `/metrics` (gzip when asked),
+//!   `/healthz` and `/healthz/ping` (component-base's `ok`), `/proxyMode`,
+//!   `/configz` (the running configuration), `/metrics/slis` (the health
+//!   checks' results); with `enableProfiling`, `/debug/pprof/` (memory,
+//!   threads) and `/debug/flags/v` (`PUT` a number to change the log
+//!   verbosity).
+//!
+//! A port that cannot be bound is tried again every 5 s, as kube-proxy
+//! does, unless `bindAddressHardFail`, which makes it fatal.
+
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use verdict_admin::http::{Handler, Request};
+use verdict_admin::metrics as m;
+use verdict_admin::{Health, Metrics, Response};
+
+use crate::logging::Verbosity;
+
+const PLAIN: &str = "text/plain; charset=utf-8";
+/// Prometheus' text exposition format.
+const EXPOSITION: &str = "text/plain; version=0.0.4; charset=utf-8";
+/// How often a port that could not be bound is tried again.
+const REBIND_EVERY: Duration = Duration::from_secs(5);
+
+/// What the metrics address serves.
+#[derive(Clone)]
+pub struct MetricsSite {
+    /// The registry of `/metrics`.
+    pub metrics: Arc<Mutex<Metrics>>,
+    /// The registry of `/metrics/slis`.
+    pub slis: Arc<Mutex<Metrics>>,
+    /// `/configz`'s answer.
+    pub configz: String,
+    /// `/debug/*` is served.
+    pub profiling: bool,
+    /// What `/debug/flags/v` changes.
+    pub verbosity: Verbosity,
+}
+
+/// The handler of the health address.
+pub fn health_handler(health: Arc<Mutex<Health>>, metrics: Arc<Mutex<Metrics>>) -> Handler {
+    Arc::new(move |req: &Request| {
+        let (answer, counter) = {
+            let h = health.lock().ok()?;
+            match req.path.as_str() {
+                "/healthz" => (h.healthz(SystemTime::now()), m::HEALTHZ_TOTAL),
+                "/livez" => (h.livez(SystemTime::now()), m::LIVEZ_TOTAL),
+                _ => return None,
+            }
+        };
+        if let Ok(mut x) = metrics.lock() {
+            x.add(counter, &[&answer.code.to_string()], 1.0);
+        }
+        Some(answer)
+    })
+}
+
+/// The handler of the metrics address.
+pub fn metrics_handler(site: MetricsSite) -> Handler {
+    Arc::new(move |req: &Request| site.answer(req))
+}
+
+impl MetricsSite {
+    fn answer(&self, req: &Request) -> Option<Response> {
+        let text = |body: &str| Some(Response::text(200, body.to_owned(), PLAIN));
+        match req.path.as_str() {
+            "/metrics" => Some(self.metrics(req)),
+            "/healthz" => {
+                // component-base's healthz with its one check, ping; the
+                // root path records the result as an SLI.
+                if let Ok(mut s) = self.slis.lock() {
+                    s.set(m::HEALTHCHECK, &["ping", "healthz"], 1.0);
+                    s.add(m::HEALTHCHECKS_TOTAL, &["ping", "success", "healthz"], 1.0);
+                }
+                if req.has_query("verbose") {
+                    text("[+]ping ok\nhealthz check passed\n")
+                } else {
+                    text("ok")
+                }
+            }
+            "/healthz/ping" => text("ok"),
+            "/proxyMode" => text("nftables"),
+            "/configz" => Some(Response::json(200, self.configz.clone())),
+            "/metrics/slis" => {
+                let mut s = self.slis.lock().ok()?;
+                if req.method == "DELETE" {
+                    *s = Metrics::slis();
+                    return text("metrics reset\n");
+                }
+                Some(Response::text(200, s.render(), EXPOSITION))
+            }
+            path if self.profiling && path.starts_with("/debug/") => self.debug(req),
+            _ => None,
+        }
+    }
+
+    /// `/metrics`: the registry and the process, gzipped if the scraper
+    /// accepts it.
+    fn metrics(&self, req: &Request) -> Response {
+        let mut body = self.metrics.lock().map(|x| x.render()).unwrap_or_default();
+        if let Some(p) = verdict_admin::process::Process::now() {
+            body.push_str(&p.render());
+        }
+        let gzip = req
+            .header("accept-encoding")
+            .is_some_and(|e| e.split(',').any(|c| c.trim().starts_with("gzip")));
+        let mut r = Response::text(200, body, EXPOSITION);
+        if gzip {
+            let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+            if enc.write_all(&r.body).is_ok()
+                && let Ok(zipped) = enc.finish()
+            {
+                r.body = zipped;
+                r.headers.push(("Content-Encoding", "gzip".into()));
+            }
+        }
+        r
+    }
+
+    /// `/debug/*`, with `enableProfiling`.
+    fn debug(&self, req: &Request) -> Option<Response> {
+        let text = |code: u16, body: String| Some(Response::text(code, body, PLAIN));
+        match req.path.as_str() {
+            "/debug/flags/v" => {
+                if req.method != "PUT" {
+                    return text(406, "unsupported http method\n".into());
+                }
+                let body = String::from_utf8_lossy(&req.body);
+                match body.parse::<i32>() {
+                    Ok(level) if level >= 0 => {
+                        self.verbosity.set(level.unsigned_abs());
+                        tracing::info!(verbosity = level, "log verbosity changed");
+                        text(
+                            200,
+                            format!("successfully set klog.logging.verbosity to {level}\n"),
+                        )
+                    }
+                    Ok(level) => text(
+                        400,
+                        format!("failed set klog.logging.verbosity {level}: must be 0 or more\n"),
+                    ),
+                    Err(e) => text(
+                        400,
+                        format!("failed set klog.logging.verbosity {body}: {e}\n"),
+                    ),
+                }
+            }
+            "/debug/pprof/" | "/debug/pprof" => text(
+                200,
+                "verdict profiles:\n  /debug/pprof/heap     memory of the process (/proc/self/status and smaps_rollup)\n  /debug/pprof/threads  the process's threads and their CPU time\n  /debug/flags/v        PUT a number to change the log verbosity\n".into(),
+            ),
+            "/debug/pprof/heap" => text(200, memory_report()),
+            "/debug/pprof/threads" | "/debug/pprof/goroutine" => text(200, threads_report()),
+            _ => None,
+        }
+    }
+}
+
+/// The memory lines of `/proc/self/status` and `/proc/self/smaps_rollup`.
+fn memory_report() -> String {
+    let mut out = String::from("# /proc/self/status\n");
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    for line in status
+        .lines()
+        .filter(|l| l.starts_with("Vm") || l.starts_with("Rss"))
+    {
+        out.push_str(line);
+        out.push('\n');
+    }
+    out.push_str("# /proc/self/smaps_rollup\n");
+    out.push_str(&std::fs::read_to_string("/proc/self/smaps_rollup").unwrap_or_default());
+    out
+}
+
+/// Every thread with its name and CPU time.
+fn threads_report() -> String {
+    let mut rows: Vec<(String, String, f64)> = Vec::new();
+    for entry in std::fs::read_dir("/proc/self/task")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let dir = entry.path();
+        let name = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+        let stat = std::fs::read_to_string(dir.join("stat")).unwrap_or_default();
+        let ticks: f64 = stat
+            .rfind(')')
+            .map(|i| &stat[i + 1..])
+            .map(|rest| {
+                let f: Vec<&str> = rest.split_whitespace().collect();
+                [11, 12]
+                    .iter()
+                    .filter_map(|i| f.get(*i)?.parse::<f64>().ok())
+                    .sum()
+            })
+            .unwrap_or(0.0);
+        rows.push((
+            entry.file_name().to_string_lossy().into_owned(),
+            name.trim().to_owned(),
+            ticks / 100.0,
+        ));
+    }
+    rows.sort_by(|a, b| b.2.total_cmp(&a.2));
+    let mut out = format!(
+        "threads: {}\n{:>8}  {:<16} {:>10}\n",
+        rows.len(),
+        "tid",
+        "name",
+        "cpu_s"
+    );
+    for (tid, name, cpu) in rows {
+        out.push_str(&format!("{tid:>8}  {name:<16} {cpu:>10.2}\n"));
+    }
+    out
+}
+
+/// Serves `handler` on `addr` (what it is, for the log). A port that
+/// cannot be bound is an error with `hard_fail`; otherwise it is logged
+/// and tried again every 5 s in the background.
+pub fn serve(
+    addr: SocketAddr,
+    handler: Handler,
+    what: &'static str,
+    hard_fail: bool,
+) -> std::io::Result<()> {
+    match verdict_admin::http::serve(addr, handler.clone()) {
+        Ok(bound) => {
+            tracing::info!(%bound, "serving {what}");
+            Ok(())
+        }
+        Err(e) if hard_fail => Err(e),
+        Err(e) => {
+            tracing::error!(%addr, error = %e, "cannot serve {what}: trying again every 5s");
+            let retry = std::thread::Builder::new()
+                .name(format!("bind-{}", addr.port()))
+                .spawn(move || {
+                    loop {
+                        std::thread::sleep(REBIND_EVERY);
+                        match verdict_admin::http::serve(addr, handler.clone()) {
+                            Ok(bound) => {
+                                tracing::info!(%bound, "serving {what}");
+                                return;
+                            }
+                            Err(e) => tracing::debug!(%addr, error = %e, "cannot serve {what} yet"),
+                        }
+                    }
+                });
+            if let Err(e) = retry {
+                tracing::error!(error = %e, "cannot start the thread that retries {what}");
+            }
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn site(profiling: bool) -> MetricsSite {
+        MetricsSite {
+            metrics: Arc::new(Mutex::new(Metrics::new())),
+            slis: Arc::new(Mutex::new(Metrics::slis())),
+            configz: "{\"kubeproxy.config.k8s.io\":{}}".into(),
+            profiling,
+            verbosity: crate::logging::Verbosity::for_tests(1),
+        }
+    }
+
+    #[test]
+    fn the_metrics_address_serves_what_kube_proxys_does() {
+        let s = site(false);
+        let get = |t: &str| s.answer(&Request::get(t));
+        assert_eq!(get("/healthz").unwrap().text_body(), "ok");
+        assert_eq!(get("/healthz/ping").unwrap().text_body(), "ok");
+        assert!(
+            get("/healthz?verbose")
+                .unwrap()
+                .text_body()
+                .contains("[+]ping ok")
+        );
+        assert_eq!(get("/proxyMode").unwrap().text_body(), "nftables");
+        let c = get("/configz").unwrap();
+        assert_eq!(c.content_type, "application/json");
+        let slis = get("/metrics/slis").unwrap().text_body();
+        assert!(
+            slis.contains(
+                "kubernetes_healthchecks_total{name=\"ping\",status=\"success\",type=\"healthz\"} 2"
+            ),
+            "{slis}"
+        );
+        assert!(
+            slis.contains("# HELP kubernetes_healthcheck [STABLE]"),
+            "{slis}"
+        );
+        let metrics = get("/metrics").unwrap().text_body();
+        assert!(
+            metrics.contains("process_resident_memory_bytes "),
+            "{metrics}"
+        );
+        assert!(get("/debug/pprof/heap").is_none(), "profiling is off");
+        assert!(get("/nope").is_none());
+    }
+
+    #[test]
+    fn metrics_are_gzipped_when_asked() {
+        let s = site(false);
+        let mut req = Request::get("/metrics");
+        req.headers
+            .push(("accept-encoding".into(), "gzip, deflate".into()));
+        let r = s.answer(&req).unwrap();
+        assert!(
+            r.headers
+                .iter()
+                .any(|(k, v)| *k == "Content-Encoding" && v == "gzip")
+        );
+        let mut plain = String::new();
+        std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(&r.body[..]), &mut plain)
+            .unwrap();
+        assert!(
+            plain.contains("kubeproxy_sync_proxy_rules_endpoint_changes_total 0"),
+            "{plain}"
+        );
+    }
+
+    #[test]
+    fn profiling_serves_debug_and_changes_verbosity() {
+        let s = site(true);
+        assert!(
+            s.answer(&Request::get("/debug/pprof/heap"))
+                .unwrap()
+                .text_body()
+                .contains("VmRSS")
+        );
+        assert!(
+            s.answer(&Request::get("/debug/pprof/threads"))
+                .unwrap()
+                .text_body()
+                .contains("threads: ")
+        );
+        let get = s.answer(&Request::get("/debug/flags/v")).unwrap();
+        assert_eq!(get.code, 406);
+        let mut put = Request::get("/debug/flags/v");
+        put.method = "PUT".into();
+        put.body = b"4".to_vec();
+        let r = s.answer(&put).unwrap();
+        assert_eq!(
+            r.text_body(),
+            "successfully set klog.logging.verbosity to 4\n"
+        );
+        assert_eq!(s.verbosity.get(), 4);
+        put.body = b"4\n".to_vec();
+        assert_eq!(
+            s.answer(&put).unwrap().code,
+            400,
+            "no trimming, as upstream"
+        );
+    }
+}

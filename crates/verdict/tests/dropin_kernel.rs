@@ -1,0 +1,658 @@
+//! An operator's own kube-proxy setup, unchanged, with the real `verdict`
+//! binary in a network-namespace test bed: kubeadm's generated
+//! `KubeProxyConfiguration` and the flag sets k3s and RKE2 pass start
+//! verdict, bind kube-proxy's ports and program traffic; a node that ran
+//! kube-proxy in nftables mode is migrated (its stale table does not win);
+//! NodePorts follow the node's addresses; a changed `--config` file makes
+//! verdict exit, as kube-proxy does; and `bindAddressHardFail` makes a
+//! busy port fatal. Needs root.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::*;
+
+use std::io::Read;
+use std::time::{Duration, Instant};
+
+use verdict_e2e::bed::{Placement, TestBed};
+use verdict_e2e::netns::Process;
+
+const SERVICE: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: demo}\nspec:\n  type: NodePort\n  clusterIP: 172.30.0.41\n  ports: [{name: http, port: 80, nodePort: 30080, protocol: TCP}]\n";
+
+const NODE: &str = "apiVersion: v1\nkind: Node\nmetadata: {name: test-node}\nstatus:\n  addresses: [{type: InternalIP, address: 192.168.0.2}]\n";
+
+fn slice(endpoint: &str) -> String {
+    format!(
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: web-1\n  namespace: demo\n  labels: {{kubernetes.io/service-name: web}}\naddressType: IPv4\nports: [{{name: http, port: 80, protocol: TCP}}]\nendpoints:\n- {{addresses: [{endpoint}], nodeName: test-node}}\n"
+    )
+}
+
+/// What kubeadm writes for kube-proxy (its zero values), in nftables mode,
+/// with the bed's pod network.
+const KUBEADM: &str = r#"apiVersion: kubeproxy.config.k8s.io/v1alpha1
+bindAddress: 0.0.0.0
+bindAddressHardFail: false
+clientConnection:
+  acceptContentTypes: ""
+  burst: 0
+  contentType: ""
+  kubeconfig: /var/lib/kube-proxy/kubeconfig.conf
+  qps: 0
+clusterCIDR: 10.0.0.0/8
+configSyncPeriod: 0s
+conntrack:
+  maxPerCore: null
+  min: null
+  tcpBeLiberal: false
+  tcpCloseWaitTimeout: null
+  tcpEstablishedTimeout: null
+  udpStreamTimeout: 0s
+  udpTimeout: 0s
+detectLocal:
+  bridgeInterface: ""
+  interfaceNamePrefix: ""
+detectLocalMode: ""
+enableProfiling: false
+healthzBindAddress: ""
+hostnameOverride: ""
+iptables:
+  localhostNodePorts: null
+  masqueradeAll: false
+  masqueradeBit: null
+  minSyncPeriod: 0s
+  syncPeriod: 0s
+ipvs:
+  excludeCIDRs: null
+  minSyncPeriod: 0s
+  scheduler: ""
+  strictARP: false
+  syncPeriod: 0s
+  tcpFinTimeout: 0s
+  tcpTimeout: 0s
+  udpTimeout: 0s
+kind: KubeProxyConfiguration
+logging:
+  flushFrequency: 0
+  options:
+    json:
+      infoBufferSize: "0"
+    text:
+      infoBufferSize: "0"
+  verbosity: 0
+metricsBindAddress: ""
+mode: nftables
+nftables:
+  masqueradeAll: false
+  masqueradeBit: null
+  minSyncPeriod: 0s
+  syncPeriod: 0s
+nodePortAddresses: null
+oomScoreAdj: null
+portRange: ""
+showHiddenMetricsForVersion: ""
+winkernel:
+  enableDSR: false
+  forwardHealthCheckVip: false
+  networkName: ""
+  rootHnsEndpointName: ""
+  sourceVip: ""
+"#;
+
+/// A bed with two endpoints pods and a client pod, and manifests for the
+/// NodePort service on the first endpoint.
+fn setup(tag: &str) -> Option<(TestBed, std::path::PathBuf)> {
+    let mut bed = bed()?;
+    for ip in ["10.180.0.1", "10.180.0.2"] {
+        bed.add_pod(common::ip(ip), Placement::Local, &[80], &[])
+            .unwrap();
+    }
+    bed.add_pod(common::ip("10.0.0.2"), Placement::Local, &[], &[])
+        .unwrap();
+    let dir = scratch_dir(tag);
+    write(&dir, "service.yaml", SERVICE);
+    write(&dir, "slice.yaml", &slice("10.180.0.1"));
+    write(&dir, "node.yaml", NODE);
+    Some((bed, dir))
+}
+
+fn start(bed: &TestBed, args: &[&str]) -> Process {
+    Process(bed.node.spawn(env!("CARGO_BIN_EXE_verdict"), args).unwrap())
+}
+
+/// Stops verdict and returns what it logged.
+fn stop(mut daemon: Process) -> String {
+    let _ = daemon.0.kill();
+    let _ = daemon.0.wait();
+    let mut log = String::new();
+    if let Some(mut e) = daemon.0.stderr.take() {
+        let _ = e.read_to_string(&mut log);
+    }
+    log
+}
+
+/// Warnings in a log other than this machine's: the conntrack limit (not
+/// settable outside the host's namespace), the OOM score (where the
+/// sandbox withholds CAP_SYS_RESOURCE) and an nft that cannot record IPv6
+/// session affinity.
+fn unexpected_warnings(log: &str) -> Vec<&str> {
+    log.lines()
+        .filter(|l| l.starts_with('W') || l.starts_with('E'))
+        .filter(|l| {
+            !l.contains("nf_conntrack_max")
+                && !l.contains("session affinity")
+                && !l.contains("cannot set the OOM score")
+        })
+        .collect()
+}
+
+/// Polls `check` for up to `within`.
+fn eventually(within: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + within;
+    loop {
+        if check() {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// `promtool check metrics` on a scrape, where promtool is installed (CI
+/// installs it; `VERDICT_REQUIRE_PROMTOOL=1` makes its absence a failure).
+/// The one finding allowed is kube-proxy's own: a gauge named `_total`.
+fn promtool_accepts(bed: &TestBed, metrics: &str) {
+    if verdict_e2e::netns::run("promtool", &["--version"]).is_err() {
+        assert!(
+            std::env::var_os("VERDICT_REQUIRE_PROMTOOL").is_none(),
+            "promtool is not installed"
+        );
+        println!("promtool is not installed: /metrics not checked");
+        return;
+    }
+    let body = metrics.split_once("\r\n\r\n").map_or(metrics, |(_, b)| b);
+    let file = std::env::temp_dir().join(format!("verdict-metrics-{}.txt", std::process::id()));
+    std::fs::write(&file, body).unwrap();
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("promtool check metrics < {}", file.display()))
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(&file);
+    let said =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    let findings: Vec<&str> = said
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .filter(|l| !l.contains("kubeproxy_sync_proxy_rules_no_local_endpoints_total non-counter metrics should not have \"_total\" suffix"))
+        .collect();
+    assert!(
+        matches!(out.status.code(), Some(0) | Some(3)) && findings.is_empty(),
+        "promtool check metrics: {:?}\n{said}",
+        out.status.code()
+    );
+    let _ = bed;
+}
+
+#[test]
+fn kubeadms_configuration_runs_unchanged() {
+    let Some((bed, dir)) = setup("kubeadm") else {
+        return;
+    };
+    let config = dir.join("config.conf");
+    std::fs::write(&config, KUBEADM).unwrap();
+    let (d, c) = (dir.join("m"), config.to_string_lossy().into_owned());
+    std::fs::create_dir_all(&d).unwrap();
+    for f in ["service.yaml", "slice.yaml", "node.yaml"] {
+        std::fs::rename(dir.join(f), d.join(f)).unwrap();
+    }
+    let manifests = d.to_string_lossy().into_owned();
+    let daemon = start(
+        &bed,
+        &[
+            "--config",
+            &c,
+            "--hostname-override=test-node",
+            "--manifests",
+            &manifests,
+        ],
+    );
+    assert_eq!(
+        wait_for(&bed, "10.180.0.1:80"),
+        "10.180.0.1:80",
+        "programmed"
+    );
+    // kube-proxy's ports, from kubeadm's empty addresses.
+    let healthz = http_at(&bed, "192.168.0.2", 10256, "/healthz");
+    assert!(
+        healthz.starts_with("HTTP/1.1 200"),
+        "0.0.0.0:10256: {healthz}"
+    );
+    let metrics = http_on(&bed, 10249, "/metrics");
+    assert!(
+        metrics.starts_with("HTTP/1.1 200"),
+        "127.0.0.1:10249: {metrics}"
+    );
+    assert!(
+        !http_at(&bed, "192.168.0.2", 10249, "/metrics").starts_with("HTTP/1.1 200"),
+        "metrics stay on loopback"
+    );
+    for family in [
+        "kubernetes_build_info{",
+        "kubernetes_feature_enabled{",
+        "process_resident_memory_bytes ",
+        "process_start_time_seconds ",
+    ] {
+        assert!(metrics.contains(family), "{family}\n{metrics}");
+    }
+    promtool_accepts(&bed, &metrics);
+    // The running configuration: kube-proxy's defaults filled in.
+    let configz = http_on(&bed, 10249, "/configz");
+    let body = configz.split_once("\r\n\r\n").unwrap().1;
+    let z: serde_json::Value = serde_json::from_str(body).unwrap();
+    let c = &z["kubeproxy.config.k8s.io"];
+    assert_eq!(c["SyncPeriod"], "30s", "{body}");
+    assert_eq!(c["MinSyncPeriod"], "1s");
+    assert_eq!(c["HealthzBindAddress"], "0.0.0.0:10256");
+    assert_eq!(c["NFTables"]["MasqueradeBit"], 14);
+    // The metrics address's own /healthz records its result as an SLI.
+    assert!(http_on(&bed, 10249, "/healthz").ends_with("ok"));
+    let slis = http_on(&bed, 10249, "/metrics/slis");
+    assert!(
+        slis.contains(
+            "kubernetes_healthchecks_total{name=\"ping\",status=\"success\",type=\"healthz\"}"
+        ),
+        "{slis}"
+    );
+    assert!(http_on(&bed, 10249, "/healthz/ping").ends_with("ok"));
+    // Profiling is off, as in the file.
+    assert!(http_on(&bed, 10249, "/debug/pprof/").starts_with("HTTP/1.1 404"));
+    let log = stop(daemon);
+    assert!(
+        unexpected_warnings(&log).is_empty(),
+        "warnings for kubeadm's file:\n{log}"
+    );
+    assert!(
+        log.lines()
+            .next()
+            .is_some_and(|l| l.contains("\"Version info\"")),
+        "the version comes first:\n{log}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn k3s_and_rke2_flags_run_unchanged() {
+    let Some((bed, dir)) = setup("k3s") else {
+        return;
+    };
+    let manifests = dir.to_string_lossy().into_owned();
+    // k3s's embedded kube-proxy flags (its kubeconfig is unused with
+    // --manifests, but must be accepted).
+    let k3s = start(
+        &bed,
+        &[
+            "--cluster-cidr=10.0.0.0/8",
+            "--conntrack-max-per-core=0",
+            "--conntrack-tcp-timeout-close-wait=0s",
+            "--conntrack-tcp-timeout-established=0s",
+            "--healthz-bind-address=127.0.0.1",
+            "--hostname-override=test-node",
+            "--kubeconfig=/var/lib/rancher/k3s/agent/kubeproxy.kubeconfig",
+            "--proxy-mode=nftables",
+            "--manifests",
+            &manifests,
+        ],
+    );
+    assert_eq!(wait_for(&bed, "10.180.0.1:80"), "10.180.0.1:80");
+    assert!(
+        http_on(&bed, 10256, "/healthz").starts_with("HTTP/1.1 200"),
+        "127.0.0.1:10256"
+    );
+    assert!(
+        !http_at(&bed, "192.168.0.2", 10256, "/healthz").starts_with("HTTP/1.1 200"),
+        "health only on loopback"
+    );
+    let log = stop(k3s);
+    assert!(unexpected_warnings(&log).is_empty(), "{log}");
+    // RKE2's static pod adds metrics on every address, -v and a gate list.
+    let rke2 = start(
+        &bed,
+        &[
+            "--cluster-cidr=10.0.0.0/8",
+            "--conntrack-max-per-core=0",
+            "--healthz-bind-address=127.0.0.1",
+            "--hostname-override=test-node",
+            "--metrics-bind-address=0.0.0.0",
+            "--proxy-mode=nftables",
+            "--v=2",
+            "--manifests",
+            &manifests,
+        ],
+    );
+    let got = eventually(Duration::from_secs(10), || {
+        http_at(&bed, "192.168.0.2", 10249, "/metrics").starts_with("HTTP/1.1 200")
+    });
+    assert!(got, "metrics on 0.0.0.0:10249");
+    assert_eq!(wait_for(&bed, "10.180.0.1:80"), "10.180.0.1:80");
+    let log = stop(rke2);
+    assert!(log.contains("\"synced\""), "-v=2 logs each sync:\n{log}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A LoadBalancer whose source ranges were changed after kube-proxy
+/// stopped: the client network 203.0.113.0/24 is allowed now.
+const LB: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: lb, namespace: demo}\nspec:\n  type: LoadBalancer\n  clusterIP: 172.30.0.42\n  loadBalancerSourceRanges: [203.0.113.0/24]\n  ports: [{name: http, port: 80, nodePort: 30081, protocol: TCP}]\nstatus:\n  loadBalancer: {ingress: [{ip: 198.51.100.42}]}\n";
+
+fn lb_slice() -> String {
+    slice("10.180.0.1")
+        .replace("name: web-1", "name: lb-1")
+        .replace("service-name: web", "service-name: lb")
+}
+
+/// kube-proxy's nftables table as its nftables mode leaves it (the shape
+/// of its base chains and its LoadBalancer firewall): the LoadBalancer's
+/// old source range (198.18.0.0/15), and a DNAT of the web service to an
+/// endpoint that is no longer current.
+const KUBE_PROXY_TABLE: &str = "table ip kube-proxy {
+  chain firewall-lb {
+    ip saddr != 198.18.0.0/15 drop
+  }
+  chain firewall-check {
+    ip daddr 198.51.100.42 tcp dport 80 jump firewall-lb
+  }
+  chain filter-prerouting-pre-dnat {
+    type filter hook prerouting priority -110; policy accept;
+    ct state new jump firewall-check
+  }
+  chain services {
+    ip daddr 172.30.0.41 tcp dport 80 dnat to 10.180.0.2:80
+  }
+  chain nat-prerouting {
+    type nat hook prerouting priority -100; policy accept;
+    jump services
+  }
+  chain nat-output {
+    type nat hook output priority -100; policy accept;
+    jump services
+  }
+}
+table ip6 kube-proxy {
+  chain nat-prerouting {
+    type nat hook prerouting priority -100; policy accept;
+  }
+}
+";
+
+fn tables(bed: &TestBed) -> String {
+    bed.node.exec("nft", &["list", "tables"]).unwrap()
+}
+
+#[test]
+fn a_node_that_ran_kube_proxy_in_nftables_mode_is_migrated() {
+    let Some((bed, dir)) = setup("migrate") else {
+        return;
+    };
+    write(&dir, "lb.yaml", LB);
+    write(&dir, "lb-slice.yaml", &lb_slice());
+    bed.route_to_node(common::ip("198.51.100.42")).unwrap();
+    let plant = || {
+        let script = dir.join("kube-proxy.nft");
+        std::fs::write(&script, KUBE_PROXY_TABLE).unwrap();
+        bed.node
+            .exec("nft", &["-f", &script.to_string_lossy()])
+            .unwrap();
+    };
+    let lb = || {
+        bed.connect(
+            common::ip("203.0.113.2"),
+            common::ip("198.51.100.42"),
+            "tcp",
+            80,
+            500,
+        )
+        .unwrap_or_default()
+    };
+    plant();
+    assert_eq!(who(&bed), "10.180.0.2:80", "the planted table answers");
+    let manifests = dir.to_string_lossy().into_owned();
+    let base = [
+        "--hostname-override=test-node",
+        "--cluster-cidr=10.0.0.0/8",
+        "--proxy-mode=nftables",
+        "--min-sync-period=0s",
+        "--healthz-bind-address=",
+        "--metrics-bind-address=",
+        "--manifests",
+        &manifests,
+    ];
+    let programmed = || {
+        eventually(Duration::from_secs(10), || {
+            bed.node
+                .exec("nft", &["list", "table", "ip", "verdict"])
+                .is_ok_and(|t| t.contains("172.30.0.41") && t.contains("198.51.100.42"))
+        })
+    };
+
+    // Kept, kube-proxy's table still acts on Service traffic.
+    let mut kept = base.to_vec();
+    kept.push("--keep-kube-proxy-nftables");
+    let daemon = start(&bed, &kept);
+    assert!(programmed(), "verdict programmed the services");
+    assert!(tables(&bed).contains("table ip kube-proxy"));
+    // Its pre-DNAT firewall still drops what the new source range allows.
+    let dropped = lb();
+    assert!(
+        !dropped.contains("10.180.0.1"),
+        "the stale source range drops the client: {dropped}"
+    );
+    // verdict's NAT chains, registered after kube-proxy's, run first at
+    // equal priority (the kernel puts the newest first)...
+    assert_eq!(
+        who(&bed),
+        "10.180.0.1:80",
+        "verdict's DNAT, registered later"
+    );
+    // ...but a table loaded after verdict's, as a saved ruleset restored at
+    // boot would be, runs its stale DNATs first.
+    bed.node
+        .exec("nft", &["delete", "table", "ip", "kube-proxy"])
+        .unwrap();
+    plant();
+    assert_eq!(
+        who(&bed),
+        "10.180.0.2:80",
+        "the stale DNAT, registered later, wins"
+    );
+    stop(daemon);
+
+    // By default it is removed at start: the new source range and the
+    // current endpoint apply.
+    let daemon = start(&bed, &base);
+    assert_eq!(
+        wait_for(&bed, "10.180.0.1:80"),
+        "10.180.0.1:80",
+        "verdict's endpoint"
+    );
+    let t = tables(&bed);
+    assert!(!t.contains("kube-proxy"), "{t}");
+    assert!(
+        eventually(Duration::from_secs(5), || lb().contains("10.180.0.1")),
+        "the client in the new source range reaches the LoadBalancer"
+    );
+    let log = stop(daemon);
+    assert!(log.contains("deleted kube-proxy's nftables table"), "{log}");
+
+    // `verdict cleanup` removes it too (and verdict's own tables).
+    plant();
+    let out = bed
+        .node
+        .exec(env!("CARGO_BIN_EXE_verdict"), &["cleanup"])
+        .unwrap_or_else(|e| e.to_string());
+    let t = tables(&bed);
+    assert!(
+        !t.contains("kube-proxy") && !t.contains("verdict"),
+        "{t}\n{out}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn node_ports_follow_the_nodes_addresses() {
+    let Some((bed, dir)) = setup("addresses") else {
+        return;
+    };
+    let manifests = dir.to_string_lossy().into_owned();
+    let daemon = start(
+        &bed,
+        &[
+            "--hostname-override=test-node",
+            "--cluster-cidr=10.0.0.0/8",
+            "--proxy-mode=nftables",
+            "--min-sync-period=0s",
+            "--nodeport-addresses=192.168.0.0/24",
+            "--healthz-bind-address=",
+            "--metrics-bind-address=",
+            "--manifests",
+            &manifests,
+        ],
+    );
+    let node_port = |addr: &str| {
+        bed.connect(
+            common::ip("203.0.113.2"),
+            common::ip(addr),
+            "tcp",
+            30080,
+            500,
+        )
+        .unwrap_or_default()
+    };
+    let map = || {
+        bed.node
+            .exec("nft", &["list", "set", "ip", "verdict", "nodeport-ips"])
+            .unwrap_or_default()
+    };
+    assert!(eventually(Duration::from_secs(10), || node_port(
+        "192.168.0.2"
+    )
+    .contains("10.180.0.1")));
+    assert!(!map().contains("192.168.0.77"));
+    // A new address inside nodePortAddresses takes NodePorts, without a
+    // restart and before the next periodic resync.
+    bed.node
+        .ip(&["addr", "add", "192.168.0.77/24", "dev", "eth0", "nodad"])
+        .unwrap();
+    let t = Instant::now();
+    assert!(
+        eventually(Duration::from_secs(5), || node_port("192.168.0.77")
+            .contains("10.180.0.1")),
+        "NodePort on the new address\n{}",
+        map()
+    );
+    println!("new address served after {:?}", t.elapsed());
+    // And one that goes away is dropped.
+    bed.node
+        .ip(&["addr", "del", "192.168.0.77/24", "dev", "eth0"])
+        .unwrap();
+    assert!(
+        eventually(Duration::from_secs(5), || !map().contains("192.168.0.77")),
+        "{}",
+        map()
+    );
+    let log = stop(daemon);
+    assert!(log.contains("the node's addresses changed"), "{log}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_changed_configuration_file_restarts_verdict() {
+    let Some((bed, dir)) = setup("config-watch") else {
+        return;
+    };
+    let config = dir.join("config.conf");
+    std::fs::write(&config, KUBEADM).unwrap();
+    let m = dir.join("m");
+    std::fs::create_dir_all(&m).unwrap();
+    for f in ["service.yaml", "slice.yaml", "node.yaml"] {
+        std::fs::rename(dir.join(f), m.join(f)).unwrap();
+    }
+    let (c, manifests) = (
+        config.to_string_lossy().into_owned(),
+        m.to_string_lossy().into_owned(),
+    );
+    let mut daemon = start(
+        &bed,
+        &[
+            "--config",
+            &c,
+            "--hostname-override=test-node",
+            "--manifests",
+            &manifests,
+        ],
+    );
+    assert_eq!(wait_for(&bed, "10.180.0.1:80"), "10.180.0.1:80");
+    // As a ConfigMap update lands: a new file renamed over the old one.
+    write(
+        &dir,
+        "config.conf",
+        &KUBEADM.replace(
+            "masqueradeAll: false\n  masqueradeBit: null",
+            "masqueradeAll: true\n  masqueradeBit: null",
+        ),
+    );
+    let exited = eventually(Duration::from_secs(5), || {
+        daemon.0.try_wait().unwrap().is_some()
+    });
+    assert!(exited, "verdict exits when its configuration changes");
+    let status = daemon.0.wait().unwrap();
+    assert_eq!(status.code(), Some(1));
+    let log = stop(daemon);
+    assert!(log.contains("configuration file was updated"), "{log}");
+    assert_eq!(
+        who(&bed),
+        "10.180.0.1:80",
+        "the rules stay for the next process"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn bind_address_hard_fail_makes_a_busy_port_fatal() {
+    let Some((mut bed, dir)) = setup("hardfail") else {
+        return;
+    };
+    bed.serve_node(&[common::ip("127.0.0.1")], &[10256], &[])
+        .unwrap();
+    let manifests = dir.to_string_lossy().into_owned();
+    let args = [
+        "--hostname-override=test-node",
+        "--cluster-cidr=10.0.0.0/8",
+        "--proxy-mode=nftables",
+        "--manifests",
+        &manifests,
+    ];
+    // By default verdict keeps going and tries the port again.
+    let daemon = start(&bed, &args);
+    assert_eq!(wait_for(&bed, "10.180.0.1:80"), "10.180.0.1:80");
+    let log = stop(daemon);
+    assert!(
+        log.contains("cannot serve /healthz and /livez: trying again every 5s"),
+        "{log}"
+    );
+    // With bindAddressHardFail it stops.
+    let mut hard = args.to_vec();
+    hard.push("--bind-address-hard-fail");
+    let out = bed
+        .node
+        .spawn(env!("CARGO_BIN_EXE_verdict"), &hard)
+        .unwrap()
+        .wait_with_output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("healthz server failed"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
