@@ -485,6 +485,16 @@ fn a_service_the_kernel_refuses_gets_an_event() {
     ))
     .unwrap();
     api.apply(slice("lb-b-1", "lb-b", "10.180.0.1")).unwrap();
+    // An eTP=Local LoadBalancer whose health-check node port someone else
+    // holds on the node's address.
+    let mut local = load_balancer("lb-local", "172.30.0.53", 30053, "0.0.0.0/0");
+    local["spec"]["externalTrafficPolicy"] = json!("Local");
+    local["spec"]["healthCheckNodePort"] = json!(30553);
+    local["status"]["loadBalancer"]["ingress"] = json!([{"ip": "198.51.100.8"}]);
+    api.apply(local).unwrap();
+    api.apply(slice("lb-local-1", "lb-local", "10.180.0.1"))
+        .unwrap();
+    bed.serve_node(&[ip("192.168.0.2")], &[30553], &[]).unwrap();
 
     let dir = scratch_dir("api-event");
     let kubeconfig = dir.join("kubeconfig");
@@ -545,6 +555,32 @@ fn a_service_the_kernel_refuses_gets_an_event() {
             .as_str()
             .is_some_and(|t| t.len() == "2026-12-01T10:00:00.000000Z".len()),
         "{event}"
+    );
+    // kube-proxy's FailedToStartServiceHealthcheck, for the busy port.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let busy = loop {
+        let events = api.events().unwrap();
+        if let Some(e) = events
+            .into_iter()
+            .find(|e| e["reason"] == "FailedToStartServiceHealthcheck")
+        {
+            break e;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no FailedToStartServiceHealthcheck Event"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(busy["regarding"]["name"], "lb-local");
+    assert_eq!(busy["type"], "Warning");
+    assert_eq!(busy["action"], "Listen");
+    let note = busy["note"].as_str().unwrap();
+    assert!(
+        note.starts_with(
+            "node test-node failed to start healthcheck \"demo/lb-local\" on port 30553:"
+        ),
+        "{note}"
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
