@@ -1,7 +1,7 @@
 //! The `process_*` metrics Prometheus' Go client exports for every
-//! process, read from `/proc/self` at each scrape as it reads them: CPU
-//! time and start time in clock ticks of 1/100 s (`USER_HZ`), resident
-//! memory in pages, and the soft limits for the maxima.
+//! process, read from `/proc/self` at each scrape: CPU time and start time
+//! in clock ticks of 1/100 s (`USER_HZ`), resident memory from `VmRSS`
+//! (whatever the page size), and the soft limits for the maxima.
 
 use std::fmt::Write as _;
 
@@ -26,8 +26,6 @@ pub struct Process {
 
 /// `USER_HZ`, as procfs assumes it.
 const TICKS: f64 = 100.0;
-/// The page size of every Linux platform verdict runs on.
-const PAGE: f64 = 4096.0;
 
 /// The fields of `/proc/self/stat` after the command's name, from the
 /// state (field 3) on.
@@ -48,9 +46,16 @@ fn soft_limit(limits: &str, name: &str) -> Option<f64> {
 }
 
 impl Process {
-    /// Parses the texts of `/proc/self/stat`, `/proc/stat` and
-    /// `/proc/self/limits`, with the count of open descriptors.
-    pub fn parse(stat: &str, system_stat: &str, limits: &str, open_fds: usize) -> Option<Process> {
+    /// Parses the texts of `/proc/self/stat`, `/proc/self/status`,
+    /// `/proc/stat` and `/proc/self/limits`, with the count of open
+    /// descriptors.
+    pub fn parse(
+        stat: &str,
+        status: &str,
+        system_stat: &str,
+        limits: &str,
+        open_fds: usize,
+    ) -> Option<Process> {
         // Field numbers of proc(5), minus 3 (the state is index 0).
         let f = stat_fields(stat)?;
         let num = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok());
@@ -64,7 +69,15 @@ impl Process {
             cpu_seconds: (num(11)? + num(12)?) / TICKS,
             start_time: boot + num(19)? / TICKS,
             virtual_bytes: num(20)?,
-            resident_bytes: num(21)? * PAGE,
+            resident_bytes: status
+                .lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))?
+                .trim()
+                .strip_suffix("kB")?
+                .trim()
+                .parse::<f64>()
+                .ok()?
+                * 1024.0,
             open_fds: open_fds as f64,
             max_fds: soft_limit(limits, "Max open files").unwrap_or(0.0),
             max_virtual_bytes: soft_limit(limits, "Max address space").unwrap_or(0.0),
@@ -77,6 +90,7 @@ impl Process {
         let fds = std::fs::read_dir("/proc/self/fd").ok()?.count();
         Process::parse(
             &read("/proc/self/stat")?,
+            &read("/proc/self/status")?,
             &read("/proc/stat")?,
             &read("/proc/self/limits")?,
             fds,
@@ -149,7 +163,8 @@ mod tests {
     #[test]
     fn reads_proc_as_the_go_client() {
         let limits = "Limit                     Soft Limit           Hard Limit           Units\nMax open files            1048576              1048576              files\nMax address space         unlimited            unlimited            bytes\n";
-        let p = Process::parse(STAT, "cpu 1 2 3\nbtime 1700000000\n", limits, 12).unwrap();
+        let status = "Name:\tverdict\nVmRSS:\t   20000 kB\nThreads:\t8\n";
+        let p = Process::parse(STAT, status, "cpu 1 2 3\nbtime 1700000000\n", limits, 12).unwrap();
         assert_eq!(p.cpu_seconds, 2.0, "(150 + 50) ticks");
         assert!(
             (p.start_time - 1_700_000_012.34).abs() < 1e-3,
@@ -157,7 +172,7 @@ mod tests {
             p.start_time
         );
         assert_eq!(p.virtual_bytes, 987_654_321.0);
-        assert_eq!(p.resident_bytes, 5000.0 * 4096.0);
+        assert_eq!(p.resident_bytes, 20000.0 * 1024.0);
         assert_eq!(p.open_fds, 12.0);
         assert_eq!(p.max_fds, 1_048_576.0);
         assert_eq!(p.max_virtual_bytes, u64::MAX as f64);

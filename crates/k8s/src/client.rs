@@ -197,6 +197,82 @@ where
 mod tests {
     use super::*;
 
+    /// An API server that answers every request at once.
+    struct Answer;
+
+    impl Service<Request<Body>> for Answer {
+        type Response = Response<()>;
+        type Error = std::convert::Infallible;
+        type Future = std::future::Ready<Result<Response<()>, std::convert::Infallible>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, _: Request<Body>) -> Self::Future {
+            std::future::ready(Ok(Response::new(())))
+        }
+    }
+
+    #[test]
+    fn requests_wait_for_the_bucket_and_are_recorded() {
+        let records = Arc::new(Mutex::new(Vec::new()));
+        let seen = records.clone();
+        let layer = Observed {
+            host: "10.0.0.1:6443".into(),
+            bucket: Some(Arc::new(Mutex::new(Bucket::new(10.0, 2, Instant::now())))),
+            observer: Some(Arc::new(move |r: &RequestRecord| {
+                seen.lock().unwrap().push(r.clone())
+            })),
+        };
+        let mut svc = layer.layer(Answer);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        let request = |uri: &str| Request::get(uri).body(Body::from(Vec::new())).unwrap();
+        let t = Instant::now();
+        rt.block_on(async {
+            for _ in 0..2 {
+                svc.call(request("/api/v1/services")).await.unwrap();
+            }
+        });
+        assert!(
+            t.elapsed() < Duration::from_millis(50),
+            "the burst goes at once"
+        );
+        rt.block_on(async {
+            svc.call(request("/api/v1/services?limit=500"))
+                .await
+                .unwrap();
+        });
+        assert!(
+            t.elapsed() >= Duration::from_millis(90),
+            "then 10 a second: {:?}",
+            t.elapsed()
+        );
+        // The next page of a list does not wait.
+        let t = Instant::now();
+        rt.block_on(async {
+            for _ in 0..5 {
+                svc.call(request("/api/v1/services?limit=500&continue=abc"))
+                    .await
+                    .unwrap();
+            }
+        });
+        assert!(t.elapsed() < Duration::from_millis(50), "{:?}", t.elapsed());
+        let records = records.lock().unwrap();
+        assert_eq!(records.len(), 8);
+        assert_eq!(
+            (
+                records[0].method.as_str(),
+                records[0].code.as_str(),
+                records[0].host.as_str()
+            ),
+            ("GET", "200", "10.0.0.1:6443")
+        );
+    }
+
     #[test]
     fn the_bucket_lets_a_burst_through_then_paces() {
         let t0 = Instant::now();

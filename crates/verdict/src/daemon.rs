@@ -82,10 +82,13 @@ fn node_name(settings: &Settings) -> String {
     })
 }
 
-/// Every address on this network namespace's interfaces, sorted.
+/// Every address on this network namespace's interfaces, sorted, but IPv6
+/// link-local ones: they cannot take NodePorts (they need a scope), and
+/// every pod interface adds one.
 fn local_addresses() -> anyhow::Result<Vec<IpAddr>> {
     let mut ips = verdict_nft::addresses::local_addresses()
         .context("listing the node's addresses (ip -j addr show)")?;
+    ips.retain(|ip| !matches!(ip, IpAddr::V6(v6) if (v6.segments()[0] & 0xffc0) == 0xfe80));
     ips.sort();
     ips.dedup();
     Ok(ips)
@@ -349,8 +352,9 @@ impl Node {
     }
 
     /// Reads the node's addresses again (kube-proxy does at every full
-    /// sync) and reconfigures the proxiers if they changed. Returns whether
-    /// they did.
+    /// sync). The proxiers are reconfigured, which brings a full sync, only
+    /// when the addresses that take NodePorts changed: a pod's interface
+    /// coming or going changes nothing. Returns whether they did.
     fn refresh_addresses(&mut self) -> bool {
         let now = match local_addresses() {
             Ok(ips) => ips,
@@ -362,8 +366,17 @@ impl Node {
         if now == self.local_ips {
             return false;
         }
-        tracing::info!(before = ?self.local_ips, after = ?now, "the node's addresses changed");
+        let moved = self.proxiers.iter().any(|p| {
+            let mut c = p.config().clone();
+            let before = c.node_port_ips();
+            c.local_ips = now.clone();
+            c.node_port_ips() != before
+        });
         let before = std::mem::replace(&mut self.local_ips, now);
+        if !moved {
+            return false;
+        }
+        tracing::info!(before = ?before, after = ?self.local_ips, "the node's addresses changed");
         if let Err(e) = self.reconfigure() {
             tracing::error!(error = %format!("{e:#}"), "cannot use the node's new addresses");
             self.local_ips = before;
@@ -859,6 +872,7 @@ fn sync_health_checks(
         );
         let key = (f.service.clone(), f.port);
         if !extras.hc_failed.contains(&key)
+            && !failing.contains(&key)
             && let Some(tx) = events
         {
             // As kube-proxy's FailedToStartServiceHealthcheck.
@@ -1116,8 +1130,8 @@ pub fn run(settings: &Settings, source: &Source, verbosity: &Verbosity) -> anyho
         kernel = %std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
         "node facts"
     );
-    // As kube-proxy, the API client comes first: a configuration that
-    // cannot reach the API server stops verdict before it changes anything.
+    // As kube-proxy, the API client comes first: a kubeconfig or --master
+    // that cannot be used stops verdict before it changes anything.
     let client = client_options(settings, &node.metrics);
     let mut feed = Feed::open(source, &node.name, client.clone())?;
     let mut events = None;
@@ -1139,12 +1153,6 @@ pub fn run(settings: &Settings, source: &Source, verbosity: &Verbosity) -> anyho
         action: "StartKubeProxy",
         note: format!("Starting verdict {}.", crate::version::BUILD.git_version),
     });
-    // As kube-proxy in nftables mode: what the iptables and IPVS modes (and,
-    // for verdict, kube-proxy's nftables mode) left would still catch
-    // packets first; remove it so switching needs no reboot.
-    for problem in crate::leftovers::cleanup(source.keep_kube_proxy_nftables) {
-        tracing::warn!(%problem, "cleaning up kube-proxy's leftovers");
-    }
     let mut nft = NftCli::new().context("nftables")?;
     tracing::info!(nft = ?nft.version(), node = %node.name, "starting");
     node.probe(&nft).context("startup check")?;
@@ -1208,6 +1216,7 @@ pub fn run(settings: &Settings, source: &Source, verbosity: &Verbosity) -> anyho
     let foreign = watch_foreign_changes(&node.proxiers);
     let addresses = watch_addresses();
     let mut config_checked = Instant::now();
+    let mut leftovers_pending = true;
 
     let mut schedule = Schedule::new(node.settings.min_sync_period, node.settings.sync_period);
     let mut wait = POLL;
@@ -1273,6 +1282,17 @@ pub fn run(settings: &Settings, source: &Source, verbosity: &Verbosity) -> anyho
             tracing::error!(error = %format!("{e:#}"), "sync failed; retrying with backoff, and new changes still go through");
         }
         schedule.synced(now, full, result.is_ok());
+        // What kube-proxy's iptables and IPVS modes (and, for verdict, its
+        // nftables mode) left would still act on Service traffic: remove it
+        // once verdict's rules serve every Service, so the swap drops no
+        // traffic, as kube-proxy removes the other modes' state when it
+        // starts in one.
+        if leftovers_pending && full && result.is_ok() {
+            leftovers_pending = false;
+            for problem in crate::leftovers::cleanup(source.keep_kube_proxy_nftables) {
+                tracing::warn!(%problem, "cleaning up kube-proxy's leftovers");
+            }
+        }
     }
 }
 
@@ -1296,7 +1316,11 @@ fn watch_addresses() -> Option<Receiver<()>> {
     let spawned = std::thread::Builder::new()
         .name("addr-monitor".into())
         .spawn(move || {
-            while monitor.wait().is_ok() {
+            loop {
+                if let Err(e) = monitor.wait() {
+                    tracing::error!(error = %e, "the address monitor stopped; the node's addresses are read again at each full sync only");
+                    return;
+                }
                 if tx.send(()).is_err() {
                     return;
                 }

@@ -6,8 +6,9 @@
 //! file, and `/debug/flags/v` changes it while running.
 //!
 //! verdict's `info!` is klog's V(0), `debug!` V(2) and `trace!` V(4).
-//! Libraries' messages (the API client, TLS) count four levels more, as
-//! client-go logs its requests only from V(6).
+//! Libraries' messages (the API client, TLS) count more: their info is
+//! V(2), their debug V(6) and their trace V(8), as client-go logs its
+//! requests only from V(6).
 
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -140,9 +141,14 @@ impl<S: Subscriber> Layer<S> for Klog {
         })
     }
 
-    fn register_callsite(&self, _: &'static Metadata<'static>) -> tracing::subscriber::Interest {
-        // Decided per message: the verbosity can change while running.
-        tracing::subscriber::Interest::sometimes()
+    fn register_callsite(&self, meta: &'static Metadata<'static>) -> tracing::subscriber::Interest {
+        // Decided once per call site; a change of verbosity rebuilds the
+        // decisions (`Verbosity::set`).
+        if level_of(meta) <= self.threshold(meta) {
+            tracing::subscriber::Interest::always()
+        } else {
+            tracing::subscriber::Interest::never()
+        }
     }
 
     fn enabled(&self, meta: &Metadata<'_>, _: Context<'_, S>) -> bool {

@@ -310,7 +310,8 @@ pub fn resolve(input: &Input<'_>) -> Result<Resolved, ConfigError> {
                 .filter(|(_, v)| v.is_some())
                 .map(|(n, _)| format!("--{n}")),
             );
-            names.dedup();
+            let mut seen = BTreeSet::new();
+            names.retain(|n| seen.insert(n.clone()));
             if !names.is_empty() {
                 warnings.push(format!(
                     "{} ignored because --config is set (as in kube-proxy, the file wins)",
@@ -368,6 +369,7 @@ pub fn resolve(input: &Input<'_>) -> Result<Resolved, ConfigError> {
             }
         }
     }
+    platform_defaults(&mut doc);
     let name = |path: &'static str| origin.get(path).cloned().unwrap_or_else(|| path.to_owned());
 
     let mut s = Settings::default();
@@ -395,6 +397,10 @@ pub fn resolve(input: &Input<'_>) -> Result<Resolved, ConfigError> {
     finish(&mut s, &name)?;
     if get(&doc, "mode").and_then(Value::as_str) == Some("") {
         set(&mut doc, "mode", Value::from("nftables"));
+    }
+    // The name as it is used (trimmed, lower-cased), as kube-proxy keeps it.
+    if let Some(h) = &s.hostname_override {
+        set(&mut doc, "hostnameOverride", Value::from(h.as_str()));
     }
     s.effective = doc;
     Ok(Resolved {
@@ -598,6 +604,21 @@ fn default_file(doc: &mut Value) {
             append_port_if_needed(cur, port)
         };
         set(doc, path, Value::from(new));
+    }
+}
+
+/// kube-proxy's defaults for nftables mode, applied after the flags
+/// (`platformApplyDefaults`): no NodePort addresses means the node's
+/// primary ones, no detector mode means ClusterCIDR.
+fn platform_defaults(doc: &mut Value) {
+    for (path, default) in [
+        ("nodePortAddresses", Value::from(vec!["primary"])),
+        ("detectLocalMode", Value::from("ClusterCIDR")),
+    ] {
+        let kind = table::setting(path).map_or(Kind::Str, |s| s.kind);
+        if get(doc, path).is_none_or(|v| kind.is_zero(v)) {
+            set(doc, path, default);
+        }
     }
 }
 

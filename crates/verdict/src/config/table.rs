@@ -188,12 +188,10 @@ pub const SETTINGS: &[Setting] = &[
         overrides_file: false,
         internal: "ClientConnection.QPS",
         help: "Requests per second to the API server (with kube-api-burst)",
+        // As client-go: 0 is its default (5), a negative rate no limit.
         effect: Effect::Apply(|s, v, _| {
             let qps = v.as_f64().unwrap_or_default();
-            if qps < 0.0 {
-                return Err("must be greater than or equal to 0".into());
-            }
-            s.client.qps = qps;
+            s.client.qps = if qps == 0.0 { 5.0 } else { qps };
             Ok(())
         }),
     },
@@ -205,8 +203,10 @@ pub const SETTINGS: &[Setting] = &[
         overrides_file: false,
         internal: "ClientConnection.Burst",
         help: "Burst of requests to the API server",
+        // As client-go: 0 is its default (10).
         effect: Effect::Apply(|s, v, _| {
-            s.client.burst = non_negative(v)?;
+            let burst = non_negative(v)?;
+            s.client.burst = if burst == 0 { 10 } else { burst };
             Ok(())
         }),
     },
@@ -919,7 +919,7 @@ pub const SETTINGS: &[Setting] = &[
     },
     Setting {
         path: "portRange",
-        flags: &[],
+        flags: &["proxy-port-range"],
         kind: Kind::Str,
         default: Default::Zero,
         overrides_file: false,

@@ -475,6 +475,27 @@ fn the_last_flag_wins_and_lists_add_up() {
 }
 
 #[test]
+fn empty_flags_take_kube_proxys_nftables_defaults() {
+    let (s, _) = ok(None, &["--nodeport-addresses=", "--detect-local-mode="]);
+    assert_eq!(s.node_ports, NodePortAddresses::primary());
+    assert_eq!(s.detect_local, DetectLocal::ClusterCidr(vec![]));
+    // client-go's defaults and its "no limit".
+    let (s, _) = ok(None, &["--kube-api-qps=0", "--kube-api-burst=0"]);
+    assert_eq!((s.client.qps, s.client.burst), (5.0, 10));
+    let (s, _) = ok(None, &["--kube-api-qps=-1"]);
+    assert!(s.client.qps < 0.0, "accepted: no limit");
+    let (_, w) = ok(None, &["--proxy-port-range=30000-32767"]);
+    assert!(
+        w.iter()
+            .any(|w| w.contains("--proxy-port-range has no effect")),
+        "{w:?}"
+    );
+    // The effective configuration holds the name as used.
+    let (s, _) = ok(None, &["--hostname-override= Node-1 "]);
+    assert_eq!(s.effective["hostnameOverride"], "node-1");
+}
+
+#[test]
 fn node_port_keywords_combine() {
     let mut w = Vec::new();
     let np = node_ports(
@@ -923,7 +944,12 @@ fn kube_proxy_flags() -> Vec<(&'static str, Vec<&'static str>, Expect)> {
 fn every_kube_proxy_flag_is_applied_or_accepted_with_its_warning() {
     let table = kube_proxy_flags();
     assert_eq!(table.len(), 57, "kube-proxy has 57 flags");
-    let mut known = cli::kube_proxy_flags();
+    // `--proxy-port-range` is accepted for older command lines; kube-proxy
+    // no longer has it.
+    let mut known: Vec<&str> = cli::kube_proxy_flags()
+        .into_iter()
+        .filter(|f| *f != "proxy-port-range")
+        .collect();
     known.sort();
     let mut tested: Vec<&str> = table.iter().map(|(n, _, _)| *n).collect();
     tested.sort();
