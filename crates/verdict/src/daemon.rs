@@ -2,13 +2,14 @@
 //! and the sync loop.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, bail};
+use verdict_admin::http::Handler;
 use verdict_admin::metrics as m;
 use verdict_admin::service_health::{Healthy, ServiceHealthServers};
 use verdict_admin::{Family as HealthFamily, Health, Metrics};
@@ -1159,34 +1160,18 @@ pub fn run(settings: &Settings, source: &Source, verbosity: &Verbosity) -> anyho
     tracing::info!("nftables dry run passed: the kernel accepts verdict's ruleset");
     crate::setup::apply(settings)?;
     node.live = Some(ConntrackCli::new());
-    let fatal = |node: &Node, reason: &'static str, note: String| {
-        node.notify(Notice {
-            regarding: Regarding::Node,
-            warning: true,
-            reason,
-            action: "StartKubeProxy",
-            note: note.clone(),
-        });
-        anyhow::anyhow!(note)
-    };
+    // kube-proxy's two servers; with bindAddressHardFail, one that cannot
+    // listen stops verdict, after its Event.
+    let mut servers: Vec<(SocketAddr, Handler, &str, &'static str, &str)> = Vec::new();
     if let Some(addr) = settings.healthz_bind_address {
         let handler = crate::endpoints::health_handler(node.health.clone(), node.metrics.clone());
-        if let Err(e) = crate::endpoints::serve(
+        servers.push((
             addr,
             handler,
             "/healthz and /livez",
-            settings.bind_address_hard_fail,
-        ) {
-            let err = fatal(
-                &node,
-                "FailedToStartProxierHealthcheck",
-                format!("healthz server failed: {e}"),
-            );
-            if let Some(e) = events.take() {
-                e.close(EVENT_FLUSH);
-            }
-            return Err(err);
-        }
+            "FailedToStartProxierHealthcheck",
+            "healthz server failed",
+        ));
     }
     if let Some(addr) = settings.metrics_bind_address {
         let site = crate::endpoints::MetricsSite {
@@ -1196,21 +1181,32 @@ pub fn run(settings: &Settings, source: &Source, verbosity: &Verbosity) -> anyho
             profiling: settings.enable_profiling,
             verbosity: verbosity.clone(),
         };
-        if let Err(e) = crate::endpoints::serve(
+        servers.push((
             addr,
             crate::endpoints::metrics_handler(site),
             "/metrics",
-            settings.bind_address_hard_fail,
-        ) {
-            let err = fatal(
-                &node,
-                "FailedToStartMetricServer",
-                format!("starting metrics server failed: {e}"),
-            );
+            "FailedToStartMetricServer",
+            "starting metrics server failed",
+        ));
+    }
+    for (addr, handler, what, reason, failed) in servers {
+        if let Err(e) =
+            crate::endpoints::serve(addr, handler, what, settings.bind_address_hard_fail)
+        {
+            let note = format!("{failed}: {e}");
+            node.notify(Notice {
+                regarding: Regarding::Node,
+                warning: true,
+                reason,
+                action: "StartKubeProxy",
+                note: note.clone(),
+            });
+            // The poster finishes once every sender is gone.
+            node.events = None;
             if let Some(e) = events.take() {
                 e.close(EVENT_FLUSH);
             }
-            return Err(err);
+            bail!(note);
         }
     }
     let foreign = watch_foreign_changes(&node.proxiers);

@@ -31,74 +31,10 @@ fn slice(endpoint: &str) -> String {
 
 /// What kubeadm writes for kube-proxy (its zero values), in nftables mode,
 /// with the bed's pod network.
-const KUBEADM: &str = r#"apiVersion: kubeproxy.config.k8s.io/v1alpha1
-bindAddress: 0.0.0.0
-bindAddressHardFail: false
-clientConnection:
-  acceptContentTypes: ""
-  burst: 0
-  contentType: ""
-  kubeconfig: /var/lib/kube-proxy/kubeconfig.conf
-  qps: 0
-clusterCIDR: 10.0.0.0/8
-configSyncPeriod: 0s
-conntrack:
-  maxPerCore: null
-  min: null
-  tcpBeLiberal: false
-  tcpCloseWaitTimeout: null
-  tcpEstablishedTimeout: null
-  udpStreamTimeout: 0s
-  udpTimeout: 0s
-detectLocal:
-  bridgeInterface: ""
-  interfaceNamePrefix: ""
-detectLocalMode: ""
-enableProfiling: false
-healthzBindAddress: ""
-hostnameOverride: ""
-iptables:
-  localhostNodePorts: null
-  masqueradeAll: false
-  masqueradeBit: null
-  minSyncPeriod: 0s
-  syncPeriod: 0s
-ipvs:
-  excludeCIDRs: null
-  minSyncPeriod: 0s
-  scheduler: ""
-  strictARP: false
-  syncPeriod: 0s
-  tcpFinTimeout: 0s
-  tcpTimeout: 0s
-  udpTimeout: 0s
-kind: KubeProxyConfiguration
-logging:
-  flushFrequency: 0
-  options:
-    json:
-      infoBufferSize: "0"
-    text:
-      infoBufferSize: "0"
-  verbosity: 0
-metricsBindAddress: ""
-mode: nftables
-nftables:
-  masqueradeAll: false
-  masqueradeBit: null
-  minSyncPeriod: 0s
-  syncPeriod: 0s
-nodePortAddresses: null
-oomScoreAdj: null
-portRange: ""
-showHiddenMetricsForVersion: ""
-winkernel:
-  enableDSR: false
-  forwardHealthCheckVip: false
-  networkName: ""
-  rootHnsEndpointName: ""
-  sourceVip: ""
-"#;
+fn kubeadm() -> String {
+    include_str!("fixtures/kubeadm-config.conf")
+        .replace("clusterCIDR: 10.244.0.0/16", "clusterCIDR: 10.0.0.0/8")
+}
 
 /// A bed with two endpoints pods and a client pod, and manifests for the
 /// NodePort service on the first endpoint.
@@ -203,7 +139,7 @@ fn kubeadms_configuration_runs_unchanged() {
         return;
     };
     let config = dir.join("config.conf");
-    std::fs::write(&config, KUBEADM).unwrap();
+    std::fs::write(&config, kubeadm()).unwrap();
     let (d, c) = (dir.join("m"), config.to_string_lossy().into_owned());
     std::fs::create_dir_all(&d).unwrap();
     for f in ["service.yaml", "slice.yaml", "node.yaml"] {
@@ -337,6 +273,16 @@ fn k3s_and_rke2_flags_run_unchanged() {
         http_at(&bed, "192.168.0.2", 10249, "/metrics").starts_with("HTTP/1.1 200")
     });
     assert!(got, "metrics on 0.0.0.0:10249");
+    // The rules of the first run are still there: wait for this run's sync.
+    let synced = eventually(Duration::from_secs(10), || {
+        let m = http_at(&bed, "192.168.0.2", 10249, "/metrics");
+        sample(
+            &m,
+            "kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family=\"IPv4\"}",
+        )
+        .is_some_and(|t| t > 0.0)
+    });
+    assert!(synced, "the RKE2 run synced");
     assert_eq!(wait_for(&bed, "10.180.0.1:80"), "10.180.0.1:80");
     let log = stop(rke2);
     assert!(log.contains("\"synced\""), "-v=2 logs each sync:\n{log}");
@@ -583,7 +529,7 @@ fn a_changed_configuration_file_restarts_verdict() {
         return;
     };
     let config = dir.join("config.conf");
-    std::fs::write(&config, KUBEADM).unwrap();
+    std::fs::write(&config, kubeadm()).unwrap();
     let m = dir.join("m");
     std::fs::create_dir_all(&m).unwrap();
     for f in ["service.yaml", "slice.yaml", "node.yaml"] {
@@ -608,7 +554,7 @@ fn a_changed_configuration_file_restarts_verdict() {
     write(
         &dir,
         "config.conf",
-        &KUBEADM.replace(
+        &kubeadm().replace(
             "masqueradeAll: false\n  masqueradeBit: null",
             "masqueradeAll: true\n  masqueradeBit: null",
         ),
