@@ -325,48 +325,7 @@ pub fn resolve(input: &Input<'_>) -> Result<Resolved, ConfigError> {
             default_file(&mut doc);
             let flags: Vec<&GivenFlag> = input.flags.iter().collect();
             apply_flags(&mut doc, &flags, &mut origin, &mut from_flags)?;
-            for (path, flag, given, port) in [
-                (
-                    "healthzBindAddress",
-                    "--healthz-port",
-                    input.healthz_port,
-                    HEALTHZ_PORT,
-                ),
-                (
-                    "metricsBindAddress",
-                    "--metrics-port",
-                    input.metrics_port,
-                    METRICS_PORT,
-                ),
-            ] {
-                let port = match given {
-                    Some(text) => {
-                        let p: i32 = text
-                            .trim()
-                            .parse()
-                            .map_err(|_| bad(flag, format!("{text:?} is not a port")))?;
-                        warnings.push(format!(
-                            "{flag} is deprecated: use --{}",
-                            table::setting(path).map_or("", |s| s.flags[0])
-                        ));
-                        if p == 0 {
-                            set(&mut doc, path, Value::from(""));
-                            continue;
-                        }
-                        u16::try_from(p).map_err(|_| bad(flag, format!("{p} is not a port")))?
-                    }
-                    None => port,
-                };
-                let addr = get(&doc, path).and_then(Value::as_str).unwrap_or_default();
-                let with_port = append_port_if_needed(addr, port);
-                // As kube-proxy: the port only completes an address without one.
-                if given.is_some() && with_port == addr && !addr.is_empty() {
-                    warnings.push(format!(
-                        "{flag} has no effect: the address {addr} already has a port"
-                    ));
-                }
-                set(&mut doc, path, Value::from(with_port));
-            }
+            deprecated_ports(&mut doc, input, &mut warnings)?;
         }
     }
     platform_defaults(&mut doc);
@@ -407,6 +366,63 @@ pub fn resolve(input: &Input<'_>) -> Result<Resolved, ConfigError> {
         settings: s,
         warnings,
     })
+}
+
+/// kube-proxy's deprecated `--healthz-port` and `--metrics-port`, without
+/// `--config`: 0 disables the server; another port completes an address
+/// given without one (kube-proxy's own port by default), and does nothing
+/// to one that has a port.
+fn deprecated_ports(
+    doc: &mut Value,
+    input: &Input<'_>,
+    warnings: &mut Vec<String>,
+) -> Result<(), ConfigError> {
+    for (path, flag, given, default) in [
+        (
+            "healthzBindAddress",
+            "--healthz-port",
+            input.healthz_port,
+            HEALTHZ_PORT,
+        ),
+        (
+            "metricsBindAddress",
+            "--metrics-port",
+            input.metrics_port,
+            METRICS_PORT,
+        ),
+    ] {
+        let port = match given {
+            Some(text) => {
+                let p: i32 = text
+                    .trim()
+                    .parse()
+                    .map_err(|_| bad(flag, format!("{text:?} is not a port")))?;
+                let instead = table::setting(path)
+                    .and_then(|s| s.flags.first())
+                    .copied()
+                    .unwrap_or("");
+                warnings.push(format!("{flag} is deprecated: use --{instead}"));
+                if p == 0 {
+                    set(doc, path, Value::from(""));
+                    continue;
+                }
+                u16::try_from(p).map_err(|_| bad(flag, format!("{p} is not a port")))?
+            }
+            None => default,
+        };
+        let addr = get(doc, path)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
+        let with_port = append_port_if_needed(&addr, port);
+        if given.is_some() && with_port == addr && !addr.is_empty() {
+            warnings.push(format!(
+                "{flag} has no effect: the address {addr} already has a port"
+            ));
+        }
+        set(doc, path, Value::from(with_port));
+    }
+    Ok(())
 }
 
 /// The checks that involve several settings.
