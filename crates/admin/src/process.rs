@@ -34,6 +34,14 @@ fn stat_fields(stat: &str) -> Option<Vec<&str>> {
     Some(after.split_whitespace().collect())
 }
 
+/// The user and system CPU time in a process's or thread's `stat`, in
+/// seconds.
+pub fn cpu_seconds(stat: &str) -> Option<f64> {
+    let f = stat_fields(stat)?;
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok());
+    Some((ticks(11)? + ticks(12)?) / TICKS)
+}
+
 /// A soft limit of `/proc/self/limits` ("unlimited" is 2^64 - 1).
 fn soft_limit(limits: &str, name: &str) -> Option<f64> {
     let line = limits.lines().find(|l| l.starts_with(name))?;
@@ -66,7 +74,7 @@ impl Process {
             .parse()
             .ok()?;
         Some(Process {
-            cpu_seconds: (num(11)? + num(12)?) / TICKS,
+            cpu_seconds: cpu_seconds(stat)?,
             start_time: boot + num(19)? / TICKS,
             virtual_bytes: num(20)?,
             resident_bytes: status

@@ -404,13 +404,7 @@ fn default_text(s: &Setting) -> Option<String> {
         Default::Computed if s.path == "metricsBindAddress" => Literal::Str("127.0.0.1:10249"),
         _ => return None,
     };
-    Some(match l {
-        Literal::Str(t) => t.to_owned(),
-        Literal::Int(n) => n.to_string(),
-        Literal::Float(f) => f.to_string(),
-        Literal::Bool(b) => b.to_string(),
-        Literal::List(l) => l.join(","),
-    })
+    Some(l.text())
 }
 
 /// `--help`.

@@ -188,21 +188,11 @@ fn threads_report() -> String {
         let dir = entry.path();
         let name = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
         let stat = std::fs::read_to_string(dir.join("stat")).unwrap_or_default();
-        let ticks: f64 = stat
-            .rfind(')')
-            .map(|i| &stat[i + 1..])
-            .map(|rest| {
-                let f: Vec<&str> = rest.split_whitespace().collect();
-                [11, 12]
-                    .iter()
-                    .filter_map(|i| f.get(*i)?.parse::<f64>().ok())
-                    .sum()
-            })
-            .unwrap_or(0.0);
+        let cpu = verdict_admin::process::cpu_seconds(&stat).unwrap_or(0.0);
         rows.push((
             entry.file_name().to_string_lossy().into_owned(),
             name.trim().to_owned(),
-            ticks / 100.0,
+            cpu,
         ));
     }
     rows.sort_by(|a, b| b.2.total_cmp(&a.2));

@@ -448,6 +448,22 @@ fn load_balancer(name: &str, ip: &str, node_port: u16, range: &str) -> Value {
     })
 }
 
+/// The first Event the API server received that `matches` (20 s at most).
+fn wait_for_event(
+    api: &mut ApiServerProcess,
+    what: &str,
+    matches: impl Fn(&Value) -> bool,
+) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(e) = api.events().unwrap().into_iter().find(|e| matches(e)) {
+            return e;
+        }
+        assert!(Instant::now() < deadline, "no {what}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 #[test]
 fn a_service_the_kernel_refuses_gets_an_event() {
     let Some(mut bed) = bed() else {
@@ -524,18 +540,9 @@ fn a_service_the_kernel_refuses_gets_an_event() {
         "10.180.0.1:80",
         "the rest is programmed"
     );
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let event = loop {
-        let events = api.events().unwrap();
-        if let Some(e) = events
-            .into_iter()
-            .find(|e| e["regarding"]["name"] == "lb-b")
-        {
-            break e;
-        }
-        assert!(Instant::now() < deadline, "no Event for demo/lb-b");
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    let event = wait_for_event(&mut api, "an Event for demo/lb-b", |e| {
+        e["regarding"]["name"] == "lb-b"
+    });
     assert_eq!(event["regarding"]["kind"], "Service");
     assert_eq!(event["regarding"]["namespace"], "demo");
     assert_eq!(event["type"], "Warning");
@@ -557,21 +564,9 @@ fn a_service_the_kernel_refuses_gets_an_event() {
         "{event}"
     );
     // kube-proxy's FailedToStartServiceHealthcheck, for the busy port.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let busy = loop {
-        let events = api.events().unwrap();
-        if let Some(e) = events
-            .into_iter()
-            .find(|e| e["reason"] == "FailedToStartServiceHealthcheck")
-        {
-            break e;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no FailedToStartServiceHealthcheck Event"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    let busy = wait_for_event(&mut api, "FailedToStartServiceHealthcheck", |e| {
+        e["reason"] == "FailedToStartServiceHealthcheck"
+    });
     assert_eq!(busy["regarding"]["name"], "lb-local");
     assert_eq!(busy["type"], "Warning");
     assert_eq!(busy["action"], "Listen");

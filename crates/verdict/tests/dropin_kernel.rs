@@ -53,6 +53,23 @@ fn setup(tag: &str) -> Option<(TestBed, std::path::PathBuf)> {
     Some((bed, dir))
 }
 
+/// kubeadm's configuration as `config.conf`, and the manifests moved into
+/// a folder of their own beside it (so that editing one is not an edit of
+/// the other): their paths.
+fn kubeadm_layout(dir: &std::path::Path) -> (String, String) {
+    let config = dir.join("config.conf");
+    std::fs::write(&config, kubeadm()).unwrap();
+    let m = dir.join("m");
+    std::fs::create_dir_all(&m).unwrap();
+    for f in ["service.yaml", "slice.yaml", "node.yaml"] {
+        std::fs::rename(dir.join(f), m.join(f)).unwrap();
+    }
+    (
+        config.to_string_lossy().into_owned(),
+        m.to_string_lossy().into_owned(),
+    )
+}
+
 fn start(bed: &TestBed, args: &[&str]) -> Process {
     Process(bed.node.spawn(env!("CARGO_BIN_EXE_verdict"), args).unwrap())
 }
@@ -138,14 +155,7 @@ fn kubeadms_configuration_runs_unchanged() {
     let Some((bed, dir)) = setup("kubeadm") else {
         return;
     };
-    let config = dir.join("config.conf");
-    std::fs::write(&config, kubeadm()).unwrap();
-    let (d, c) = (dir.join("m"), config.to_string_lossy().into_owned());
-    std::fs::create_dir_all(&d).unwrap();
-    for f in ["service.yaml", "slice.yaml", "node.yaml"] {
-        std::fs::rename(dir.join(f), d.join(f)).unwrap();
-    }
-    let manifests = d.to_string_lossy().into_owned();
+    let (c, manifests) = kubeadm_layout(&dir);
     let daemon = start(
         &bed,
         &[
@@ -528,17 +538,7 @@ fn a_changed_configuration_file_restarts_verdict() {
     let Some((bed, dir)) = setup("config-watch") else {
         return;
     };
-    let config = dir.join("config.conf");
-    std::fs::write(&config, kubeadm()).unwrap();
-    let m = dir.join("m");
-    std::fs::create_dir_all(&m).unwrap();
-    for f in ["service.yaml", "slice.yaml", "node.yaml"] {
-        std::fs::rename(dir.join(f), m.join(f)).unwrap();
-    }
-    let (c, manifests) = (
-        config.to_string_lossy().into_owned(),
-        m.to_string_lossy().into_owned(),
-    );
+    let (c, manifests) = kubeadm_layout(&dir);
     let mut daemon = start(
         &bed,
         &[

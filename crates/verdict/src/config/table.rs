@@ -43,6 +43,17 @@ pub enum Literal {
 }
 
 impl Literal {
+    /// As `--help` and the reference write it (`30s`, `14`, `primary`).
+    pub fn text(self) -> String {
+        match self {
+            Literal::Str(t) => t.to_owned(),
+            Literal::Int(n) => n.to_string(),
+            Literal::Float(f) => f.to_string(),
+            Literal::Bool(b) => b.to_string(),
+            Literal::List(l) => l.join(","),
+        }
+    }
+
     /// As JSON.
     pub fn value(self) -> Value {
         match self {

@@ -989,13 +989,7 @@ fn the_configuration_reference_is_current() {
             })
             .collect();
         let default = match s.default {
-            table::Default::WhenZero(l) | table::Default::WhenNull(l) => {
-                let v = l.value();
-                match v {
-                    Value::String(t) => t,
-                    other => other.to_string(),
-                }
-            }
+            table::Default::WhenZero(l) | table::Default::WhenNull(l) => l.text(),
             table::Default::Computed if s.path == "healthzBindAddress" => {
                 "0.0.0.0:10256 ([::]:10256 with an IPv6 bindAddress)".into()
             }
