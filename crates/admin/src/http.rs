@@ -1,15 +1,21 @@
 //! A small HTTP/1.1 server: one thread accepts, each request is answered
-//! and the connection closed. Enough for probes, scrapers and the debug
-//! endpoints; nothing here blocks the sync loop. Every method reaches the
+//! on a thread of its own (up to [`MAX_IN_FLIGHT`]; beyond that on the
+//! accepting thread) and the connection closed. Enough for probes,
+//! scrapers, the debug endpoints and the introspection API, where a slow
+//! answer (a trace reading the kernel) must not hold a probe back;
+//! nothing here blocks the sync loop. Every method reaches the
 //! handler, as with Go's handlers; a HEAD answer has no body.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use crate::health::Response;
+
+/// Requests answered at once on threads of their own.
+pub const MAX_IN_FLIGHT: usize = 16;
 
 /// The largest request body read (`PUT /debug/flags/v` sends a number).
 const MAX_BODY: usize = 64 * 1024;
@@ -49,6 +55,15 @@ impl Request {
             .map(|(_, v)| v.as_str())
     }
 
+    /// The value of a query parameter, percent-decoded (`+` is a space);
+    /// the first if repeated.
+    pub fn query_param(&self, key: &str) -> Option<String> {
+        self.query.split('&').find_map(|p| {
+            let (k, v) = p.split_once('=').unwrap_or((p, ""));
+            (percent_decode(k) == key).then(|| percent_decode(v))
+        })
+    }
+
     /// Whether the query has this key (`?verbose`, `?verbose=1`).
     pub fn has_query(&self, key: &str) -> bool {
         self.query
@@ -68,13 +83,56 @@ pub fn serve(addr: SocketAddr, handler: Handler) -> std::io::Result<SocketAddr> 
     std::thread::Builder::new()
         .name(format!("http-{bound}"))
         .spawn(move || {
+            let in_flight = Arc::new(AtomicUsize::new(0));
             for stream in listener.incoming().flatten() {
-                if let Err(e) = answer(stream, &handler) {
-                    tracing::debug!(error = %e, "http request");
+                let busy = in_flight.fetch_add(1, Ordering::AcqRel) >= MAX_IN_FLIGHT;
+                let (h, n) = (handler.clone(), in_flight.clone());
+                let work = move || {
+                    if let Err(e) = answer(stream, &h) {
+                        tracing::debug!(error = %e, "http request");
+                    }
+                    n.fetch_sub(1, Ordering::AcqRel);
+                };
+                if busy {
+                    work();
+                } else if let Err(e) = std::thread::Builder::new()
+                    .name(format!("http-{bound}-request"))
+                    .spawn(work)
+                {
+                    // The closure (and the connection) is gone with the
+                    // failed spawn: count it out.
+                    in_flight.fetch_sub(1, Ordering::AcqRel);
+                    tracing::debug!(error = %e, "http request thread");
                 }
             }
         })?;
     Ok(bound)
+}
+
+/// `%XX` escapes and `+` decoded; malformed escapes are kept as written.
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < b.len() => {
+                let hex = |c: u8| (c as char).to_digit(16);
+                match (hex(b[i + 1]), hex(b[i + 2])) {
+                    (Some(h), Some(l)) => {
+                        out.push((h * 16 + l) as u8);
+                        i += 3;
+                        continue;
+                    }
+                    _ => out.push(b'%'),
+                }
+            }
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Stops its server when dropped (within about 100 ms).
@@ -214,6 +272,18 @@ fn answer(mut s: TcpStream, handler: &Handler) -> std::io::Result<()> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn query_parameters_are_percent_decoded() {
+        let r = Request::get("/api/v1/services?q=kube%2Dsystem%2Fdns&limit=5&x=a+b&bad=%zz&end=%4");
+        assert_eq!(r.query_param("q").as_deref(), Some("kube-system/dns"));
+        assert_eq!(r.query_param("limit").as_deref(), Some("5"));
+        assert_eq!(r.query_param("x").as_deref(), Some("a b"));
+        assert_eq!(r.query_param("bad").as_deref(), Some("%zz"));
+        assert_eq!(r.query_param("end").as_deref(), Some("%4"));
+        assert_eq!(r.query_param("missing"), None);
+    }
+
     use super::*;
 
     fn get(addr: SocketAddr, path: &str) -> String {

@@ -32,5 +32,5 @@ pub use cli::NftCli;
 pub use error::NftError;
 pub use ir::*;
 pub use memory::{Backend, ChainState, MemoryBackend, SetState, TableState, goto};
-pub use trace::{Disposition, Packet, Trace, TracePath, Tracer};
+pub use trace::{Disposition, Packet, Trace, TraceLookup, TracePath, TraceStep, Tracer};
 pub use tx::{Op, Transaction};

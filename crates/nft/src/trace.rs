@@ -59,6 +59,35 @@ pub struct TracePath {
     pub rules: Vec<String>,
     /// Elements the data path wrote to dynamic sets (`update @set`).
     pub updates: Vec<(String, Element)>,
+    /// The matched rules with their hook, chain and set lookups, in order.
+    pub steps: Vec<TraceStep>,
+    /// The path's probability is 1 / `one_in`: every random choice
+    /// (`numgen random mod N`) on the way divides it by N.
+    pub one_in: u64,
+}
+
+/// One rule a path matched (or reached a verdict in).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TraceStep {
+    /// The hook of the base chain being walked.
+    pub hook: Hook,
+    /// The chain the rule is in.
+    pub chain: String,
+    /// The rule, as `nft` prints it.
+    pub rule: String,
+    /// The set and map lookups the rule made on the way, in order.
+    pub lookups: Vec<TraceLookup>,
+}
+
+/// A set or map lookup of a traced rule.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TraceLookup {
+    /// The set or map.
+    pub set: String,
+    /// The key the packet built.
+    pub key: Vec<Value>,
+    /// The element found, if any (with its value and comment).
+    pub found: Option<Element>,
 }
 
 impl TracePath {
@@ -145,6 +174,12 @@ struct State {
     masq: bool,
     rules: Vec<String>,
     updates: Vec<(String, Element)>,
+    hook: Hook,
+    chain: String,
+    steps: Vec<TraceStep>,
+    /// Lookups of the rule being evaluated, not yet recorded in a step.
+    lookups: Vec<TraceLookup>,
+    one_in: u64,
 }
 
 /// Traces packets through one table.
@@ -201,6 +236,11 @@ impl<'a> Tracer<'a> {
             masq: false,
             rules: Vec::new(),
             updates: Vec::new(),
+            hook: Hook::Prerouting,
+            chain: String::new(),
+            steps: Vec::new(),
+            lookups: Vec::new(),
+            one_in: 1,
         };
         let first = if pkt.iif.is_some() {
             Hook::Prerouting
@@ -216,7 +256,8 @@ impl<'a> Tracer<'a> {
         let mut live = vec![st];
         for chain in self.chains_of(hook) {
             let mut next = Vec::new();
-            for s in live {
+            for mut s in live {
+                s.hook = hook;
                 for (flow, s) in self.eval_chain(chain, s, 0) {
                     match flow {
                         Flow::Drop => out.push(finish(s, Disposition::Drop)),
@@ -254,8 +295,10 @@ impl<'a> Tracer<'a> {
         let mut done = Vec::new();
         for rule in &chain.rules {
             let mut next = Vec::new();
-            for s in live {
+            for mut s in live {
                 let text = format!("{name}: {}", rule.render(self.family));
+                s.chain = name.to_owned();
+                s.lookups.clear();
                 for (flow, s) in self.eval_rule(&rule.exprs, s, &text, depth) {
                     match flow {
                         Flow::Next => next.push(s),
@@ -318,8 +361,10 @@ impl<'a> Tracer<'a> {
                 .keys(key, &st)
                 .into_iter()
                 .map(|k| {
-                    let found = self.set(set).and_then(|s| find(s, &k)).is_some();
-                    test(found != *negate, st.clone())
+                    let found = self.set(set).and_then(|s| find(s, &k));
+                    let hit = found.is_some();
+                    let st = looked_up(st.clone(), set, k, found, 1);
+                    test(hit != *negate, st)
                 })
                 .collect(),
             Expr::FibLocal(FibAddr::Saddr) => vec![test(self.is_local(st.src), st)],
@@ -346,17 +391,18 @@ impl<'a> Tracer<'a> {
             Expr::Verdict(v) => self.verdict(v, note(st, text.to_owned()), depth),
             Expr::Vmap { key, map } => {
                 let mut out = Vec::new();
-                for k in self.keys(key, &st) {
-                    match self
-                        .set(map)
-                        .and_then(|s| find(s, &k))
-                        .and_then(|e| e.value.as_ref())
-                    {
+                let keys = self.keys(key, &st);
+                let forks = keys.len() as u64;
+                for k in keys {
+                    let found = self.set(map).and_then(|s| find(s, &k));
+                    let shown = show_key(&k);
+                    let s = looked_up(st.clone(), map, k, found, forks);
+                    match found.and_then(|e| e.value.as_ref()) {
                         Some(ElementValue::Verdict(v)) => {
-                            let s = note(st.clone(), format!("{text}  [{} → {v}]", show_key(&k)));
+                            let s = note(s, format!("{text}  [{shown} → {v}]"));
                             out.extend(self.verdict(v, s, depth));
                         }
-                        _ => out.push(Step::NoMatch(st.clone())),
+                        _ => out.push(Step::NoMatch(s)),
                     }
                 }
                 out
@@ -374,29 +420,28 @@ impl<'a> Tracer<'a> {
             }
             Expr::Dnat(DnatTarget::Map { key, map }) => {
                 let mut out = Vec::new();
-                for k in self.keys(key, &st) {
-                    let target =
-                        self.set(map)
-                            .and_then(|s| find(s, &k))
-                            .and_then(|e| match &e.value {
-                                Some(ElementValue::Data(d)) => match d.as_slice() {
-                                    [Value::Addr(a), Value::Port(p)] => Some((*a, *p)),
-                                    _ => None,
-                                },
-                                _ => None,
-                            });
+                let keys = self.keys(key, &st);
+                let forks = keys.len() as u64;
+                for k in keys {
+                    let found = self.set(map).and_then(|s| find(s, &k));
+                    let target = found.and_then(|e| match &e.value {
+                        Some(ElementValue::Data(d)) => match d.as_slice() {
+                            [Value::Addr(a), Value::Port(p)] => Some((*a, *p)),
+                            _ => None,
+                        },
+                        _ => None,
+                    });
+                    let shown = show_key(&k);
+                    let s = looked_up(st.clone(), map, k, found, forks);
                     match target {
                         Some((a, p)) => {
-                            let mut s = note(
-                                st.clone(),
-                                format!("{text}  [{} → {a} . {p}]", show_key(&k)),
-                            );
+                            let mut s = note(s, format!("{text}  [{shown} → {a} . {p}]"));
                             s.dst = a;
                             s.dport = p;
                             s.dnat = Some((a, p));
                             out.push(Step::End(Flow::Accept, s));
                         }
-                        None => out.push(Step::NoMatch(st.clone())),
+                        None => out.push(Step::NoMatch(s)),
                     }
                 }
                 out
@@ -504,8 +549,38 @@ enum Step {
 
 fn note(mut st: State, line: String) -> State {
     if st.rules.last() != Some(&line) {
+        // The step keeps the rule as nft prints it, without the chain
+        // name and the matched element that `rules` carry.
+        let rule = line
+            .strip_prefix(&format!("{}: ", st.chain))
+            .unwrap_or(&line);
+        let rule = rule.split("  [").next().unwrap_or(rule).to_owned();
+        st.steps.push(TraceStep {
+            hook: st.hook,
+            chain: st.chain.clone(),
+            rule,
+            lookups: std::mem::take(&mut st.lookups),
+        });
         st.rules.push(line);
     }
+    st
+}
+
+/// Records a lookup; `forks` is how many keys the packet could build (a
+/// random choice among them divides the path's probability).
+fn looked_up(
+    mut st: State,
+    set: &str,
+    key: Vec<Value>,
+    found: Option<&Element>,
+    forks: u64,
+) -> State {
+    st.one_in = st.one_in.saturating_mul(forks.max(1));
+    st.lookups.push(TraceLookup {
+        set: set.to_owned(),
+        key,
+        found: found.cloned(),
+    });
     st
 }
 
@@ -516,6 +591,8 @@ fn finish(st: State, disposition: Disposition) -> TracePath {
         masqueraded: st.masq,
         rules: st.rules,
         updates: st.updates,
+        steps: st.steps,
+        one_in: st.one_in,
     }
 }
 
@@ -729,6 +806,56 @@ mod tests {
             "{}",
             t.explain()
         );
+    }
+
+    #[test]
+    fn steps_name_hook_chain_lookups_and_each_choice_halves_the_path() {
+        let nft = ruleset();
+        let t = trace(&nft, "10.0.0.2", "172.30.0.41", 80, Some("eth0"));
+        assert_eq!(t.paths.len(), 2, "{}", t.explain());
+        for p in &t.paths {
+            assert_eq!(p.one_in, 2, "one of two endpoints: {}", t.explain());
+            let dispatch = p
+                .steps
+                .iter()
+                .find(|s| s.chain == "services" && s.rule.contains("vmap @vips"))
+                .expect("the service dispatch is a step");
+            assert_eq!(dispatch.hook, Hook::Prerouting);
+            assert_eq!(dispatch.lookups.len(), 1);
+            assert_eq!(dispatch.lookups[0].set, "vips");
+            assert_eq!(dispatch.lookups[0].key, svc_key("172.30.0.41", 80));
+            assert!(dispatch.lookups[0].found.is_some());
+            let pick = p.steps.iter().find(|s| s.chain == "pick-2").unwrap();
+            assert!(
+                !pick.rule.contains("  ["),
+                "the rule as nft prints it: {}",
+                pick.rule
+            );
+            let chosen = pick.lookups[0].found.as_ref().unwrap();
+            assert_eq!(
+                chosen.value,
+                Some(ElementValue::Data(vec![
+                    Value::Addr(p.dnat.unwrap().0),
+                    Value::Port(80)
+                ]))
+            );
+        }
+        // A pod source matches the mark rule's negated lookup: the step
+        // records the lookup that found nothing.
+        let marks = trace(&nft, "192.168.9.9", "172.30.0.41", 80, Some("eth0"));
+        let mark = marks.paths[0]
+            .steps
+            .iter()
+            .find(|s| s.lookups.iter().any(|l| l.set == "pods"))
+            .expect("the masquerade mark rule matched");
+        assert!(
+            mark.lookups
+                .iter()
+                .any(|l| l.set == "pods" && l.found.is_none())
+        );
+        // Untouched traffic is certain.
+        let other = trace(&nft, "10.0.0.2", "172.30.0.99", 80, Some("eth0"));
+        assert_eq!(other.paths[0].one_in, 1);
     }
 
     #[test]

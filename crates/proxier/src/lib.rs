@@ -18,4 +18,6 @@ pub mod proxier;
 
 pub use config::{LocalDetector, NodePortAddresses, ProxierConfig};
 pub use error::ProxierError;
-pub use proxier::{FULL_SYNC_PERIOD, Proxier, REMOVE_STALE_CHAINS_AFTER, SyncResult};
+pub use proxier::{
+    FULL_SYNC_PERIOD, IntendedElement, Intent, Proxier, REMOVE_STALE_CHAINS_AFTER, SyncResult,
+};

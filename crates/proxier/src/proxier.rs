@@ -56,6 +56,29 @@ pub struct SyncResult {
     pub retried: Vec<ServicePortName>,
 }
 
+/// What one service port asks of the table ([`Proxier::intent_of`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Intent {
+    /// The service port.
+    pub port: ServicePortName,
+    /// Its elements.
+    pub elements: Vec<IntendedElement>,
+    /// The shared chains its elements jump to.
+    pub chains: Vec<String>,
+}
+
+/// One element a service port wants.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IntendedElement {
+    /// The set or map.
+    pub set: &'static str,
+    /// The element.
+    pub element: Element,
+    /// Another service port claims the key first: its element is the one
+    /// programmed.
+    pub programmed_for: Option<ServicePortName>,
+}
+
 /// A service port, shared by every element it owns.
 type Owner = Arc<ServicePortName>;
 
@@ -255,6 +278,58 @@ impl Proxier {
     /// The endpoints currently known.
     pub fn endpoints(&self) -> &EndpointsMap {
         &self.endpoints
+    }
+
+    /// The service ports that want `key` in `set`, the one whose element
+    /// is programmed first (the first in name order).
+    pub fn owners_of(&self, set: &str, key: &[Value]) -> Vec<&ServicePortName> {
+        self.desired
+            .get(set)
+            .and_then(|m| m.get(key))
+            .map(|o| o.0.iter().map(|(owner, _)| owner.as_ref()).collect())
+            .unwrap_or_default()
+    }
+
+    /// Everything the ports of `svc` ask of the table: each element with
+    /// whether it is the one programmed for its key (another service may
+    /// claim the same key first), and the shared chains they jump to.
+    pub fn intent_of(&self, svc: &NamespacedName) -> Vec<Intent> {
+        let mut out = Vec::new();
+        for (port, stored) in self
+            .contributions
+            .range(ServicePortName::first_of(svc)..)
+            .take_while(|(k, _)| k.service == *svc)
+        {
+            let mut elements = Vec::new();
+            for (set, key) in &stored.keys {
+                let Some(owners) = self.desired.get(set).and_then(|m| m.get(key)) else {
+                    continue;
+                };
+                if let Some((_, e)) = owners.0.iter().find(|(o, _)| o.as_ref() == port) {
+                    let winner = owners.winner_owner().map(|o| o.as_ref());
+                    elements.push(IntendedElement {
+                        set,
+                        element: e.clone(),
+                        programmed_for: winner.filter(|w| *w != port).cloned(),
+                    });
+                }
+            }
+            out.push(Intent {
+                port: port.clone(),
+                elements,
+                chains: stored.chains.iter().map(ToString::to_string).collect(),
+            });
+        }
+        out
+    }
+
+    /// Every element the table should hold, set by set (the winner of
+    /// each key), to compare with what the kernel has.
+    pub fn desired_elements(&self) -> impl Iterator<Item = (&'static str, &Element)> + '_ {
+        self.desired.iter().flat_map(|(set, m)| {
+            m.values()
+                .filter_map(move |o| o.winner().map(|e| (*set, e)))
+        })
     }
 
     /// Invalid objects seen since the last call (they are proxied as if

@@ -20,6 +20,25 @@ pub enum Command {
     Cleanup,
     /// Print the version.
     Version,
+    /// Walk a packet through the table (`verdict trace`).
+    Trace,
+    /// Everything about one Service (`verdict explain NAMESPACE/NAME`).
+    Explain,
+    /// List the Services (`verdict services`).
+    Services,
+    /// The last syncs and foreign changes (`verdict syncs`).
+    Syncs,
+}
+
+impl Command {
+    /// The introspection commands: clients of the daemon's API, or offline
+    /// with `--manifests`.
+    pub fn inspects(self) -> bool {
+        matches!(
+            self,
+            Command::Trace | Command::Explain | Command::Services | Command::Syncs
+        )
+    }
 }
 
 /// `--version`: plain, or `raw` (every build detail).
@@ -60,6 +79,22 @@ pub struct Cli {
     pub flags: Vec<GivenFlag>,
     /// Every flag as given (`name`, value), for the start-up log.
     pub given: Vec<(String, String)>,
+    /// The introspection commands' flags (`server`, `output`, `src`, …),
+    /// by name; the last given wins.
+    pub inspect: Vec<(&'static str, String)>,
+    /// `verdict explain`'s Service.
+    pub target: Option<String>,
+}
+
+impl Cli {
+    /// An introspection flag's value.
+    pub fn inspect_flag(&self, name: &str) -> Option<&str> {
+        self.inspect
+            .iter()
+            .rev()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| v.as_str())
+    }
 }
 
 impl Cli {
@@ -93,6 +128,8 @@ enum Opt {
     Version,
     Manifests,
     KeepKubeProxyNftables,
+    /// A flag of the introspection commands.
+    Inspect,
 }
 
 struct OptSpec {
@@ -196,7 +233,50 @@ const OPTIONS: &[OptSpec] = &[
         help: "Leave kube-proxy's own nftables tables (ip/ip6 kube-proxy) in place at start and in cleanup",
         kube_proxy: false,
     },
+    inspect(
+        "server",
+        None,
+        "trace, explain, services, syncs: the daemon's metrics address (default: this node's --metrics-bind-address, on loopback)",
+    ),
+    inspect(
+        "output",
+        Some('o'),
+        "trace, explain, services, syncs: text (the default) or json",
+    ),
+    inspect(
+        "from",
+        None,
+        "trace: where the packet comes from: pod, node or external",
+    ),
+    inspect("src", None, "trace: the source address"),
+    inspect("sport", None, "trace: the source port"),
+    inspect("dst", None, "trace: the destination address"),
+    inspect("proto", None, "trace: tcp, udp or sctp"),
+    inspect("dport", None, "trace: the destination port"),
+    inspect(
+        "search",
+        None,
+        "services: only Services whose namespace/name contains this",
+    ),
+    inspect(
+        "limit",
+        None,
+        "services: how many Services to list (default 100, at most 1000)",
+    ),
+    inspect("offset", None, "services: how many Services to skip"),
 ];
+
+/// A flag of the introspection commands (verdict's own; takes a value).
+const fn inspect(name: &'static str, short: Option<char>, help: &'static str) -> OptSpec {
+    OptSpec {
+        name,
+        short,
+        opt: Opt::Inspect,
+        takes_value: true,
+        help,
+        kube_proxy: false,
+    }
+}
 
 /// What a flag name stands for.
 enum Target {
@@ -249,6 +329,8 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, UsageError>
         version: None,
         flags: Vec::new(),
         given: Vec::new(),
+        inspect: Vec::new(),
+        target: None,
     };
     let mut cleanup = false;
     let mut positional: Vec<String> = Vec::new();
@@ -339,9 +421,16 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, UsageError>
                     }
                     Opt::Manifests => cli.manifests = Some(value),
                     Opt::KeepKubeProxyNftables => cli.keep_kube_proxy_nftables = boolean(&value)?,
+                    Opt::Inspect => cli.inspect.push((o.name, value)),
                 }
             }
         }
+    }
+    if let [cmd, target] = positional.as_slice()
+        && cmd == "explain"
+    {
+        cli.target = Some(target.clone());
+        positional.truncate(1);
     }
     let subcommand = match positional.as_slice() {
         [] => None,
@@ -350,6 +439,10 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, UsageError>
             "plan" => Command::Plan,
             "cleanup" => Command::Cleanup,
             "version" => Command::Version,
+            "trace" => Command::Trace,
+            "explain" => Command::Explain,
+            "services" => Command::Services,
+            "syncs" => Command::Syncs,
             "help" => {
                 cli.help = true;
                 Command::Run
@@ -364,6 +457,18 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, UsageError>
         }
     };
     cli.command = subcommand.unwrap_or(Command::Run);
+    if cli.command == Command::Explain && cli.target.is_none() {
+        return Err(UsageError(
+            "verdict explain needs a Service: verdict explain NAMESPACE/NAME".into(),
+        ));
+    }
+    if let Some((flag, _)) = cli.inspect.first()
+        && !cli.command.inspects()
+    {
+        return Err(UsageError(format!(
+            "--{flag} belongs to trace, explain, services and syncs"
+        )));
+    }
     // kube-proxy's "do this and exit" flags belong to `run`.
     if !matches!(subcommand, None | Some(Command::Run)) {
         for (set, flag) in [
@@ -417,6 +522,16 @@ Usage:
   verdict plan [flags]      print the nftables script run would program, change nothing
   verdict cleanup [flags]   remove verdict's tables and kube-proxy's leftovers (as --cleanup)
   verdict version           print the version (as --version)
+
+Seeing into verdict (ask the running verdict's metrics address, or with
+--manifests build the node in memory, offline; -o json for scripts):
+  verdict trace --from pod|node|external --src IP [--sport N] --dst IP --proto tcp|udp|sctp --dport N
+                            walk a new connection's first packet through the kernel's table
+  verdict explain NAMESPACE/NAME
+                            a Service's entry points, endpoints, kernel elements and drift
+  verdict services [--search TEXT] [--limit N] [--offset N]
+                            the Services and their endpoints
+  verdict syncs             the last syncs and foreign changes to verdict's tables
 
 Flags are kube-proxy's, in its grammar (--flag=value or --flag value). Flags
 kube-proxy ignores in nftables mode are accepted with a warning. With

@@ -5,7 +5,8 @@
 //!   `/configz` (the running configuration), `/metrics/slis` (the health
 //!   checks' results); with `enableProfiling`, `/debug/pprof/` (memory,
 //!   threads) and `/debug/flags/v` (`PUT` a number to change the log
-//!   verbosity).
+//!   verbosity); verdict's introspection API, `/api/v1/…`
+//!   (`daemon/api.rs`).
 //!
 //! A port that cannot be bound is tried again every 5 s, as kube-proxy
 //! does, unless `bindAddressHardFail`, which makes it fatal.
@@ -40,6 +41,8 @@ pub struct MetricsSite {
     pub profiling: bool,
     /// What `/debug/flags/v` changes.
     pub verbosity: Verbosity,
+    /// The introspection API (`/api/v1/…`), when the daemon serves it.
+    pub api: Option<Handler>,
 }
 
 /// The handler of the health address.
@@ -95,6 +98,7 @@ impl MetricsSite {
                 Some(Response::text(200, s.render(), EXPOSITION))
             }
             path if self.profiling && path.starts_with("/debug/") => self.debug(req),
+            path if path.starts_with("/api/") => self.api.as_ref().and_then(|api| api(req)),
             _ => None,
         }
     }
@@ -259,6 +263,7 @@ mod tests {
             configz: "{\"kubeproxy.config.k8s.io\":{}}".into(),
             profiling,
             verbosity: crate::logging::Verbosity::for_tests(1),
+            api: None,
         }
     }
 

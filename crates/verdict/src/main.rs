@@ -11,6 +11,7 @@ mod cli;
 mod config;
 mod daemon;
 mod endpoints;
+mod inspect;
 mod leftovers;
 mod logging;
 mod probe;
@@ -72,23 +73,27 @@ fn main() -> ExitCode {
     };
     let settings = resolved.settings;
     let verbosity = logging::init(&settings.logging);
-    tracing::info!(
-        version = b.git_version,
-        commit = b.git_commit,
-        tree = b.git_tree_state,
-        built = b.build_date,
-        compiler = b.compiler,
-        platform = b.platform,
-        "Version info"
-    );
-    tracing::info!(
-        configuration = %settings.effective,
-        "Using configuration"
-    );
+    // The introspection commands are clients: their output is the answer.
+    let daemon_like = !cli.command.inspects();
+    if daemon_like {
+        tracing::info!(
+            version = b.git_version,
+            commit = b.git_commit,
+            tree = b.git_tree_state,
+            built = b.build_date,
+            compiler = b.compiler,
+            platform = b.platform,
+            "Version info"
+        );
+        tracing::info!(
+            configuration = %settings.effective,
+            "Using configuration"
+        );
+    }
     for (flag, value) in &cli.given {
         tracing::debug!("FLAG: --{flag}={value:?}");
     }
-    for w in &resolved.warnings {
+    for w in resolved.warnings.iter().filter(|_| daemon_like) {
         tracing::warn!("{w}");
     }
     if let Some(path) = &cli.write_config_to {
@@ -118,10 +123,17 @@ fn main() -> ExitCode {
         Command::Run => daemon::run(&settings, &source, &verbosity),
         Command::Plan => daemon::plan(&settings, &source).map(|script| print!("{script}")),
         Command::Cleanup => daemon::cleanup(&source),
+        Command::Trace | Command::Explain | Command::Services | Command::Syncs => {
+            inspect::client::run(&cli, &settings, &source)
+        }
         Command::Version => Ok(()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if !daemon_like => {
+            eprintln!("verdict: {e:#}");
+            ExitCode::FAILURE
+        }
         Err(e) => {
             tracing::error!(error = %format!("{e:#}"), "verdict stopped");
             ExitCode::FAILURE

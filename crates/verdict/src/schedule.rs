@@ -31,8 +31,33 @@ pub enum Due {
     Wait(Option<Instant>),
     /// Sync what changed.
     Partial,
-    /// Sync everything, comparing with the kernel.
-    Full,
+    /// Sync everything, comparing with the kernel, for this reason.
+    Full(Why),
+}
+
+/// Why a sync is full.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Why {
+    /// The first sync.
+    First,
+    /// Another process changed the tables, or announcements were lost.
+    Repair,
+    /// The previous sync failed.
+    Retry,
+    /// `syncPeriod` passed since the last full sync.
+    Periodic,
+}
+
+impl Why {
+    /// How the history and the logs name it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Why::First => "first sync",
+            Why::Repair => "repair after a foreign change",
+            Why::Retry => "retry after a failure",
+            Why::Periodic => "periodic resync",
+        }
+    }
 }
 
 /// The sync schedule.
@@ -91,7 +116,7 @@ impl Schedule {
     /// What to do at `now`.
     pub fn due(&self, now: Instant) -> Due {
         let Some(last) = self.last_sync else {
-            return Due::Full;
+            return Due::Full(Why::First);
         };
         let mut wake: Vec<Instant> = Vec::new();
         if let Some(t) = self.foreign {
@@ -100,19 +125,19 @@ impl Schedule {
                 .max(self.last_repair.map_or(t, |r| r + self.repair_delay))
                 .max(self.retry_at.unwrap_or(t));
             if now >= at {
-                return Due::Full;
+                return Due::Full(Why::Repair);
             }
             wake.push(at);
         }
         if let Some(at) = self.retry_at {
             if now >= at {
-                return Due::Full;
+                return Due::Full(Why::Retry);
             }
             wake.push(at);
         }
         let periodic = self.last_full.unwrap_or(last) + self.sync_period;
         if now >= periodic {
-            return Due::Full;
+            return Due::Full(Why::Periodic);
         }
         wake.push(periodic);
         if self.dirty {
@@ -167,7 +192,7 @@ mod tests {
     #[test]
     fn the_first_sync_is_full_and_at_once() {
         let s = Schedule::new(MIN, PERIOD);
-        assert_eq!(s.due(Instant::now()), Due::Full);
+        assert_eq!(s.due(Instant::now()), Due::Full(Why::First));
     }
 
     #[test]
@@ -193,7 +218,7 @@ mod tests {
         // More announcements push the repair back (one reload, one repair).
         s.foreign(t0 + ms(120));
         assert_eq!(s.due(t0 + ms(150)), Due::Wait(Some(t0 + ms(220))));
-        assert_eq!(s.due(t0 + ms(220)), Due::Full);
+        assert_eq!(s.due(t0 + ms(220)), Due::Full(Why::Repair));
         s.synced(t0 + ms(220), true, true);
         assert!(!s.repair_pending());
         assert!(matches!(s.due(t0 + ms(300)), Due::Wait(_)));
@@ -221,7 +246,7 @@ mod tests {
         for _ in 0..12 {
             s.foreign(t + ms(1));
             let mut at = t + ms(1);
-            while s.due(at) != Due::Full {
+            while s.due(at) != Due::Full(Why::Repair) {
                 at += ms(10);
             }
             gaps.push(at.duration_since(t + ms(1)));
@@ -237,7 +262,10 @@ mod tests {
         s.foreign(later + ms(1));
         s.synced(later + ms(101), true, true);
         s.foreign(later + Duration::from_secs(20));
-        assert_eq!(s.due(later + Duration::from_secs(20) + ms(100)), Due::Full);
+        assert_eq!(
+            s.due(later + Duration::from_secs(20) + ms(100)),
+            Due::Full(Why::Repair)
+        );
     }
 
     #[test]
@@ -245,7 +273,7 @@ mod tests {
         let t0 = Instant::now();
         let mut s = Schedule::new(MIN, PERIOD);
         s.synced(t0, true, false);
-        assert_eq!(s.due(t0 + MIN), Due::Full);
+        assert_eq!(s.due(t0 + MIN), Due::Full(Why::Retry));
         s.synced(t0 + MIN, true, false);
         assert_eq!(s.due(t0 + MIN + ms(1500)), Due::Wait(Some(t0 + MIN * 3)));
         // A new change still goes at the normal spacing.
@@ -259,7 +287,7 @@ mod tests {
             at += PERIOD;
         }
         assert!(matches!(s.due(at - ms(1)), Due::Wait(_)));
-        assert_eq!(s.due(at), Due::Full);
+        assert_eq!(s.due(at), Due::Full(Why::Retry));
         s.synced(at, true, true);
         s.changed();
         assert_eq!(s.due(at + MIN), Due::Partial);
@@ -271,11 +299,11 @@ mod tests {
         let mut s = Schedule::new(MIN, PERIOD);
         s.synced(t0, true, true);
         s.foreign(t0 + ms(10));
-        assert_eq!(s.due(t0 + ms(110)), Due::Full);
+        assert_eq!(s.due(t0 + ms(110)), Due::Full(Why::Repair));
         s.synced(t0 + ms(110), true, false);
         // Still pending, but not before the retry.
         assert_eq!(s.due(t0 + ms(300)), Due::Wait(Some(t0 + ms(1110))));
-        assert_eq!(s.due(t0 + ms(1110)), Due::Full);
+        assert_eq!(s.due(t0 + ms(1110)), Due::Full(Why::Repair));
         s.synced(t0 + ms(1110), true, false);
         assert_eq!(s.due(t0 + ms(2000)), Due::Wait(Some(t0 + ms(3110))));
     }
@@ -290,6 +318,6 @@ mod tests {
             s.synced(t0 + MIN * i, false, true);
         }
         assert!(matches!(s.due(t0 + PERIOD - ms(1)), Due::Wait(_)));
-        assert_eq!(s.due(t0 + PERIOD), Due::Full);
+        assert_eq!(s.due(t0 + PERIOD), Due::Full(Why::Periodic));
     }
 }

@@ -24,8 +24,13 @@ use verdict_proxier::conntrack::UdpTargets;
 use verdict_proxier::{LocalDetector, Proxier, ProxierConfig};
 
 use crate::config::{DetectLocal, Settings};
+use crate::inspect::History;
+use crate::inspect::history::{self, ForeignRecord, SyncRecord};
 use crate::logging::Verbosity;
 use crate::schedule::{Due, Schedule};
+
+mod api;
+pub use api::offline;
 
 /// Where Services, EndpointSlices and the Node come from: `--manifests`
 /// if given, else the Kubernetes API (kubeconfig, `--master`, or the
@@ -174,6 +179,8 @@ struct Node {
     live: Option<ConntrackCli>,
     /// With the Kubernetes source: where Events go.
     events: Option<std::sync::mpsc::Sender<Notice>>,
+    /// The recent syncs and foreign changes, for the introspection API.
+    history: History,
 }
 
 /// Per family, the daemon's state beside the proxier.
@@ -232,6 +239,7 @@ impl Node {
             health: Arc::new(Mutex::new(Health::new(2 * settings.sync_period))),
             live: None,
             events: None,
+            history: History::default(),
             proxiers,
             services: BTreeMap::new(),
             slices: BTreeMap::new(),
@@ -283,7 +291,7 @@ impl Node {
     /// Another process changed verdict's tables (or announcements were
     /// lost): says what, counts it, and marks the families broken until
     /// the repair.
-    fn foreign_change(&self, event: &Foreign) {
+    fn foreign_change(&mut self, event: &Foreign) {
         let now = SystemTime::now();
         let families: Vec<HealthFamily> = match event {
             Foreign::Overflow => {
@@ -326,6 +334,27 @@ impl Node {
                 f
             }
         };
+        self.history.foreign(match event {
+            Foreign::Overflow => ForeignRecord {
+                at: now,
+                process: None,
+                changes: 0,
+                sample: Vec::new(),
+            },
+            Foreign::Commit {
+                pid,
+                process,
+                changes,
+            } => {
+                let (n, sample) = history::sample(changes.iter().map(ToString::to_string));
+                ForeignRecord {
+                    at: now,
+                    process: Some((process.clone(), *pid)),
+                    changes: n,
+                    sample,
+                }
+            }
+        });
         for f in families {
             let label = f.to_string();
             record(&self.metrics, |x| x.add(m::FOREIGN_CHANGES, &[&label], 1.0));
@@ -586,6 +615,7 @@ impl Node {
         backend: &mut B,
         now: Instant,
         full: bool,
+        trigger: &'static str,
     ) -> anyhow::Result<()> {
         if full && self.live.is_some() {
             self.refresh_addresses();
@@ -604,6 +634,18 @@ impl Node {
             let r = match p.sync(backend, now) {
                 Ok(r) => r,
                 Err(e) => {
+                    self.history.sync(SyncRecord {
+                        at: started,
+                        family: family.to_string(),
+                        full,
+                        trigger,
+                        took: t.elapsed(),
+                        operations: 0,
+                        services: 0,
+                        sample: Vec::new(),
+                        quarantined: 0,
+                        error: Some(e.to_string()),
+                    });
                     let counter = match e {
                         verdict_proxier::ProxierError::Cleanup(_) => m::NFTABLES_CLEANUP_FAILURES,
                         _ => m::NFTABLES_SYNC_FAILURES,
@@ -656,6 +698,24 @@ impl Node {
                 services = r.updated_services.len(),
                 "synced"
             );
+            let (services, sample) =
+                history::sample(r.updated_services.iter().map(ToString::to_string));
+            self.history.sync(SyncRecord {
+                at: started,
+                family: family.to_string(),
+                full: r.full,
+                trigger: if r.full && !full {
+                    "hourly full sync"
+                } else {
+                    trigger
+                },
+                took: t.elapsed(),
+                operations: r.operations,
+                services,
+                sample,
+                quarantined: r.quarantined.len(),
+                error: None,
+            });
             if let Ok(mut h) = self.health.lock() {
                 h.updated(health_family(family), SystemTime::now());
                 h.repaired(health_family(family), started);
@@ -1003,37 +1063,55 @@ impl Feed {
         }
     }
 
-    /// Waits up to `wait` for input and applies it to `node`. Returns
-    /// whether the rules must change.
-    fn poll(&mut self, node: &mut Node, wait: Duration) -> anyhow::Result<bool> {
+    /// Waits up to `wait` for input, without touching the node (the
+    /// introspection API may be reading it meanwhile).
+    fn wait(&mut self, wait: Duration) -> anyhow::Result<Input> {
         match self {
             Feed::Manifests { path, seen } => {
                 let current = fingerprint(path);
                 if seen.as_ref() == Some(&current) {
                     std::thread::sleep(wait);
-                    return Ok(false);
+                    return Ok(Input::Nothing);
                 }
                 if seen.is_some() {
                     tracing::info!(manifests = %path.display(), "manifests changed");
                 }
                 *seen = Some(current);
-                node.apply(&verdict_k8s::load(path))
+                Ok(Input::Manifests(verdict_k8s::load(path)))
             }
-            Feed::Api { rx, synced } => {
+            Feed::Api { rx, .. } => {
                 let first = match rx.recv_timeout(wait) {
                     Ok(u) => u,
-                    Err(RecvTimeoutError::Timeout) => return Ok(false),
+                    Err(RecvTimeoutError::Timeout) => return Ok(Input::Nothing),
                     Err(RecvTimeoutError::Disconnected) => {
                         bail!("the Kubernetes API source stopped")
                     }
                 };
+                let mut all = first;
+                for more in rx.try_iter() {
+                    all.extend(more);
+                }
+                Ok(Input::Updates(all))
+            }
+        }
+    }
+
+    /// Applies what [`Feed::wait`] brought to `node`. Returns whether the
+    /// rules must change.
+    fn apply(&mut self, node: &mut Node, input: Input) -> anyhow::Result<bool> {
+        match input {
+            Input::Nothing => Ok(false),
+            Input::Manifests(loaded) => node.apply(&loaded),
+            Input::Updates(updates) => {
                 let mut changed = false;
-                for u in std::iter::once(first).chain(rx.try_iter()).flatten() {
+                for u in updates {
                     if u == Update::Synced {
                         tracing::info!(
                             "Services and EndpointSlices are listed: programming the node"
                         );
-                        *synced = true;
+                        if let Feed::Api { synced, .. } = self {
+                            *synced = true;
+                        }
                         changed = true;
                     }
                     changed |= node.on_update(u);
@@ -1043,11 +1121,28 @@ impl Feed {
             }
         }
     }
+
+    /// Waits up to `wait` for input and applies it to `node`. Returns
+    /// whether the rules must change.
+    fn poll(&mut self, node: &mut Node, wait: Duration) -> anyhow::Result<bool> {
+        let input = self.wait(wait)?;
+        self.apply(node, input)
+    }
 }
 
-/// The nftables script `run` would program for the source's current
-/// state, both families.
-pub fn plan(settings: &Settings, source: &Source) -> anyhow::Result<String> {
+/// What the feed brought.
+enum Input {
+    /// Nothing new.
+    Nothing,
+    /// The manifests, read again.
+    Manifests(Loaded),
+    /// Updates from the API source.
+    Updates(Vec<Update>),
+}
+
+/// The node as `run` would program it for the source's current state,
+/// synced into memory (both families).
+fn in_memory(settings: &Settings, source: &Source) -> anyhow::Result<(Node, MemoryBackend)> {
     let mut node = Node::new(settings)?;
     // What `run` would find out about this nft; without nft or the
     // privilege to dry-run, the script assumes every feature works.
@@ -1075,7 +1170,14 @@ pub fn plan(settings: &Settings, source: &Source) -> anyhow::Result<String> {
     // Whatever else arrived with the lists.
     while feed.poll(&mut node, Duration::from_millis(50))? {}
     let mut memory = MemoryBackend::new();
-    node.sync(&mut memory, Instant::now(), true)?;
+    node.sync(&mut memory, Instant::now(), true, "first sync")?;
+    Ok((node, memory))
+}
+
+/// The nftables script `run` would program for the source's current
+/// state, both families.
+pub fn plan(settings: &Settings, source: &Source) -> anyhow::Result<String> {
+    let (node, memory) = in_memory(settings, source)?;
     let mut out = String::new();
     for p in &node.proxiers {
         let c = p.config();
@@ -1160,11 +1262,18 @@ pub fn run(settings: &Settings, source: &Source, verbosity: &Verbosity) -> anyho
     tracing::info!("nftables dry run passed: the kernel accepts verdict's ruleset");
     crate::setup::apply(settings)?;
     node.live = Some(ConntrackCli::new());
+    let foreign = watch_foreign_changes(&node.proxiers);
+    let min_sync_period = node.settings.min_sync_period;
+    let sync_period = node.settings.sync_period;
+    let (health, metrics) = (node.health.clone(), node.metrics.clone());
+    // The sync loop and the introspection API share the node; the loop
+    // holds it only to apply input and to sync, never while it waits.
+    let node = Arc::new(Mutex::new(node));
     // kube-proxy's two servers; with bindAddressHardFail, one that cannot
     // listen stops verdict, after its Event.
     let mut servers: Vec<(SocketAddr, Handler, &str, &'static str, &str)> = Vec::new();
     if let Some(addr) = settings.healthz_bind_address {
-        let handler = crate::endpoints::health_handler(node.health.clone(), node.metrics.clone());
+        let handler = crate::endpoints::health_handler(health.clone(), metrics.clone());
         servers.push((
             addr,
             handler,
@@ -1175,8 +1284,9 @@ pub fn run(settings: &Settings, source: &Source, verbosity: &Verbosity) -> anyho
     }
     if let Some(addr) = settings.metrics_bind_address {
         let site = crate::endpoints::MetricsSite {
-            metrics: node.metrics.clone(),
+            metrics: metrics.clone(),
             slis: Arc::new(Mutex::new(Metrics::slis())),
+            api: Some(api::handler(node.clone(), api::kernel_reader())),
             configz: crate::config::render::configz(&settings.effective).to_string(),
             profiling: settings.enable_profiling,
             verbosity: verbosity.clone(),
@@ -1194,6 +1304,7 @@ pub fn run(settings: &Settings, source: &Source, verbosity: &Verbosity) -> anyho
             crate::endpoints::serve(addr, handler, what, settings.bind_address_hard_fail)
         {
             let note = format!("{failed}: {e}");
+            let mut node = lock(&node);
             node.notify(Notice {
                 regarding: Regarding::Node,
                 warning: true,
@@ -1209,21 +1320,24 @@ pub fn run(settings: &Settings, source: &Source, verbosity: &Verbosity) -> anyho
             bail!(note);
         }
     }
-    let foreign = watch_foreign_changes(&node.proxiers);
     let addresses = watch_addresses();
     let mut config_checked = Instant::now();
     let mut leftovers_pending = true;
 
-    let mut schedule = Schedule::new(node.settings.min_sync_period, node.settings.sync_period);
+    let mut schedule = Schedule::new(min_sync_period, sync_period);
     let mut wait = POLL;
     loop {
-        match feed.poll(&mut node, wait) {
+        let applied = match feed.wait(wait) {
+            Ok(input) => feed.apply(&mut lock(&node), input),
+            Err(e) => Err(e),
+        };
+        match applied {
             Ok(true) => {
                 schedule.changed();
                 // As kube-proxy, changes count as queued (for /healthz)
                 // only once the initial lists are in.
                 if feed.ready() {
-                    node.queued();
+                    lock(&node).queued();
                 }
             }
             Ok(false) => {}
@@ -1236,13 +1350,13 @@ pub fn run(settings: &Settings, source: &Source, verbosity: &Verbosity) -> anyho
             .into_iter()
             .flatten()
         {
-            node.foreign_change(&event);
+            lock(&node).foreign_change(&event);
             schedule.foreign(Instant::now());
         }
         if addresses
             .as_ref()
             .is_some_and(|rx| rx.try_iter().count() > 0)
-            && node.refresh_addresses()
+            && lock(&node).refresh_addresses()
         {
             schedule.changed();
         }
@@ -1261,7 +1375,7 @@ pub fn run(settings: &Settings, source: &Source, verbosity: &Verbosity) -> anyho
             continue;
         }
         let now = Instant::now();
-        let full = match schedule.due(now) {
+        let (full, trigger) = match schedule.due(now) {
             Due::Wait(until) => {
                 wait = until.map_or(POLL, |t| {
                     t.saturating_duration_since(now)
@@ -1269,11 +1383,11 @@ pub fn run(settings: &Settings, source: &Source, verbosity: &Verbosity) -> anyho
                 });
                 continue;
             }
-            Due::Partial => false,
-            Due::Full => true,
+            Due::Partial => (false, "change"),
+            Due::Full(why) => (true, why.as_str()),
         };
         wait = POLL;
-        let result = node.sync(&mut nft, now, full);
+        let result = lock(&node).sync(&mut nft, now, full, trigger);
         if let Err(e) = &result {
             tracing::error!(error = %format!("{e:#}"), "sync failed; retrying with backoff, and new changes still go through");
         }
@@ -1290,6 +1404,12 @@ pub fn run(settings: &Settings, source: &Source, verbosity: &Verbosity) -> anyho
             }
         }
     }
+}
+
+/// The node, whoever held it last (a panic while holding it leaves it
+/// usable: every change to it is made whole before the lock is released).
+fn lock(node: &Mutex<Node>) -> std::sync::MutexGuard<'_, Node> {
+    node.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// How often `--config` is read again to notice a change.

@@ -1,0 +1,233 @@
+//! The introspection API on the metrics address, and the same answers
+//! offline (`verdict trace --manifests …`): one router, fed by the
+//! running daemon's node and the kernel, or by a node built in memory
+//! from the manifests.
+//!
+//! | path | answer |
+//! |---|---|
+//! | `/api/v1/services?q=&offset=&limit=` | the Services, one page |
+//! | `/api/v1/services/NAMESPACE/NAME` | `explain`: one Service, with the drift check |
+//! | `/api/v1/trace?from=&src=&sport=&dst=&proto=&dport=` | `trace` through the kernel's table |
+//! | `/api/v1/syncs` | the last syncs |
+//! | `/api/v1/foreign` | the last foreign changes to verdict's tables |
+//! | `/api/v1/drift` | the kernel's elements against verdict's intent, per family |
+//!
+//! The node is locked only to build an answer; the kernel is read before,
+//! without the lock, so a slow read never holds a sync back.
+
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use serde_json::{Value as Json, json};
+use verdict_admin::Response;
+use verdict_admin::http::{Handler, Request};
+use verdict_model::{IpFamily, NamespacedName};
+use verdict_nft::{Backend, Family, MemoryBackend, NftCli};
+
+use super::{Node, Source, lock};
+use crate::config::Settings;
+use crate::inspect::{self, BadRequest, Kernel, TraceRequest, View};
+
+/// Reads one table back (family, name).
+pub type KernelReader = Arc<dyn Fn(Family, &str) -> Result<Kernel, String> + Send + Sync>;
+
+/// The most Services one page lists.
+const MAX_PAGE: usize = 1000;
+/// A page without `limit`.
+const DEFAULT_PAGE: usize = 100;
+
+/// Reads tables from the kernel through `nft`.
+pub fn kernel_reader() -> KernelReader {
+    Arc::new(|family, name| {
+        let t = Instant::now();
+        let mut nft = NftCli::new().map_err(|e| e.to_string())?;
+        let table = nft.table(family, name).map_err(|e| e.to_string())?;
+        Ok(Kernel {
+            table,
+            source: "kernel",
+            read: t.elapsed(),
+        })
+    })
+}
+
+/// The API's handler for the metrics site.
+pub fn handler(node: Arc<Mutex<Node>>, read: KernelReader) -> Handler {
+    Arc::new(move |req: &Request| {
+        let (code, body) = answer(&node, read.as_ref(), req)?;
+        Some(Response::json(code, body.to_string()))
+    })
+}
+
+fn view(node: &Node) -> View<'_> {
+    View {
+        proxiers: &node.proxiers,
+        local_ips: &node.local_ips,
+    }
+}
+
+fn bad(e: BadRequest) -> (u16, Json) {
+    (400, json!({"error": e.0}))
+}
+
+/// Answers one API request (`None`: not an API path).
+pub fn answer(
+    node: &Mutex<Node>,
+    read: &(dyn Fn(Family, &str) -> Result<Kernel, String> + Send + Sync),
+    req: &Request,
+) -> Option<(u16, Json)> {
+    let rest = req.path.strip_prefix("/api/v1")?;
+    if req.method != "GET" && req.method != "HEAD" {
+        return Some((405, json!({"error": "only GET"})));
+    }
+    // The tables each family's proxier programs.
+    let tables: Vec<(IpFamily, Family, String)> = lock(node)
+        .proxiers
+        .iter()
+        .map(|p| {
+            let c = p.config();
+            (c.family, c.nft_family(), c.table.clone())
+        })
+        .collect();
+    let read_family = |f: IpFamily| -> Result<Kernel, (u16, Json)> {
+        let (_, nf, name) = tables
+            .iter()
+            .find(|(x, _, _)| *x == f)
+            .ok_or_else(|| (404, json!({"error": "no proxier for this family"})))?;
+        read(*nf, name).map_err(|e| {
+            (
+                500,
+                json!({"error": format!("cannot read table {nf} {name}: {e}")}),
+            )
+        })
+    };
+    let answer = match rest.trim_end_matches('/') {
+        "" => json!({"paths": [
+            "/api/v1/services", "/api/v1/services/NAMESPACE/NAME", "/api/v1/trace",
+            "/api/v1/syncs", "/api/v1/foreign", "/api/v1/drift",
+        ]}),
+        "/services" => {
+            let num = |k: &str, default: usize| -> Result<usize, BadRequest> {
+                match req.query_param(k) {
+                    None => Ok(default),
+                    Some(v) => v
+                        .parse()
+                        .map_err(|_| BadRequest(format!("{k} {v:?} is not a number"))),
+                }
+            };
+            let (offset, limit) = match (num("offset", 0), num("limit", DEFAULT_PAGE)) {
+                (Ok(o), Ok(l)) => (o, l.min(MAX_PAGE)),
+                (Err(e), _) | (_, Err(e)) => return Some(bad(e)),
+            };
+            let q = req.query_param("q").unwrap_or_default();
+            inspect::services(&view(&lock(node)), &q, offset, limit)
+        }
+        "/syncs" => lock(node).history.syncs_json(),
+        "/foreign" => lock(node).history.foreign_json(),
+        "/trace" => {
+            let t = match TraceRequest::parse(|k| req.query_param(k)) {
+                Ok(t) => t,
+                Err(e) => return Some(bad(e)),
+            };
+            let kernel = match read_family(inspect::family_of(t.dst)) {
+                Ok(k) => k,
+                Err(e) => return Some(e),
+            };
+            match inspect::trace(&view(&lock(node)), &t, &kernel) {
+                Ok(j) => j,
+                Err(e) => return Some(bad(e)),
+            }
+        }
+        "/drift" => {
+            let mut kernels = Vec::new();
+            for (f, _, _) in &tables {
+                match read_family(*f) {
+                    Ok(k) => kernels.push((*f, k)),
+                    Err(e) => return Some(e),
+                }
+            }
+            let node = lock(node);
+            let families: Vec<Json> = node
+                .proxiers
+                .iter()
+                .zip(&kernels)
+                .map(|(p, (_, k))| {
+                    let mut d = inspect::drift(p, k.table.as_ref());
+                    d["family"] = json!(p.config().nft_family().to_string());
+                    d["read_ms"] = json!(k.read.as_secs_f64() * 1e3);
+                    d
+                })
+                .collect();
+            json!({"families": families})
+        }
+        path => {
+            let Some(name) = path.strip_prefix("/services/") else {
+                return Some((404, json!({"error": format!("no such path: {}", req.path)})));
+            };
+            let Some((ns, n)) = name
+                .split_once('/')
+                .filter(|(a, b)| !a.is_empty() && !b.is_empty() && !b.contains('/'))
+            else {
+                return Some(bad(BadRequest(format!(
+                    "{name:?}: name a Service as NAMESPACE/NAME"
+                ))));
+            };
+            let svc = NamespacedName::new(ns, n);
+            // Only the families that proxy the Service are read.
+            let wanted: Vec<IpFamily> = lock(node)
+                .proxiers
+                .iter()
+                .filter(|p| {
+                    p.service_ports()
+                        .range(verdict_model::ServicePortName::first_of(&svc)..)
+                        .next()
+                        .is_some_and(|(k, _)| k.service == svc)
+                })
+                .map(|p| p.config().family)
+                .collect();
+            let mut kernels = Vec::new();
+            for f in wanted {
+                match read_family(f) {
+                    Ok(k) => kernels.push((f, k)),
+                    Err(e) => return Some(e),
+                }
+            }
+            let doc = inspect::explain(&view(&lock(node)), &svc, &kernels);
+            let code = if doc["found"] == true { 200 } else { 404 };
+            return Some((code, doc));
+        }
+    };
+    Some((200, answer))
+}
+
+/// A node built in memory from the source, as `plan` builds it, for the
+/// offline mode of the introspection commands.
+pub struct Offline {
+    node: Mutex<Node>,
+    memory: Mutex<MemoryBackend>,
+}
+
+/// Builds the node from the source and syncs it into memory.
+pub fn offline(settings: &Settings, source: &Source) -> anyhow::Result<Offline> {
+    let (node, memory) = super::in_memory(settings, source)?;
+    Ok(Offline {
+        node: Mutex::new(node),
+        memory: Mutex::new(memory),
+    })
+}
+
+impl Offline {
+    /// Answers `target` (`/api/v1/…?…`) as the daemon would.
+    pub fn get(&self, target: &str) -> (u16, Json) {
+        let read = |family: Family, name: &str| -> Result<Kernel, String> {
+            let t = Instant::now();
+            let mut memory = self.memory.lock().unwrap_or_else(|e| e.into_inner());
+            Ok(Kernel {
+                table: memory.table(family, name).map_err(|e| e.to_string())?,
+                source: "memory",
+                read: t.elapsed(),
+            })
+        };
+        answer(&self.node, &read, &Request::get(target))
+            .unwrap_or_else(|| (404, json!({"error": format!("no such path: {target}")})))
+    }
+}

@@ -1,0 +1,189 @@
+//! The recent past the introspection API shows: the last syncs (when,
+//! which family, full or partial and why, how long, how many operations,
+//! which Services, the error) and the last foreign changes to verdict's
+//! tables. Both are bounded rings: the daemon's memory does not grow with
+//! its uptime.
+
+use std::collections::VecDeque;
+use std::time::{Duration, SystemTime};
+
+use serde_json::{Value as Json, json};
+
+/// How many syncs and foreign changes are kept.
+pub const KEPT: usize = 100;
+/// How many names a record keeps (services touched, changes made).
+const NAMES: usize = 10;
+
+/// One sync of one family.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SyncRecord {
+    /// When it began.
+    pub at: SystemTime,
+    /// `ip` or `ip6`.
+    pub family: String,
+    /// Full or partial.
+    pub full: bool,
+    /// What brought it (`change`, `first sync`, `periodic resync`, …).
+    pub trigger: &'static str,
+    /// How long it took.
+    pub took: Duration,
+    /// Operations in its transaction.
+    pub operations: usize,
+    /// How many Services it touched, and the first few.
+    pub services: usize,
+    /// The first [`NAMES`] of them.
+    pub sample: Vec<String>,
+    /// Service ports the kernel refused in it.
+    pub quarantined: usize,
+    /// Why it failed, if it did.
+    pub error: Option<String>,
+}
+
+/// One foreign change (another process's commit, or lost announcements).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ForeignRecord {
+    /// When it was seen.
+    pub at: SystemTime,
+    /// The committing process (`None`: announcements were lost).
+    pub process: Option<(String, u32)>,
+    /// How many objects it changed.
+    pub changes: usize,
+    /// The first [`NAMES`] of them.
+    pub sample: Vec<String>,
+}
+
+/// The rings.
+#[derive(Clone, Debug, Default)]
+pub struct History {
+    syncs: VecDeque<SyncRecord>,
+    foreign: VecDeque<ForeignRecord>,
+    /// Syncs and foreign changes ever recorded (the rings forget).
+    totals: (u64, u64),
+}
+
+fn push<T>(ring: &mut VecDeque<T>, item: T) {
+    if ring.len() == KEPT {
+        ring.pop_front();
+    }
+    ring.push_back(item);
+}
+
+/// The first [`NAMES`] of an iterator, and how many it had.
+pub fn sample<I: IntoIterator<Item = String>>(items: I) -> (usize, Vec<String>) {
+    let mut n = 0;
+    let mut v = Vec::new();
+    for i in items {
+        if n < NAMES {
+            v.push(i);
+        }
+        n += 1;
+    }
+    (n, v)
+}
+
+impl History {
+    /// Records a sync.
+    pub fn sync(&mut self, r: SyncRecord) {
+        self.totals.0 += 1;
+        push(&mut self.syncs, r);
+    }
+
+    /// Records a foreign change.
+    pub fn foreign(&mut self, r: ForeignRecord) {
+        self.totals.1 += 1;
+        push(&mut self.foreign, r);
+    }
+
+    /// `GET /api/v1/syncs`: newest first.
+    pub fn syncs_json(&self) -> Json {
+        let items: Vec<Json> = self
+            .syncs
+            .iter()
+            .rev()
+            .map(|r| {
+                json!({
+                    "at": verdict_admin::time::rfc3339_micro(r.at),
+                    "family": r.family,
+                    "full": r.full,
+                    "trigger": r.trigger,
+                    "ms": r.took.as_secs_f64() * 1e3,
+                    "operations": r.operations,
+                    "services": r.services,
+                    "sample": r.sample,
+                    "quarantined": r.quarantined,
+                    "error": r.error,
+                })
+            })
+            .collect();
+        json!({"total": self.totals.0, "kept": KEPT, "items": items})
+    }
+
+    /// `GET /api/v1/foreign`: newest first.
+    pub fn foreign_json(&self) -> Json {
+        let items: Vec<Json> = self
+            .foreign
+            .iter()
+            .rev()
+            .map(|r| {
+                json!({
+                    "at": verdict_admin::time::rfc3339_micro(r.at),
+                    "process": r.process.as_ref().map(|(p, _)| p),
+                    "pid": r.process.as_ref().map(|(_, pid)| pid),
+                    "lost": r.process.is_none(),
+                    "changes": r.changes,
+                    "sample": r.sample,
+                })
+            })
+            .collect();
+        json!({"total": self.totals.1, "kept": KEPT, "items": items})
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(i: usize) -> SyncRecord {
+        SyncRecord {
+            at: SystemTime::UNIX_EPOCH + Duration::from_secs(i as u64),
+            family: "ip".into(),
+            full: i == 0,
+            trigger: if i == 0 { "first sync" } else { "change" },
+            took: Duration::from_millis(3),
+            operations: i,
+            services: 1,
+            sample: vec![format!("ns/svc-{i}")],
+            quarantined: 0,
+            error: None,
+        }
+    }
+
+    #[test]
+    fn the_rings_keep_the_newest_and_count_everything() {
+        let mut h = History::default();
+        for i in 0..KEPT + 5 {
+            h.sync(record(i));
+        }
+        let j = h.syncs_json();
+        assert_eq!(j["total"], (KEPT + 5) as u64);
+        let items = j["items"].as_array().unwrap();
+        assert_eq!(items.len(), KEPT);
+        assert_eq!(items[0]["operations"], KEPT + 4, "newest first");
+        assert_eq!(items[KEPT - 1]["operations"], 5, "the oldest five are gone");
+        h.foreign(ForeignRecord {
+            at: SystemTime::UNIX_EPOCH,
+            process: None,
+            changes: 0,
+            sample: Vec::new(),
+        });
+        assert_eq!(h.foreign_json()["items"][0]["lost"], true);
+    }
+
+    #[test]
+    fn a_sample_keeps_the_first_names_and_the_count() {
+        let (n, v) = sample((0..25).map(|i| i.to_string()));
+        assert_eq!(n, 25);
+        assert_eq!(v.len(), NAMES);
+        assert_eq!(v[0], "0");
+    }
+}

@@ -1,0 +1,756 @@
+//! Seeing into verdict: what the introspection API (`/api/v1/…` on the
+//! metrics address) and the `trace`, `explain`, `services` and `syncs`
+//! commands answer. Every answer is built here, as JSON, from a [`View`]
+//! of the proxiers and a table read back from the kernel (or, offline,
+//! from the in-memory backend); the commands render the same JSON as
+//! text ([`text`]), so a daemon's answer and an offline one read alike.
+
+pub mod client;
+pub mod history;
+pub mod text;
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::time::Duration;
+
+use serde_json::{Value as Json, json};
+use verdict_model::{
+    Endpoint, IpFamily, NamespacedName, NodeTopology, ServicePort, ServicePortName,
+    categorize_endpoints,
+};
+use verdict_nft::{Disposition, Element, L4Proto, Packet, TableState, TracePath, Tracer, Value};
+use verdict_proxier::layout;
+use verdict_proxier::{LocalDetector, Proxier, ProxierConfig};
+
+pub use history::History;
+
+/// What the answers are built from.
+pub struct View<'a> {
+    /// The proxiers, one per family.
+    pub proxiers: &'a [Proxier],
+    /// The node's addresses (what the tracer treats as local).
+    pub local_ips: &'a [IpAddr],
+}
+
+impl View<'_> {
+    fn proxier(&self, family: IpFamily) -> Option<&Proxier> {
+        self.proxiers.iter().find(|p| p.config().family == family)
+    }
+}
+
+/// A table read back for an answer, and where from.
+pub struct Kernel {
+    /// The table (`None`: the table does not exist).
+    pub table: Option<TableState>,
+    /// `"kernel"` or `"memory"` (offline).
+    pub source: &'static str,
+    /// How long reading it took.
+    pub read: Duration,
+}
+
+/// The family of an address.
+pub fn family_of(a: IpAddr) -> IpFamily {
+    match a {
+        IpAddr::V4(_) => IpFamily::V4,
+        IpAddr::V6(_) => IpFamily::V6,
+    }
+}
+
+/// An answer that could not be given, as the API's 4xx body says it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct BadRequest(pub String);
+
+/// Where a traced packet comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// A pod on this node.
+    Pod,
+    /// The node itself.
+    Node,
+    /// Outside the node.
+    External,
+}
+
+impl Origin {
+    fn as_str(self) -> &'static str {
+        match self {
+            Origin::Pod => "pod",
+            Origin::Node => "node",
+            Origin::External => "external",
+        }
+    }
+}
+
+/// A packet to trace: the first packet of a new connection.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TraceRequest {
+    /// Where it comes from.
+    pub from: Origin,
+    /// Source address.
+    pub src: IpAddr,
+    /// Source port (no rule looks at it; shown in the answer).
+    pub sport: Option<u16>,
+    /// Destination address.
+    pub dst: IpAddr,
+    /// Protocol.
+    pub proto: L4Proto,
+    /// Destination port.
+    pub dport: u16,
+}
+
+impl TraceRequest {
+    /// Reads a request from named values (the API's query, the command's
+    /// flags), with an error naming what is wrong.
+    pub fn parse(get: impl Fn(&str) -> Option<String>) -> Result<TraceRequest, BadRequest> {
+        let need = |k: &str| {
+            get(k)
+                .filter(|v| !v.is_empty())
+                .ok_or_else(|| BadRequest(format!("missing {k}")))
+        };
+        let addr = |k: &str| -> Result<IpAddr, BadRequest> {
+            let v = need(k)?;
+            v.parse()
+                .map_err(|_| BadRequest(format!("{k} {v:?} is not an IP address")))
+        };
+        let port = |k: &str, v: String| -> Result<u16, BadRequest> {
+            v.parse::<u16>()
+                .ok()
+                .filter(|p| *p != 0)
+                .ok_or_else(|| BadRequest(format!("{k} {v:?} is not a port (1-65535)")))
+        };
+        let from = match need("from")?.as_str() {
+            "pod" => Origin::Pod,
+            "node" => Origin::Node,
+            "external" => Origin::External,
+            other => {
+                return Err(BadRequest(format!(
+                    "from {other:?}: must be pod, node or external"
+                )));
+            }
+        };
+        let proto = match need("proto")?.to_ascii_lowercase().as_str() {
+            "tcp" => L4Proto::Tcp,
+            "udp" => L4Proto::Udp,
+            "sctp" => L4Proto::Sctp,
+            other => {
+                return Err(BadRequest(format!(
+                    "proto {other:?}: must be tcp, udp or sctp"
+                )));
+            }
+        };
+        let src = addr("src")?;
+        let dst = addr("dst")?;
+        if family_of(src) != family_of(dst) {
+            return Err(BadRequest(format!(
+                "src {src} and dst {dst} are not of the same IP family"
+            )));
+        }
+        let sport = match get("sport").filter(|v| !v.is_empty()) {
+            Some(v) => Some(port("sport", v)?),
+            None => None,
+        };
+        Ok(TraceRequest {
+            from,
+            src,
+            sport,
+            dst,
+            proto,
+            dport: port("dport", need("dport")?)?,
+        })
+    }
+
+    /// The request as the API's query string.
+    pub fn query(&self) -> String {
+        let mut q = format!(
+            "from={}&src={}&dst={}&proto={}&dport={}",
+            self.from.as_str(),
+            self.src,
+            self.dst,
+            self.proto,
+            self.dport
+        );
+        if let Some(p) = self.sport {
+            q.push_str(&format!("&sport={p}"));
+        }
+        q
+    }
+}
+
+/// An interface name for a packet from `from`, as the proxier's detector
+/// tells pods from the rest: one the detector matches for a pod, one it
+/// does not for an external client, none for the node's own packets.
+fn input_interface(cfg: &ProxierConfig, from: Origin) -> Option<String> {
+    let pod = match &cfg.local_detector {
+        LocalDetector::BridgeInterface(b) => b.clone(),
+        LocalDetector::InterfaceNamePrefix(p) => format!("{p}0"),
+        LocalDetector::Cidr(_) | LocalDetector::None => "pod0".into(),
+    };
+    match from {
+        Origin::Node => None,
+        Origin::Pod => Some(pod),
+        Origin::External => {
+            let detected = |name: &str| match &cfg.local_detector {
+                LocalDetector::BridgeInterface(b) => name == b,
+                LocalDetector::InterfaceNamePrefix(p) => name.starts_with(p.as_str()),
+                _ => false,
+            };
+            ["eth0", "ext0", "uplink0"]
+                .into_iter()
+                .find(|n| !detected(n))
+                .map(str::to_owned)
+        }
+    }
+}
+
+/// The service port that owns an element: the proxier's record first
+/// (it knows every owner, also of elements without a comment), else the
+/// element's comment as the kernel holds it.
+fn owner(p: &Proxier, set: &str, key: &[Value], found: Option<&Element>) -> Option<String> {
+    p.owners_of(set, key)
+        .first()
+        .map(|o| o.to_string())
+        .or_else(|| found.and_then(|e| e.comment.clone()))
+}
+
+fn show_key(key: &[Value]) -> String {
+    key.iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(" . ")
+}
+
+fn show_addr(a: IpAddr, port: u16) -> String {
+    match a {
+        IpAddr::V4(a) => format!("{a}:{port}"),
+        IpAddr::V6(a) => format!("[{a}]:{port}"),
+    }
+}
+
+/// Why a path ended as it did, in an operator's words.
+fn reason(p: &Proxier, path: &TracePath) -> String {
+    let lookup_of = |sets: &[&str]| {
+        path.steps
+            .iter()
+            .flat_map(|s| &s.lookups)
+            .filter(|l| sets.contains(&l.set.as_str()))
+            .find_map(|l| l.found.as_ref().map(|e| (l, e)))
+    };
+    let who = |set: &str, key: &[Value], e: &Element| {
+        owner(p, set, key, Some(e)).unwrap_or_else(|| "a Service".into())
+    };
+    let last_chain = path.steps.last().map(|s| s.chain.as_str()).unwrap_or("");
+    let no_endpoints = lookup_of(&[layout::NO_ENDPOINT_SERVICES, layout::NO_ENDPOINT_NODEPORTS]);
+    match (path.disposition, path.dnat) {
+        (Disposition::Drop, _) if last_chain == layout::FIREWALL_CHECK => {
+            let svc = lookup_of(&[layout::FIREWALL_IPS])
+                .map(|(l, e)| who(&l.set, &l.key, e))
+                .unwrap_or_else(|| "the Service".into());
+            format!("dropped: the source is outside the loadBalancerSourceRanges of {svc}")
+        }
+        (Disposition::Reject, _) if last_chain == layout::CLUSTER_IPS_CHECK => {
+            "rejected: the ClusterIP is a Service's, but no Service port of it is this protocol and port".into()
+        }
+        (Disposition::Drop, _) if last_chain == layout::CLUSTER_IPS_CHECK => {
+            "dropped: the address is in the service CIDR but no Service has it".into()
+        }
+        (Disposition::Reject, _) => match no_endpoints {
+            Some((l, e)) => format!("rejected: {} has no usable endpoints", who(&l.set, &l.key, e)),
+            None => format!("rejected in {last_chain}"),
+        },
+        (Disposition::Drop, _) => match no_endpoints {
+            Some((l, e)) => format!(
+                "dropped: {} has no local endpoints and its traffic policy is Local",
+                who(&l.set, &l.key, e)
+            ),
+            None => format!("dropped in {last_chain}"),
+        },
+        (Disposition::Accept, Some((a, port))) => {
+            let svc = lookup_of(&[layout::SERVICE_IPS, layout::SERVICE_NODEPORTS])
+                .map(|(l, e)| who(&l.set, &l.key, e));
+            let affinity = lookup_of(&[layout::AFFINITY]).is_some();
+            let mut s = format!("DNAT to {}", show_addr(a, port));
+            if let Some(svc) = svc {
+                s.push_str(&format!(", an endpoint of {svc}"));
+            }
+            if affinity {
+                s.push_str(" (chosen by an existing ClientIP affinity entry)");
+            }
+            s
+        }
+        (Disposition::Accept, None) => "accepted untouched: not a Service address and port".into(),
+    }
+}
+
+/// The JSON of one lookup.
+fn lookup_json(p: &Proxier, l: &verdict_nft::TraceLookup) -> Json {
+    json!({
+        "set": l.set,
+        "key": show_key(&l.key),
+        "found": l.found.is_some(),
+        "value": l.found.as_ref().and_then(|e| e.value.as_ref()).map(ToString::to_string),
+        "service": owner(p, &l.set, &l.key, l.found.as_ref()),
+    })
+}
+
+/// `verdict trace`: every path the packet can take through the table,
+/// with the Service owning each element it met.
+pub fn trace(view: &View, req: &TraceRequest, kernel: &Kernel) -> Result<Json, BadRequest> {
+    let family = family_of(req.dst);
+    let p = view
+        .proxier(family)
+        .ok_or_else(|| BadRequest(format!("no proxier for {}", req.dst)))?;
+    let cfg = p.config();
+    let table = kernel.table.as_ref().ok_or_else(|| {
+        BadRequest(format!(
+            "table {} {} does not exist: verdict has not programmed this family",
+            cfg.nft_family(),
+            cfg.table
+        ))
+    })?;
+    let iif = input_interface(cfg, req.from);
+    let t = Tracer::new(table, cfg.nft_family(), view.local_ips).trace(&Packet {
+        src: req.src,
+        dst: req.dst,
+        proto: req.proto,
+        dport: req.dport,
+        iif: iif.clone(),
+    });
+    let paths: Vec<Json> = t
+        .paths
+        .iter()
+        .map(|path| {
+            json!({
+                "probability": 1.0 / path.one_in as f64,
+                "disposition": disposition(path.disposition),
+                "dnat": path.dnat.map(|(a, port)| show_addr(a, port)),
+                "masquerade": path.masqueraded,
+                "reason": reason(p, path),
+                "steps": path.steps.iter().map(|s| json!({
+                    "hook": s.hook.to_string(),
+                    "chain": s.chain,
+                    "rule": s.rule,
+                    "lookups": s.lookups.iter().map(|l| lookup_json(p, l)).collect::<Vec<_>>(),
+                })).collect::<Vec<_>>(),
+                "updates": path.updates.iter().map(|(set, e)| json!({
+                    "set": set, "element": e.to_string(),
+                })).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    // Paths that end alike add up: the candidates with their probability.
+    let mut outcomes: BTreeMap<(String, bool, String), f64> = BTreeMap::new();
+    for path in &t.paths {
+        *outcomes
+            .entry((path.output(), path.masqueraded, reason(p, path)))
+            .or_default() += 1.0 / path.one_in as f64;
+    }
+    let service = t
+        .paths
+        .iter()
+        .flat_map(|p| &p.steps)
+        .flat_map(|s| &s.lookups)
+        .filter(|l| {
+            [
+                layout::SERVICE_IPS,
+                layout::SERVICE_NODEPORTS,
+                layout::NO_ENDPOINT_SERVICES,
+                layout::NO_ENDPOINT_NODEPORTS,
+            ]
+            .contains(&l.set.as_str())
+        })
+        .find_map(|l| owner(p, &l.set, &l.key, l.found.as_ref()));
+    Ok(json!({
+        "packet": {
+            "from": req.from.as_str(),
+            "src": req.src.to_string(),
+            "sport": req.sport,
+            "dst": req.dst.to_string(),
+            "proto": req.proto.to_string(),
+            "dport": req.dport,
+            "iif": iif,
+        },
+        "family": cfg.nft_family().to_string(),
+        "table": cfg.table,
+        "source": kernel.source,
+        "read_ms": kernel.read.as_secs_f64() * 1e3,
+        "service": service,
+        "outcomes": outcomes.into_iter().map(|((output, masq, reason), p)| json!({
+            "output": output,
+            "masquerade": masq,
+            "reason": reason,
+            "probability": p,
+        })).collect::<Vec<_>>(),
+        "paths": paths,
+    }))
+}
+
+fn disposition(d: Disposition) -> &'static str {
+    match d {
+        Disposition::Accept => "accept",
+        Disposition::Drop => "drop",
+        Disposition::Reject => "reject",
+    }
+}
+
+/// `GET /api/v1/services`: the Services both proxiers know, filtered by
+/// `query` (a substring of `namespace/name`), one page.
+pub fn services(view: &View, query: &str, offset: usize, limit: usize) -> Json {
+    let mut by_service: BTreeMap<&NamespacedName, Vec<Json>> = BTreeMap::new();
+    for p in view.proxiers {
+        let family = p.config().nft_family().to_string();
+        for (name, sp) in p.service_ports() {
+            if !query.is_empty() && !name.service.to_string().contains(query) {
+                continue;
+            }
+            let eps = p.endpoints().get(name).map(Vec::as_slice).unwrap_or(&[]);
+            by_service.entry(&name.service).or_default().push(json!({
+                "family": family,
+                "port": name.port,
+                "protocol": sp.protocol.to_string(),
+                "cluster_ip": sp.cluster_ip.to_string(),
+                "service_port": sp.port,
+                "node_port": sp.node_port,
+                "endpoints": eps.len(),
+                "ready": eps.iter().filter(|e| e.ready).count(),
+                "local": eps.iter().filter(|e| e.is_local && e.ready).count(),
+                "quarantined": p.quarantined().contains_key(name),
+            }));
+        }
+    }
+    let total = by_service.len();
+    let items: Vec<Json> = by_service
+        .into_iter()
+        .skip(offset)
+        .take(limit)
+        .map(|(svc, ports)| json!({"namespace": svc.namespace, "name": svc.name, "ports": ports}))
+        .collect();
+    json!({"total": total, "offset": offset, "limit": limit, "items": items})
+}
+
+/// One endpoint as `explain` shows it: its state, which lists use it, and why.
+fn endpoint_json(ep: &Endpoint, sp: &ServicePort, cluster: bool, local: bool) -> Json {
+    let mut used = Vec::new();
+    if cluster {
+        used.push("cluster");
+    }
+    if local {
+        used.push("local");
+    }
+    let why = if cluster || local {
+        if ep.ready {
+            "ready".to_owned()
+        } else {
+            "serving and terminating: used because no endpoint is ready".to_owned()
+        }
+    } else if !ep.ready && !ep.is_serving_terminating() {
+        if ep.terminating {
+            "terminating and no longer serving".to_owned()
+        } else {
+            "not ready".to_owned()
+        }
+    } else if !ep.ready {
+        "serving but terminating: unused while a ready endpoint exists".to_owned()
+    } else if sp.uses_cluster_endpoints() {
+        let hints = ep
+            .zone_hints
+            .iter()
+            .flatten()
+            .map(|z| format!("zone {z}"))
+            .chain(ep.node_hints.iter().flatten().map(|n| format!("node {n}")))
+            .collect::<Vec<_>>();
+        format!(
+            "filtered out by topology: hinted for {}",
+            if hints.is_empty() {
+                "nothing".to_owned()
+            } else {
+                hints.join(", ")
+            }
+        )
+    } else {
+        "not on this node, and the traffic policy is Local".to_owned()
+    };
+    json!({
+        "address": show_addr(ep.ip, ep.port),
+        "ready": ep.ready,
+        "serving": ep.serving,
+        "terminating": ep.terminating,
+        "local": ep.is_local,
+        "node": ep.node_name,
+        "zone": ep.zone,
+        "zone_hints": ep.zone_hints,
+        "node_hints": ep.node_hints,
+        "used_by": used,
+        "why": why,
+    })
+}
+
+/// How the proxier decides masquerading for traffic to a ClusterIP.
+fn cluster_ip_masquerade(cfg: &ProxierConfig) -> String {
+    if cfg.masquerade_all {
+        return "always masqueraded (masqueradeAll)".into();
+    }
+    match &cfg.local_detector {
+        LocalDetector::None => {
+            "never masqueraded: there is no local-traffic detector for this family".into()
+        }
+        LocalDetector::Cidr(c) => format!("masqueraded unless the source is in {c}"),
+        LocalDetector::BridgeInterface(b) => {
+            format!("masqueraded unless the packet enters through bridge {b}")
+        }
+        LocalDetector::InterfaceNamePrefix(p) => {
+            format!("masqueraded unless the packet enters through an interface named {p}*")
+        }
+    }
+}
+
+fn external_masquerade(sp: &ServicePort) -> &'static str {
+    if sp.external_policy_local() {
+        "external clients keep their source address (externalTrafficPolicy: Local); traffic from the node itself is masqueraded; pods go to any endpoint"
+    } else {
+        "always masqueraded (externalTrafficPolicy: Cluster)"
+    }
+}
+
+/// `verdict explain`: one Service, entry point by entry point, endpoint
+/// by endpoint, with the elements it owns and whether the kernel holds
+/// them (`kernels`: per family, the table read back).
+pub fn explain(view: &View, svc: &NamespacedName, kernels: &[(IpFamily, Kernel)]) -> Json {
+    let mut families = Vec::new();
+    let (mut missing, mut differs, mut extra) = (0usize, 0usize, 0usize);
+    for p in view.proxiers {
+        let cfg = p.config();
+        let ports: Vec<(&ServicePortName, &ServicePort)> = p
+            .service_ports()
+            .range(ServicePortName::first_of(svc)..)
+            .take_while(|(k, _)| k.service == *svc)
+            .collect();
+        let quarantined: Vec<&ServicePortName> = p.quarantined_ports_of(svc).collect();
+        if ports.is_empty() && quarantined.is_empty() {
+            continue;
+        }
+        let kernel = kernels
+            .iter()
+            .find(|(f, _)| *f == cfg.family)
+            .map(|(_, k)| k);
+        let table = kernel.and_then(|k| k.table.as_ref());
+        let topo = NodeTopology {
+            node_name: cfg.node_name.clone(),
+            zone: cfg.node_zone.clone(),
+        };
+        let intents = p.intent_of(svc);
+        let node_port_ips: Vec<String> = cfg
+            .node_port_ips()
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        let mut port_docs = Vec::new();
+        for (name, sp) in &ports {
+            let eps = p.endpoints().get(*name).map(Vec::as_slice).unwrap_or(&[]);
+            let cat = categorize_endpoints(eps, sp, &topo);
+            let in_list = |list: &[Endpoint], ep: &Endpoint| {
+                list.iter().any(|e| e.ip == ep.ip && e.port == ep.port)
+            };
+            let endpoints: Vec<Json> = eps
+                .iter()
+                .map(|ep| endpoint_json(ep, sp, in_list(&cat.cluster, ep), in_list(&cat.local, ep)))
+                .collect();
+            let mut entry_points = vec![json!({
+                "kind": "ClusterIP",
+                "address": show_addr(sp.cluster_ip, sp.port),
+                "traffic_policy": if sp.internal_policy_local { "Local" } else { "Cluster" },
+                "masquerade": cluster_ip_masquerade(cfg),
+            })];
+            for ip in &sp.external_ips {
+                entry_points.push(json!({
+                    "kind": "ExternalIP",
+                    "address": show_addr(*ip, sp.port),
+                    "traffic_policy": if sp.external_policy_local() { "Local" } else { "Cluster" },
+                    "masquerade": external_masquerade(sp),
+                }));
+            }
+            for ip in &sp.load_balancer_vips {
+                entry_points.push(json!({
+                    "kind": "LoadBalancer",
+                    "address": show_addr(*ip, sp.port),
+                    "source_ranges": sp.load_balancer_source_ranges.iter().map(ToString::to_string).collect::<Vec<_>>(),
+                    "traffic_policy": if sp.external_policy_local() { "Local" } else { "Cluster" },
+                    "masquerade": external_masquerade(sp),
+                }));
+            }
+            if let Some(np) = sp.node_port {
+                entry_points.push(json!({
+                    "kind": "NodePort",
+                    "port": np,
+                    "addresses": node_port_ips,
+                    "traffic_policy": if sp.external_policy_local() { "Local" } else { "Cluster" },
+                    "masquerade": external_masquerade(sp),
+                }));
+            }
+            let intent = intents.iter().find(|i| &i.port == *name);
+            let mut elements = Vec::new();
+            for e in intent.map(|i| i.elements.as_slice()).unwrap_or(&[]) {
+                let state = match (table, &e.programmed_for) {
+                    (_, Some(first)) => {
+                        format!("shared: {first} claims it first, its element is programmed")
+                    }
+                    (None, _) => "unknown: the table was not read".to_owned(),
+                    (Some(t), None) => match t
+                        .sets
+                        .get(e.set)
+                        .and_then(|s| s.elements.get(&e.element.key))
+                    {
+                        None => {
+                            missing += 1;
+                            "MISSING from the kernel".to_owned()
+                        }
+                        Some(k) if k.value != e.element.value => {
+                            differs += 1;
+                            format!(
+                                "DIFFERS in the kernel: {}",
+                                k.value
+                                    .as_ref()
+                                    .map(ToString::to_string)
+                                    .unwrap_or_default()
+                            )
+                        }
+                        Some(_) => "in the kernel".to_owned(),
+                    },
+                };
+                elements.push(json!({
+                    "set": e.set,
+                    "element": element_text(&e.element),
+                    "kernel": state,
+                    "programmed_for": e.programmed_for.as_ref().map(ToString::to_string),
+                }));
+            }
+            // Elements in the kernel that name this port but that it does
+            // not want (a comment names the owner of dispatch elements).
+            let wanted: Vec<(&str, &Vec<Value>)> = intent
+                .map(|i| i.elements.iter().map(|e| (e.set, &e.element.key)).collect())
+                .unwrap_or_default();
+            let port_name = name.to_string();
+            if let Some(t) = table {
+                for (set, s) in &t.sets {
+                    for el in s.elements.values() {
+                        if el.comment.as_deref() == Some(port_name.as_str())
+                            && !wanted.contains(&(set.as_str(), &el.key))
+                        {
+                            extra += 1;
+                            elements.push(json!({
+                                "set": set,
+                                "element": element_text(el),
+                                "kernel": "EXTRA in the kernel: verdict does not want it",
+                                "programmed_for": Json::Null,
+                            }));
+                        }
+                    }
+                }
+            }
+            let local_ready = eps.iter().filter(|e| e.is_local && e.ready).count();
+            port_docs.push(json!({
+                "port": name.port,
+                "protocol": sp.protocol.to_string(),
+                "service_port": sp.port,
+                "entry_points": entry_points,
+                "internal_traffic_policy": if sp.internal_policy_local { "Local" } else { "Cluster" },
+                "external_traffic_policy": if sp.external_policy_local() { "Local" } else { "Cluster" },
+                "session_affinity_seconds": sp.session_affinity_timeout,
+                "health_check_node_port": sp.health_check_node_port.map(|port| json!({
+                    "port": port,
+                    "code": if local_ready > 0 { 200 } else { 503 },
+                    "local_endpoints": local_ready,
+                })),
+                "has_usable_endpoints": cat.has_any_endpoints,
+                "endpoints": endpoints,
+                "elements": elements,
+                "chains": intent.map(|i| i.chains.clone()).unwrap_or_default(),
+                "quarantined": p.quarantined().get(*name),
+            }));
+        }
+        for q in quarantined {
+            if !ports.iter().any(|(n, _)| *n == q) {
+                port_docs.push(json!({
+                    "port": q.port,
+                    "protocol": q.protocol.to_string(),
+                    "quarantined": p.quarantined().get(q),
+                }));
+            }
+        }
+        families.push(json!({
+            "family": cfg.nft_family().to_string(),
+            "table": cfg.table,
+            "source": kernel.map(|k| k.source),
+            "read_ms": kernel.map(|k| k.read.as_secs_f64() * 1e3),
+            "ports": port_docs,
+        }));
+    }
+    json!({
+        "namespace": svc.namespace,
+        "name": svc.name,
+        "found": !families.is_empty(),
+        "families": families,
+        "drift": {"missing": missing, "differs": differs, "extra": extra},
+    })
+}
+
+fn element_text(e: &Element) -> String {
+    match &e.value {
+        Some(v) => format!("{} : {}", show_key(&e.key), v),
+        None => show_key(&e.key),
+    }
+}
+
+/// The drift of a whole table: elements verdict wants that the kernel
+/// lacks or holds with another value, and elements in verdict's sets
+/// that it does not want (the affinity map excluded: the data path
+/// writes it).
+pub fn drift(p: &Proxier, table: Option<&TableState>) -> Json {
+    let Some(t) = table else {
+        return json!({"table": false});
+    };
+    let (mut missing, mut differs, mut extra) = (Vec::new(), Vec::new(), Vec::new());
+    for (set, e) in p.desired_elements() {
+        match t.sets.get(set).and_then(|s| s.elements.get(&e.key)) {
+            None => missing.push(format!("missing {set}: {}", element_text(e))),
+            Some(k) if k.value != e.value => {
+                differs.push(format!("differs {set}: {}", element_text(e)))
+            }
+            Some(_) => {}
+        }
+    }
+    // NodePort addresses belong to the node, not to a Service.
+    let node_port_ips = p.config().node_port_ips();
+    let np_set = t.sets.get(layout::NODEPORT_IPS);
+    for ip in &node_port_ips {
+        if !np_set.is_some_and(|s| s.elements.contains_key(&vec![Value::Addr(*ip)])) {
+            missing.push(format!("missing {}: {ip}", layout::NODEPORT_IPS));
+        }
+    }
+    for (name, s) in &t.sets {
+        if name == layout::AFFINITY {
+            continue;
+        }
+        for e in s.elements.values() {
+            let wanted = if name == layout::NODEPORT_IPS {
+                matches!(e.key.as_slice(), [Value::Addr(ip)] if node_port_ips.contains(ip))
+            } else {
+                !p.owners_of(name, &e.key).is_empty()
+            };
+            if !wanted {
+                extra.push(format!("extra {name}: {}", element_text(e)));
+            }
+        }
+    }
+    const SHOWN: usize = 20;
+    json!({
+        "table": true,
+        "missing": missing.len(),
+        "differs": differs.len(),
+        "extra": extra.len(),
+        "examples": missing.iter().chain(&differs).chain(&extra).take(SHOWN).collect::<Vec<_>>(),
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,374 @@
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use verdict_conformance::{ServiceExt, SliceExt, TCP, slice, svc};
+use verdict_model::{IpFamily, NamespacedName, ServiceType};
+use verdict_nft::{Backend, Element, ElementValue, Family, MemoryBackend, Value, Verdict};
+use verdict_proxier::{LocalDetector, NodePortAddresses, Proxier, ProxierConfig};
+
+use super::*;
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+/// A node like kube-proxy's fake proxier's, with three Services:
+/// `ns/web` (a LoadBalancer without an address yet: NodePort 3001, eTP
+/// Local, a health-check node port; a local
+/// endpoint, a remote one and a serving-terminating one), `ns/lb` (a
+/// LoadBalancer with source ranges) and `ns/empty` (no endpoints).
+fn node() -> (Vec<Proxier>, MemoryBackend) {
+    let mut c = ProxierConfig::new(IpFamily::V4, "test-node");
+    c.node_ips = vec![ip("192.168.0.2")];
+    c.local_ips = vec![ip("127.0.0.1"), ip("192.168.0.2")];
+    c.local_detector = LocalDetector::Cidr("10.0.0.0/8".parse().unwrap());
+    c.service_cidrs = vec!["172.30.0.0/16".parse().unwrap()];
+    c.node_port_addresses = NodePortAddresses::cidrs(vec!["192.168.0.2/32".parse().unwrap()]);
+    let mut p = Proxier::new(c).unwrap();
+    let services = [
+        svc("ns", "web")
+            .kind(ServiceType::LoadBalancer)
+            .cluster_ip("172.30.0.41")
+            .port("p80", TCP, 80, 3001)
+            .etp_local()
+            .hcnp(30000),
+        svc("ns", "lb")
+            .cluster_ip("172.30.0.42")
+            .port("p80", TCP, 80, 3002)
+            .lb(&["5.6.7.8"])
+            .source_ranges(&["203.0.113.0/25"]),
+        svc("ns", "empty")
+            .cluster_ip("172.30.0.43")
+            .port("p80", TCP, 80, 0),
+    ];
+    for s in &services {
+        p.on_service(None, Some(s));
+    }
+    let slices = [
+        slice("ns", "web", "web-1")
+            .port("p80", TCP, 80)
+            .ep("10.180.0.1", "test-node")
+            .ep("10.180.0.2", "other-node")
+            .ep_cond("10.180.0.3", "other-node", false, true, true),
+        slice("ns", "lb", "lb-1")
+            .port("p80", TCP, 80)
+            .ep("10.180.1.1", "other-node"),
+    ];
+    for s in &slices {
+        p.on_endpoint_slice(s, false);
+    }
+    let mut nft = MemoryBackend::new();
+    p.sync(&mut nft, Instant::now()).unwrap();
+    (vec![p], nft)
+}
+
+fn kernel(nft: &MemoryBackend) -> Kernel {
+    Kernel {
+        table: nft.get(Family::Ip, "verdict").cloned(),
+        source: "memory",
+        read: Duration::ZERO,
+    }
+}
+
+fn request(from: Origin, src: &str, dst: &str, dport: u16) -> TraceRequest {
+    TraceRequest {
+        from,
+        src: ip(src),
+        sport: Some(40000),
+        dst: ip(dst),
+        proto: L4Proto::Tcp,
+        dport,
+    }
+}
+
+fn local() -> Vec<IpAddr> {
+    vec![ip("127.0.0.1"), ip("192.168.0.2")]
+}
+
+#[test]
+fn a_trace_names_the_service_each_element_belongs_to_and_the_odds() {
+    let (proxiers, nft) = node();
+    let local = local();
+    let view = View {
+        proxiers: &proxiers,
+        local_ips: &local,
+    };
+    let doc = trace(
+        &view,
+        &request(Origin::Pod, "10.1.2.3", "172.30.0.41", 80),
+        &kernel(&nft),
+    )
+    .unwrap();
+    assert_eq!(doc["service"], "ns/web:p80");
+    let outcomes = doc["outcomes"].as_array().unwrap();
+    assert_eq!(outcomes.len(), 2, "{doc:#}");
+    for o in outcomes {
+        assert_eq!(o["probability"], 0.5);
+        assert_eq!(o["masquerade"], false, "pod traffic keeps its source");
+        assert!(
+            o["reason"]
+                .as_str()
+                .unwrap()
+                .ends_with("an endpoint of ns/web:p80"),
+            "{o}"
+        );
+    }
+    assert!(
+        !doc.to_string().contains("10.180.0.3"),
+        "the terminating endpoint is not a candidate while ready ones exist"
+    );
+    // The endpoint slot elements carry no comment: their owner comes
+    // from the proxier.
+    let slot = doc["paths"][0]["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|s| s["lookups"].as_array().unwrap())
+        .find(|l| l["set"] == "service-endpoints-tcp" && l["found"] == true)
+        .expect("an endpoint slot was looked up");
+    assert_eq!(slot["service"], "ns/web:p80");
+    let hooks: Vec<&str> = doc["paths"][0]["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["hook"].as_str().unwrap())
+        .collect();
+    assert_eq!(hooks.first(), Some(&"prerouting"), "{hooks:?}");
+    let text = text::trace(&doc);
+    assert!(text.contains("service: ns/web:p80"), "{text}");
+    assert!(
+        text.contains("(steps 1-"),
+        "the second path says what it shares: {text}"
+    );
+}
+
+#[test]
+fn a_trace_says_why_a_packet_is_dropped_or_rejected() {
+    let (proxiers, nft) = node();
+    let local = local();
+    let view = View {
+        proxiers: &proxiers,
+        local_ips: &local,
+    };
+    let k = kernel(&nft);
+    let blocked = trace(
+        &view,
+        &request(Origin::External, "203.0.113.130", "5.6.7.8", 80),
+        &k,
+    )
+    .unwrap();
+    assert_eq!(
+        blocked["outcomes"][0]["reason"],
+        "dropped: the source is outside the loadBalancerSourceRanges of ns/lb:p80",
+        "{blocked:#}"
+    );
+    let allowed = trace(
+        &view,
+        &request(Origin::External, "203.0.113.2", "5.6.7.8", 80),
+        &k,
+    )
+    .unwrap();
+    assert_eq!(allowed["outcomes"][0]["output"], "10.180.1.1:80");
+    assert_eq!(
+        allowed["outcomes"][0]["masquerade"], true,
+        "eTP Cluster masquerades"
+    );
+    let empty = trace(
+        &view,
+        &request(Origin::Pod, "10.1.2.3", "172.30.0.43", 80),
+        &k,
+    )
+    .unwrap();
+    assert_eq!(
+        empty["outcomes"][0]["reason"],
+        "rejected: ns/empty:p80 has no usable endpoints"
+    );
+    let wrong_port = trace(
+        &view,
+        &request(Origin::Pod, "10.1.2.3", "172.30.0.43", 81),
+        &k,
+    )
+    .unwrap();
+    assert!(
+        wrong_port["outcomes"][0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("no Service port of it is this protocol and port"),
+        "{wrong_port:#}"
+    );
+    let elsewhere = trace(&view, &request(Origin::Pod, "10.1.2.3", "8.8.8.8", 53), &k).unwrap();
+    assert_eq!(elsewhere["outcomes"][0]["output"], "");
+    assert!(elsewhere["service"].is_null());
+    // eTP Local from outside: only the local endpoint, source kept.
+    let nodeport = trace(
+        &view,
+        &request(Origin::External, "203.0.113.2", "192.168.0.2", 3001),
+        &k,
+    )
+    .unwrap();
+    assert_eq!(
+        nodeport["outcomes"].as_array().unwrap().len(),
+        1,
+        "{nodeport:#}"
+    );
+    assert_eq!(nodeport["outcomes"][0]["output"], "10.180.0.1:80");
+    assert_eq!(nodeport["outcomes"][0]["masquerade"], false);
+}
+
+#[test]
+fn trace_requests_are_checked() {
+    let q = |pairs: &[(&str, &str)]| {
+        let pairs: Vec<(String, String)> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        TraceRequest::parse(move |k| pairs.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()))
+    };
+    let ok = [
+        ("from", "pod"),
+        ("src", "10.0.0.1"),
+        ("dst", "172.30.0.1"),
+        ("proto", "TCP"),
+        ("dport", "80"),
+    ];
+    let r = q(&ok).unwrap();
+    assert_eq!(
+        TraceRequest::parse(|k| {
+            r.query()
+                .split('&')
+                .find_map(|p| p.strip_prefix(&format!("{k}=")).map(str::to_owned))
+        })
+        .unwrap(),
+        r,
+        "the query reads back"
+    );
+    for (bad, want) in [
+        (("from", "mars"), "must be pod, node or external"),
+        (("src", "10.0.0"), "is not an IP address"),
+        (("dst", "fd00::1"), "not of the same IP family"),
+        (("proto", "icmp"), "must be tcp, udp or sctp"),
+        (("dport", "0"), "is not a port"),
+        (("dport", "70000"), "is not a port"),
+    ] {
+        let mut pairs = ok.to_vec();
+        pairs.retain(|(k, _)| *k != bad.0);
+        pairs.push(bad);
+        let e = q(&pairs).unwrap_err();
+        assert!(e.0.contains(want), "{bad:?}: {e}");
+    }
+    let e = q(&ok[1..]).unwrap_err();
+    assert_eq!(e.0, "missing from");
+}
+
+#[test]
+fn explain_shows_every_endpoint_and_checks_the_kernel() {
+    let (proxiers, mut nft) = node();
+    let local = local();
+    let view = View {
+        proxiers: &proxiers,
+        local_ips: &local,
+    };
+    let web = NamespacedName::new("ns", "web");
+    let doc = explain(&view, &web, &[(IpFamily::V4, kernel(&nft))]);
+    assert_eq!(doc["found"], true);
+    let port = &doc["families"][0]["ports"][0];
+    let eps = port["endpoints"].as_array().unwrap();
+    let by = |a: &str| eps.iter().find(|e| e["address"] == a).unwrap().clone();
+    assert_eq!(by("10.180.0.1:80")["used_by"], json!(["cluster", "local"]));
+    assert_eq!(by("10.180.0.2:80")["used_by"], json!(["cluster"]));
+    assert_eq!(
+        by("10.180.0.3:80")["why"],
+        "serving but terminating: unused while a ready endpoint exists"
+    );
+    assert_eq!(port["health_check_node_port"]["code"], 200);
+    assert_eq!(port["health_check_node_port"]["local_endpoints"], 1);
+    let kinds: Vec<&str> = port["entry_points"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, ["ClusterIP", "NodePort"]);
+    assert_eq!(port["entry_points"][1]["addresses"], json!(["192.168.0.2"]));
+    assert!(port["elements"].as_array().unwrap().len() > 4);
+    assert!(
+        port["elements"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|e| e["kernel"] == "in the kernel"),
+        "{port:#}"
+    );
+    assert_eq!(
+        doc["drift"],
+        json!({"missing": 0, "differs": 0, "extra": 0})
+    );
+
+    // Someone deletes one of its elements and adds one in its name.
+    let key = vec![
+        Value::Addr(ip("172.30.0.41")),
+        Value::Proto(L4Proto::Tcp),
+        Value::Port(80),
+    ];
+    let mut tx = verdict_nft::Transaction::new(Family::Ip, "verdict");
+    tx.delete_element(layout::SERVICE_IPS, key);
+    tx.add_element(
+        layout::NO_ENDPOINT_SERVICES,
+        Element::map(
+            vec![
+                Value::Addr(ip("172.30.0.41")),
+                Value::Proto(L4Proto::Tcp),
+                Value::Port(81),
+            ],
+            ElementValue::Verdict(Verdict::Drop),
+        )
+        .with_comment("ns/web:p80".to_owned()),
+    );
+    nft.run(&tx).unwrap();
+    let doc = explain(&view, &web, &[(IpFamily::V4, kernel(&nft))]);
+    assert_eq!(
+        doc["drift"],
+        json!({"missing": 1, "differs": 0, "extra": 1}),
+        "{doc:#}"
+    );
+    let text = text::explain(&doc);
+    assert!(text.contains("MISSING from the kernel"), "{text}");
+    assert!(text.contains("EXTRA in the kernel"), "{text}");
+    assert!(
+        text.contains("drift: 1 missing, 0 differing, 1 extra"),
+        "{text}"
+    );
+    let whole = drift(&proxiers[0], kernel(&nft).table.as_ref());
+    assert_eq!(whole["missing"], 1, "{whole:#}");
+    assert_eq!(whole["extra"], 1, "{whole:#}");
+
+    let unknown = explain(&view, &NamespacedName::new("ns", "nope"), &[]);
+    assert_eq!(unknown["found"], false);
+    assert!(text::explain(&unknown).contains("not known to verdict"));
+}
+
+#[test]
+fn services_are_searched_and_paged() {
+    let (proxiers, _nft) = node();
+    let local = local();
+    let view = View {
+        proxiers: &proxiers,
+        local_ips: &local,
+    };
+    let all = services(&view, "", 0, 100);
+    assert_eq!(all["total"], 3);
+    let names: Vec<&str> = all["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["empty", "lb", "web"]);
+    let page = services(&view, "", 1, 1);
+    assert_eq!(page["items"][0]["name"], "lb");
+    let web = services(&view, "ns/we", 0, 100);
+    assert_eq!(web["total"], 1);
+    assert_eq!(web["items"][0]["ports"][0]["ready"], 2);
+    assert_eq!(web["items"][0]["ports"][0]["local"], 1);
+    assert!(text::services(&web).contains("2/3 ready, 1 local"));
+}

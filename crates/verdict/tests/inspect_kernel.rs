@@ -1,0 +1,346 @@
+//! Seeing into a running verdict: `verdict trace`, `explain`, `services`
+//! and `syncs` against the daemon's API in the node of a network-namespace
+//! test bed, with real traffic to compare the trace with; the same
+//! commands offline (`--manifests`) give the same answers. Needs root.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::*;
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use serde_json::Value as Json;
+use verdict_e2e::bed::{Placement, TestBed};
+use verdict_e2e::netns::Process;
+
+const MANIFESTS: &str = "apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: demo}
+spec:
+  clusterIP: 172.30.0.41
+  ports: [{name: http, port: 80, protocol: TCP}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web-1
+  namespace: demo
+  labels: {kubernetes.io/service-name: web}
+addressType: IPv4
+ports: [{name: http, port: 80, protocol: TCP}]
+endpoints:
+- {addresses: [10.180.0.1], nodeName: test-node}
+- {addresses: [10.180.0.2], nodeName: test-node}
+- {addresses: [10.180.0.3], nodeName: test-node, conditions: {ready: false, serving: true, terminating: true}}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: lb, namespace: demo}
+spec:
+  type: LoadBalancer
+  clusterIP: 172.30.0.42
+  loadBalancerSourceRanges: [203.0.113.0/25]
+  ports: [{name: http, port: 80, nodePort: 30080, protocol: TCP}]
+status:
+  loadBalancer: {ingress: [{ip: 198.51.100.42}]}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: lb-1
+  namespace: demo
+  labels: {kubernetes.io/service-name: lb}
+addressType: IPv4
+ports: [{name: http, port: 80, protocol: TCP}]
+endpoints:
+- {addresses: [10.180.0.1], nodeName: test-node}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: empty, namespace: demo}
+spec:
+  clusterIP: 172.30.0.43
+  ports: [{name: http, port: 80, protocol: TCP}]
+";
+
+/// The node's flags, for the daemon and for the offline commands.
+fn node_flags(dir: &str) -> Vec<String> {
+    [
+        "--manifests",
+        dir,
+        "--hostname-override",
+        "test-node",
+        "--bind-address",
+        "192.168.0.2",
+        "--cluster-cidr",
+        "10.0.0.0/8",
+    ]
+    .map(str::to_owned)
+    .to_vec()
+}
+
+/// Runs `verdict ARGS` in the node and parses its JSON output.
+fn json(bed: &TestBed, args: &[&str]) -> Json {
+    let out = bed
+        .node
+        .exec(env!("CARGO_BIN_EXE_verdict"), args)
+        .unwrap_or_else(|e| panic!("verdict {}: {e}", args.join(" ")));
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
+}
+
+fn text(bed: &TestBed, args: &[&str]) -> String {
+    bed.node
+        .exec(env!("CARGO_BIN_EXE_verdict"), args)
+        .unwrap_or_else(|e| panic!("verdict {}: {e}", args.join(" ")))
+}
+
+fn outputs(doc: &Json) -> BTreeSet<String> {
+    doc["outcomes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["output"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+const TRACE_POD: [&str; 11] = [
+    "--from",
+    "pod",
+    "--src",
+    "10.0.0.2",
+    "--dst",
+    "172.30.0.41",
+    "--proto",
+    "tcp",
+    "--dport",
+    "80",
+    "-ojson",
+];
+
+#[test]
+fn trace_and_explain_answer_from_the_running_daemon_and_offline() {
+    let Some(mut bed) = bed() else {
+        return;
+    };
+    for pod in ["10.180.0.1", "10.180.0.2", "10.180.0.3"] {
+        bed.add_pod(ip(pod), Placement::Local, &[80], &[]).unwrap();
+    }
+    bed.add_pod(ip("10.0.0.2"), Placement::Local, &[], &[])
+        .unwrap();
+    bed.route_to_node(ip("198.51.100.42")).unwrap();
+    let dir = scratch_dir("inspect");
+    write(&dir, "cluster.yaml", MANIFESTS);
+    let dir_s = dir.to_string_lossy().into_owned();
+    let mut args: Vec<String> = vec!["run".into()];
+    args.extend(node_flags(&dir_s));
+    args.extend(["--min-sync-period".into(), "0s".into()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let child = bed
+        .node
+        .spawn(env!("CARGO_BIN_EXE_verdict"), &args)
+        .unwrap();
+    let _daemon = Process(child);
+    assert_ne!(wait_for(&bed, "10.180.0.1:80"), "", "programmed");
+
+    // trace: the kernel's table, every candidate with its odds.
+    let mut trace_args = vec!["trace"];
+    trace_args.extend(TRACE_POD);
+    let t0 = Instant::now();
+    let live = json(&bed, &trace_args);
+    let took = t0.elapsed();
+    println!("trace against the live table: {took:?}");
+    assert_eq!(live["source"], "kernel", "{live:#}");
+    assert_eq!(live["service"], "demo/web:http");
+    assert_eq!(
+        outputs(&live),
+        BTreeSet::from(["10.180.0.1:80".to_owned(), "10.180.0.2:80".to_owned()]),
+        "the terminating endpoint is no candidate: {live:#}"
+    );
+    for o in live["outcomes"].as_array().unwrap() {
+        assert_eq!(o["probability"], 0.5);
+    }
+    // Real traffic goes where the trace says, and nowhere else.
+    let mut seen = BTreeSet::new();
+    for _ in 0..40 {
+        seen.insert(who(&bed));
+    }
+    assert_eq!(seen, outputs(&live), "real connections");
+
+    // The drop and the reject say why, naming the Service.
+    let mut blocked = vec!["trace", "--from", "external", "--src", "203.0.113.130"];
+    blocked.extend([
+        "--dst",
+        "198.51.100.42",
+        "--proto",
+        "tcp",
+        "--dport",
+        "80",
+        "-o",
+        "json",
+    ]);
+    let doc = json(&bed, &blocked);
+    assert_eq!(
+        doc["outcomes"][0]["reason"],
+        "dropped: the source is outside the loadBalancerSourceRanges of demo/lb:http",
+        "{doc:#}"
+    );
+    let real = bed
+        .connect(ip("203.0.113.130"), ip("198.51.100.42"), "tcp", 80, 500)
+        .unwrap_or_default();
+    assert!(
+        !real.contains("10.180."),
+        "the blocked client got through: {real}"
+    );
+    let allowed = bed
+        .connect(ip("203.0.113.2"), ip("198.51.100.42"), "tcp", 80, 500)
+        .unwrap_or_default();
+    assert!(allowed.contains("10.180.0.1:80"), "{allowed}");
+    let mut empty = vec!["trace"];
+    empty.extend(TRACE_POD);
+    let empty: Vec<&str> = empty
+        .into_iter()
+        .map(|a| if a == "172.30.0.41" { "172.30.0.43" } else { a })
+        .collect();
+    let doc = json(&bed, &empty);
+    assert_eq!(
+        doc["outcomes"][0]["reason"],
+        "rejected: demo/empty:http has no usable endpoints"
+    );
+
+    // The text form names the steps and the Service of each element.
+    let mut trace_text: Vec<&str> = vec!["trace"];
+    trace_text.extend(&TRACE_POD[..10]);
+    let out = text(&bed, &trace_text);
+    assert!(out.contains("verdict: DNAT to 10.180.0.1:80"), "{out}");
+    assert!(
+        out.contains("@service-ips 172.30.0.41 . tcp . 80 → goto endpoints-2  [demo/web:http]"),
+        "{out}"
+    );
+    println!("{out}");
+
+    // explain: every endpoint, and the kernel holds what verdict intends.
+    let t0 = Instant::now();
+    let doc = json(&bed, &["explain", "demo/web", "-o", "json"]);
+    println!("explain against the live table: {:?}", t0.elapsed());
+    assert_eq!(doc["drift"]["missing"], 0, "{doc:#}");
+    assert_eq!(doc["drift"]["extra"], 0, "{doc:#}");
+    let eps = doc["families"][0]["ports"][0]["endpoints"]
+        .as_array()
+        .unwrap();
+    assert_eq!(eps.len(), 3);
+    let out = text(&bed, &["explain", "demo/web"]);
+    assert!(out.contains("drift: none"), "{out}");
+    assert!(
+        out.contains("serving but terminating: unused while a ready endpoint exists"),
+        "{out}"
+    );
+    println!("{out}");
+    let missing = bed
+        .node
+        .exec(env!("CARGO_BIN_EXE_verdict"), &["explain", "demo/nope"]);
+    assert!(
+        missing
+            .as_ref()
+            .is_err_and(|e| e.to_string().contains("not known to verdict")),
+        "{missing:?}"
+    );
+
+    // services and syncs.
+    let list = json(&bed, &["services", "-o", "json", "--search", "demo/"]);
+    assert_eq!(list["total"], 3, "{list:#}");
+    let syncs = text(&bed, &["syncs"]);
+    assert!(syncs.contains("first sync"), "{syncs}");
+
+    // A foreign change is seen, repaired, and both are in the history.
+    bed.node
+        .exec(
+            "nft",
+            &[
+                "delete",
+                "element",
+                "ip",
+                "verdict",
+                "service-ips",
+                "{ 172.30.0.41 . tcp . 80 }",
+            ],
+        )
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let both = json(&bed, &["syncs", "-o", "json"]);
+        let foreign = &both[1]["items"];
+        let repaired = both[0]["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["trigger"] == "repair after a foreign change");
+        if foreign[0]["process"] == "nft" && repaired {
+            assert!(
+                foreign[0]["sample"][0]
+                    .as_str()
+                    .unwrap()
+                    .contains("service-ips"),
+                "{foreign:#}"
+            );
+            break;
+        }
+        assert!(Instant::now() < deadline, "no repair recorded: {both:#}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let doc = json(&bed, &["explain", "demo/web", "-o", "json"]);
+    assert_eq!(doc["drift"]["missing"], 0, "repaired: {doc:#}");
+
+    // Offline, from the same manifests: the same candidates.
+    let mut offline: Vec<String> = trace_args.iter().map(|s| s.to_string()).collect();
+    offline.extend(node_flags(&dir_s));
+    let offline: Vec<&str> = offline.iter().map(String::as_str).collect();
+    let doc = json(&bed, &offline);
+    assert_eq!(doc["source"], "memory");
+    assert_eq!(outputs(&doc), outputs(&live));
+    let mut explain_offline = vec!["explain".to_owned(), "demo/web".to_owned()];
+    explain_offline.extend(node_flags(&dir_s));
+    let explain_offline: Vec<&str> = explain_offline.iter().map(String::as_str).collect();
+    let out = text(&bed, &explain_offline);
+    assert!(
+        out.contains("built in memory") || out.contains("memory"),
+        "{out}"
+    );
+    assert!(out.contains("drift: none"), "{out}");
+}
+
+#[test]
+fn the_commands_say_what_is_wrong() {
+    let verdict = env!("CARGO_BIN_EXE_verdict");
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(verdict)
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, err) = run(&["explain"]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("verdict explain needs a Service"), "{err}");
+    let (code, err) = run(&["trace", "--from", "pod", "--src", "10.0.0.1"]);
+    assert_eq!(code, Some(1));
+    assert_eq!(
+        err, "verdict: verdict trace: missing proto\n",
+        "one line, no log noise"
+    );
+    let (code, err) = run(&["run", "--dst", "10.0.0.1"]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("--dst belongs to trace"), "{err}");
+    // Nobody listens there.
+    let (code, err) = run(&["services", "--server", "127.0.0.1:9"]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("cannot reach verdict at 127.0.0.1:9"), "{err}");
+    let (code, err) = run(&["explain", "demo", "--server", "127.0.0.1:9"]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("name the Service as NAMESPACE/NAME"), "{err}");
+}
