@@ -464,6 +464,24 @@ fn one_in_thread(args: &[String]) -> Result<(), String> {
             format!("{:.1} {:.1} {:.1} {}", p.p01, p.p50, p.p99, p.failures),
         );
     }
+    // The same services without the element counters (the maps are
+    // replaced by a full sync), probed again in the same run: what the
+    // counters cost the data path.
+    let mut plain = proxier.config().clone();
+    plain.counters = false;
+    proxier.set_config(plain).map_err(|e| e.to_string())?;
+    let t = Instant::now();
+    proxier
+        .sync(&mut nft, now())
+        .map_err(|e| format!("sync without counters: {e}"))?;
+    put("nocounters_sync_ms", format!("{:.1}", ms(t.elapsed())));
+    let probe_out = topo.cli.exec(&exe_s, &argv).map_err(|e| e.to_string())?;
+    for (label, p) in probe::parse_probe(&probe_out) {
+        put(
+            &format!("dp_nc-{label}"),
+            format!("{:.1} {:.1} {:.1} {}", p.p01, p.p50, p.p99, p.failures),
+        );
+    }
     put("samples", samples.to_string());
     put("changes", changes.to_string());
     for (k, v) in &out {

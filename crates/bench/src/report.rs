@@ -166,6 +166,31 @@ pub fn markdown(runs: &[Run], baseline: &Option<String>) -> String {
         }
         let _ = writeln!(s);
     }
+    let _ = writeln!(
+        s,
+        "\n### Per-service counters: connect p50 in µs with the element counters on / off (same run; change)\n"
+    );
+    let _ = writeln!(
+        s,
+        "| services | floor on / off | early service | middle service | late service |\n|---:|---:|---:|---:|---:|"
+    );
+    for r in runs {
+        let cell = |label: &str| match (r.dp(label), r.dp(&format!("nc-{label}"))) {
+            (Some([_, on, _]), Some([_, off, _])) => {
+                format!("{on:.0} / {off:.0} ({:+.1}%)", (on / off - 1.0) * 100.0)
+            }
+            _ => "–".into(),
+        };
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} |",
+            r.get("size"),
+            cell("floor"),
+            cell("early"),
+            cell("middle"),
+            cell("late")
+        );
+    }
     let failures: usize = runs.iter().map(Run::dp_failures).sum();
     let samples = runs.first().map_or("?", |r| r.get("samples"));
     let _ = writeln!(

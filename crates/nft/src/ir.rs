@@ -252,6 +252,8 @@ pub struct Set {
     pub timeout: Option<u32>,
     /// Maximum number of elements (dynamic sets).
     pub size: Option<u32>,
+    /// Every element counts the packets that matched it (`counter`).
+    pub counters: bool,
     /// Optional comment.
     pub comment: Option<String>,
 }
@@ -267,6 +269,7 @@ impl Set {
             interval: false,
             timeout: None,
             size: None,
+            counters: false,
             comment: None,
         }
     }
@@ -293,6 +296,13 @@ impl Set {
         self
     }
 
+    /// Gives every element a packet and byte counter.
+    #[must_use]
+    pub fn with_counters(mut self) -> Set {
+        self.counters = true;
+        self
+    }
+
     /// Marks the set as dynamic with a default timeout and a size limit.
     #[must_use]
     pub fn with_timeout(mut self, seconds: u32, size: u32) -> Set {
@@ -310,6 +320,7 @@ impl Set {
             && self.value.as_deref().map(names) == other.value.as_deref().map(names)
             && self.interval == other.interval
             && self.timeout.is_some() == other.timeout.is_some()
+            && self.counters == other.counters
     }
 
     /// Whether this is a map.
@@ -370,6 +381,9 @@ impl Set {
         }
         if let Some(size) = self.size {
             s.push_str(&format!(" size {size} ;"));
+        }
+        if self.counters {
+            s.push_str(" counter ;");
         }
         if let Some(c) = &self.comment {
             s.push_str(&format!(" comment {} ;", quote(c)));

@@ -36,7 +36,7 @@ use crate::ir::{
     BaseChain, Chain, ChainType, CmpOp, DataType, DnatTarget, Element, ElementValue, Expr, Family,
     FibAddr, Hook, KeyPart, L4Proto, Rule, Selector, Set, Value, Verdict,
 };
-use crate::memory::{ChainState, SetState, TableState};
+use crate::memory::{ChainState, Counter, SetState, TableState};
 
 /// Longest excerpt of an offending JSON value quoted in an error.
 const EXCERPT_MAX: usize = 200;
@@ -315,8 +315,19 @@ fn parse_set(o: &Obj) -> Result<SetState, String> {
             interval: false,
             timeout: None,
             size: None,
+            counters: false,
             comment: o.get("comment").and_then(Json::as_str).map(str::to_owned),
         };
+        // `"stmt": [{"counter": null}]`: every element has a counter.
+        for stmt in o.get("stmt").and_then(Json::as_array).into_iter().flatten() {
+            match stmt
+                .as_object()
+                .map(|s| s.keys().map(String::as_str).collect::<Vec<_>>())
+            {
+                Some(k) if k == ["counter"] => set.counters = true,
+                _ => return Err(format!("set statement {} is not supported", excerpt(stmt))),
+            }
+        }
         if let Some(flags) = o.get("flags") {
             for f in strings(flags)? {
                 match f {
@@ -334,21 +345,30 @@ fn parse_set(o: &Obj) -> Result<SetState, String> {
             set.size = Some(u32_field(o, "size")?);
         }
         let mut elements = BTreeMap::new();
+        let mut counters = BTreeMap::new();
         if let Some(elems) = o.get("elem") {
             let elems = elems.as_array().ok_or("\"elem\" is not a list")?;
             for e in elems {
-                let element =
+                let (element, counter) =
                     parse_element(&set, e).map_err(|m| format!("element {}: {m}", excerpt(e)))?;
+                if let Some(c) = counter {
+                    counters.insert(element.key.clone(), c);
+                }
                 elements.insert(element.key.clone(), element);
             }
         }
-        Ok(SetState { set, elements })
+        Ok(SetState {
+            set,
+            elements,
+            counters,
+        })
     };
     inner().map_err(|m| format!("set {name}: {m}"))
 }
 
-/// `{"elem": {"val": X, "comment": …, "timeout": …}}` → (X, comment).
-fn unwrap_elem(j: &Json) -> Result<(&Json, Option<String>), String> {
+/// `{"elem": {"val": X, "comment": …, "timeout": …, "counter": {…}}}` →
+/// (X, comment, counter).
+fn unwrap_elem(j: &Json) -> Result<(&Json, Option<String>, Option<Counter>), String> {
     match j.as_object().and_then(|o| o.get("elem")) {
         Some(inner) => {
             let val = inner.get("val").ok_or("element without \"val\"")?;
@@ -356,9 +376,23 @@ fn unwrap_elem(j: &Json) -> Result<(&Json, Option<String>), String> {
                 .get("comment")
                 .and_then(Json::as_str)
                 .map(str::to_owned);
-            Ok((val, comment))
+            let counter = match inner.get("counter").and_then(Json::as_object) {
+                Some(c) => {
+                    let n = |k: &str| {
+                        c.get(k)
+                            .and_then(Json::as_u64)
+                            .ok_or_else(|| format!("counter without \"{k}\""))
+                    };
+                    Some(Counter {
+                        packets: n("packets")?,
+                        bytes: n("bytes")?,
+                    })
+                }
+                None => None,
+            };
+            Ok((val, comment, counter))
         }
-        None => Ok((j, None)),
+        None => Ok((j, None, None)),
     }
 }
 
@@ -378,13 +412,13 @@ fn fields(j: &Json, n: usize) -> Result<Vec<&Json>, String> {
     Ok(parts)
 }
 
-fn parse_element(set: &Set, j: &Json) -> Result<Element, String> {
+fn parse_element(set: &Set, j: &Json) -> Result<(Element, Option<Counter>), String> {
     let (key_json, value_json) = match (&set.value, j) {
         (Some(_), Json::Array(pair)) if pair.len() == 2 => (&pair[0], Some(&pair[1])),
         (Some(_), _) => return Err("map element is not a [key, value] pair".into()),
         (None, _) => (j, None),
     };
-    let (val, comment) = unwrap_elem(key_json)?;
+    let (val, comment, counter) = unwrap_elem(key_json)?;
     let n = set.key.len();
     let key = fields(val, n)?
         .into_iter()
@@ -405,11 +439,14 @@ fn parse_element(set: &Set, j: &Json) -> Result<Element, String> {
         )),
         _ => None,
     };
-    Ok(Element {
-        key,
-        value,
-        comment,
-    })
+    Ok((
+        Element {
+            key,
+            value,
+            comment,
+        },
+        counter,
+    ))
 }
 
 // ---------------------------------------------------------------------------

@@ -31,6 +31,6 @@ pub mod tx;
 pub use cli::NftCli;
 pub use error::NftError;
 pub use ir::*;
-pub use memory::{Backend, ChainState, MemoryBackend, SetState, TableState, goto};
+pub use memory::{Backend, ChainState, Counter, MemoryBackend, SetState, TableState, goto};
 pub use trace::{Disposition, Packet, Trace, TraceLookup, TracePath, TraceStep, Tracer};
 pub use tx::{Op, Transaction};

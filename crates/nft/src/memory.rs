@@ -59,13 +59,33 @@ pub struct ChainState {
     pub rules: Vec<Rule>,
 }
 
-/// A set or map and its elements.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A set or map and its elements. Two are equal when their definitions
+/// and elements are: counters move with every packet.
+#[derive(Clone, Debug, Eq)]
 pub struct SetState {
     /// Definition.
     pub set: Set,
     /// Elements by key.
     pub elements: BTreeMap<Vec<Value>, Element>,
+    /// What each element's counter says, as read back from the kernel
+    /// (empty in memory, where no packet passes, and for sets without
+    /// counters).
+    pub counters: BTreeMap<Vec<Value>, Counter>,
+}
+
+impl PartialEq for SetState {
+    fn eq(&self, other: &SetState) -> bool {
+        self.set == other.set && self.elements == other.elements
+    }
+}
+
+/// An element's counter.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counter {
+    /// Packets that matched the element.
+    pub packets: u64,
+    /// Their bytes.
+    pub bytes: u64,
 }
 
 /// The contents of one table.
@@ -300,6 +320,7 @@ impl TableState {
                         SetState {
                             set: set.clone(),
                             elements: BTreeMap::new(),
+                            counters: BTreeMap::new(),
                         },
                     );
                     Ok(())

@@ -106,6 +106,9 @@ pub struct ProxierConfig {
     /// daemon probes for it and, where it fails, turns affinity off for that
     /// family rather than fail every sync of the table.
     pub session_affinity: bool,
+    /// Whether the service and endpoint maps count each element's packets
+    /// (new connections): verdict's per-service counters.
+    pub counters: bool,
 }
 
 impl ProxierConfig {
@@ -124,6 +127,7 @@ impl ProxierConfig {
             local_detector: LocalDetector::None,
             service_cidrs: Vec::new(),
             session_affinity: true,
+            counters: true,
         }
     }
 

@@ -536,8 +536,31 @@ pub fn fixed_chains(cfg: &ProxierConfig) -> Vec<ChainWithRules> {
     chains
 }
 
+/// The sets and maps whose elements count their packets (with
+/// [`ProxierConfig::counters`]): every lookup of the NAT chains sees only
+/// a connection's first packet, so these count new connections per
+/// service entry, per endpoint, per reject or drop for want of endpoints,
+/// and per firewalled destination.
+pub const COUNTED: [&str; 8] = [
+    SERVICE_IPS,
+    SERVICE_NODEPORTS,
+    NO_ENDPOINT_SERVICES,
+    NO_ENDPOINT_NODEPORTS,
+    FIREWALL_IPS,
+    SERVICE_ENDPOINTS_TCP,
+    SERVICE_ENDPOINTS_UDP,
+    SERVICE_ENDPOINTS_SCTP,
+];
+
 /// Every set and map of the table.
 pub fn sets(cfg: &ProxierConfig) -> Vec<Set> {
+    let counted = |s: Set| {
+        if cfg.counters && COUNTED.contains(&s.name.as_str()) {
+            s.with_counters()
+        } else {
+            s
+        }
+    };
     let addr = cfg.nft_family().addr_type();
     let svc = vec![addr, DataType::InetProto, DataType::InetService];
     let port = vec![DataType::InetProto, DataType::InetService];
@@ -548,15 +571,27 @@ pub fn sets(cfg: &ProxierConfig) -> Vec<Set> {
     let mut sets = vec![
         Set::set(CLUSTER_IPS, vec![addr]).with_comment("Active ClusterIPs"),
         Set::set(NODEPORT_IPS, vec![addr]).with_comment("IPs that accept NodePort traffic"),
-        Set::map(SERVICE_IPS, svc.clone(), vec![DataType::Verdict])
+        counted(Set::map(SERVICE_IPS, svc.clone(), vec![DataType::Verdict]))
             .with_comment("ClusterIP, ExternalIP and LoadBalancer IP traffic"),
-        Set::map(SERVICE_NODEPORTS, port.clone(), vec![DataType::Verdict])
-            .with_comment("NodePort traffic"),
-        Set::map(NO_ENDPOINT_SERVICES, svc.clone(), vec![DataType::Verdict])
-            .with_comment("vmap to drop or reject packets to services with no endpoints"),
-        Set::map(NO_ENDPOINT_NODEPORTS, port, vec![DataType::Verdict])
-            .with_comment("vmap to drop or reject packets to service nodeports with no endpoints"),
-        Set::set(FIREWALL_IPS, svc.clone())
+        counted(Set::map(
+            SERVICE_NODEPORTS,
+            port.clone(),
+            vec![DataType::Verdict],
+        ))
+        .with_comment("NodePort traffic"),
+        counted(Set::map(
+            NO_ENDPOINT_SERVICES,
+            svc.clone(),
+            vec![DataType::Verdict],
+        ))
+        .with_comment("vmap to drop or reject packets to services with no endpoints"),
+        counted(Set::map(
+            NO_ENDPOINT_NODEPORTS,
+            port,
+            vec![DataType::Verdict],
+        ))
+        .with_comment("vmap to drop or reject packets to service nodeports with no endpoints"),
+        counted(Set::set(FIREWALL_IPS, svc.clone()))
             .with_comment("destinations that are subject to LoadBalancerSourceRanges"),
         Set::set(FIREWALL_ALLOW, allow)
             .with_interval()
@@ -575,11 +610,11 @@ pub fn sets(cfg: &ProxierConfig) -> Vec<Set> {
     for p in L4Proto::ALL {
         let port = DataType::PortOf(p);
         sets.push(
-            Set::map(
+            counted(Set::map(
                 service_endpoints(p),
                 vec![addr, port, DataType::Numgen],
                 vec![addr, port],
-            )
+            ))
             .with_comment(format!("{p} service entry and slot to endpoint")),
         );
     }

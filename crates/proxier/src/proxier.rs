@@ -524,9 +524,12 @@ impl Proxier {
             .as_ref()
             .and_then(Option::as_ref)
             .map(|t| &t.chains);
+        // Whether the full sync rebuilds the table's chains (a set changed
+        // type): every chain is emptied, the shared ones too.
+        let mut rebuilt = false;
         if let Some(existing) = &existing {
             let empty = verdict_nft::TableState::default();
-            self.write_fixed(
+            rebuilt = self.write_fixed(
                 &mut tx,
                 existing.as_ref(),
                 existing.as_ref().unwrap_or(&empty),
@@ -563,7 +566,8 @@ impl Proxier {
             let name = chain.to_string();
             let rules = chain.rules(&self.cfg);
             let fresh = !chains_now.contains(&name) || self.stale_chains.contains_key(&name);
-            let differs = full && rules_now(&name).is_none_or(|r| !same_rules(r, &rules, family));
+            let differs = rebuilt
+                || (full && rules_now(&name).is_none_or(|r| !same_rules(r, &rules, family)));
             if fresh || differs {
                 tx.add_chain(Chain::regular(&name));
                 if rules_now(&name).is_some_and(|r| !r.is_empty()) {
@@ -710,13 +714,15 @@ impl Proxier {
     /// The table, base chains, fixed chains and sets of a full sync, given
     /// what the kernel has (`current`: `None` if the table is missing).
     /// Only what differs is written, so a full sync of a table that is as
-    /// it should be sends nothing.
+    /// it should be sends nothing. Returns whether every chain was emptied
+    /// to replace a set or a base chain (the caller then rewrites the
+    /// shared chains too).
     fn write_fixed(
         &self,
         tx: &mut Transaction,
         current: Option<&verdict_nft::TableState>,
         existing: &verdict_nft::TableState,
-    ) {
+    ) -> bool {
         let family = self.cfg.nft_family();
         let fixed = layout::fixed_chains(&self.cfg);
         let sets = layout::sets(&self.cfg);
@@ -783,6 +789,7 @@ impl Proxier {
                 tx.add_rule(&chain.name, rule);
             }
         }
+        rebuild
     }
 
     /// Deletes chains emptied long enough ago, in their own transaction.

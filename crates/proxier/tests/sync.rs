@@ -416,3 +416,52 @@ fn shared_chains_do_not_grow_with_services() {
         100 * (1 + 2 + 3)
     );
 }
+
+#[test]
+fn turning_the_counters_off_or_on_rebuilds_the_table_and_keeps_traffic_flowing() {
+    let mut fx = Fixture::new(IpFamily::V4);
+    one_ep(
+        &mut fx,
+        "ns",
+        "a",
+        "172.30.0.41",
+        80,
+        &["10.180.0.1", "10.180.0.2"],
+    );
+    one_ep(&mut fx, "ns", "b", "172.30.0.42", 80, &["10.180.0.3"]);
+    fx.sync();
+    let before = fx.dump();
+    assert!(
+        before.contains(
+            "service-ips { type ipv4_addr . inet_proto . inet_service : verdict ; counter ;"
+        ),
+        "{before}"
+    );
+    let flows = |fx: &Fixture| {
+        [
+            fx.trace(verdict_nft::L4Proto::Tcp, "10.0.0.2", "172.30.0.41", 80)
+                .output(),
+            fx.trace(verdict_nft::L4Proto::Tcp, "10.0.0.2", "172.30.0.42", 80)
+                .output(),
+        ]
+    };
+    let want = [
+        "10.180.0.1:80, 10.180.0.2:80".to_owned(),
+        "10.180.0.3:80".to_owned(),
+    ];
+    assert_eq!(flows(&fx), want);
+    for counters in [false, true] {
+        let mut cfg = fx.proxier.config().clone();
+        cfg.counters = counters;
+        fx.proxier.set_config(cfg).unwrap();
+        fx.advance(Duration::from_secs(1));
+        fx.sync();
+        // The maps changed type: they were replaced, every chain emptied
+        // and written again, shared chains included.
+        assert_eq!(flows(&fx), want, "counters {counters}:\n{}", fx.dump());
+        assert_eq!(fx.dump().contains(" counter ;"), counters);
+        let again = fx.sync();
+        assert_eq!(again.operations, 0, "and then nothing is left to do");
+    }
+    assert_eq!(fx.dump(), before, "back where it started");
+}

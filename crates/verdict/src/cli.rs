@@ -71,6 +71,8 @@ pub struct Cli {
     pub manifests: Option<String>,
     /// `--keep-kube-proxy-nftables` (verdict's own).
     pub keep_kube_proxy_nftables: bool,
+    /// `--service-counters` (verdict's own; on by default).
+    pub service_counters: bool,
     /// `--help`.
     pub help: bool,
     /// `--version`.
@@ -128,6 +130,7 @@ enum Opt {
     Version,
     Manifests,
     KeepKubeProxyNftables,
+    ServiceCounters,
     /// A flag of the introspection commands.
     Inspect,
 }
@@ -233,6 +236,14 @@ const OPTIONS: &[OptSpec] = &[
         help: "Leave kube-proxy's own nftables tables (ip/ip6 kube-proxy) in place at start and in cleanup",
         kube_proxy: false,
     },
+    OptSpec {
+        name: "service-counters",
+        short: None,
+        opt: Opt::ServiceCounters,
+        takes_value: false,
+        help: "Count new connections, rejects and drops per Service entry and endpoint in the kernel's maps, exported as verdict_service_* and verdict_endpoint_* on /metrics (--service-counters=false turns them off)",
+        kube_proxy: false,
+    },
     inspect(
         "server",
         None,
@@ -325,6 +336,7 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, UsageError>
         metrics_port: None,
         manifests: None,
         keep_kube_proxy_nftables: false,
+        service_counters: true,
         help: false,
         version: None,
         flags: Vec::new(),
@@ -421,6 +433,7 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, UsageError>
                     }
                     Opt::Manifests => cli.manifests = Some(value),
                     Opt::KeepKubeProxyNftables => cli.keep_kube_proxy_nftables = boolean(&value)?,
+                    Opt::ServiceCounters => cli.service_counters = boolean(&value)?,
                     Opt::Inspect => cli.inspect.push((o.name, value)),
                 }
             }

@@ -43,6 +43,9 @@ pub struct MetricsSite {
     pub verbosity: Verbosity,
     /// The introspection API (`/api/v1/…`), when the daemon serves it.
     pub api: Option<Handler>,
+    /// More of `/metrics`: verdict's per-service counters, read from the
+    /// kernel (`--service-counters`).
+    pub more_metrics: Option<Arc<dyn Fn() -> String + Send + Sync>>,
 }
 
 /// The handler of the health address.
@@ -107,6 +110,9 @@ impl MetricsSite {
     /// accepts it.
     fn metrics(&self, req: &Request) -> Response {
         let mut body = self.metrics.lock().map(|x| x.render()).unwrap_or_default();
+        if let Some(more) = &self.more_metrics {
+            body.push_str(&more());
+        }
         if let Some(p) = verdict_admin::process::Process::now() {
             body.push_str(&p.render());
         }
@@ -264,6 +270,7 @@ mod tests {
             profiling,
             verbosity: crate::logging::Verbosity::for_tests(1),
             api: None,
+            more_metrics: None,
         }
     }
 

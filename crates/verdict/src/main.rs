@@ -71,7 +71,8 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_CONFIG);
         }
     };
-    let settings = resolved.settings;
+    let mut settings = resolved.settings;
+    settings.service_counters = cli.service_counters;
     let verbosity = logging::init(&settings.logging);
     // The introspection commands are clients: their output is the answer.
     let daemon_like = !cli.command.inspects();

@@ -169,6 +169,43 @@ fn trace_and_explain_answer_from_the_running_daemon_and_offline() {
     }
     assert_eq!(seen, outputs(&live), "real connections");
 
+    // The kernel counted them, per entry point and per endpoint.
+    let _ = bed.connect(ip("10.0.0.2"), ip("172.30.0.43"), "tcp", 80, 500);
+    let _ = bed.connect(ip("203.0.113.130"), ip("198.51.100.42"), "tcp", 80, 300);
+    std::thread::sleep(Duration::from_secs(6)); // past the counters' cache
+    let metrics = http_on(&bed, 10249, "/metrics");
+    let base = "ip_family=\"IPv4\",namespace=\"demo\",service=\"web\",port=\"http\"";
+    let cluster_ip = sample(
+        &metrics,
+        &format!("verdict_service_connections_total{{{base},entry=\"ClusterIP\",address=\"172.30.0.41\"}}"),
+    )
+    .unwrap_or_else(|| panic!("no ClusterIP counter: {metrics}"));
+    let per_endpoint: f64 = ["10.180.0.1:80", "10.180.0.2:80"]
+        .iter()
+        .map(|e| {
+            sample(
+                &metrics,
+                &format!("verdict_endpoint_connections_total{{{base},endpoint=\"{e}\"}}"),
+            )
+            .unwrap_or(0.0)
+        })
+        .sum();
+    assert!(cluster_ip >= 40.0, "{cluster_ip}: {metrics}");
+    assert_eq!(
+        per_endpoint, cluster_ip,
+        "every connection went to one endpoint"
+    );
+    let rejected = sample(
+        &metrics,
+        "verdict_service_rejected_total{ip_family=\"IPv4\",namespace=\"demo\",service=\"empty\",port=\"http\"}",
+    );
+    assert!(rejected >= Some(1.0), "{metrics}");
+    let dropped = sample(
+        &metrics,
+        "verdict_service_dropped_total{ip_family=\"IPv4\",namespace=\"demo\",service=\"lb\",port=\"http\",reason=\"source-ranges\"}",
+    );
+    assert!(dropped >= Some(1.0), "{metrics}");
+
     // The drop and the reject say why, naming the Service.
     let mut blocked = vec!["trace", "--from", "external", "--src", "203.0.113.130"];
     blocked.extend([
@@ -343,4 +380,100 @@ fn the_commands_say_what_is_wrong() {
     let (code, err) = run(&["explain", "demo", "--server", "127.0.0.1:9"]);
     assert_eq!(code, Some(1));
     assert!(err.contains("name the Service as NAMESPACE/NAME"), "{err}");
+}
+
+#[test]
+fn the_counters_can_be_turned_off_and_on_across_a_restart() {
+    let dir = scratch_dir("inspect-counters");
+    write(&dir, "cluster.yaml", MANIFESTS);
+    let dir_s = dir.to_string_lossy().into_owned();
+    let plan = |extra: &[&str]| {
+        let mut args = vec!["plan".to_owned()];
+        args.extend(node_flags(&dir_s));
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_verdict"))
+            .args(&args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let on = plan(&[]);
+    let line = |script: &str, set: &str| {
+        script
+            .lines()
+            .find(|l| l.starts_with(&format!("add map ip verdict {set} ")))
+            .unwrap()
+            .to_owned()
+    };
+    assert!(line(&on, "service-ips").contains(" counter ;"), "{on}");
+    assert!(line(&on, "service-endpoints-tcp").contains(" counter ;"));
+    assert!(!line(&on, "affinity").contains(" counter ;"));
+    let off = plan(&["--service-counters=false"]);
+    assert!(!off.contains(" counter ;"), "{off}");
+
+    // On a node: a verdict without counters (as an older one), then one
+    // with them adopts its table. The maps change type, so the first full
+    // sync replaces them and writes every chain again; traffic flows
+    // throughout.
+    let Some(mut bed) = bed() else {
+        return;
+    };
+    for pod in ["10.180.0.1", "10.180.0.2"] {
+        bed.add_pod(ip(pod), Placement::Local, &[80], &[]).unwrap();
+    }
+    bed.add_pod(ip("10.0.0.2"), Placement::Local, &[], &[])
+        .unwrap();
+    let start = |extra: &[&str]| {
+        let mut args: Vec<String> = vec!["run".into()];
+        args.extend(node_flags(&dir_s));
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        Process(
+            bed.node
+                .spawn(env!("CARGO_BIN_EXE_verdict"), &args)
+                .unwrap(),
+        )
+    };
+    let reach_both = |bed: &TestBed| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut seen = BTreeSet::new();
+        while seen.len() < 2 && Instant::now() < deadline {
+            let got = who(bed);
+            if got.starts_with("10.180.") {
+                seen.insert(got);
+            } else {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        seen
+    };
+    let both = BTreeSet::from(["10.180.0.1:80".to_owned(), "10.180.0.2:80".to_owned()]);
+    let old = start(&["--service-counters=false"]);
+    assert_eq!(reach_both(&bed), both);
+    let table = bed
+        .node
+        .exec("nft", &["list", "table", "ip", "verdict"])
+        .unwrap();
+    assert!(!table.contains("counter"), "{table}");
+    drop(old);
+    let _new = start(&[]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut table = String::new();
+    while !table.contains("counter packets") && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+        table = bed
+            .node
+            .exec("nft", &["list", "table", "ip", "verdict"])
+            .unwrap();
+    }
+    assert!(
+        table.contains("counter packets"),
+        "adopted with counters: {table}"
+    );
+    assert_eq!(reach_both(&bed), both, "after the rebuild:\n{table}");
 }

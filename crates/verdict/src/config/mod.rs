@@ -197,6 +197,9 @@ pub struct Settings {
     pub oom_score_adj: Option<i32>,
     /// The effective configuration, as a v1alpha1 document.
     pub effective: Value,
+    /// verdict's per-service and per-endpoint counters
+    /// (`--service-counters`, verdict's own flag; on by default).
+    pub service_counters: bool,
     // What the detector is made of, checked into `detect_local`.
     detect_local_mode: DetectLocalMode,
     detect_bridge: String,
@@ -229,6 +232,7 @@ impl std::default::Default for Settings {
             conntrack: Conntrack::default(),
             oom_score_adj: Some(-999),
             effective: Value::Null,
+            service_counters: true,
             detect_local_mode: DetectLocalMode::ClusterCidr,
             detect_bridge: String::new(),
             detect_prefix: String::new(),

@@ -16,7 +16,7 @@
 //! without the lock, so a slow read never holds a sync back.
 
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde_json::{Value as Json, json};
 use verdict_admin::Response;
@@ -197,6 +197,52 @@ pub fn answer(
         }
     };
     Some((200, answer))
+}
+
+/// How long one reading of the kernel's counters serves `/metrics`:
+/// several scrapers in a row read the table once.
+const COUNTERS_FRESH: Duration = Duration::from_secs(5);
+
+/// verdict's per-service counters for `/metrics`: the tables read back
+/// (without the node's lock), then attributed to Service ports.
+pub fn counters(
+    node: Arc<Mutex<Node>>,
+    read: KernelReader,
+) -> Arc<dyn Fn() -> String + Send + Sync> {
+    let cache: Mutex<Option<(Instant, String)>> = Mutex::new(None);
+    Arc::new(move || {
+        let mut cached = cache.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((at, text)) = cached.as_ref()
+            && at.elapsed() < COUNTERS_FRESH
+        {
+            return text.clone();
+        }
+        let tables: Vec<(Family, String)> = lock(&node)
+            .proxiers
+            .iter()
+            .map(|p| (p.config().nft_family(), p.config().table.clone()))
+            .collect();
+        let read: Vec<Option<verdict_nft::TableState>> = tables
+            .iter()
+            .map(|(f, name)| match read(*f, name) {
+                Ok(k) => k.table,
+                Err(e) => {
+                    tracing::warn!(family = %f, error = %e, "cannot read the service counters");
+                    None
+                }
+            })
+            .collect();
+        let node = lock(&node);
+        let pairs: Vec<(&verdict_proxier::Proxier, Option<&verdict_nft::TableState>)> = node
+            .proxiers
+            .iter()
+            .zip(&read)
+            .map(|(p, t)| (p, t.as_ref()))
+            .collect();
+        let text = inspect::counters::exposition(&pairs);
+        *cached = Some((Instant::now(), text.clone()));
+        text
+    })
 }
 
 /// A node built in memory from the source, as `plan` builds it, for the

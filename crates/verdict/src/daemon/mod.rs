@@ -149,6 +149,7 @@ fn proxier_config(
         tracing::info!(%family, "no local-traffic detector for this family: ClusterIP traffic is not masqueraded");
     }
     c.node_port_addresses = settings.node_ports.clone();
+    c.counters = settings.service_counters;
     c.validate()?;
     Ok(c)
 }
@@ -1287,6 +1288,9 @@ pub fn run(settings: &Settings, source: &Source, verbosity: &Verbosity) -> anyho
             metrics: metrics.clone(),
             slis: Arc::new(Mutex::new(Metrics::slis())),
             api: Some(api::handler(node.clone(), api::kernel_reader())),
+            more_metrics: settings
+                .service_counters
+                .then(|| api::counters(node.clone(), api::kernel_reader())),
             configz: crate::config::render::configz(&settings.effective).to_string(),
             profiling: settings.enable_profiling,
             verbosity: verbosity.clone(),

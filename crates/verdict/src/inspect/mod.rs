@@ -6,6 +6,7 @@
 //! text ([`text`]), so a daemon's answer and an offline one read alike.
 
 pub mod client;
+pub mod counters;
 pub mod history;
 pub mod text;
 

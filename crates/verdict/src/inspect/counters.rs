@@ -1,0 +1,319 @@
+//! verdict's per-service and per-endpoint counters, from the kernel's own
+//! element counters (`--service-counters`). The NAT chains see only a
+//! connection's first packet, so the `service-ips`, `service-nodeports`
+//! and `service-endpoints-*` counters count new connections per entry
+//! point and per endpoint; `no-endpoint-*` count the rejects and drops of
+//! Services without (local) endpoints, and `firewall-ips` minus
+//! `service-ips` the connections `loadBalancerSourceRanges` dropped. No
+//! set or map is added for them: the number of sets stays fixed.
+//!
+//! A counter starts again from zero when its element is replaced (an
+//! endpoint moves to another slot, a Service is re-created), which
+//! Prometheus reads as a counter reset.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::net::IpAddr;
+
+use verdict_model::{ServicePort, ServicePortName};
+use verdict_nft::{ElementValue, TableState, Value, Verdict};
+use verdict_proxier::{Proxier, layout};
+
+/// New connections per Service port and entry point.
+pub const SERVICE_CONNECTIONS: &str = "verdict_service_connections_total";
+/// New connections per endpoint.
+pub const ENDPOINT_CONNECTIONS: &str = "verdict_endpoint_connections_total";
+/// Connections rejected: the Service has no usable endpoint.
+pub const SERVICE_REJECTED: &str = "verdict_service_rejected_total";
+/// Connections dropped, by reason.
+pub const SERVICE_DROPPED: &str = "verdict_service_dropped_total";
+
+type Labels = Vec<(&'static str, String)>;
+
+#[derive(Default)]
+struct Families(BTreeMap<&'static str, BTreeMap<Labels, u64>>);
+
+impl Families {
+    fn add(&mut self, name: &'static str, labels: Labels, n: u64) {
+        *self.0.entry(name).or_default().entry(labels).or_default() += n;
+    }
+}
+
+fn port_labels(family: &str, port: &ServicePortName) -> Labels {
+    vec![
+        ("ip_family", family.to_owned()),
+        ("namespace", port.service.namespace.clone()),
+        ("service", port.service.name.clone()),
+        ("port", port.port.clone()),
+    ]
+}
+
+/// The service port owning an element: the proxier's record, else the
+/// comment the kernel holds (an element verdict no longer wants).
+fn owner(p: &Proxier, set: &str, key: &[Value], table: &TableState) -> Option<ServicePortName> {
+    if let Some(o) = p.owners_of(set, key).first() {
+        return Some((*o).clone());
+    }
+    let comment = table.sets.get(set)?.elements.get(key)?.comment.as_deref()?;
+    p.service_ports()
+        .keys()
+        .find(|k| k.to_string() == comment)
+        .cloned()
+}
+
+fn entry_kind(sp: Option<&ServicePort>, addr: IpAddr) -> &'static str {
+    match sp {
+        Some(sp) if sp.cluster_ip == addr => "ClusterIP",
+        Some(sp) if sp.load_balancer_vips.contains(&addr) => "LoadBalancer",
+        Some(sp) if sp.external_ips.contains(&addr) => "ExternalIP",
+        _ => "unknown",
+    }
+}
+
+fn addr_of(key: &[Value]) -> Option<IpAddr> {
+    match key.first() {
+        Some(Value::Addr(a)) => Some(*a),
+        _ => None,
+    }
+}
+
+/// The counters of one family's table.
+fn collect(p: &Proxier, t: &TableState, out: &mut Families) {
+    let family = match p.config().family {
+        verdict_model::IpFamily::V4 => "IPv4",
+        verdict_model::IpFamily::V6 => "IPv6",
+    };
+    let counters = |set: &str| t.sets.get(set).map(|s| &s.counters);
+    for (key, c) in counters(layout::SERVICE_IPS).into_iter().flatten() {
+        let (Some(port), Some(addr)) = (owner(p, layout::SERVICE_IPS, key, t), addr_of(key)) else {
+            continue;
+        };
+        let mut l = port_labels(family, &port);
+        l.push((
+            "entry",
+            entry_kind(p.service_ports().get(&port), addr).into(),
+        ));
+        l.push(("address", addr.to_string()));
+        out.add(SERVICE_CONNECTIONS, l, c.packets);
+    }
+    for (key, c) in counters(layout::SERVICE_NODEPORTS).into_iter().flatten() {
+        let Some(port) = owner(p, layout::SERVICE_NODEPORTS, key, t) else {
+            continue;
+        };
+        let mut l = port_labels(family, &port);
+        l.push(("entry", "NodePort".into()));
+        l.push(("address", String::new()));
+        out.add(SERVICE_CONNECTIONS, l, c.packets);
+    }
+    for set in [
+        layout::SERVICE_ENDPOINTS_TCP,
+        layout::SERVICE_ENDPOINTS_UDP,
+        layout::SERVICE_ENDPOINTS_SCTP,
+    ] {
+        let elements = t.sets.get(set).map(|s| &s.elements);
+        for (key, c) in counters(set).into_iter().flatten() {
+            let target = elements
+                .and_then(|e| e.get(key))
+                .and_then(|e| match &e.value {
+                    Some(ElementValue::Data(d)) => match d.as_slice() {
+                        [Value::Addr(a), Value::Port(port)] => Some((*a, *port)),
+                        _ => None,
+                    },
+                    _ => None,
+                });
+            let (Some(port), Some((a, ep_port))) = (owner(p, set, key, t), target) else {
+                continue;
+            };
+            let mut l = port_labels(family, &port);
+            let endpoint = match a {
+                IpAddr::V4(a) => format!("{a}:{ep_port}"),
+                IpAddr::V6(a) => format!("[{a}]:{ep_port}"),
+            };
+            l.push(("endpoint", endpoint));
+            out.add(ENDPOINT_CONNECTIONS, l, c.packets);
+        }
+    }
+    for set in [layout::NO_ENDPOINT_SERVICES, layout::NO_ENDPOINT_NODEPORTS] {
+        let elements = t.sets.get(set).map(|s| &s.elements);
+        for (key, c) in counters(set).into_iter().flatten() {
+            let Some(port) = owner(p, set, key, t) else {
+                continue;
+            };
+            let drop = elements
+                .and_then(|e| e.get(key))
+                .is_some_and(|e| e.value == Some(ElementValue::Verdict(Verdict::Drop)));
+            let mut l = port_labels(family, &port);
+            if drop {
+                l.push(("reason", "no-local-endpoints".into()));
+                out.add(SERVICE_DROPPED, l, c.packets);
+            } else {
+                out.add(SERVICE_REJECTED, l, c.packets);
+            }
+        }
+    }
+    // Firewalled destinations: what did not reach `service-ips` was dropped.
+    let accepted = counters(layout::SERVICE_IPS);
+    for (key, c) in counters(layout::FIREWALL_IPS).into_iter().flatten() {
+        let Some(port) = owner(p, layout::SERVICE_IPS, key, t) else {
+            continue;
+        };
+        let passed = accepted.and_then(|a| a.get(key)).map_or(0, |a| a.packets);
+        let mut l = port_labels(family, &port);
+        l.push(("reason", "source-ranges".into()));
+        out.add(SERVICE_DROPPED, l, c.packets.saturating_sub(passed));
+    }
+}
+
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// The counters of every family, in Prometheus' text format.
+pub fn exposition(tables: &[(&Proxier, Option<&TableState>)]) -> String {
+    let mut f = Families::default();
+    for (p, t) in tables {
+        if let Some(t) = t {
+            collect(p, t, &mut f);
+        }
+    }
+    let help = |name: &str| match name {
+        SERVICE_CONNECTIONS => {
+            "New connections to a Service port, per entry point (ClusterIP, ExternalIP, LoadBalancer, NodePort), counted by the kernel"
+        }
+        ENDPOINT_CONNECTIONS => {
+            "New connections sent to an endpoint of a Service port, counted by the kernel"
+        }
+        SERVICE_REJECTED => {
+            "New connections rejected because the Service port has no usable endpoint"
+        }
+        _ => {
+            "New connections dropped: no local endpoint with a Local traffic policy, or a source outside loadBalancerSourceRanges"
+        }
+    };
+    let mut out = String::new();
+    for (name, series) in &f.0 {
+        let _ = writeln!(out, "# HELP {name} [ALPHA] {}", help(name));
+        let _ = writeln!(out, "# TYPE {name} counter");
+        for (labels, v) in series {
+            let l: Vec<String> = labels
+                .iter()
+                .map(|(k, v)| format!("{k}=\"{}\"", escape(v)))
+                .collect();
+            let _ = writeln!(out, "{name}{{{}}} {v}", l.join(","));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+    use verdict_conformance::{ServiceExt, SliceExt, TCP, slice, svc};
+    use verdict_model::IpFamily;
+    use verdict_nft::{Counter, Family, MemoryBackend};
+    use verdict_proxier::{LocalDetector, ProxierConfig};
+
+    #[test]
+    fn element_counters_become_per_service_and_per_endpoint_series() {
+        let mut c = ProxierConfig::new(IpFamily::V4, "n");
+        c.local_detector = LocalDetector::Cidr("10.0.0.0/8".parse().unwrap());
+        let mut p = Proxier::new(c).unwrap();
+        let lb = svc("ns", "web")
+            .cluster_ip("172.30.0.41")
+            .port("http", TCP, 80, 0)
+            .lb(&["5.6.7.8"])
+            .source_ranges(&["203.0.113.0/25"]);
+        p.on_service(None, Some(&lb));
+        p.on_service(
+            None,
+            Some(
+                &svc("ns", "empty")
+                    .cluster_ip("172.30.0.43")
+                    .port("http", TCP, 80, 0),
+            ),
+        );
+        p.on_endpoint_slice(
+            &slice("ns", "web", "w")
+                .port("http", TCP, 80)
+                .ep("10.180.0.1", "n")
+                .ep("10.180.0.2", "m"),
+            false,
+        );
+        let mut nft = MemoryBackend::new();
+        p.sync(&mut nft, Instant::now()).unwrap();
+        let mut t = nft.get(Family::Ip, "verdict").unwrap().clone();
+        // What the kernel would have counted: 7 connections to the
+        // ClusterIP, 3 to the VIP (plus 2 the source ranges dropped), 4
+        // and 6 per endpoint, 5 rejects.
+        let mut count = |set: &str, key: Vec<Value>, n: u64| {
+            let s = t.sets.get_mut(set).unwrap();
+            assert!(s.elements.contains_key(&key), "{set}: {key:?}");
+            s.counters.insert(
+                key,
+                Counter {
+                    packets: n,
+                    bytes: 60 * n,
+                },
+            );
+        };
+        let a = |s: &str| Value::Addr(s.parse().unwrap());
+        let tcp = Value::Proto(verdict_nft::L4Proto::Tcp);
+        count(
+            layout::SERVICE_IPS,
+            vec![a("172.30.0.41"), tcp, Value::Port(80)],
+            7,
+        );
+        count(
+            layout::SERVICE_IPS,
+            vec![a("5.6.7.8"), tcp, Value::Port(80)],
+            3,
+        );
+        count(
+            layout::FIREWALL_IPS,
+            vec![a("5.6.7.8"), tcp, Value::Port(80)],
+            5,
+        );
+        for (entry, slot, n) in [
+            ("172.30.0.41", 0, 4),
+            ("172.30.0.41", 1, 3),
+            ("5.6.7.8", 1, 3),
+        ] {
+            count(
+                layout::SERVICE_ENDPOINTS_TCP,
+                vec![a(entry), Value::Port(80), Value::Int(slot)],
+                n,
+            );
+        }
+        count(
+            layout::NO_ENDPOINT_SERVICES,
+            vec![a("172.30.0.43"), tcp, Value::Port(80)],
+            5,
+        );
+        let text = exposition(&[(&p, Some(&t))]);
+        let has = |line: &str| assert!(text.lines().any(|l| l == line), "{line}\n{text}");
+        let base = "ip_family=\"IPv4\",namespace=\"ns\",service=\"web\",port=\"http\"";
+        has(&format!(
+            "verdict_service_connections_total{{{base},entry=\"ClusterIP\",address=\"172.30.0.41\"}} 7"
+        ));
+        has(&format!(
+            "verdict_service_connections_total{{{base},entry=\"LoadBalancer\",address=\"5.6.7.8\"}} 3"
+        ));
+        has(&format!(
+            "verdict_endpoint_connections_total{{{base},endpoint=\"10.180.0.1:80\"}} 4"
+        ));
+        has(&format!(
+            "verdict_endpoint_connections_total{{{base},endpoint=\"10.180.0.2:80\"}} 6"
+        ));
+        has(&format!(
+            "verdict_service_dropped_total{{{base},reason=\"source-ranges\"}} 2"
+        ));
+        has(
+            "verdict_service_rejected_total{ip_family=\"IPv4\",namespace=\"ns\",service=\"empty\",port=\"http\"} 5",
+        );
+        assert!(text.contains("# TYPE verdict_service_connections_total counter"));
+        assert_eq!(exposition(&[(&p, None)]), "", "no table, no series");
+    }
+}
