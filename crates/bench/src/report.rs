@@ -168,24 +168,30 @@ pub fn markdown(runs: &[Run], baseline: &Option<String>) -> String {
     }
     let _ = writeln!(
         s,
-        "\n### Per-service counters: connect p50 in µs with the element counters on / off (same run; change)\n"
+        "\n### Per-service counters: connect p50 ÷ the no-rules floor of the same pass, counters on / off (one run, on first; change)\n"
     );
     let _ = writeln!(
         s,
-        "| services | floor on / off | early service | middle service | late service |\n|---:|---:|---:|---:|---:|"
+        "| services | floor p50 on / off (µs) | early service | middle service | late service |\n|---:|---:|---:|---:|---:|"
     );
     for r in runs {
-        let cell = |label: &str| match (r.dp(label), r.dp(&format!("nc-{label}"))) {
-            (Some([_, on, _]), Some([_, off, _])) => {
-                format!("{on:.0} / {off:.0} ({:+.1}%)", (on / off - 1.0) * 100.0)
+        let p50 = |label: &str| r.dp(label).map(|[_, b, _]| b);
+        let floors = (p50("floor"), p50("nc-floor"));
+        let cell = |label: &str| match (p50(label), p50(&format!("nc-{label}")), floors) {
+            (Some(on), Some(off), (Some(f_on), Some(f_off))) => {
+                let (a, b) = (on / f_on, off / f_off);
+                format!("{a:.2}× / {b:.2}× ({:+.1}%)", (a / b - 1.0) * 100.0)
             }
+            _ => "–".into(),
+        };
+        let floor = match floors {
+            (Some(a), Some(b)) => format!("{a:.0} / {b:.0}"),
             _ => "–".into(),
         };
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {} |",
+            "| {} | {floor} | {} | {} | {} |",
             r.get("size"),
-            cell("floor"),
             cell("early"),
             cell("middle"),
             cell("late")

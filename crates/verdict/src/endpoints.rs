@@ -5,8 +5,8 @@
 //!   `/configz` (the running configuration), `/metrics/slis` (the health
 //!   checks' results); with `enableProfiling`, `/debug/pprof/` (memory,
 //!   threads) and `/debug/flags/v` (`PUT` a number to change the log
-//!   verbosity); verdict's introspection API, `/api/v1/…`
-//!   (`daemon/api.rs`).
+//!   verbosity); verdict's introspection API, `/api/v1/…`, and its web
+//!   view, `/ui` (`daemon/api.rs`).
 //!
 //! A port that cannot be bound is tried again every 5 s, as kube-proxy
 //! does, unless `bindAddressHardFail`, which makes it fatal.
@@ -101,7 +101,9 @@ impl MetricsSite {
                 Some(Response::text(200, s.render(), EXPOSITION))
             }
             path if self.profiling && path.starts_with("/debug/") => self.debug(req),
-            path if path.starts_with("/api/") => self.api.as_ref().and_then(|api| api(req)),
+            path if path.starts_with("/api/") || path == "/ui" || path.starts_with("/ui/") => {
+                self.api.as_ref().and_then(|api| api(req))
+            }
             _ => None,
         }
     }

@@ -477,3 +477,154 @@ fn the_counters_can_be_turned_off_and_on_across_a_restart() {
     );
     assert_eq!(reach_both(&bed), both, "after the rebuild:\n{table}");
 }
+
+/// Chromium, if installed (CI installs it and sets VERDICT_REQUIRE_CHROMIUM).
+fn chromium() -> Option<String> {
+    let found = ["chromium", "chromium-browser", "google-chrome"]
+        .into_iter()
+        .find(|b| {
+            std::process::Command::new("sh")
+                .args(["-c", &format!("command -v {b}")])
+                .output()
+                .is_ok_and(|o| o.status.success())
+        })
+        .map(str::to_owned);
+    if found.is_none() {
+        assert!(
+            std::env::var_os("VERDICT_REQUIRE_CHROMIUM").is_none(),
+            "chromium is required here (VERDICT_REQUIRE_CHROMIUM) but not installed"
+        );
+        println!("skipped: no chromium");
+    }
+    found
+}
+
+/// Loads `url` in headless Chromium inside the node and returns the DOM
+/// once the page's script has run; with `shot`, also saves a screenshot.
+fn browse(bed: &TestBed, browser: &str, url: &str, shot: Option<&std::path::Path>) -> String {
+    let profile = scratch_dir("chromium-profile");
+    let profile_flag = format!("--user-data-dir={}", profile.display());
+    let mut args = vec![
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--no-first-run",
+        "--window-size=1280,900",
+        "--virtual-time-budget=6000",
+        profile_flag.as_str(),
+    ];
+    let shot_flag = shot.map(|p| format!("--screenshot={}", p.display()));
+    if let Some(s) = &shot_flag {
+        args.push(s);
+    } else {
+        args.push("--dump-dom");
+    }
+    args.push(url);
+    bed.node
+        .exec(browser, &args)
+        .unwrap_or_else(|e| panic!("chromium {url}: {e}"))
+}
+
+#[test]
+fn the_web_view_shows_services_endpoints_and_counters_in_a_real_browser() {
+    let Some(browser) = chromium() else {
+        return;
+    };
+    let Some(mut bed) = bed() else {
+        return;
+    };
+    for pod in ["10.180.0.1", "10.180.0.2", "10.180.0.3"] {
+        bed.add_pod(ip(pod), Placement::Local, &[80], &[]).unwrap();
+    }
+    bed.add_pod(ip("10.0.0.2"), Placement::Local, &[], &[])
+        .unwrap();
+    let dir = scratch_dir("inspect-ui");
+    write(&dir, "cluster.yaml", MANIFESTS);
+    let dir_s = dir.to_string_lossy().into_owned();
+    let mut args: Vec<String> = vec!["run".into()];
+    args.extend(node_flags(&dir_s));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let _daemon = Process(
+        bed.node
+            .spawn(env!("CARGO_BIN_EXE_verdict"), &args)
+            .unwrap(),
+    );
+    assert_ne!(wait_for(&bed, "10.180.0.1:80"), "", "programmed");
+    for _ in 0..30 {
+        who(&bed);
+    }
+    let ui = "http://127.0.0.1:10249/ui";
+
+    let list = browse(&bed, &browser, &format!("{ui}#/services"), None);
+    for svc in ["demo/web", "demo/lb", "demo/empty"] {
+        assert!(
+            list.contains(&format!("data-service=\"{svc}\"")),
+            "{svc}: {list}"
+        );
+    }
+    // The web row's connections cell holds the kernel's count.
+    let row = list
+        .split("<tr data-service=\"demo/web\">")
+        .nth(1)
+        .unwrap()
+        .split("</tr>")
+        .next()
+        .unwrap();
+    let connections: u64 = row
+        .split("data-connections=\"\">")
+        .nth(1)
+        .and_then(|c| c.split('<').next())
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no connection count in {row}"));
+    assert!(connections >= 30, "{connections}: {row}");
+
+    let page = browse(&bed, &browser, &format!("{ui}#/service/demo/web"), None);
+    for ep in ["10.180.0.1:80", "10.180.0.2:80", "10.180.0.3:80"] {
+        assert!(
+            page.contains(&format!("data-endpoint=\"{ep}\"")),
+            "{ep}: {page}"
+        );
+    }
+    assert!(page.contains("no drift"), "{page}");
+    assert!(page.contains("id=\"rate-chart\""), "{page}");
+    assert!(
+        page.contains("unused while a ready endpoint exists"),
+        "{page}"
+    );
+
+    let overview = browse(&bed, &browser, &format!("{ui}#/"), None);
+    assert!(overview.contains("id=\"syncs\""), "{overview}");
+    assert!(overview.contains("first sync"), "{overview}");
+
+    let traced = browse(
+        &bed,
+        &browser,
+        &format!("{ui}#/trace?from=pod&src=10.0.0.2&dst=172.30.0.41&proto=tcp&dport=80"),
+        None,
+    );
+    for out in ["10.180.0.1:80", "10.180.0.2:80"] {
+        assert!(
+            traced.contains(&format!("data-outcome=\"{out}\"")),
+            "{out}: {traced}"
+        );
+    }
+
+    // Screenshots, for people (target/ui-screenshots).
+    let shots = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("ui-screenshots");
+    std::fs::create_dir_all(&shots).unwrap();
+    for (name, frag) in [
+        ("overview", "#/"),
+        ("services", "#/services"),
+        ("service", "#/service/demo/web"),
+        (
+            "trace",
+            "#/trace?from=pod&src=10.0.0.2&dst=172.30.0.41&proto=tcp&dport=80",
+        ),
+    ] {
+        let path = shots.join(format!("{name}.png"));
+        browse(&bed, &browser, &format!("{ui}{frag}"), Some(&path));
+        let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+        assert!(size > 10_000, "{}: {size} bytes", path.display());
+        println!("screenshot: {}", path.display());
+    }
+}

@@ -11,6 +11,8 @@
 //! | `/api/v1/syncs` | the last syncs |
 //! | `/api/v1/foreign` | the last foreign changes to verdict's tables |
 //! | `/api/v1/drift` | the kernel's elements against verdict's intent, per family |
+//! | `/api/v1/counters?service=` | the per-service counters (at most 5 s old) |
+//! | `/ui` | the web view, a page of its own that reads the API |
 //!
 //! The node is locked only to build an answer; the kernel is read before,
 //! without the lock, so a slow read never holds a sync back.
@@ -26,6 +28,7 @@ use verdict_nft::{Backend, Family, MemoryBackend, NftCli};
 
 use super::{Node, Source, lock};
 use crate::config::Settings;
+use crate::inspect::counters::Snapshot;
 use crate::inspect::{self, BadRequest, Kernel, TraceRequest, View};
 
 /// Reads one table back (family, name).
@@ -50,9 +53,27 @@ pub fn kernel_reader() -> KernelReader {
     })
 }
 
-/// The API's handler for the metrics site.
-pub fn handler(node: Arc<Mutex<Node>>, read: KernelReader) -> Handler {
+/// The API's handler for the metrics site (`counters`: `None` with
+/// `--service-counters=false`), and the web view at `/ui`.
+pub fn handler(
+    node: Arc<Mutex<Node>>,
+    read: KernelReader,
+    counters: Option<Arc<CounterCache>>,
+) -> Handler {
     Arc::new(move |req: &Request| {
+        if req.path == "/ui" || req.path.starts_with("/ui/") {
+            return Some(crate::inspect::ui::page(req));
+        }
+        if req.path.trim_end_matches('/') == "/api/v1/counters" {
+            let Some(c) = &counters else {
+                let e =
+                    json!({"error": "the per-service counters are off (--service-counters=false)"});
+                return Some(Response::json(404, e.to_string()));
+            };
+            let service = req.query_param("service");
+            let service = service.as_deref().and_then(|s| s.split_once('/'));
+            return Some(Response::json(200, c.snapshot().json(service).to_string()));
+        }
         let (code, body) = answer(&node, read.as_ref(), req)?;
         Some(Response::json(code, body.to_string()))
     })
@@ -103,7 +124,7 @@ pub fn answer(
     let answer = match rest.trim_end_matches('/') {
         "" => json!({"paths": [
             "/api/v1/services", "/api/v1/services/NAMESPACE/NAME", "/api/v1/trace",
-            "/api/v1/syncs", "/api/v1/foreign", "/api/v1/drift",
+            "/api/v1/syncs", "/api/v1/foreign", "/api/v1/drift", "/api/v1/counters",
         ]}),
         "/services" => {
             let num = |k: &str, default: usize| -> Result<usize, BadRequest> {
@@ -199,32 +220,45 @@ pub fn answer(
     Some((200, answer))
 }
 
-/// How long one reading of the kernel's counters serves `/metrics`:
-/// several scrapers in a row read the table once.
+/// How long one reading of the kernel's counters serves `/metrics` and
+/// the API: several scrapers in a row read the table once.
 const COUNTERS_FRESH: Duration = Duration::from_secs(5);
 
-/// verdict's per-service counters for `/metrics`: the tables read back
-/// (without the node's lock), then attributed to Service ports.
-pub fn counters(
+/// The last reading of the per-service counters (`--service-counters`),
+/// shared by `/metrics` and `/api/v1/counters`.
+pub struct CounterCache {
     node: Arc<Mutex<Node>>,
     read: KernelReader,
-) -> Arc<dyn Fn() -> String + Send + Sync> {
-    let cache: Mutex<Option<(Instant, String)>> = Mutex::new(None);
-    Arc::new(move || {
-        let mut cached = cache.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((at, text)) = cached.as_ref()
+    last: Mutex<Option<(Instant, Arc<Snapshot>)>>,
+}
+
+impl CounterCache {
+    /// A cache over the node's tables.
+    pub fn new(node: Arc<Mutex<Node>>, read: KernelReader) -> Arc<CounterCache> {
+        Arc::new(CounterCache {
+            node,
+            read,
+            last: Mutex::new(None),
+        })
+    }
+
+    /// A reading at most [`COUNTERS_FRESH`] old: the tables are read
+    /// back (without the node's lock), then attributed to Service ports.
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((at, snap)) = last.as_ref()
             && at.elapsed() < COUNTERS_FRESH
         {
-            return text.clone();
+            return snap.clone();
         }
-        let tables: Vec<(Family, String)> = lock(&node)
+        let tables: Vec<(Family, String)> = lock(&self.node)
             .proxiers
             .iter()
             .map(|p| (p.config().nft_family(), p.config().table.clone()))
             .collect();
         let read: Vec<Option<verdict_nft::TableState>> = tables
             .iter()
-            .map(|(f, name)| match read(*f, name) {
+            .map(|(f, name)| match (self.read)(*f, name) {
                 Ok(k) => k.table,
                 Err(e) => {
                     tracing::warn!(family = %f, error = %e, "cannot read the service counters");
@@ -232,17 +266,22 @@ pub fn counters(
                 }
             })
             .collect();
-        let node = lock(&node);
+        let node = lock(&self.node);
         let pairs: Vec<(&verdict_proxier::Proxier, Option<&verdict_nft::TableState>)> = node
             .proxiers
             .iter()
             .zip(&read)
             .map(|(p, t)| (p, t.as_ref()))
             .collect();
-        let text = inspect::counters::exposition(&pairs);
-        *cached = Some((Instant::now(), text.clone()));
-        text
-    })
+        let snap = Arc::new(Snapshot::of(&pairs));
+        *last = Some((Instant::now(), snap.clone()));
+        snap
+    }
+
+    /// The counters for `/metrics`.
+    pub fn metrics(self: Arc<Self>) -> Arc<dyn Fn() -> String + Send + Sync> {
+        Arc::new(move || self.snapshot().exposition())
+    }
 }
 
 /// A node built in memory from the source, as `plan` builds it, for the

@@ -1283,14 +1283,19 @@ pub fn run(settings: &Settings, source: &Source, verbosity: &Verbosity) -> anyho
             "healthz server failed",
         ));
     }
+    let counters = settings
+        .service_counters
+        .then(|| api::CounterCache::new(node.clone(), api::kernel_reader()));
     if let Some(addr) = settings.metrics_bind_address {
         let site = crate::endpoints::MetricsSite {
             metrics: metrics.clone(),
             slis: Arc::new(Mutex::new(Metrics::slis())),
-            api: Some(api::handler(node.clone(), api::kernel_reader())),
-            more_metrics: settings
-                .service_counters
-                .then(|| api::counters(node.clone(), api::kernel_reader())),
+            api: Some(api::handler(
+                node.clone(),
+                api::kernel_reader(),
+                counters.clone(),
+            )),
+            more_metrics: counters.clone().map(api::CounterCache::metrics),
             configz: crate::config::render::configz(&settings.effective).to_string(),
             profiling: settings.enable_profiling,
             verbosity: verbosity.clone(),

@@ -15,6 +15,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::net::IpAddr;
 
+use serde_json::{Value as Json, json};
 use verdict_model::{ServicePort, ServicePortName};
 use verdict_nft::{ElementValue, TableState, Value, Verdict};
 use verdict_proxier::{Proxier, layout};
@@ -170,41 +171,105 @@ fn escape(v: &str) -> String {
         .replace('\n', "\\n")
 }
 
-/// The counters of every family, in Prometheus' text format.
-pub fn exposition(tables: &[(&Proxier, Option<&TableState>)]) -> String {
-    let mut f = Families::default();
-    for (p, t) in tables {
-        if let Some(t) = t {
-            collect(p, t, &mut f);
+/// One reading of every family's counters.
+#[derive(Default)]
+pub struct Snapshot {
+    families: Families,
+}
+
+impl Snapshot {
+    /// Reads the counters of each family's table (`None`: not read).
+    pub fn of(tables: &[(&Proxier, Option<&TableState>)]) -> Snapshot {
+        let mut families = Families::default();
+        for (p, t) in tables {
+            if let Some(t) = t {
+                collect(p, t, &mut families);
+            }
         }
+        Snapshot { families }
     }
-    let help = |name: &str| match name {
-        SERVICE_CONNECTIONS => {
-            "New connections to a Service port, per entry point (ClusterIP, ExternalIP, LoadBalancer, NodePort), counted by the kernel"
+
+    /// The counters in Prometheus' text format.
+    pub fn exposition(&self) -> String {
+        let help = |name: &str| match name {
+            SERVICE_CONNECTIONS => {
+                "New connections to a Service port, per entry point (ClusterIP, ExternalIP, LoadBalancer, NodePort), counted by the kernel"
+            }
+            ENDPOINT_CONNECTIONS => {
+                "New connections sent to an endpoint of a Service port, counted by the kernel"
+            }
+            SERVICE_REJECTED => {
+                "New connections rejected because the Service port has no usable endpoint"
+            }
+            _ => {
+                "New connections dropped: no local endpoint with a Local traffic policy, or a source outside loadBalancerSourceRanges"
+            }
+        };
+        let mut out = String::new();
+        for (name, series) in &self.families.0 {
+            let _ = writeln!(out, "# HELP {name} [ALPHA] {}", help(name));
+            let _ = writeln!(out, "# TYPE {name} counter");
+            for (labels, v) in series {
+                let l: Vec<String> = labels
+                    .iter()
+                    .map(|(k, v)| format!("{k}=\"{}\"", escape(v)))
+                    .collect();
+                let _ = writeln!(out, "{name}{{{}}} {v}", l.join(","));
+            }
         }
-        ENDPOINT_CONNECTIONS => {
-            "New connections sent to an endpoint of a Service port, counted by the kernel"
-        }
-        SERVICE_REJECTED => {
-            "New connections rejected because the Service port has no usable endpoint"
-        }
-        _ => {
-            "New connections dropped: no local endpoint with a Local traffic policy, or a source outside loadBalancerSourceRanges"
-        }
-    };
-    let mut out = String::new();
-    for (name, series) in &f.0 {
-        let _ = writeln!(out, "# HELP {name} [ALPHA] {}", help(name));
-        let _ = writeln!(out, "# TYPE {name} counter");
-        for (labels, v) in series {
-            let l: Vec<String> = labels
-                .iter()
-                .map(|(k, v)| format!("{k}=\"{}\"", escape(v)))
-                .collect();
-            let _ = writeln!(out, "{name}{{{}}} {v}", l.join(","));
-        }
+        out
     }
-    out
+
+    /// `GET /api/v1/counters`: per Service, its new connections, rejects
+    /// and drops (all ports and families together); with `service`
+    /// (`namespace/name`), every series of that Service.
+    pub fn json(&self, service: Option<(&str, &str)>) -> Json {
+        let label = |l: &Labels, k: &str| {
+            l.iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.clone())
+                .unwrap_or_default()
+        };
+        if let Some((ns, name)) = service {
+            let mut series = Vec::new();
+            for (family, s) in &self.families.0 {
+                for (labels, v) in s {
+                    if label(labels, "namespace") == ns && label(labels, "service") == name {
+                        let mut doc = serde_json::Map::new();
+                        doc.insert("metric".into(), json!(family));
+                        for (k, val) in labels {
+                            doc.insert((*k).into(), json!(val));
+                        }
+                        doc.insert("value".into(), json!(v));
+                        series.push(Json::Object(doc));
+                    }
+                }
+            }
+            return json!({"service": format!("{ns}/{name}"), "series": series});
+        }
+        let mut totals: BTreeMap<String, [u64; 3]> = BTreeMap::new();
+        for (family, s) in &self.families.0 {
+            let slot = match *family {
+                SERVICE_CONNECTIONS => 0,
+                SERVICE_REJECTED => 1,
+                SERVICE_DROPPED => 2,
+                _ => continue,
+            };
+            for (labels, v) in s {
+                let key = format!(
+                    "{}/{}",
+                    label(labels, "namespace"),
+                    label(labels, "service")
+                );
+                totals.entry(key).or_default()[slot] += v;
+            }
+        }
+        let services: serde_json::Map<String, Json> = totals
+            .into_iter()
+            .map(|(k, [c, r, d])| (k, json!({"connections": c, "rejected": r, "dropped": d})))
+            .collect();
+        json!({"services": services})
+    }
 }
 
 #[cfg(test)]
@@ -292,7 +357,7 @@ mod tests {
             vec![a("172.30.0.43"), tcp, Value::Port(80)],
             5,
         );
-        let text = exposition(&[(&p, Some(&t))]);
+        let text = Snapshot::of(&[(&p, Some(&t))]).exposition();
         let has = |line: &str| assert!(text.lines().any(|l| l == line), "{line}\n{text}");
         let base = "ip_family=\"IPv4\",namespace=\"ns\",service=\"web\",port=\"http\"";
         has(&format!(
@@ -314,6 +379,21 @@ mod tests {
             "verdict_service_rejected_total{ip_family=\"IPv4\",namespace=\"ns\",service=\"empty\",port=\"http\"} 5",
         );
         assert!(text.contains("# TYPE verdict_service_connections_total counter"));
-        assert_eq!(exposition(&[(&p, None)]), "", "no table, no series");
+        assert_eq!(
+            Snapshot::of(&[(&p, None)]).exposition(),
+            "",
+            "no table, no series"
+        );
+        let snap = Snapshot::of(&[(&p, Some(&t))]);
+        let all = snap.json(None);
+        assert_eq!(all["services"]["ns/web"]["connections"], 10);
+        assert_eq!(all["services"]["ns/web"]["dropped"], 2);
+        assert_eq!(all["services"]["ns/empty"]["rejected"], 5);
+        let one = snap.json(Some(("ns", "web")));
+        let series = one["series"].as_array().unwrap();
+        assert!(series.iter().any(|s| s["metric"] == ENDPOINT_CONNECTIONS
+            && s["endpoint"] == "10.180.0.2:80"
+            && s["value"] == 6));
+        assert!(series.iter().all(|s| s["service"] == "web"));
     }
 }

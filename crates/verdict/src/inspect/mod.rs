@@ -9,6 +9,7 @@ pub mod client;
 pub mod counters;
 pub mod history;
 pub mod text;
+pub mod ui;
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
