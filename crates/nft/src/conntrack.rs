@@ -1,6 +1,8 @@
 //! The kernel's connection-tracking table, through the `conntrack` program
 //! (conntrack-tools): list the UDP entries of a family, delete entries by
-//! original destination and reply source, as kube-proxy's reconciler does.
+//! original destination and reply source, as kube-proxy's reconciler does,
+//! and list the connections that were DNATed (what `verdict connections`
+//! and the web view show).
 
 use std::net::IpAddr;
 
@@ -17,6 +19,36 @@ pub struct UdpEntry {
     pub reply_src: IpAddr,
     /// Reply direction: the port that answers.
     pub reply_sport: u16,
+}
+
+/// A connection the kernel DNATed, as `conntrack -L --dst-nat` shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Flow {
+    /// `tcp`, `udp`, `sctp`, …
+    pub proto: String,
+    /// The TCP or SCTP state (`ESTABLISHED`, `TIME_WAIT`, …); empty for UDP.
+    pub state: String,
+    /// Seconds until the entry expires.
+    pub timeout: u64,
+    /// Original direction: the client.
+    pub src: IpAddr,
+    /// Original direction: the client's port.
+    pub sport: u16,
+    /// Original direction: the address the client sent to.
+    pub dst: IpAddr,
+    /// Original direction: the port the client sent to.
+    pub dport: u16,
+    /// Reply direction: who answers (the endpoint, after DNAT).
+    pub reply_src: IpAddr,
+    /// Reply direction: the port that answers.
+    pub reply_sport: u16,
+    /// Packets and bytes both ways, when conntrack accounting is on
+    /// (`net.netfilter.nf_conntrack_acct`).
+    pub packets: Option<u64>,
+    /// See `packets`.
+    pub bytes: Option<u64>,
+    /// Replies were seen (`[UNREPLIED]` is absent).
+    pub replied: bool,
 }
 
 /// Why the conntrack table could not be read or changed.
@@ -62,6 +94,12 @@ impl ConntrackCli {
     pub fn list_udp(&self, family: Family) -> Result<Vec<UdpEntry>, ConntrackError> {
         let out = self.exec(&["-L", "-p", "udp", "-f", family_arg(family)])?;
         Ok(out.lines().filter_map(parse_line).collect())
+    }
+
+    /// The connections of `family` that were DNATed.
+    pub fn list_dnat(&self, family: Family) -> Result<Vec<Flow>, ConntrackError> {
+        let out = self.exec(&["-L", "-f", family_arg(family), "--dst-nat"])?;
+        Ok(out.lines().filter_map(parse_flow).collect())
     }
 
     /// Deletes the UDP entries to `entry.orig_dst:orig_dport` answered by
@@ -168,9 +206,79 @@ fn parse_line(line: &str) -> Option<UdpEntry> {
     })
 }
 
+/// Parses one line of `conntrack -L`, whatever the protocol:
+/// `tcp 6 431999 ESTABLISHED src=A dst=B sport=1 dport=2 [packets=3 bytes=4]
+/// src=C dst=D sport=3 dport=4 [packets=… bytes=…] [ASSURED] mark=0 use=1`.
+fn parse_flow(line: &str) -> Option<Flow> {
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let proto = (*words.first()?).to_owned();
+    if proto == "conntrack" || !words.get(1)?.chars().all(|c| c.is_ascii_digit()) {
+        return None;
+    }
+    let timeout = words.get(2)?.parse().ok()?;
+    let state = words
+        .get(3)
+        .filter(|w| !w.contains('=') && !w.starts_with('['))
+        .map(|w| (*w).to_owned())
+        .unwrap_or_default();
+    let field = |key: &str, nth: usize| -> Option<&str> {
+        words.iter().filter_map(|w| w.strip_prefix(key)).nth(nth)
+    };
+    let sum = |key: &str| -> Option<u64> {
+        let v: Vec<u64> = words
+            .iter()
+            .filter_map(|w| w.strip_prefix(key))
+            .filter_map(|v| v.parse().ok())
+            .collect();
+        (!v.is_empty()).then(|| v.iter().sum())
+    };
+    Some(Flow {
+        proto,
+        state,
+        timeout,
+        src: field("src=", 0)?.parse().ok()?,
+        sport: field("sport=", 0)?.parse().ok()?,
+        dst: field("dst=", 0)?.parse().ok()?,
+        dport: field("dport=", 0)?.parse().ok()?,
+        reply_src: field("src=", 1)?.parse().ok()?,
+        reply_sport: field("sport=", 1)?.parse().ok()?,
+        packets: sum("packets="),
+        bytes: sum("bytes="),
+        replied: !words.contains(&"[UNREPLIED]"),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn parses_dnated_flows_of_every_protocol() {
+        let tcp = "tcp      6 431995 ESTABLISHED src=10.0.0.2 dst=172.30.0.41 sport=40412 dport=80 packets=5 bytes=320 src=10.180.0.1 dst=10.0.0.2 sport=80 dport=40412 packets=4 bytes=400 [ASSURED] mark=0 use=1";
+        let f = parse_flow(tcp).unwrap();
+        assert_eq!(
+            (f.proto.as_str(), f.state.as_str(), f.timeout),
+            ("tcp", "ESTABLISHED", 431995)
+        );
+        assert_eq!((f.src.to_string(), f.sport), ("10.0.0.2".into(), 40412));
+        assert_eq!((f.dst.to_string(), f.dport), ("172.30.0.41".into(), 80));
+        assert_eq!(
+            (f.reply_src.to_string(), f.reply_sport),
+            ("10.180.0.1".into(), 80)
+        );
+        assert_eq!((f.packets, f.bytes), (Some(9), Some(720)));
+        assert!(f.replied);
+        let udp = "udp      17 29 src=10.0.0.2 dst=172.30.0.41 sport=4000 dport=53 [UNREPLIED] src=10.180.0.1 dst=10.0.0.2 sport=5353 dport=4000 mark=0 use=1";
+        let f = parse_flow(udp).unwrap();
+        assert_eq!((f.state.as_str(), f.replied, f.packets), ("", false, None));
+        let sctp = "sctp     132 210 ESTABLISHED src=fd00::2 dst=fd00:30::41 sport=5000 dport=80 src=fd00:180::1 dst=fd00::2 sport=8080 dport=5000 [ASSURED] mark=0 use=1";
+        assert_eq!(parse_flow(sctp).unwrap().reply_sport, 8080);
+        assert_eq!(
+            parse_flow("conntrack v1.4.7 (conntrack-tools): 3 flow entries have been shown."),
+            None
+        );
+        assert_eq!(parse_flow("tcp 6 10 ESTABLISHED src=1.2.3.4"), None);
+    }
 
     #[test]
     fn parses_both_directions() {

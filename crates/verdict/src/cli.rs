@@ -28,6 +28,9 @@ pub enum Command {
     Services,
     /// The last syncs and foreign changes (`verdict syncs`).
     Syncs,
+    /// The kernel's connections by Service and endpoint
+    /// (`verdict connections [NAMESPACE/NAME]`).
+    Connections,
 }
 
 impl Command {
@@ -36,7 +39,11 @@ impl Command {
     pub fn inspects(self) -> bool {
         matches!(
             self,
-            Command::Trace | Command::Explain | Command::Services | Command::Syncs
+            Command::Trace
+                | Command::Explain
+                | Command::Services
+                | Command::Syncs
+                | Command::Connections
         )
     }
 }
@@ -440,7 +447,7 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, UsageError>
         }
     }
     if let [cmd, target] = positional.as_slice()
-        && cmd == "explain"
+        && (cmd == "explain" || cmd == "connections")
     {
         cli.target = Some(target.clone());
         positional.truncate(1);
@@ -456,6 +463,7 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, UsageError>
             "explain" => Command::Explain,
             "services" => Command::Services,
             "syncs" => Command::Syncs,
+            "connections" => Command::Connections,
             "help" => {
                 cli.help = true;
                 Command::Run
@@ -545,6 +553,8 @@ Seeing into verdict (ask the running verdict's metrics address, or with
   verdict services [--search TEXT] [--limit N] [--offset N]
                             the Services and their endpoints
   verdict syncs             the last syncs and foreign changes to verdict's tables
+  verdict connections [NAMESPACE/NAME]
+                            the kernel's connections by Service and endpoint, stale ones flagged
 
 Flags are kube-proxy's, in its grammar (--flag=value or --flag value). Flags
 kube-proxy ignores in nftables mode are accepted with a warning. With

@@ -124,9 +124,11 @@ fn main() -> ExitCode {
         Command::Run => daemon::run(&settings, &source, &verbosity),
         Command::Plan => daemon::plan(&settings, &source).map(|script| print!("{script}")),
         Command::Cleanup => daemon::cleanup(&source),
-        Command::Trace | Command::Explain | Command::Services | Command::Syncs => {
-            inspect::client::run(&cli, &settings, &source)
-        }
+        Command::Trace
+        | Command::Explain
+        | Command::Services
+        | Command::Syncs
+        | Command::Connections => inspect::client::run(&cli, &settings, &source),
         Command::Version => Ok(()),
     };
     match result {

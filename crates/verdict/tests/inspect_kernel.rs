@@ -591,6 +591,9 @@ fn the_web_view_shows_services_endpoints_and_counters_in_a_real_browser() {
         page.contains("unused while a ready endpoint exists"),
         "{page}"
     );
+    // Live connections: the closed connections' TIME_WAIT entries.
+    assert!(page.contains("id=\"connections\""), "{page}");
+    assert!(page.contains("data-flow=\"10.180.0."), "{page}");
 
     let overview = browse(&bed, &browser, &format!("{ui}#/"), None);
     assert!(overview.contains("id=\"syncs\""), "{overview}");
@@ -627,4 +630,83 @@ fn the_web_view_shows_services_endpoints_and_counters_in_a_real_browser() {
         assert!(size > 10_000, "{}: {size} bytes", path.display());
         println!("screenshot: {}", path.display());
     }
+}
+
+#[test]
+fn connections_show_where_traffic_went_and_flag_the_flows_of_a_removed_endpoint() {
+    let Some(mut bed) = bed() else {
+        return;
+    };
+    for pod in ["10.180.0.1", "10.180.0.2", "10.180.0.3"] {
+        bed.add_pod(ip(pod), Placement::Local, &[80], &[]).unwrap();
+    }
+    bed.add_pod(ip("10.0.0.2"), Placement::Local, &[], &[])
+        .unwrap();
+    let dir = scratch_dir("inspect-conns");
+    write(&dir, "cluster.yaml", MANIFESTS);
+    let dir_s = dir.to_string_lossy().into_owned();
+    let mut args: Vec<String> = vec!["run".into()];
+    args.extend(node_flags(&dir_s));
+    args.extend(["--min-sync-period".into(), "0s".into()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let _daemon = Process(
+        bed.node
+            .spawn(env!("CARGO_BIN_EXE_verdict"), &args)
+            .unwrap(),
+    );
+    assert_ne!(wait_for(&bed, "10.180.0.1:80"), "", "programmed");
+    let mut sent = BTreeSet::new();
+    for _ in 0..20 {
+        sent.insert(who(&bed));
+    }
+    // Closed TCP connections stay in conntrack (TIME_WAIT) for a while.
+    let doc = json(&bed, &["connections", "demo/web", "-o", "json"]);
+    let web = &doc["services"][0];
+    assert_eq!(web["service"], "demo/web", "{doc:#}");
+    assert!(web["flows"].as_u64().unwrap() >= 20, "{doc:#}");
+    assert_eq!(web["stale"], 0);
+    let endpoints: BTreeSet<String> = web["endpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["endpoint"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(endpoints, sent, "conntrack saw what the clients saw");
+
+    // 10.180.0.2 leaves: its flows are stale, and the answer says what
+    // happens to them.
+    write(
+        &dir,
+        "cluster.yaml",
+        &MANIFESTS.replace("- {addresses: [10.180.0.2], nodeName: test-node}\n", ""),
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let doc = json(&bed, &["connections", "demo/web", "-o", "json"]);
+        let stale: Vec<&Json> = doc["flows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|f| f["stale"] == true)
+            .collect();
+        if !stale.is_empty() {
+            assert!(
+                stale.iter().all(|f| f["endpoint"] == "10.180.0.2:80"),
+                "{doc:#}"
+            );
+            assert!(
+                stale[0]["what_verdict_does"]
+                    .as_str()
+                    .unwrap()
+                    .contains("deletes no TCP"),
+                "{doc:#}"
+            );
+            break;
+        }
+        assert!(Instant::now() < deadline, "no stale flow: {doc:#}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let out = text(&bed, &["connections", "demo/web"]);
+    assert!(out.contains("STALE: the endpoint is gone"), "{out}");
+    println!("{out}");
 }

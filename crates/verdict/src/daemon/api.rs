@@ -12,6 +12,7 @@
 //! | `/api/v1/foreign` | the last foreign changes to verdict's tables |
 //! | `/api/v1/drift` | the kernel's elements against verdict's intent, per family |
 //! | `/api/v1/counters?service=` | the per-service counters (at most 5 s old) |
+//! | `/api/v1/connections?service=&limit=` | the DNATed connections in conntrack, by Service and endpoint, stale ones flagged |
 //! | `/ui` | the web view, a page of its own that reads the API |
 //!
 //! The node is locked only to build an answer; the kernel is read before,
@@ -24,6 +25,7 @@ use serde_json::{Value as Json, json};
 use verdict_admin::Response;
 use verdict_admin::http::{Handler, Request};
 use verdict_model::{IpFamily, NamespacedName};
+use verdict_nft::conntrack::{ConntrackCli, Flow};
 use verdict_nft::{Backend, Family, MemoryBackend, NftCli};
 
 use super::{Node, Source, lock};
@@ -34,6 +36,10 @@ use crate::inspect::{self, BadRequest, Kernel, TraceRequest, View};
 /// Reads one table back (family, name).
 pub type KernelReader = Arc<dyn Fn(Family, &str) -> Result<Kernel, String> + Send + Sync>;
 
+/// The most flows `/connections` lists (the counts cover them all).
+const MAX_FLOWS: usize = 10_000;
+/// Flows listed without `limit`.
+const DEFAULT_FLOWS: usize = 200;
 /// The most Services one page lists.
 const MAX_PAGE: usize = 1000;
 /// A page without `limit`.
@@ -74,7 +80,7 @@ pub fn handler(
             let service = service.as_deref().and_then(|s| s.split_once('/'));
             return Some(Response::json(200, c.snapshot().json(service).to_string()));
         }
-        let (code, body) = answer(&node, read.as_ref(), req)?;
+        let (code, body) = answer(&node, read.as_ref(), &conntrack_flows, req)?;
         Some(Response::json(code, body.to_string()))
     })
 }
@@ -90,10 +96,21 @@ fn bad(e: BadRequest) -> (u16, Json) {
     (400, json!({"error": e.0}))
 }
 
+/// Reads the DNATed connections of a family (`Err`: why not).
+pub type FlowReader<'a> = &'a (dyn Fn(Family) -> Result<Vec<Flow>, String> + Send + Sync);
+
+/// The kernel's connections, through the `conntrack` program.
+fn conntrack_flows(family: Family) -> Result<Vec<Flow>, String> {
+    ConntrackCli::new()
+        .list_dnat(family)
+        .map_err(|e| e.to_string())
+}
+
 /// Answers one API request (`None`: not an API path).
 pub fn answer(
     node: &Mutex<Node>,
     read: &(dyn Fn(Family, &str) -> Result<Kernel, String> + Send + Sync),
+    flows: FlowReader,
     req: &Request,
 ) -> Option<(u16, Json)> {
     let rest = req.path.strip_prefix("/api/v1")?;
@@ -125,6 +142,7 @@ pub fn answer(
         "" => json!({"paths": [
             "/api/v1/services", "/api/v1/services/NAMESPACE/NAME", "/api/v1/trace",
             "/api/v1/syncs", "/api/v1/foreign", "/api/v1/drift", "/api/v1/counters",
+            "/api/v1/connections",
         ]}),
         "/services" => {
             let num = |k: &str, default: usize| -> Result<usize, BadRequest> {
@@ -143,6 +161,39 @@ pub fn answer(
             inspect::services(&view(&lock(node)), &q, offset, limit)
         }
         "/syncs" => lock(node).history.syncs_json(),
+        "/connections" => {
+            let service = match req.query_param("service") {
+                None => None,
+                Some(s) => match s.split_once('/') {
+                    Some((ns, n)) if !ns.is_empty() && !n.is_empty() => {
+                        Some(NamespacedName::new(ns, n))
+                    }
+                    _ => {
+                        return Some(bad(BadRequest(format!(
+                            "service {s:?}: name it as NAMESPACE/NAME"
+                        ))));
+                    }
+                },
+            };
+            let limit = match req.query_param("limit").map(|v| v.parse::<usize>()) {
+                None => DEFAULT_FLOWS,
+                Some(Ok(n)) => n.min(MAX_FLOWS),
+                Some(Err(_)) => return Some(bad(BadRequest("limit is not a number".into()))),
+            };
+            let mut all = Vec::new();
+            for (f, nf, _) in &tables {
+                match flows(*nf) {
+                    Ok(list) => all.push((*f, list)),
+                    Err(e) => {
+                        return Some((
+                            500,
+                            json!({"error": format!("cannot read the conntrack table: {e}")}),
+                        ));
+                    }
+                }
+            }
+            inspect::connections(&view(&lock(node)), &all, service.as_ref(), limit)
+        }
         "/foreign" => lock(node).history.foreign_json(),
         "/trace" => {
             let t = match TraceRequest::parse(|k| req.query_param(k)) {
@@ -312,7 +363,10 @@ impl Offline {
                 read: t.elapsed(),
             })
         };
-        answer(&self.node, &read, &Request::get(target))
+        let flows = |_: Family| -> Result<Vec<Flow>, String> {
+            Err("offline (--manifests) there is no conntrack table to read".into())
+        };
+        answer(&self.node, &read, &flows, &Request::get(target))
             .unwrap_or_else(|| (404, json!({"error": format!("no such path: {target}")})))
     }
 }

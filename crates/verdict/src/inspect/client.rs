@@ -71,6 +71,16 @@ fn targets(cli: &Cli) -> anyhow::Result<Vec<String>> {
             vec![format!("/api/v1/services?{}", q.join("&"))]
         }
         Command::Syncs => vec!["/api/v1/syncs".into(), "/api/v1/foreign".into()],
+        Command::Connections => match cli.target.as_deref() {
+            None => vec!["/api/v1/connections".into()],
+            Some(t)
+                if t.split_once('/')
+                    .is_some_and(|(a, b)| !a.is_empty() && !b.is_empty()) =>
+            {
+                vec![format!("/api/v1/connections?service={}", encode(t))]
+            }
+            Some(t) => bail!("verdict connections {t:?}: name the Service as NAMESPACE/NAME"),
+        },
         other => bail!("{other:?} is not an introspection command"),
     })
 }
@@ -174,6 +184,7 @@ pub fn run(cli: &Cli, settings: &Settings, source: &Source) -> anyhow::Result<()
                     (Command::Trace, _) => text::trace(doc),
                     (Command::Explain, _) => text::explain(doc),
                     (Command::Services, _) => text::services(doc),
+                    (Command::Connections, _) => text::connections(doc),
                     (_, 0) => text::syncs(doc),
                     _ => text::foreign(doc),
                 };

@@ -756,3 +756,116 @@ pub fn drift(p: &Proxier, table: Option<&TableState>) -> Json {
 
 #[cfg(test)]
 mod tests;
+
+/// What verdict does about a stale flow of this protocol.
+fn stale_policy(proto: &str) -> &'static str {
+    if proto == "udp" {
+        "deleted by verdict's stale UDP conntrack cleanup after the sync that removed the endpoint, as kube-proxy does; one still listed is about to go, or the cleanup failed (see the log)"
+    } else {
+        "left to finish or time out: verdict, like kube-proxy, deletes no TCP or SCTP entries; new connections no longer reach the endpoint"
+    }
+}
+
+/// `verdict connections`: the DNATed connections in the kernel's
+/// conntrack table, by Service port and endpoint, with the stale ones
+/// (their endpoint is gone) flagged; `service` narrows it to one Service,
+/// `limit` caps the flows listed (the counts cover all of them).
+pub fn connections(
+    view: &View,
+    flows: &[(IpFamily, Vec<verdict_nft::conntrack::Flow>)],
+    service: Option<&NamespacedName>,
+    limit: usize,
+) -> Json {
+    use std::collections::HashMap;
+    let mut total = 0usize;
+    let mut other = 0usize;
+    // (service port) → (flows, stale, endpoint → (flows, stale)).
+    type Tally = (usize, usize, BTreeMap<String, (usize, bool)>);
+    let mut by_port: BTreeMap<ServicePortName, Tally> = BTreeMap::new();
+    let mut listed = Vec::new();
+    for (family, list) in flows {
+        let Some(p) = view.proxier(*family) else {
+            continue;
+        };
+        let node_ports = p.config().node_port_ips();
+        let mut entries: HashMap<(IpAddr, &str, u16), &ServicePortName> = HashMap::new();
+        let mut node_entries: HashMap<(&str, u16), &ServicePortName> = HashMap::new();
+        for (name, sp) in p.service_ports() {
+            let proto = sp.protocol.as_str();
+            for ip in std::iter::once(&sp.cluster_ip)
+                .chain(&sp.external_ips)
+                .chain(&sp.load_balancer_vips)
+            {
+                entries.entry((*ip, proto, sp.port)).or_insert(name);
+            }
+            if let Some(np) = sp.node_port {
+                node_entries.entry((proto, np)).or_insert(name);
+            }
+        }
+        for f in list {
+            let proto = f.proto.to_ascii_lowercase();
+            let port = entries.get(&(f.dst, proto.as_str(), f.dport)).or_else(|| {
+                node_ports
+                    .contains(&f.dst)
+                    .then(|| node_entries.get(&(proto.as_str(), f.dport)))
+                    .flatten()
+            });
+            let Some(port) = port else {
+                other += 1;
+                continue;
+            };
+            if service.is_some_and(|s| port.service != *s) {
+                continue;
+            }
+            total += 1;
+            let stale = !p.endpoints().get(*port).is_some_and(|eps| {
+                eps.iter()
+                    .any(|e| e.ip == f.reply_src && e.port == f.reply_sport)
+            });
+            let endpoint = show_addr(f.reply_src, f.reply_sport);
+            let t = by_port.entry((*port).clone()).or_default();
+            t.0 += 1;
+            t.1 += usize::from(stale);
+            let e = t.2.entry(endpoint.clone()).or_insert((0, stale));
+            e.0 += 1;
+            if listed.len() < limit {
+                listed.push(json!({
+                    "service": port.to_string(),
+                    "proto": f.proto,
+                    "state": f.state,
+                    "client": show_addr(f.src, f.sport),
+                    "entry": show_addr(f.dst, f.dport),
+                    "endpoint": endpoint,
+                    "stale": stale,
+                    "replied": f.replied,
+                    "expires_in": f.timeout,
+                    "packets": f.packets,
+                    "bytes": f.bytes,
+                    "what_verdict_does": stale.then(|| stale_policy(&f.proto)),
+                }));
+            }
+        }
+    }
+    let services: Vec<Json> = by_port
+        .into_iter()
+        .map(|(port, (n, stale, eps))| {
+            json!({
+                "service": port.service.to_string(),
+                "port": port.port,
+                "protocol": port.protocol.to_string(),
+                "flows": n,
+                "stale": stale,
+                "endpoints": eps.into_iter().map(|(ep, (n, stale))| json!({
+                    "endpoint": ep, "flows": n, "stale": stale,
+                })).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    json!({
+        "total": total,
+        "not_services": other,
+        "services": services,
+        "flows": listed,
+        "limit": limit,
+    })
+}

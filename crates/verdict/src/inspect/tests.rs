@@ -372,3 +372,94 @@ fn services_are_searched_and_paged() {
     assert_eq!(web["items"][0]["ports"][0]["local"], 1);
     assert!(text::services(&web).contains("2/3 ready, 1 local"));
 }
+
+fn flow(
+    proto: &str,
+    dst: &str,
+    dport: u16,
+    ep: &str,
+    ep_port: u16,
+) -> verdict_nft::conntrack::Flow {
+    verdict_nft::conntrack::Flow {
+        proto: proto.into(),
+        state: if proto == "tcp" {
+            "ESTABLISHED".into()
+        } else {
+            String::new()
+        },
+        timeout: 100,
+        src: ip("10.1.2.3"),
+        sport: 40000,
+        dst: ip(dst),
+        dport,
+        reply_src: ip(ep),
+        reply_sport: ep_port,
+        packets: None,
+        bytes: None,
+        replied: true,
+    }
+}
+
+#[test]
+fn connections_are_grouped_by_service_and_endpoint_and_stale_ones_flagged() {
+    let (proxiers, _nft) = node();
+    let local = local();
+    let view = View {
+        proxiers: &proxiers,
+        local_ips: &local,
+    };
+    let flows = vec![(
+        IpFamily::V4,
+        vec![
+            flow("tcp", "172.30.0.41", 80, "10.180.0.1", 80),
+            flow("tcp", "172.30.0.41", 80, "10.180.0.2", 80),
+            // An endpoint no slice lists any more.
+            flow("tcp", "172.30.0.41", 80, "10.180.9.9", 80),
+            // UDP to a port the Service has only for TCP: not a Service's.
+            flow("udp", "172.30.0.41", 80, "10.180.9.9", 80),
+            // The NodePort, on a NodePort address.
+            flow("tcp", "192.168.0.2", 3001, "10.180.0.1", 80),
+            flow("tcp", "5.6.7.8", 80, "10.180.1.1", 80),
+            // Someone else's DNAT.
+            flow("tcp", "192.0.2.1", 8080, "10.99.0.1", 80),
+        ],
+    )];
+    let all = connections(&view, &flows, None, 100);
+    assert_eq!(all["total"], 5);
+    assert_eq!(all["not_services"], 2);
+    let web = all["services"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["service"] == "ns/web")
+        .unwrap();
+    assert_eq!(web["flows"], 4, "{web:#}");
+    assert_eq!(web["stale"], 1);
+    let stale: Vec<&Json> = all["flows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["stale"] == true)
+        .collect();
+    assert_eq!(stale.len(), 1);
+    assert!(stale_policy("udp").contains("stale UDP conntrack cleanup"));
+    assert!(stale.iter().any(|f| {
+        f["proto"] == "tcp"
+            && f["what_verdict_does"]
+                .as_str()
+                .unwrap()
+                .contains("deletes no TCP")
+    }));
+    let lb = connections(&view, &flows, Some(&NamespacedName::new("ns", "lb")), 100);
+    assert_eq!(lb["total"], 1);
+    assert_eq!(lb["flows"][0]["endpoint"], "10.180.1.1:80");
+    let capped = connections(&view, &flows, None, 2);
+    assert_eq!(capped["flows"].as_array().unwrap().len(), 2);
+    assert_eq!(capped["total"], 5, "the counts cover every flow");
+    let text = text::connections(&all);
+    assert!(
+        text.contains("ns/web:p80 tcp: 4 connections, 1 STALE"),
+        "{text}"
+    );
+    assert!(text.contains("STALE: the endpoint is gone"), "{text}");
+}

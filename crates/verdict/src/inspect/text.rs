@@ -444,3 +444,76 @@ pub fn foreign(doc: &Json) -> String {
     }
     out
 }
+
+/// `verdict connections`.
+pub fn connections(doc: &Json) -> String {
+    let mut out = String::new();
+    let services = doc["services"].as_array().cloned().unwrap_or_default();
+    let _ = writeln!(
+        out,
+        "{} connections to Services in the conntrack table ({} other DNATed connections)",
+        doc["total"], doc["not_services"]
+    );
+    for svc in &services {
+        let stale = svc["stale"].as_u64().unwrap_or(0);
+        let _ = writeln!(
+            out,
+            "\n{}:{} {}: {} connections{}",
+            s(&svc["service"]),
+            s(&svc["port"]),
+            s(&svc["protocol"]),
+            svc["flows"],
+            if stale > 0 {
+                format!(", {stale} STALE")
+            } else {
+                String::new()
+            }
+        );
+        for ep in svc["endpoints"].as_array().into_iter().flatten() {
+            let _ = writeln!(
+                out,
+                "  {:<28} {:>6}{}",
+                s(&ep["endpoint"]),
+                ep["flows"],
+                if ep["stale"] == true {
+                    "  STALE: the endpoint is gone"
+                } else {
+                    ""
+                }
+            );
+        }
+    }
+    let flows = doc["flows"].as_array().cloned().unwrap_or_default();
+    if !flows.is_empty() {
+        let _ = writeln!(
+            out,
+            "\n{:<5} {:<12} {:<28} {:<28} {:<28} {:>8}  SERVICE",
+            "PROTO", "STATE", "CLIENT", "ENTRY", "ENDPOINT", "EXPIRES"
+        );
+    }
+    let mut policies = std::collections::BTreeSet::new();
+    for f in &flows {
+        let _ = writeln!(
+            out,
+            "{:<5} {:<12} {:<28} {:<28} {:<28} {:>7}s  {}{}",
+            s(&f["proto"]),
+            s(&f["state"]),
+            s(&f["client"]),
+            s(&f["entry"]),
+            s(&f["endpoint"]),
+            f["expires_in"],
+            s(&f["service"]),
+            if f["stale"] == true { "  STALE" } else { "" }
+        );
+        if let Some(p) = f["what_verdict_does"].as_str() {
+            policies.insert((s(&f["proto"]).to_owned(), p.to_owned()));
+        }
+    }
+    if flows.len() < doc["total"].as_u64().unwrap_or(0) as usize {
+        let _ = writeln!(out, "(the first {} listed)", flows.len());
+    }
+    for (proto, p) in policies {
+        let _ = writeln!(out, "\nstale {proto} connections: {p}");
+    }
+    out
+}
