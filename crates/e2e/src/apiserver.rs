@@ -142,6 +142,8 @@ struct Store {
     requests: Vec<String>,
     /// Events created (`POST .../events`), as received.
     events: Vec<Value>,
+    /// Permissions a SelfSubjectAccessReview is denied, as `verb resource`.
+    denied: BTreeSet<String>,
 }
 
 struct Shared {
@@ -305,8 +307,10 @@ impl FakeApiServer {
     /// Runs commands, one JSON document per line, answering each with one
     /// line: `ok <resourceVersion>` or `error <message>`. Commands:
     /// `{"apply": OBJECT}`, `{"delete": {"kind", "namespace", "name"}}`,
-    /// `{"expire": true}`, `{"served": {"kind", "served"}}`, `{"requests": true}`
-    /// and `{"events": true}` (answer `ok <json array>`).
+    /// `{"expire": true}`, `{"served": {"kind", "served"}}`, `{"requests": true}`,
+    /// `{"events": true}` (answer `ok <json array>`) and
+    /// `{"deny": {"verb", "resource"}}` (SelfSubjectAccessReviews of it
+    /// answer not allowed; everything else is allowed).
     pub fn command(&self, line: &str) -> String {
         let v: Value = match serde_json::from_str(line) {
             Ok(v) => v,
@@ -332,6 +336,10 @@ impl FakeApiServer {
             return format!("ok {}", json!(self.requests()));
         } else if v.get("events").is_some() {
             return format!("ok {}", json!(self.shared.lock().events));
+        } else if let Some(d) = v.get("deny") {
+            let what = format!("{} {}", text(d, "verb"), text(d, "resource"));
+            self.shared.lock().denied.insert(what);
+            Ok(self.resource_version())
         } else {
             Err(ApiError::Invalid(format!("unknown command {line}")))
         };
@@ -645,6 +653,29 @@ fn serve(shared: &Shared, conn: TcpStream) -> std::io::Result<()> {
         return Ok(());
     };
     shared.lock().requests.push(req.line.clone());
+    // The server's version, and access reviews: allowed unless denied.
+    if req.line.starts_with("GET ") && req.path == "/version" {
+        let v = json!({"major": "1", "minor": "33", "gitVersion": "v1.33.0-verdict-fake"});
+        return respond(&mut conn, 200, "OK", &v);
+    }
+    if req.line.starts_with("POST ")
+        && req.path == "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
+    {
+        let mut review: Value = serde_json::from_slice(&req.body).unwrap_or(Value::Null);
+        let attrs = &review["spec"]["resourceAttributes"];
+        let what = format!(
+            "{} {}",
+            attrs["verb"].as_str().unwrap_or(""),
+            attrs["resource"].as_str().unwrap_or("")
+        );
+        let allowed = !shared.lock().denied.contains(&what);
+        review["status"] = if allowed {
+            json!({"allowed": true})
+        } else {
+            json!({"allowed": false, "reason": format!("RBAC: {what} is not granted")})
+        };
+        return respond(&mut conn, 201, "Created", &review);
+    }
     // Events are only created, as a recorder does; they are kept for
     // tests to read (`events`).
     if req.line.starts_with("POST ")

@@ -13,6 +13,7 @@
 //! - [`watch`]: the same objects from the Kubernetes API (kube-rs
 //!   watchers), with relists turned into differences.
 
+pub mod access;
 pub mod client;
 pub mod convert;
 pub mod events;

@@ -31,6 +31,8 @@ pub enum Command {
     /// The kernel's connections by Service and endpoint
     /// (`verdict connections [NAMESPACE/NAME]`).
     Connections,
+    /// Check the node for what breaks Services (`verdict doctor`).
+    Doctor,
 }
 
 impl Command {
@@ -44,6 +46,7 @@ impl Command {
                 | Command::Services
                 | Command::Syncs
                 | Command::Connections
+                | Command::Doctor
         )
     }
 }
@@ -464,6 +467,7 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, UsageError>
             "services" => Command::Services,
             "syncs" => Command::Syncs,
             "connections" => Command::Connections,
+            "doctor" => Command::Doctor,
             "help" => {
                 cli.help = true;
                 Command::Run
@@ -555,6 +559,8 @@ Seeing into verdict (ask the running verdict's metrics address, or with
   verdict syncs             the last syncs and foreign changes to verdict's tables
   verdict connections [NAMESPACE/NAME]
                             the kernel's connections by Service and endpoint, stale ones flagged
+  verdict doctor            check this node: kernel, capabilities, conflicting rules, sysctls,
+                            conntrack, API server and RBAC, drift (exit 1 on any failure)
 
 Flags are kube-proxy's, in its grammar (--flag=value or --flag value). Flags
 kube-proxy ignores in nftables mode are accepted with a warning. With

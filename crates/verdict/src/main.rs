@@ -10,6 +10,7 @@
 mod cli;
 mod config;
 mod daemon;
+mod doctor;
 mod endpoints;
 mod inspect;
 mod leftovers;
@@ -129,6 +130,7 @@ fn main() -> ExitCode {
         | Command::Services
         | Command::Syncs
         | Command::Connections => inspect::client::run(&cli, &settings, &source),
+        Command::Doctor => doctor::run(&cli, &settings, &source),
         Command::Version => Ok(()),
     };
     match result {

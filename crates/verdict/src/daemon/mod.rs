@@ -1415,6 +1415,12 @@ pub fn run(settings: &Settings, source: &Source, verbosity: &Verbosity) -> anyho
     }
 }
 
+/// The API source `run` would use, for `verdict doctor`'s questions.
+pub fn api_source(settings: &Settings, source: &Source, node: &str) -> ApiSource {
+    let metrics = Arc::new(Mutex::new(Metrics::new()));
+    source.api(node, client_options(settings, &metrics))
+}
+
 /// The node, whoever held it last (a panic while holding it leaves it
 /// usable: every change to it is made whole before the lock is released).
 fn lock(node: &Mutex<Node>) -> std::sync::MutexGuard<'_, Node> {

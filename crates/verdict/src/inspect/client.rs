@@ -87,7 +87,7 @@ fn targets(cli: &Cli) -> anyhow::Result<Vec<String>> {
 
 /// Where the daemon's API is: `--server`, or the metrics address
 /// (an unspecified address means loopback).
-fn server(cli: &Cli, settings: &Settings) -> anyhow::Result<SocketAddr> {
+pub fn server(cli: &Cli, settings: &Settings) -> anyhow::Result<SocketAddr> {
     if let Some(s) = cli.inspect_flag("server") {
         let hostport = s.strip_prefix("http://").unwrap_or(s).trim_end_matches('/');
         return hostport
@@ -109,7 +109,7 @@ fn server(cli: &Cli, settings: &Settings) -> anyhow::Result<SocketAddr> {
 }
 
 /// One GET: the status and the JSON body.
-fn get(addr: SocketAddr, target: &str) -> anyhow::Result<(u16, Json)> {
+pub fn get(addr: SocketAddr, target: &str) -> anyhow::Result<(u16, Json)> {
     let mut s = TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT)
         .with_context(|| format!("cannot reach verdict at {addr} (is it running? --server)"))?;
     s.set_read_timeout(Some(ANSWER_TIMEOUT))?;
