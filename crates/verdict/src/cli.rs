@@ -269,6 +269,14 @@ const OPTIONS: &[OptSpec] = &[
         None,
         "trace: where the packet comes from: pod, node or external",
     ),
+    OptSpec {
+        name: "live",
+        short: None,
+        opt: Opt::Inspect,
+        takes_value: false,
+        help: "trace --from node: also send one real packet with nftrace on and set the kernel's own trace beside verdict's",
+        kube_proxy: false,
+    },
     inspect("src", None, "trace: the source address"),
     inspect("sport", None, "trace: the source port"),
     inspect("dst", None, "trace: the destination address"),
@@ -550,8 +558,9 @@ Usage:
 
 Seeing into verdict (ask the running verdict's metrics address, or with
 --manifests build the node in memory, offline; -o json for scripts):
-  verdict trace --from pod|node|external --src IP [--sport N] --dst IP --proto tcp|udp|sctp --dport N
+  verdict trace --from pod|node|external --src IP [--sport N] --dst IP --proto tcp|udp|sctp --dport N [--live]
                             walk a new connection's first packet through the kernel's table
+                            (--live, from the node: and send one, traced by the kernel)
   verdict explain NAMESPACE/NAME
                             a Service's entry points, endpoints, kernel elements and drift
   verdict services [--search TEXT] [--limit N] [--offset N]

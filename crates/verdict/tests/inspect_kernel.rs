@@ -330,6 +330,51 @@ fn trace_and_explain_answer_from_the_running_daemon_and_offline() {
     let doc = json(&bed, &["explain", "demo/web", "-o", "json"]);
     assert_eq!(doc["drift"]["missing"], 0, "repaired: {doc:#}");
 
+    // --live: one real packet from the node, traced by the kernel, beside
+    // verdict's trace.
+    let live_args = [
+        "trace",
+        "--from",
+        "node",
+        "--src",
+        "192.168.0.2",
+        "--dst",
+        "172.30.0.41",
+        "--proto",
+        "tcp",
+        "--dport",
+        "80",
+        "--live",
+        "-o",
+        "json",
+    ];
+    let doc = json(&bed, &live_args);
+    let k = &doc["live"];
+    assert_eq!(k["agree"], true, "{k:#}");
+    let went = k["kernel"]["dnat"].as_str().unwrap().to_owned();
+    assert!(outputs(&live).contains(&went), "{went}: {k:#}");
+    let chains: Vec<&str> = k["kernel"]["chains"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_str().unwrap())
+        .collect();
+    assert!(
+        chains.contains(&"services") && chains.contains(&"endpoints-2"),
+        "{chains:?}"
+    );
+    let out = text(&bed, &live_args[..12]);
+    assert!(
+        out.contains("verdict's trace and the kernel's agree"),
+        "{out}"
+    );
+    println!("{out}");
+    let tables = bed.node.exec("nft", &["list", "tables"]).unwrap();
+    assert!(
+        !tables.contains("verdict-trace"),
+        "the marking table is gone: {tables}"
+    );
+
     // Offline, from the same manifests: the same candidates.
     let mut offline: Vec<String> = trace_args.iter().map(|s| s.to_string()).collect();
     offline.extend(node_flags(&dir_s));

@@ -158,6 +158,22 @@ pub fn run(cli: &Cli, settings: &Settings, source: &Source) -> anyhow::Result<()
             .map(|t| get(addr, t))
             .collect::<anyhow::Result<_>>()?
     };
+    let live = cli.command == Command::Trace
+        && cli
+            .inspect_flag("live")
+            .is_some_and(|v| crate::config::value::parse_bool(v) == Some(true));
+    let mut answers = answers;
+    if live {
+        let req = TraceRequest::parse(|k| cli.inspect_flag(k).map(str::to_owned))
+            .map_err(|e| anyhow::anyhow!("verdict trace: {e}"))?;
+        if req.from != super::Origin::Node {
+            bail!("verdict trace --live sends the packet from this node: use --from node");
+        }
+        let kernel = super::live::run(&req).context("the live trace")?;
+        if let Some((200, doc)) = answers.first_mut() {
+            doc["live"] = super::live::compare(doc, &kernel);
+        }
+    }
     let mut failed = None;
     for (code, doc) in &answers {
         let explained_404 =
@@ -181,7 +197,7 @@ pub fn run(cli: &Cli, settings: &Settings, source: &Source) -> anyhow::Result<()
         Output::Text => {
             for (i, (_, doc)) in answers.iter().enumerate() {
                 let page = match (cli.command, i) {
-                    (Command::Trace, _) => text::trace(doc),
+                    (Command::Trace, _) => text::trace(doc) + &text::live(doc),
                     (Command::Explain, _) => text::explain(doc),
                     (Command::Services, _) => text::services(doc),
                     (Command::Connections, _) => text::connections(doc),

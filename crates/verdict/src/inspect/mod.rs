@@ -8,6 +8,7 @@
 pub mod client;
 pub mod counters;
 pub mod history;
+pub mod live;
 pub mod text;
 pub mod ui;
 

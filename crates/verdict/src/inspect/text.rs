@@ -517,3 +517,57 @@ pub fn connections(doc: &Json) -> String {
     }
     out
 }
+
+/// `verdict trace --live`: the kernel's own trace beside the typed one.
+pub fn live(doc: &Json) -> String {
+    let live = &doc["live"];
+    if live.is_null() {
+        return String::new();
+    }
+    let mut out = String::from("\nthe kernel's own trace of one real packet (nftrace):\n");
+    for (i, st) in live["kernel"]["steps"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        let _ = writeln!(
+            out,
+            "  {:>2}. {:<28} {}{}",
+            i + 1,
+            s(&st["chain"]),
+            s(&st["rule"]),
+            st["verdict"]
+                .as_str()
+                .map(|v| format!("  ({v})"))
+                .unwrap_or_default()
+        );
+    }
+    match live["kernel"]["dnat"].as_str() {
+        Some(d) => {
+            let _ = writeln!(out, "  the kernel sent it to {d}");
+        }
+        None => {
+            let _ = writeln!(out, "  the kernel did not rewrite its destination");
+        }
+    }
+    if live["agree"] == true {
+        let _ = writeln!(
+            out,
+            "verdict's trace and the kernel's agree: the same chains, in order, to the same place"
+        );
+    } else {
+        let typed: Vec<&str> = live["typed_chains"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Json::as_str)
+            .collect();
+        let _ = writeln!(
+            out,
+            "verdict's trace and the kernel's DISAGREE: verdict expects chains {}",
+            typed.join(" → ")
+        );
+    }
+    out
+}
