@@ -30,7 +30,13 @@ use crate::logging::Verbosity;
 use crate::schedule::{Due, Schedule};
 
 mod api;
+mod family;
+mod feed;
+mod watchers;
 pub use api::offline;
+use family::{FamilyExtras, clean_stale_udp, has_udp_port, sync_health_checks};
+use feed::{Feed, PLAN_LIST_TIMEOUT};
+use watchers::{Foreign, watch_addresses, watch_foreign_changes};
 
 /// Where Services, EndpointSlices and the Node come from: `--manifests`
 /// if given, else the Kubernetes API (kubeconfig, `--master`, or the
@@ -182,26 +188,6 @@ struct Node {
     events: Option<std::sync::mpsc::Sender<Notice>>,
     /// The recent syncs and foreign changes, for the introspection API.
     history: History,
-}
-
-/// Per family, the daemon's state beside the proxier.
-#[derive(Default)]
-struct FamilyExtras {
-    /// The UDP services as of the last conntrack cleanup.
-    udp_cleaned: UdpTargets,
-    /// The services that had a UDP port at the last conntrack cleanup.
-    udp_services: BTreeSet<NamespacedName>,
-    /// The last cleanup failed: the next sync tries again, whatever it touched.
-    udp_retry: bool,
-    /// The service health-check servers.
-    health_checks: Option<ServiceHealthServers>,
-    /// The health-check node port of every service that has one.
-    hc_ports: BTreeMap<(String, String), u16>,
-    /// Their local ready endpoints (absent: none).
-    hc_local: BTreeMap<(String, String), usize>,
-    /// The health-check ports that could not be opened (an Event was
-    /// posted for each).
-    hc_failed: BTreeSet<((String, String), u16)>,
 }
 
 impl Node {
@@ -841,141 +827,6 @@ fn report_quarantine(
     }
 }
 
-/// The service ports of one service (a range of the map).
-fn ports_of<'a>(
-    p: &'a Proxier,
-    svc: &'a NamespacedName,
-) -> impl Iterator<Item = &'a verdict_model::ServicePort> + 'a {
-    p.service_ports()
-        .range(ServicePortName::first_of(svc)..)
-        .take_while(move |(name, _)| name.service == *svc)
-        .map(|(_, sp)| sp)
-}
-
-fn has_udp_port(p: &Proxier, svc: &NamespacedName) -> bool {
-    ports_of(p, svc).any(|sp| sp.protocol == Protocol::Udp)
-}
-
-/// Opens and closes the service health-check node ports of one family
-/// (eTP=Local LoadBalancers) and updates their local endpoint counts:
-/// for every service after a full sync, else for the `touched` ones.
-fn sync_health_checks(
-    extras: &mut FamilyExtras,
-    p: &Proxier,
-    health: &Arc<Mutex<Health>>,
-    touched: Option<&BTreeSet<NamespacedName>>,
-    events: Option<&std::sync::mpsc::Sender<Notice>>,
-    node: &str,
-) {
-    // Where NodePorts are served; v6 link-local addresses cannot be bound
-    // without a scope and are skipped.
-    let addresses: Vec<IpAddr> = p
-        .config()
-        .node_port_ips()
-        .into_iter()
-        .filter(|ip| !matches!(ip, IpAddr::V6(v6) if (v6.segments()[0] & 0xffc0) == 0xfe80))
-        .collect();
-    let slot = &mut extras.health_checks;
-    if slot.as_ref().is_none_or(|s| s.addresses() != addresses) {
-        let h = health.clone();
-        let healthy: Healthy = Arc::new(move || {
-            h.lock()
-                .map(|h| h.healthy(SystemTime::now()))
-                .unwrap_or(false)
-        });
-        *slot = Some(ServiceHealthServers::new(addresses, healthy));
-    }
-    let Some(servers) = slot else {
-        return;
-    };
-    let services: Vec<NamespacedName> = match touched {
-        Some(t) => t.iter().cloned().collect(),
-        None => {
-            extras.hc_ports.clear();
-            extras.hc_local.clear();
-            let mut all: Vec<NamespacedName> = p
-                .service_ports()
-                .iter()
-                .filter(|(_, sp)| sp.health_check_node_port.is_some())
-                .map(|(name, _)| name.service.clone())
-                .collect();
-            all.dedup();
-            all
-        }
-    };
-    for svc in services {
-        let key = (svc.namespace.clone(), svc.name.clone());
-        extras.hc_ports.remove(&key);
-        extras.hc_local.remove(&key);
-        let Some(port) = ports_of(p, &svc).find_map(|sp| sp.health_check_node_port) else {
-            continue;
-        };
-        extras.hc_ports.insert(key.clone(), port);
-        // A quarantined service is not programmed: no load balancer should
-        // send it here.
-        let n = if p.quarantined_ports_of(&svc).next().is_some() {
-            0
-        } else {
-            verdict_model::local_ready_endpoints_of(p.endpoints(), &svc)
-        };
-        if n > 0 {
-            extras.hc_local.insert(key, n);
-        }
-    }
-    let mut failing = BTreeSet::new();
-    for f in servers.sync_services(&extras.hc_ports) {
-        let (ns, name) = &f.service;
-        tracing::warn!(
-            service = %format!("{ns}/{name}"),
-            port = f.port,
-            address = %f.address,
-            error = %f.error,
-            "cannot open the service's health-check node port"
-        );
-        let key = (f.service.clone(), f.port);
-        if !extras.hc_failed.contains(&key)
-            && !failing.contains(&key)
-            && let Some(tx) = events
-        {
-            // As kube-proxy's FailedToStartServiceHealthcheck.
-            let _ = tx.send(Notice {
-                regarding: Regarding::Service {
-                    namespace: ns.clone(),
-                    name: name.clone(),
-                },
-                warning: true,
-                reason: "FailedToStartServiceHealthcheck",
-                action: "Listen",
-                note: format!(
-                    "node {node} failed to start healthcheck \"{ns}/{name}\" on port {}: {}",
-                    f.port, f.error
-                ),
-            });
-        }
-        failing.insert(key);
-    }
-    extras.hc_failed = failing;
-    servers.sync_endpoints(extras.hc_local.clone());
-}
-
-/// Deletes the UDP conntrack entries `targets` says are stale; returns how
-/// many were deleted.
-fn clean_stale_udp(
-    ct: &ConntrackCli,
-    family: Family,
-    targets: &UdpTargets,
-) -> Result<usize, verdict_nft::conntrack::ConntrackError> {
-    let t = Instant::now();
-    let entries = ct.list_udp(family)?;
-    let stale = targets.stale(&entries);
-    let mut deleted = 0;
-    for e in &stale {
-        deleted += ct.delete_udp(family, e)?;
-    }
-    tracing::info!(%family, entries = entries.len(), deleted, elapsed = ?t.elapsed(), "reconciled UDP conntrack entries");
-    Ok(deleted)
-}
-
 fn health_family(f: Family) -> HealthFamily {
     match f {
         Family::Ip => HealthFamily::V4,
@@ -1023,122 +874,6 @@ fn unix_seconds(t: SystemTime) -> f64 {
     t.duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs_f64())
         .unwrap_or(0.0)
-}
-
-/// How long `plan` waits for the API server's initial lists.
-const PLAN_LIST_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// Where the input comes from, and what was last seen of it.
-enum Feed {
-    /// `--manifests`: polled for edits.
-    Manifests {
-        path: PathBuf,
-        /// The files as last loaded (`None`: not loaded yet).
-        seen: Option<Vec<(PathBuf, Option<SystemTime>, u64)>>,
-    },
-    /// The Kubernetes API: updates from the watch thread.
-    Api {
-        rx: Receiver<Vec<Update>>,
-        /// Services, EndpointSlices and the Node have been listed.
-        synced: bool,
-    },
-}
-
-impl Feed {
-    fn open(source: &Source, node_name: &str, client: ClientOptions) -> anyhow::Result<Feed> {
-        if let Some(p) = &source.manifests {
-            let path = PathBuf::from(p);
-            return Ok(Feed::Manifests { seen: None, path });
-        }
-        let (tx, rx) = std::sync::mpsc::channel();
-        verdict_k8s::watch::start(source.api(node_name, client), tx)
-            .context("the Kubernetes API source")?;
-        Ok(Feed::Api { rx, synced: false })
-    }
-
-    /// Whether the node may be programmed: everything has been listed once.
-    fn ready(&self) -> bool {
-        match self {
-            Feed::Manifests { .. } => true,
-            Feed::Api { synced, .. } => *synced,
-        }
-    }
-
-    /// Waits up to `wait` for input, without touching the node (the
-    /// introspection API may be reading it meanwhile).
-    fn wait(&mut self, wait: Duration) -> anyhow::Result<Input> {
-        match self {
-            Feed::Manifests { path, seen } => {
-                let current = fingerprint(path);
-                if seen.as_ref() == Some(&current) {
-                    std::thread::sleep(wait);
-                    return Ok(Input::Nothing);
-                }
-                if seen.is_some() {
-                    tracing::info!(manifests = %path.display(), "manifests changed");
-                }
-                *seen = Some(current);
-                Ok(Input::Manifests(verdict_k8s::load(path)))
-            }
-            Feed::Api { rx, .. } => {
-                let first = match rx.recv_timeout(wait) {
-                    Ok(u) => u,
-                    Err(RecvTimeoutError::Timeout) => return Ok(Input::Nothing),
-                    Err(RecvTimeoutError::Disconnected) => {
-                        bail!("the Kubernetes API source stopped")
-                    }
-                };
-                let mut all = first;
-                for more in rx.try_iter() {
-                    all.extend(more);
-                }
-                Ok(Input::Updates(all))
-            }
-        }
-    }
-
-    /// Applies what [`Feed::wait`] brought to `node`. Returns whether the
-    /// rules must change.
-    fn apply(&mut self, node: &mut Node, input: Input) -> anyhow::Result<bool> {
-        match input {
-            Input::Nothing => Ok(false),
-            Input::Manifests(loaded) => node.apply(&loaded),
-            Input::Updates(updates) => {
-                let mut changed = false;
-                for u in updates {
-                    if u == Update::Synced {
-                        tracing::info!(
-                            "Services and EndpointSlices are listed: programming the node"
-                        );
-                        if let Feed::Api { synced, .. } = self {
-                            *synced = true;
-                        }
-                        changed = true;
-                    }
-                    changed |= node.on_update(u);
-                }
-                node.after_changes();
-                Ok(changed)
-            }
-        }
-    }
-
-    /// Waits up to `wait` for input and applies it to `node`. Returns
-    /// whether the rules must change.
-    fn poll(&mut self, node: &mut Node, wait: Duration) -> anyhow::Result<bool> {
-        let input = self.wait(wait)?;
-        self.apply(node, input)
-    }
-}
-
-/// What the feed brought.
-enum Input {
-    /// Nothing new.
-    Nothing,
-    /// The manifests, read again.
-    Manifests(Loaded),
-    /// Updates from the API source.
-    Updates(Vec<Update>),
 }
 
 /// The node as `run` would program it for the source's current state,
@@ -1206,20 +941,6 @@ fn check_kernel() -> anyhow::Result<()> {
         );
     }
     Ok(())
-}
-
-/// A fingerprint of the manifest files, to notice edits.
-fn fingerprint(path: &Path) -> Vec<(PathBuf, Option<SystemTime>, u64)> {
-    verdict_k8s::manifests::files(path)
-        .unwrap_or_default()
-        .into_iter()
-        .map(|f| {
-            let m = std::fs::metadata(&f).ok();
-            let modified = m.as_ref().and_then(|m| m.modified().ok());
-            let len = m.map_or(0, |m| m.len());
-            (f, modified, len)
-        })
-        .collect()
 }
 
 /// Programs the node and keeps it programmed. Returns only on error; on
@@ -1432,122 +1153,9 @@ const CONFIG_CHECK: Duration = Duration::from_secs(1);
 /// How long a fatal error waits for its Event to be posted.
 const EVENT_FLUSH: Duration = Duration::from_secs(5);
 
-/// Starts the thread that says when the node's addresses change (`None`
-/// if the kernel does not let us listen: then they are read again at each
-/// full sync only).
-fn watch_addresses() -> Option<Receiver<()>> {
-    let mut monitor = match verdict_nft::addresses::AddressMonitor::open() {
-        Ok(m) => m,
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot listen for address changes; the node's addresses are read again at each full sync (syncPeriod)");
-            return None;
-        }
-    };
-    let (tx, rx) = std::sync::mpsc::channel();
-    let spawned = std::thread::Builder::new()
-        .name("addr-monitor".into())
-        .spawn(move || {
-            loop {
-                if let Err(e) = monitor.wait() {
-                    tracing::error!(error = %e, "the address monitor stopped; the node's addresses are read again at each full sync only");
-                    return;
-                }
-                if tx.send(()).is_err() {
-                    return;
-                }
-            }
-        });
-    if let Err(e) = spawned {
-        tracing::warn!(error = %e, "cannot start the address monitor");
-        return None;
-    }
-    Some(rx)
-}
-
 /// How long the loop waits for input at most: a foreign change is noticed
 /// within this (plus the debounce).
 const POLL: Duration = Duration::from_millis(100);
-
-/// A commit by another process that touched verdict's tables, or lost
-/// announcements.
-#[derive(Debug)]
-enum Foreign {
-    Commit {
-        pid: u32,
-        process: String,
-        changes: Vec<verdict_nft::monitor::Change>,
-    },
-    Overflow,
-}
-
-/// Starts the thread that listens to the kernel's ruleset announcements
-/// and passes on the commits of other processes that touched verdict's
-/// tables. `None` if the kernel does not let us listen (then only the
-/// periodic resync repairs).
-fn watch_foreign_changes(proxiers: &[Proxier]) -> Option<Receiver<Foreign>> {
-    use verdict_nft::monitor::{Event, Monitor};
-    let ours: Vec<(&'static str, String)> = proxiers
-        .iter()
-        .map(|p| {
-            let fam = match p.config().nft_family() {
-                Family::Ip => "ip",
-                Family::Ip6 => "ip6",
-            };
-            (fam, p.config().table.clone())
-        })
-        .collect();
-    let mut monitor = match Monitor::open() {
-        Ok(m) => m,
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot listen for changes other processes make to the ruleset; only the periodic resync (syncPeriod) repairs them");
-            return None;
-        }
-    };
-    let (tx, rx) = std::sync::mpsc::channel();
-    let spawned = std::thread::Builder::new()
-        .name("nft-monitor".into())
-        .spawn(move || {
-            loop {
-                let event = match monitor.next_event() {
-                    Ok(Event::Overflow) => Foreign::Overflow,
-                    Ok(Event::Commit {
-                        pid,
-                        process,
-                        changes,
-                        ..
-                    }) => {
-                        if verdict_nft::process::is_ours(pid) {
-                            continue;
-                        }
-                        let changes: Vec<_> = changes
-                            .into_iter()
-                            .filter(|c| ours.iter().any(|(f, t)| c.family == *f && c.table == *t))
-                            .collect();
-                        if changes.is_empty() {
-                            continue;
-                        }
-                        Foreign::Commit {
-                            pid,
-                            process,
-                            changes,
-                        }
-                    }
-                    Err(e) => {
-                        tracing::error!(error = %e, "the ruleset monitor stopped; only the periodic resync repairs foreign changes now");
-                        return;
-                    }
-                };
-                if tx.send(event).is_err() {
-                    return;
-                }
-            }
-        });
-    if let Err(e) = spawned {
-        tracing::warn!(error = %e, "cannot start the ruleset monitor");
-        return None;
-    }
-    Some(rx)
-}
 
 /// `--init-only`: the privileged settings (conntrack sysctls), then exit,
 /// so that the long-running process needs only CAP_NET_ADMIN.
