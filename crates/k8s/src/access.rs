@@ -9,7 +9,7 @@ use k8s_openapi::api::authorization::v1::{
 use kube::Api;
 use kube::api::PostParams;
 
-use crate::watch::{ApiSource, SourceError, client_config};
+use crate::watch::{ApiSource, SourceError};
 
 /// What verdict needs: (verb, API group, resource).
 pub const NEEDED: [(&str, &str, &str); 10] = [
@@ -52,15 +52,7 @@ pub struct Access {
 /// Asks the API server of `src`. Fails only if no client can be built
 /// (bad kubeconfig, bad `--master`); an unreachable server is an answer.
 pub fn check(src: &ApiSource) -> Result<Access, SourceError> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| SourceError::Client(e.to_string()))?;
-    let config = rt.block_on(client_config(src))?;
-    let client = {
-        let _guard = rt.enter();
-        crate::client::build(config, &src.client)?
-    };
+    let (rt, client) = crate::client::on_own_runtime(src)?;
     rt.block_on(async move {
         let version = client
             .apiserver_version()

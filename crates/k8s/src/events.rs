@@ -19,7 +19,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 
-use crate::watch::{ApiSource, SourceError, client_config};
+use crate::watch::{ApiSource, SourceError};
 
 /// How long one Event may take to post.
 const POST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -117,15 +117,7 @@ impl Events {
 
 /// Starts the thread that posts Events for `src.node_name`.
 pub fn start(src: &ApiSource) -> Result<Events, SourceError> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| SourceError::Client(e.to_string()))?;
-    let config = rt.block_on(client_config(src))?;
-    let client = {
-        let _guard = rt.enter();
-        crate::client::build(config, &src.client)?
-    };
+    let (rt, client) = crate::client::on_own_runtime(src)?;
     let node = src.node_name.clone();
     let recorder = Recorder::new(
         client,

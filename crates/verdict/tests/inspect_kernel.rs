@@ -120,30 +120,39 @@ const TRACE_POD: [&str; 11] = [
     "-ojson",
 ];
 
-#[test]
-fn trace_and_explain_answer_from_the_running_daemon_and_offline() {
-    let Some(mut bed) = bed() else {
-        return;
-    };
+/// A node running verdict on [`MANIFESTS`]: pods 10.180.0.1-3 (the
+/// endpoints) and 10.0.0.2 (a client), the LoadBalancer VIP routed to the
+/// node; returns the bed, the daemon and the manifests' directory once
+/// traffic flows (`None`: namespace tests cannot run here).
+fn node_running_verdict(tag: &str) -> Option<(TestBed, Process, String)> {
+    let mut bed = bed()?;
     for pod in ["10.180.0.1", "10.180.0.2", "10.180.0.3"] {
         bed.add_pod(ip(pod), Placement::Local, &[80], &[]).unwrap();
     }
     bed.add_pod(ip("10.0.0.2"), Placement::Local, &[], &[])
         .unwrap();
     bed.route_to_node(ip("198.51.100.42")).unwrap();
-    let dir = scratch_dir("inspect");
+    let dir = scratch_dir(tag);
     write(&dir, "cluster.yaml", MANIFESTS);
     let dir_s = dir.to_string_lossy().into_owned();
     let mut args: Vec<String> = vec!["run".into()];
     args.extend(node_flags(&dir_s));
     args.extend(["--min-sync-period".into(), "0s".into()]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let child = bed
-        .node
-        .spawn(env!("CARGO_BIN_EXE_verdict"), &args)
-        .unwrap();
-    let _daemon = Process(child);
+    let daemon = Process(
+        bed.node
+            .spawn(env!("CARGO_BIN_EXE_verdict"), &args)
+            .unwrap(),
+    );
     assert_ne!(wait_for(&bed, "10.180.0.1:80"), "", "programmed");
+    Some((bed, daemon, dir_s))
+}
+
+#[test]
+fn trace_and_explain_answer_from_the_running_daemon_and_offline() {
+    let Some((bed, _daemon, dir_s)) = node_running_verdict("inspect") else {
+        return;
+    };
 
     // trace: the kernel's table, every candidate with its odds.
     let mut trace_args = vec!["trace"];
@@ -575,26 +584,9 @@ fn the_web_view_shows_services_endpoints_and_counters_in_a_real_browser() {
     let Some(browser) = chromium() else {
         return;
     };
-    let Some(mut bed) = bed() else {
+    let Some((bed, _daemon, _)) = node_running_verdict("inspect-ui") else {
         return;
     };
-    for pod in ["10.180.0.1", "10.180.0.2", "10.180.0.3"] {
-        bed.add_pod(ip(pod), Placement::Local, &[80], &[]).unwrap();
-    }
-    bed.add_pod(ip("10.0.0.2"), Placement::Local, &[], &[])
-        .unwrap();
-    let dir = scratch_dir("inspect-ui");
-    write(&dir, "cluster.yaml", MANIFESTS);
-    let dir_s = dir.to_string_lossy().into_owned();
-    let mut args: Vec<String> = vec!["run".into()];
-    args.extend(node_flags(&dir_s));
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let _daemon = Process(
-        bed.node
-            .spawn(env!("CARGO_BIN_EXE_verdict"), &args)
-            .unwrap(),
-    );
-    assert_ne!(wait_for(&bed, "10.180.0.1:80"), "", "programmed");
     for _ in 0..30 {
         who(&bed);
     }
@@ -679,27 +671,10 @@ fn the_web_view_shows_services_endpoints_and_counters_in_a_real_browser() {
 
 #[test]
 fn connections_show_where_traffic_went_and_flag_the_flows_of_a_removed_endpoint() {
-    let Some(mut bed) = bed() else {
+    let Some((bed, _daemon, dir_s)) = node_running_verdict("inspect-conns") else {
         return;
     };
-    for pod in ["10.180.0.1", "10.180.0.2", "10.180.0.3"] {
-        bed.add_pod(ip(pod), Placement::Local, &[80], &[]).unwrap();
-    }
-    bed.add_pod(ip("10.0.0.2"), Placement::Local, &[], &[])
-        .unwrap();
-    let dir = scratch_dir("inspect-conns");
-    write(&dir, "cluster.yaml", MANIFESTS);
-    let dir_s = dir.to_string_lossy().into_owned();
-    let mut args: Vec<String> = vec!["run".into()];
-    args.extend(node_flags(&dir_s));
-    args.extend(["--min-sync-period".into(), "0s".into()]);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let _daemon = Process(
-        bed.node
-            .spawn(env!("CARGO_BIN_EXE_verdict"), &args)
-            .unwrap(),
-    );
-    assert_ne!(wait_for(&bed, "10.180.0.1:80"), "", "programmed");
+    let dir = std::path::PathBuf::from(&dir_s);
     let mut sent = BTreeSet::new();
     for _ in 0..20 {
         sent.insert(who(&bed));
