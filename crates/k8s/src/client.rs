@@ -193,6 +193,24 @@ where
     }
 }
 
+/// A small runtime of its own and a client for `src` on it (the client
+/// spawns its connection tasks on the runtime it is built in), for a
+/// thread that talks to the API server apart from the watches.
+pub fn on_own_runtime(
+    src: &crate::watch::ApiSource,
+) -> Result<(tokio::runtime::Runtime, kube::Client), crate::watch::SourceError> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| crate::watch::SourceError::Client(e.to_string()))?;
+    let config = rt.block_on(crate::watch::client_config(src))?;
+    let client = {
+        let _guard = rt.enter();
+        build(config, &src.client)?
+    };
+    Ok((rt, client))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -293,22 +311,4 @@ mod tests {
         let mut free = Bucket::new(-1.0, 0, t0);
         assert!((0..1000).all(|_| free.take(t0).is_none()));
     }
-}
-
-/// A small runtime of its own and a client for `src` on it (the client
-/// spawns its connection tasks on the runtime it is built in), for a
-/// thread that talks to the API server apart from the watches.
-pub fn on_own_runtime(
-    src: &crate::watch::ApiSource,
-) -> Result<(tokio::runtime::Runtime, kube::Client), crate::watch::SourceError> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| crate::watch::SourceError::Client(e.to_string()))?;
-    let config = rt.block_on(crate::watch::client_config(src))?;
-    let client = {
-        let _guard = rt.enter();
-        build(config, &src.client)?
-    };
-    Ok((rt, client))
 }
