@@ -1176,6 +1176,7 @@ mod tests {
                 ],
                 vec![DataType::Verdict],
             )
+            .with_counters()
             .with_comment("vmap to drop or reject packets to services with no endpoints")
         );
         let key = vec![
@@ -1197,6 +1198,10 @@ mod tests {
             Some(ElementValue::Verdict(Verdict::Drop))
         );
         assert_eq!(s.elements.len(), 3);
+        // Every element's counter is read (none has counted a packet in
+        // the captured fixture).
+        assert_eq!(s.counters.len(), 3);
+        assert_eq!(s.counters[&key], Counter::default());
     }
 
     #[test]
@@ -1219,8 +1224,13 @@ mod tests {
                 DataType::Numgen,
             ],
             vec![DataType::Ipv4Addr, DataType::PortOf(L4Proto::Tcp)],
-        );
+        )
+        .with_counters();
         assert!(s.set.same_type(&declared));
+        assert!(!s.set.same_type(&Set {
+            counters: false,
+            ..declared.clone()
+        }));
         let key = vec![addr("172.30.0.44"), Value::Port(80), Value::Int(1)];
         assert_eq!(
             s.elements[&key],

@@ -11,7 +11,7 @@
 //! | `/api/v1/syncs` | the last syncs |
 //! | `/api/v1/foreign` | the last foreign changes to verdict's tables |
 //! | `/api/v1/drift` | the kernel's elements against verdict's intent, per family |
-//! | `/api/v1/counters?service=` | the per-service counters (at most 5 s old) |
+//! | `/api/v1/counters?service=` | the per-service counters (a reading at least 5 s, and ten times its own duration, old at most) |
 //! | `/api/v1/connections?service=&limit=` | the DNATed connections in conntrack, by Service and endpoint, stale ones flagged |
 //! | `/ui` | the web view, a page of its own that reads the API |
 //!
@@ -272,15 +272,24 @@ pub fn answer(
 }
 
 /// How long one reading of the kernel's counters serves `/metrics` and
-/// the API: several scrapers in a row read the table once.
+/// the API at least: several scrapers in a row read the table once.
 const COUNTERS_FRESH: Duration = Duration::from_secs(5);
+
+/// How long a reading that took `took` serves: at least
+/// [`COUNTERS_FRESH`], and ten times what it took, so that reading the
+/// kernel (seconds through `nft` at 30,000 Services) costs at most a tenth
+/// of a core however often `/metrics` is scraped.
+pub fn counters_fresh_for(took: Duration) -> Duration {
+    COUNTERS_FRESH.max(took.saturating_mul(10))
+}
 
 /// The last reading of the per-service counters (`--service-counters`),
 /// shared by `/metrics` and `/api/v1/counters`.
 pub struct CounterCache {
     node: Arc<Mutex<Node>>,
     read: KernelReader,
-    last: Mutex<Option<(Instant, Arc<Snapshot>)>>,
+    /// When the last reading began, how long it took, and what it read.
+    last: Mutex<Option<(Instant, Duration, Arc<Snapshot>)>>,
 }
 
 impl CounterCache {
@@ -293,15 +302,16 @@ impl CounterCache {
         })
     }
 
-    /// A reading at most [`COUNTERS_FRESH`] old: the tables are read
+    /// A reading at most [`counters_fresh_for`] old: the tables are read
     /// back (without the node's lock), then attributed to Service ports.
     pub fn snapshot(&self) -> Arc<Snapshot> {
         let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((at, snap)) = last.as_ref()
-            && at.elapsed() < COUNTERS_FRESH
+        if let Some((at, took, snap)) = last.as_ref()
+            && at.elapsed() < counters_fresh_for(*took)
         {
             return snap.clone();
         }
+        let started = Instant::now();
         let tables: Vec<(Family, String)> = lock(&self.node)
             .proxiers
             .iter()
@@ -325,7 +335,7 @@ impl CounterCache {
             .map(|(p, t)| (p, t.as_ref()))
             .collect();
         let snap = Arc::new(Snapshot::of(&pairs));
-        *last = Some((Instant::now(), snap.clone()));
+        *last = Some((started, started.elapsed(), snap.clone()));
         snap
     }
 
@@ -368,5 +378,20 @@ impl Offline {
         };
         answer(&self.node, &read, &flows, &Request::get(target))
             .unwrap_or_else(|| (404, json!({"error": format!("no such path: {target}")})))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slow_counter_reading_serves_ten_times_as_long() {
+        assert_eq!(counters_fresh_for(Duration::from_millis(30)), COUNTERS_FRESH);
+        assert_eq!(
+            counters_fresh_for(Duration::from_secs(8)),
+            Duration::from_secs(80),
+            "8 s through nft at 30,000 Services: read at most every 80 s"
+        );
     }
 }
