@@ -387,7 +387,10 @@ mod tests {
 
     #[test]
     fn a_slow_counter_reading_serves_ten_times_as_long() {
-        assert_eq!(counters_fresh_for(Duration::from_millis(30)), COUNTERS_FRESH);
+        assert_eq!(
+            counters_fresh_for(Duration::from_millis(30)),
+            COUNTERS_FRESH
+        );
         assert_eq!(
             counters_fresh_for(Duration::from_secs(8)),
             Duration::from_secs(80),
