@@ -58,12 +58,7 @@ fn check(name: &str, status: Status, detail: impl Into<String>, fix: Option<&str
 
 /// kube-proxy's kernel floor for nftables mode: 5.13.
 pub fn kernel(release: &str) -> Check {
-    let mut parts = release
-        .trim()
-        .split(['.', '-'])
-        .map(|p| p.parse::<u32>().unwrap_or(0));
-    let v = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
-    if v >= (5, 13) {
+    if crate::probe::kernel_supported(release) {
         check(
             "kernel",
             Status::Pass,
@@ -106,13 +101,9 @@ pub fn modules(loaded: &str, built_in: impl Fn(&str) -> bool) -> Vec<Check> {
 
 /// CAP_NET_ADMIN in the effective set (`CapEff` of /proc/self/status).
 pub fn capability(status: &str) -> Check {
-    let eff = status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok());
-    match eff {
-        Some(e) if e & (1 << 12) != 0 => check("CAP_NET_ADMIN", Status::Pass, "held", None),
-        Some(_) => check(
+    match crate::probe::net_admin_in(status) {
+        Some(true) => check("CAP_NET_ADMIN", Status::Pass, "held", None),
+        Some(false) => check(
             "CAP_NET_ADMIN",
             Status::Fail,
             "not held: verdict cannot program nftables or conntrack",
@@ -263,15 +254,10 @@ pub fn other_nat_chains(chains: &[BaseChain], our_table: &str) -> Check {
 
 /// kube-proxy's own nftables tables (`nft list tables` output).
 pub fn kube_proxy_tables(listing: &str) -> Check {
-    let present: Vec<&str> = listing
-        .lines()
-        .filter(|l| {
-            let w: Vec<&str> = l.split_whitespace().collect();
-            w.len() == 3
-                && w[0] == "table"
-                && (w[1] == "ip" || w[1] == "ip6")
-                && w[2] == "kube-proxy"
-        })
+    let present: Vec<String> = crate::leftovers::tables(listing)
+        .into_iter()
+        .filter(|t| crate::leftovers::KUBE_PROXY_TABLES.contains(t))
+        .map(|(family, name)| format!("table {family} {name}"))
         .collect();
     if present.is_empty() {
         check("kube-proxy's nftables table", Status::Pass, "absent", None)
@@ -512,17 +498,9 @@ fn read(path: &str) -> Option<String> {
     std::fs::read_to_string(path).ok()
 }
 
+/// A program's output (`Err`: not installed, or it failed).
 fn program(name: &str, args: &[&str]) -> Result<String, String> {
-    let out = verdict_nft::process::run(name, args, None).map_err(|e| format!("{name}: {e}"))?;
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    } else {
-        Err(format!(
-            "{name} {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
+    crate::leftovers::run(name, args, None)?.ok_or_else(|| format!("{name} is not installed"))
 }
 
 /// Every check, in order.

@@ -157,7 +157,11 @@ pub fn removal_script(save: &str) -> Option<String> {
 }
 
 /// Runs a program; `Ok(None)` if it is not installed.
-fn run(program: &str, args: &[&str], stdin: Option<&str>) -> Result<Option<String>, String> {
+pub(crate) fn run(
+    program: &str,
+    args: &[&str],
+    stdin: Option<&str>,
+) -> Result<Option<String>, String> {
     let out = match verdict_nft::process::run(program, args, stdin) {
         Ok(out) => out,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -178,7 +182,7 @@ fn run(program: &str, args: &[&str], stdin: Option<&str>) -> Result<Option<Strin
 pub const KUBE_PROXY_TABLES: [(&str, &str); 2] = [("ip", "kube-proxy"), ("ip6", "kube-proxy")];
 
 /// The tables of `nft list tables` output, as (family, name).
-fn tables(listing: &str) -> Vec<(&str, &str)> {
+pub(crate) fn tables(listing: &str) -> Vec<(&str, &str)> {
     listing
         .lines()
         .filter_map(|l| {

@@ -23,16 +23,32 @@ pub const PROBE_TABLE: &str = "verdict-probe";
 /// CAP_NET_ADMIN's bit in the capability sets.
 const CAP_NET_ADMIN: u32 = 12;
 
+/// Whether a `/proc/…/status` text's effective set holds CAP_NET_ADMIN
+/// (`None`: no readable `CapEff` line).
+pub fn net_admin_in(status: &str) -> Option<bool> {
+    let eff = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())?;
+    Some(eff & (1 << CAP_NET_ADMIN) != 0)
+}
+
+/// Whether a kernel release (`/proc/sys/kernel/osrelease`) is at least
+/// 5.13, kube-proxy's floor for nftables mode.
+pub fn kernel_supported(release: &str) -> bool {
+    let mut parts = release
+        .trim()
+        .split(['.', '-'])
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    (parts.next().unwrap_or(0), parts.next().unwrap_or(0)) >= (5, 13)
+}
+
 /// Fails with a clear message unless the process has CAP_NET_ADMIN.
 pub fn check_net_admin() -> anyhow::Result<()> {
     let status = std::fs::read_to_string("/proc/self/status")
         .context("reading /proc/self/status to check capabilities")?;
-    let eff = status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
-        .context("no CapEff line in /proc/self/status")?;
-    if eff & (1 << CAP_NET_ADMIN) == 0 {
+    let held = net_admin_in(&status).context("no CapEff line in /proc/self/status")?;
+    if !held {
         bail!(
             "verdict needs CAP_NET_ADMIN to program nftables and conntrack: run it as root \
              or grant the capability (securityContext.capabilities.add: [NET_ADMIN], \

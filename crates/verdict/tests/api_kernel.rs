@@ -80,13 +80,7 @@ fn traffic_follows_the_api_server_across_a_watch_expiry() {
         .unwrap();
 
     // The API server runs inside the node's namespace, on its loopback.
-    let mut api = ApiServerProcess::spawn(
-        &bed.node,
-        &e2e_bin("verdict-e2e-apiserver"),
-        "127.0.0.1:16443",
-        Duration::from_millis(500),
-    )
-    .unwrap();
+    let mut api = fake_api_server(&bed, 16443);
     api.apply(node()).unwrap();
     api.apply(service("web", "172.30.0.41", json!({}))).unwrap();
     api.apply(slice("web-1", "web", "10.180.0.1")).unwrap();
@@ -112,13 +106,7 @@ fn traffic_follows_the_api_server_across_a_watch_expiry() {
     api.set_served("EndpointSlice", false).unwrap();
 
     let dir = scratch_dir("api");
-    let kubeconfig = dir.join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        verdict_e2e::apiserver::kubeconfig("http://127.0.0.1:16443"),
-    )
-    .unwrap();
-    let kubeconfig_s = kubeconfig.to_string_lossy().into_owned();
+    let kubeconfig_s = fake_kubeconfig(&dir, 16443);
     let args = [
         "--kubeconfig",
         &kubeconfig_s,
@@ -473,13 +461,7 @@ fn a_service_the_kernel_refuses_gets_an_event() {
         .unwrap();
     bed.add_pod(ip("10.0.0.2"), Placement::Local, &[], &[])
         .unwrap();
-    let mut api = ApiServerProcess::spawn(
-        &bed.node,
-        &e2e_bin("verdict-e2e-apiserver"),
-        "127.0.0.1:16444",
-        Duration::from_millis(500),
-    )
-    .unwrap();
+    let mut api = fake_api_server(&bed, 16444);
     api.apply(node()).unwrap();
     api.apply(service("web", "172.30.0.41", json!({}))).unwrap();
     api.apply(slice("web-1", "web", "10.180.0.1")).unwrap();
@@ -513,13 +495,7 @@ fn a_service_the_kernel_refuses_gets_an_event() {
     bed.serve_node(&[ip("192.168.0.2")], &[30553], &[]).unwrap();
 
     let dir = scratch_dir("api-event");
-    let kubeconfig = dir.join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        verdict_e2e::apiserver::kubeconfig("http://127.0.0.1:16444"),
-    )
-    .unwrap();
-    let kubeconfig_s = kubeconfig.to_string_lossy().into_owned();
+    let kubeconfig_s = fake_kubeconfig(&dir, 16444);
     let args = [
         "--kubeconfig",
         &kubeconfig_s,

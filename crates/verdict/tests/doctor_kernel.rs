@@ -7,10 +7,7 @@
 
 mod common;
 
-use std::time::Duration;
-
 use serde_json::{Value, json};
-use verdict_e2e::apiserver::ApiServerProcess;
 use verdict_e2e::bed::{Placement, TestBed};
 use verdict_e2e::netns::Process;
 
@@ -64,13 +61,7 @@ fn doctor_checks_the_node_the_api_server_and_the_rules() {
         .unwrap();
     bed.add_pod(ip("10.0.0.2"), Placement::Local, &[], &[])
         .unwrap();
-    let mut api = ApiServerProcess::spawn(
-        &bed.node,
-        &e2e_bin("verdict-e2e-apiserver"),
-        "127.0.0.1:16443",
-        Duration::from_millis(500),
-    )
-    .unwrap();
+    let mut api = fake_api_server(&bed, 16443);
     api.apply(json!({
         "apiVersion": "v1", "kind": "Node", "metadata": {"name": "test-node"},
         "status": {"addresses": [{"type": "InternalIP", "address": "192.168.0.2"}]}
@@ -90,13 +81,7 @@ fn doctor_checks_the_node_the_api_server_and_the_rules() {
     }))
     .unwrap();
     let dir = scratch_dir("doctor");
-    let kubeconfig = dir.join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        verdict_e2e::apiserver::kubeconfig("http://127.0.0.1:16443"),
-    )
-    .unwrap();
-    let kc = kubeconfig.to_string_lossy().into_owned();
+    let kc = fake_kubeconfig(&dir, 16443);
     let _daemon = Process(
         bed.node
             .spawn(

@@ -200,7 +200,7 @@ pub fn answer(
                 Ok(t) => t,
                 Err(e) => return Some(bad(e)),
             };
-            let kernel = match read_family(inspect::family_of(t.dst)) {
+            let kernel = match read_family(IpFamily::of(t.dst)) {
                 Ok(k) => k,
                 Err(e) => return Some(e),
             };

@@ -928,12 +928,7 @@ fn check_kernel() -> anyhow::Result<()> {
         return Ok(());
     }
     let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    let mut parts = release
-        .trim()
-        .split(['.', '-'])
-        .map(|p| p.parse::<u32>().unwrap_or(0));
-    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
-    if (major, minor) < (5, 13) {
+    if !crate::probe::kernel_supported(&release) {
         bail!(
             "kernel {} is older than 5.13, which the nftables mode needs \
              (set KUBE_PROXY_NFTABLES_SKIP_KERNEL_VERSION_CHECK to try anyway)",

@@ -126,11 +126,7 @@ fn collect(p: &Proxier, t: &TableState, out: &mut Families) {
                 continue;
             };
             let mut l = port_labels(family, &port);
-            let endpoint = match a {
-                IpAddr::V4(a) => format!("{a}:{ep_port}"),
-                IpAddr::V6(a) => format!("[{a}]:{ep_port}"),
-            };
-            l.push(("endpoint", endpoint));
+            l.push(("endpoint", super::show_addr(a, ep_port)));
             out.add(ENDPOINT_CONNECTIONS, l, c.packets);
         }
     }

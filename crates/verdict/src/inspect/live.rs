@@ -128,10 +128,9 @@ fn chains<'a>(it: impl Iterator<Item = &'a str>) -> Vec<String> {
 pub fn compare(typed: &Json, live: &LiveTrace) -> Json {
     let dnat = match (live.daddrs.last(), live.dports.last()) {
         (Some(a), Some(p)) if live.daddrs.len() > 1 || live.dports.len() > 1 => {
-            Some(if a.contains(':') {
-                format!("[{a}]:{p}")
-            } else {
-                format!("{a}:{p}")
+            Some(match a.parse::<IpAddr>() {
+                Ok(ip) => super::show_addr(ip, *p),
+                Err(_) => format!("{a}:{p}"),
             })
         }
         _ => None,

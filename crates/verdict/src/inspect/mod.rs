@@ -51,14 +51,6 @@ pub struct Kernel {
     pub read: Duration,
 }
 
-/// The family of an address.
-pub fn family_of(a: IpAddr) -> IpFamily {
-    match a {
-        IpAddr::V4(_) => IpFamily::V4,
-        IpAddr::V6(_) => IpFamily::V6,
-    }
-}
-
 /// An answer that could not be given, as the API's 4xx body says it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
@@ -144,7 +136,7 @@ impl TraceRequest {
         };
         let src = addr("src")?;
         let dst = addr("dst")?;
-        if family_of(src) != family_of(dst) {
+        if IpFamily::of(src) != IpFamily::of(dst) {
             return Err(BadRequest(format!(
                 "src {src} and dst {dst} are not of the same IP family"
             )));
@@ -223,7 +215,8 @@ fn show_key(key: &[Value]) -> String {
         .join(" . ")
 }
 
-fn show_addr(a: IpAddr, port: u16) -> String {
+/// `IP:port`, with brackets for IPv6.
+pub(crate) fn show_addr(a: IpAddr, port: u16) -> String {
     match a {
         IpAddr::V4(a) => format!("{a}:{port}"),
         IpAddr::V6(a) => format!("[{a}]:{port}"),
@@ -299,7 +292,7 @@ fn lookup_json(p: &Proxier, l: &verdict_nft::TraceLookup) -> Json {
 /// `verdict trace`: every path the packet can take through the table,
 /// with the Service owning each element it met.
 pub fn trace(view: &View, req: &TraceRequest, kernel: &Kernel) -> Result<Json, BadRequest> {
-    let family = family_of(req.dst);
+    let family = IpFamily::of(req.dst);
     let p = view
         .proxier(family)
         .ok_or_else(|| BadRequest(format!("no proxier for {}", req.dst)))?;
@@ -542,6 +535,16 @@ pub fn explain(view: &View, svc: &NamespacedName, kernels: &[(IpFamily, Kernel)]
             zone: cfg.node_zone.clone(),
         };
         let intents = p.intent_of(svc);
+        // The kernel's elements by the comment naming their owner, read
+        // once for every port of the Service.
+        let mut commented: BTreeMap<&str, Vec<(&str, &Element)>> = BTreeMap::new();
+        for (set, s) in table.iter().flat_map(|t| &t.sets) {
+            for el in s.elements.values() {
+                if let Some(c) = el.comment.as_deref() {
+                    commented.entry(c).or_default().push((set.as_str(), el));
+                }
+            }
+        }
         let node_port_ips: Vec<String> = cfg
             .node_port_ips()
             .iter()
@@ -633,21 +636,15 @@ pub fn explain(view: &View, svc: &NamespacedName, kernels: &[(IpFamily, Kernel)]
                 .map(|i| i.elements.iter().map(|e| (e.set, &e.element.key)).collect())
                 .unwrap_or_default();
             let port_name = name.to_string();
-            if let Some(t) = table {
-                for (set, s) in &t.sets {
-                    for el in s.elements.values() {
-                        if el.comment.as_deref() == Some(port_name.as_str())
-                            && !wanted.contains(&(set.as_str(), &el.key))
-                        {
-                            extra += 1;
-                            elements.push(json!({
-                                "set": set,
-                                "element": element_text(el),
-                                "kernel": "EXTRA in the kernel: verdict does not want it",
-                                "programmed_for": Json::Null,
-                            }));
-                        }
-                    }
+            for (set, el) in commented.get(port_name.as_str()).into_iter().flatten() {
+                if !wanted.contains(&(*set, &el.key)) {
+                    extra += 1;
+                    elements.push(json!({
+                        "set": set,
+                        "element": element_text(el),
+                        "kernel": "EXTRA in the kernel: verdict does not want it",
+                        "programmed_for": Json::Null,
+                    }));
                 }
             }
             let local_ready = eps.iter().filter(|e| e.is_local && e.ready).count();

@@ -10,6 +10,15 @@ fn s(v: &Json) -> &str {
     v.as_str().unwrap_or("")
 }
 
+/// The strings of a JSON list (nothing if it is not one).
+fn strs(v: &Json) -> Vec<&str> {
+    v.as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Json::as_str)
+        .collect()
+}
+
 fn p(v: &Json) -> String {
     format!("p={:.2}", v.as_f64().unwrap_or(0.0))
 }
@@ -208,12 +217,7 @@ pub fn explain(doc: &Json) -> String {
             for e in port["entry_points"].as_array().into_iter().flatten() {
                 let at = match s(&e["kind"]) {
                     "NodePort" => {
-                        let addrs: Vec<&str> = e["addresses"]
-                            .as_array()
-                            .into_iter()
-                            .flatten()
-                            .filter_map(Json::as_str)
-                            .collect();
+                        let addrs: Vec<&str> = strs(&e["addresses"]);
                         format!(
                             "NodePort {} on {}",
                             e["port"],
@@ -226,12 +230,7 @@ pub fn explain(doc: &Json) -> String {
                     }
                     kind => format!("{kind} {}", s(&e["address"])),
                 };
-                let ranges: Vec<&str> = e["source_ranges"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter_map(Json::as_str)
-                    .collect();
+                let ranges: Vec<&str> = strs(&e["source_ranges"]);
                 let ranges = if ranges.is_empty() {
                     String::new()
                 } else {
@@ -280,12 +279,7 @@ pub fn explain(doc: &Json) -> String {
                 if let Some(z) = ep["zone"].as_str() {
                     state.push(format!("zone {z}"));
                 }
-                let used: Vec<&str> = ep["used_by"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter_map(Json::as_str)
-                    .collect();
+                let used: Vec<&str> = strs(&ep["used_by"]);
                 let used = if used.is_empty() {
                     "UNUSED".to_owned()
                 } else {
@@ -309,12 +303,7 @@ pub fn explain(doc: &Json) -> String {
                     s(&el["kernel"])
                 );
             }
-            let chains: Vec<&str> = port["chains"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(Json::as_str)
-                .collect();
+            let chains: Vec<&str> = strs(&port["chains"]);
             if !chains.is_empty() {
                 let _ = writeln!(out, "    shared chains: {}", chains.join(", "));
             }
@@ -391,13 +380,7 @@ pub fn syncs(doc: &Json) -> String {
         let kind = if r["full"] == true { "full" } else { "partial" };
         let detail = match r["error"].as_str() {
             Some(e) => format!("FAILED: {e}"),
-            None => r["sample"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(Json::as_str)
-                .collect::<Vec<_>>()
-                .join(", "),
+            None => strs(&r["sample"]).join(", "),
         };
         let _ = writeln!(
             out,
@@ -431,13 +414,7 @@ pub fn foreign(doc: &Json) -> String {
                 s(&r["process"]),
                 r["pid"],
                 r["changes"],
-                r["sample"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter_map(Json::as_str)
-                    .collect::<Vec<_>>()
-                    .join("; ")
+                strs(&r["sample"]).join("; ")
             )
         };
         let _ = writeln!(out, "{:<28} {who}", s(&r["at"]));
@@ -557,12 +534,7 @@ pub fn live(doc: &Json) -> String {
             "verdict's trace and the kernel's agree: the same chains, in order, to the same place"
         );
     } else {
-        let typed: Vec<&str> = live["typed_chains"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(Json::as_str)
-            .collect();
+        let typed: Vec<&str> = strs(&live["typed_chains"]);
         let _ = writeln!(
             out,
             "verdict's trace and the kernel's DISAGREE: verdict expects chains {}",

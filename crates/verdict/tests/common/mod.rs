@@ -6,6 +6,7 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use verdict_e2e::apiserver::ApiServerProcess;
 use verdict_e2e::bed::TestBed;
 use verdict_e2e::netns::can_run;
 
@@ -59,6 +60,30 @@ pub fn http_at(bed: &TestBed, host: &str, port: u16, path: &str) -> String {
     bed.node
         .exec("bash", &["-c", &script])
         .unwrap_or_else(|e| e.to_string())
+}
+
+/// The fake API server, inside the node's namespace on its loopback at
+/// `port` (bookmarks every 500 ms).
+pub fn fake_api_server(bed: &TestBed, port: u16) -> ApiServerProcess {
+    ApiServerProcess::spawn(
+        &bed.node,
+        &e2e_bin("verdict-e2e-apiserver"),
+        &format!("127.0.0.1:{port}"),
+        Duration::from_millis(500),
+    )
+    .unwrap()
+}
+
+/// A kubeconfig for the fake API server at `port`, written into `dir`;
+/// its path.
+pub fn fake_kubeconfig(dir: &std::path::Path, port: u16) -> String {
+    let path = dir.join("kubeconfig");
+    std::fs::write(
+        &path,
+        verdict_e2e::apiserver::kubeconfig(&format!("http://127.0.0.1:{port}")),
+    )
+    .unwrap();
+    path.to_string_lossy().into_owned()
 }
 
 /// A fresh test bed, or `None` (with the reason printed) where namespace
