@@ -8,6 +8,13 @@
 //!
 //! Compared after normalising only what nft 1.0.6 does not list back:
 //! table and chain comments, and `typeof tcp dport` (listed as inet_service).
+//!
+//! Every test runs on both kernel backends, and each table is read back by
+//! both: by the backend that wrote it and by the other one. So the netlink
+//! backend must write what nft reads (comments, `typeof` declarations and
+//! byte orders, which live in nft's user data) and read what nft writes,
+//! and that reader is compared without normalising anything but the data
+//! path's own entries.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -17,8 +24,25 @@ use verdict_conformance::*;
 use verdict_e2e::netns::{Netns, can_run, unique_prefix};
 use verdict_e2e::runner::node_config;
 use verdict_model::{EndpointSlice, IpFamily, Service};
-use verdict_nft::{Backend, DataType, Family, MemoryBackend, NftCli, TableState};
+use verdict_nft::{Backend, DataType, Family, MemoryBackend, NetlinkBackend, NftCli, TableState};
 use verdict_proxier::Proxier;
+
+/// Which kernel backend programs the table.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Kind {
+    Nft,
+    Netlink,
+}
+
+/// Only what the data path adds: dynamic entries.
+fn without_dynamic(mut t: TableState) -> TableState {
+    for s in t.sets.values_mut() {
+        if s.set.timeout.is_some() {
+            s.elements.clear();
+        }
+    }
+    t
+}
 
 fn normalize(mut t: TableState) -> TableState {
     t.comment = None;
@@ -42,7 +66,9 @@ fn normalize(mut t: TableState) -> TableState {
 /// Two proxiers, one per backend, fed the same events.
 struct Twin {
     ns: Netns,
-    kernel: NftCli,
+    kernel: Box<dyn Backend>,
+    nft: NftCli,
+    netlink: NetlinkBackend,
     memory: MemoryBackend,
     k: Proxier,
     m: Proxier,
@@ -52,14 +78,21 @@ struct Twin {
 }
 
 impl Twin {
-    fn new(scenario: &Scenario) -> Twin {
+    fn new(scenario: &Scenario, kind: Kind) -> Twin {
         let ns = Netns::create(&format!("{}-fvk", unique_prefix())).unwrap();
-        let kernel = NftCli::in_netns(ns.name()).unwrap();
+        let kernel: Box<dyn Backend> = match kind {
+            Kind::Nft => Box::new(NftCli::in_netns(ns.name()).unwrap()),
+            Kind::Netlink => Box::new(NetlinkBackend::in_netns(ns.name()).unwrap()),
+        };
+        let nft = NftCli::in_netns(ns.name()).unwrap();
+        let netlink = NetlinkBackend::in_netns(ns.name()).unwrap();
         let cfg = node_config(scenario).unwrap();
         let family = cfg.nft_family();
         Twin {
             ns,
             kernel,
+            nft,
+            netlink,
             memory: MemoryBackend::new(),
             k: Proxier::new(cfg.clone()).unwrap(),
             m: Proxier::new(cfg).unwrap(),
@@ -93,7 +126,7 @@ impl Twin {
         let now = self.start + Duration::from_millis(700 * self.syncs as u64);
         let rk = self
             .k
-            .sync(&mut self.kernel, now)
+            .sync(self.kernel.as_mut(), now)
             .unwrap_or_else(|e| panic!("{context}: kernel sync: {e}"));
         let rm = self.m.sync(&mut self.memory, now).unwrap();
         if same_size {
@@ -105,20 +138,34 @@ impl Twin {
     }
 
     fn compare(&mut self, context: &str) {
-        let got = self
-            .kernel
-            .table(self.family, "verdict")
-            .unwrap()
-            .unwrap_or_default();
         let want = self
             .memory
             .get(self.family, "verdict")
             .cloned()
             .unwrap_or_default();
-        let (got, want) = (
-            normalize(got).dump(self.family, "verdict"),
-            normalize(want).dump(self.family, "verdict"),
+        let by_nft = self
+            .nft
+            .table(self.family, "verdict")
+            .unwrap()
+            .unwrap_or_default();
+        self.same(
+            &format!("{context} (read by nft)"),
+            normalize(by_nft).dump(self.family, "verdict"),
+            normalize(want.clone()).dump(self.family, "verdict"),
         );
+        let by_netlink = self
+            .netlink
+            .table(self.family, "verdict")
+            .unwrap_or_else(|e| panic!("{context}: netlink read: {e}"))
+            .unwrap_or_default();
+        self.same(
+            &format!("{context} (read over netlink)"),
+            without_dynamic(by_netlink).dump(self.family, "verdict"),
+            without_dynamic(want).dump(self.family, "verdict"),
+        );
+    }
+
+    fn same(&self, context: &str, got: String, want: String) {
         if got != want {
             let g: Vec<&str> = got.lines().collect();
             let w: Vec<&str> = want.lines().collect();
@@ -143,12 +190,21 @@ impl Twin {
 
 #[test]
 fn every_conformance_scenario_programs_the_same_state() {
+    every_scenario(Kind::Nft);
+}
+
+#[test]
+fn every_conformance_scenario_programs_the_same_state_over_netlink() {
+    every_scenario(Kind::Netlink);
+}
+
+fn every_scenario(kind: Kind) {
     if let Err(why) = can_run() {
         println!("skipped: {why}");
         return;
     }
     for s in upstream_scenarios() {
-        let mut t = Twin::new(&s);
+        let mut t = Twin::new(&s, kind);
         for event in s.setup.events() {
             match event {
                 Event::Service(prev, cur) => t.service(prev.as_deref(), cur.as_deref()),
@@ -160,7 +216,7 @@ fn every_conformance_scenario_programs_the_same_state() {
         // the kernel, sends nothing: every chain's rules compare equal.
         let now = t.start + Duration::from_secs(3600);
         t.k.force_full_sync();
-        let r = t.k.sync(&mut t.kernel, now).unwrap();
+        let r = t.k.sync(t.kernel.as_mut(), now).unwrap();
         assert!(r.full);
         assert!(
             r.operations == 0,
@@ -226,6 +282,15 @@ fn churn_service(i: u64, r: &mut Lcg) -> (Service, EndpointSlice) {
 
 #[test]
 fn partial_syncs_restarts_and_replacement_agree_with_the_kernel() {
+    churn(Kind::Nft);
+}
+
+#[test]
+fn partial_syncs_restarts_and_replacement_agree_with_the_kernel_over_netlink() {
+    churn(Kind::Netlink);
+}
+
+fn churn(kind: Kind) {
     if let Err(why) = can_run() {
         println!("skipped: {why}");
         return;
@@ -235,7 +300,7 @@ fn partial_syncs_restarts_and_replacement_agree_with_the_kernel() {
         setup: Setup::new(IpFamily::V4),
         flows: Vec::new(),
     };
-    let mut t = Twin::new(&scenario);
+    let mut t = Twin::new(&scenario, kind);
     let mut r = Lcg(7);
     let mut live: std::collections::BTreeMap<u64, (Service, EndpointSlice)> = Default::default();
     for round in 0..25 {

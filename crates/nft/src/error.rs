@@ -27,12 +27,27 @@ pub enum NftError {
     /// The `nft` program is older than verdict supports.
     #[error("nft is too old: {0} (verdict needs nftables v1.0.1 or later)")]
     NftTooOld(String),
-    /// What nft printed could not be understood.
-    #[error("cannot read nft's output: {0}")]
+    /// What nft printed, or the kernel answered, could not be understood.
+    #[error("cannot read the ruleset: {0}")]
     Parse(String),
 }
 
 impl NftError {
+    /// The same error with `context` before its message.
+    pub fn context(self, context: &str) -> NftError {
+        let with = |m: String| format!("{context}: {m}");
+        match self {
+            NftError::Invalid(m) => NftError::Invalid(with(m)),
+            NftError::NotFound(m) => NftError::NotFound(with(m)),
+            NftError::AlreadyExists(m) => NftError::AlreadyExists(with(m)),
+            NftError::Busy(m) => NftError::Busy(with(m)),
+            NftError::Refused(m) => NftError::Refused(with(m)),
+            NftError::NftMissing(m) => NftError::NftMissing(with(m)),
+            NftError::NftTooOld(m) => NftError::NftTooOld(with(m)),
+            NftError::Parse(m) => NftError::Parse(with(m)),
+        }
+    }
+
     /// Whether the error means something was missing.
     pub fn is_not_found(&self) -> bool {
         matches!(self, NftError::NotFound(_))

@@ -345,7 +345,7 @@ impl Proxier {
 
     /// Programs the kernel. `now` drives stale-chain ageing and the hourly
     /// full sync.
-    pub fn sync<B: Backend>(
+    pub fn sync<B: Backend + ?Sized>(
         &mut self,
         backend: &mut B,
         now: Instant,
@@ -427,7 +427,7 @@ impl Proxier {
         }
     }
 
-    fn sync_inner<B: Backend>(
+    fn sync_inner<B: Backend + ?Sized>(
         &mut self,
         backend: &mut B,
         now: Instant,
@@ -793,7 +793,7 @@ impl Proxier {
     }
 
     /// Deletes chains emptied long enough ago, in their own transaction.
-    fn delete_stale_chains<B: Backend>(
+    fn delete_stale_chains<B: Backend + ?Sized>(
         &mut self,
         backend: &mut B,
         now: Instant,
@@ -825,7 +825,7 @@ impl Proxier {
     /// can no longer pick a removed endpoint; a stale entry that is hit in
     /// between only refreshes itself and is removed here. On failure the
     /// check is repeated after the next sync.
-    fn purge_affinity<B: Backend>(&mut self, backend: &mut B) -> usize {
+    fn purge_affinity<B: Backend + ?Sized>(&mut self, backend: &mut B) -> usize {
         if !self.affinity_dirty {
             return 0;
         }
@@ -1022,7 +1022,7 @@ fn isolatable(e: &ProxierError) -> bool {
 /// returned. A port the backend refuses on its own is found by bisection
 /// (about 2·log₂ n dry runs each); ports that only fail together are
 /// resolved in name order, the later one losing, as `Owners` decides.
-fn isolate<B: Backend>(
+fn isolate<B: Backend + ?Sized>(
     backend: &mut B,
     tx: &Transaction,
     owners: &[Option<Owner>],

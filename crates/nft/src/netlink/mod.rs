@@ -1,0 +1,624 @@
+//! The kernel backend without the `nft` program: nf_tables spoken over a
+//! netlink socket. A [`Transaction`] is one nfnetlink batch sent in a single
+//! `sendmsg`; a dry run is the same batch without its commit, which the
+//! kernel validates and then aborts; a table is read back by dumping its
+//! chains, sets, elements and rules.
+//!
+//! What goes on the wire is what nft 1.0.6 sends for the same script
+//! (including the user data in which nft keeps comments and `typeof`
+//! declarations), so `nft list` shows the same text whichever backend wrote
+//! the table, and each backend reads what the other wrote.
+//!
+//! - [`wire`]: netlink messages and attributes.
+//! - [`expr`]: rules as register-machine expressions, both ways.
+//! - [`objects`]: tables, chains, sets and elements, both ways.
+
+mod expr;
+mod objects;
+mod wire;
+
+use std::collections::BTreeMap;
+use std::os::fd::{AsRawFd, OwnedFd};
+
+use nix::errno::Errno;
+use nix::sys::socket::{
+    AddressFamily, MsgFlags, NetlinkAddr, SockFlag, SockProtocol, SockType, bind, recv, send,
+    setsockopt, socket, sockopt,
+};
+
+use crate::error::NftError;
+use crate::ir::{Element, Family, Set};
+use crate::memory::{Backend, SetState, TableState};
+use crate::tx::{Op, Transaction};
+use objects::{Batch, kind, nfproto};
+use wire::{Attrs, Writer, messages};
+
+const NLMSG_ERROR: u16 = 2;
+const NLMSG_DONE: u16 = 3;
+const NFNL_MSG_BATCH_BEGIN: u16 = 16;
+const NFNL_MSG_BATCH_END: u16 = 17;
+const NLM_F_ACK: u16 = 0x4;
+const NLM_F_DUMP: u16 = 0x300;
+const NLM_F_DUMP_INTR: u16 = 0x10;
+/// The receive buffer: large enough for the errors of a failed batch (each
+/// echoes its message) and for dump datagrams.
+const RECV_BUFFER: usize = 16 << 20;
+/// Bytes read per `recv`: more than the kernel puts in one dump datagram.
+const DATAGRAM_MAX: usize = 1 << 20;
+/// Reads of a table retried when it changed while being read.
+const READ_ATTEMPTS: usize = 5;
+
+/// nf_tables over netlink, in the network namespace the socket was opened
+/// in.
+#[derive(Debug)]
+pub struct NetlinkBackend {
+    fd: OwnedFd,
+    seq: u32,
+    buf: Vec<u8>,
+    send_buffer: usize,
+    /// The set definitions of tables this backend wrote or read, which the
+    /// encoding of rules and elements depends on.
+    known: BTreeMap<(Family, String), BTreeMap<String, Set>>,
+}
+
+/// One answer to a request: the messages of a dump, or of a batch's errors.
+struct Reply {
+    /// (sequence number, errno) of every error the kernel reported.
+    errors: Vec<(u32, i32)>,
+    /// The dump was interrupted by a change: read again.
+    interrupted: bool,
+}
+
+fn io(e: Errno) -> NftError {
+    match e {
+        Errno::EPERM | Errno::EACCES => {
+            NftError::Refused(format!("{} (verdict needs CAP_NET_ADMIN)", e.desc()))
+        }
+        other => NftError::Refused(format!("netlink: {}", other.desc())),
+    }
+}
+
+/// The typed error for an errno the kernel returned for `what`.
+fn refusal(errno: i32, what: &str) -> NftError {
+    let e = Errno::from_raw(errno);
+    let msg = format!("{what}: {}", e.desc());
+    match e {
+        Errno::ENOENT => NftError::NotFound(msg),
+        Errno::EEXIST => NftError::AlreadyExists(msg),
+        Errno::EBUSY => NftError::Busy(msg),
+        Errno::EPERM | Errno::EACCES => {
+            NftError::Refused(format!("{msg} (verdict needs CAP_NET_ADMIN)"))
+        }
+        _ => NftError::Refused(msg),
+    }
+}
+
+fn open_socket() -> Result<OwnedFd, NftError> {
+    let fd = socket(
+        AddressFamily::Netlink,
+        SockType::Raw,
+        SockFlag::SOCK_CLOEXEC,
+        SockProtocol::NetlinkNetFilter,
+    )
+    .map_err(io)?;
+    bind(fd.as_raw_fd(), &NetlinkAddr::new(0, 0)).map_err(io)?;
+    if setsockopt(&fd, sockopt::RcvBufForce, &RECV_BUFFER).is_err() {
+        let _ = setsockopt(&fd, sockopt::RcvBuf, &RECV_BUFFER);
+    }
+    Ok(fd)
+}
+
+impl NetlinkBackend {
+    /// A socket in the caller's network namespace.
+    pub fn new() -> Result<NetlinkBackend, NftError> {
+        Ok(NetlinkBackend::with(open_socket()?))
+    }
+
+    /// A socket in the named network namespace (`/run/netns/NAME`, as
+    /// `ip netns` keeps them). The socket is opened by a thread that joins
+    /// the namespace; the caller's thread stays where it is.
+    pub fn in_netns(name: &str) -> Result<NetlinkBackend, NftError> {
+        let path = format!("/run/netns/{name}");
+        let fd = std::thread::scope(|s| {
+            s.spawn(|| {
+                let ns = std::fs::File::open(&path)
+                    .map_err(|e| NftError::Refused(format!("{path}: {e}")))?;
+                nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET)
+                    .map_err(|e| NftError::Refused(format!("joining {path}: {}", e.desc())))?;
+                open_socket()
+            })
+            .join()
+            .map_err(|_| NftError::Refused("the thread opening the socket panicked".into()))?
+        })?;
+        Ok(NetlinkBackend::with(fd))
+    }
+
+    fn with(fd: OwnedFd) -> NetlinkBackend {
+        NetlinkBackend {
+            fd,
+            seq: 0,
+            buf: vec![0; DATAGRAM_MAX],
+            send_buffer: 0,
+            known: BTreeMap::new(),
+        }
+    }
+
+    fn send(&mut self, bytes: &[u8]) -> Result<(), NftError> {
+        // The kernel refuses a message larger than the send buffer, and
+        // reads a batch only from one message: grow the buffer to fit.
+        let need = bytes.len() + 4096;
+        if need > self.send_buffer {
+            let size = need.max(1 << 20);
+            if setsockopt(&self.fd, sockopt::SndBufForce, &size).is_err() {
+                setsockopt(&self.fd, sockopt::SndBuf, &size).map_err(io)?;
+            }
+            self.send_buffer = size;
+        }
+        let sent = send(self.fd.as_raw_fd(), bytes, MsgFlags::empty()).map_err(io)?;
+        if sent != bytes.len() {
+            return Err(NftError::Refused(format!(
+                "netlink took {sent} of {} bytes",
+                bytes.len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Reads replies until `done` says the answer is complete, handing
+    /// every nf_tables message to `each`. `wait` blocks for the first
+    /// datagram; a batch's replies are already queued when `send` returns,
+    /// so those are read without waiting.
+    fn receive(
+        &mut self,
+        wait: bool,
+        last_seq: u32,
+        mut each: impl FnMut(u8, Attrs<'_>) -> Result<(), NftError>,
+    ) -> Result<Reply, NftError> {
+        let mut reply = Reply {
+            errors: Vec::new(),
+            interrupted: false,
+        };
+        let flags = if wait {
+            MsgFlags::empty()
+        } else {
+            MsgFlags::MSG_DONTWAIT
+        };
+        loop {
+            let n = match recv(self.fd.as_raw_fd(), &mut self.buf, flags) {
+                Ok(n) => n,
+                Err(Errno::EAGAIN) if !wait => return Ok(reply),
+                Err(Errno::EINTR) => continue,
+                Err(Errno::ENOBUFS) => {
+                    return Err(NftError::Refused(
+                        "the kernel's replies overflowed the socket's buffer".into(),
+                    ));
+                }
+                Err(e) => return Err(io(e)),
+            };
+            let mut finished = false;
+            for m in messages(&self.buf[..n]) {
+                if m.flags & NLM_F_DUMP_INTR != 0 {
+                    reply.interrupted = true;
+                }
+                match m.kind {
+                    NLMSG_ERROR => {
+                        let errno = m
+                            .payload
+                            .get(..4)
+                            .map_or(0, |b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]));
+                        let seq = m
+                            .payload
+                            .get(12..16)
+                            .map_or(0, |b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]));
+                        if errno != 0 {
+                            reply.errors.push((seq, -errno));
+                        }
+                        if wait && seq == last_seq {
+                            finished = true;
+                        }
+                    }
+                    NLMSG_DONE if wait && m.seq == last_seq => finished = true,
+                    k if k >> 8 == objects::SUBSYS => {
+                        if let Some((_, attrs)) = m.nfgen() {
+                            each((k & 0xff) as u8, attrs)?;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            if finished {
+                return Ok(reply);
+            }
+        }
+    }
+
+    /// Sends one request (a dump, or a get with an acknowledgement) and
+    /// hands each message of the answer to `each`.
+    fn request(
+        &mut self,
+        msg: u8,
+        dump: bool,
+        family: u8,
+        attrs: impl FnOnce(&mut Writer),
+        each: impl FnMut(u8, Attrs<'_>) -> Result<(), NftError>,
+    ) -> Result<Reply, NftError> {
+        self.seq = self.seq.wrapping_add(1);
+        let seq = self.seq;
+        let mut w = Writer::new();
+        let flags = objects::NLM_F_REQUEST | if dump { NLM_F_DUMP } else { NLM_F_ACK };
+        w.begin(kind(msg), flags, seq, family, 0);
+        attrs(&mut w);
+        w.end();
+        self.send(w.bytes())?;
+        self.receive(true, seq, each)
+    }
+
+    /// The ruleset's generation, which every commit changes.
+    fn generation(&mut self) -> Result<u32, NftError> {
+        let mut id = None;
+        let r = self.request(
+            objects::GETGEN,
+            false,
+            0,
+            |_| {},
+            |m, a| {
+                if m == objects::NEWGEN {
+                    id = a.u32_be(1);
+                }
+                Ok(())
+            },
+        )?;
+        if let Some((_, errno)) = r.errors.first() {
+            return Err(refusal(*errno, "reading the ruleset generation"));
+        }
+        id.ok_or_else(|| NftError::Parse("no generation in the kernel's answer".into()))
+    }
+
+    fn batch(&mut self, tx: &Transaction, commit: bool) -> Result<(), NftError> {
+        if let Some(e) = tx.error() {
+            return Err(e.clone());
+        }
+        if tx.is_empty() {
+            return Ok(());
+        }
+        let family = tx.family();
+        let key = (family, tx.table().to_owned());
+        if !self.known.contains_key(&key) {
+            let sets = self.read_sets(family, tx.table())?;
+            self.known.insert(key.clone(), sets);
+        }
+        // The sets as the transaction leaves them (a set is one type
+        // throughout a transaction unless it is deleted and re-added, and
+        // then its new type is the one its elements and rules use).
+        let mut sets = self.known.get(&key).cloned().unwrap_or_default();
+        apply_sets(&mut sets, tx.ops());
+        let mut w = Writer::new();
+        self.seq = self.seq.wrapping_add(1);
+        let begin = self.seq;
+        w.begin(
+            NFNL_MSG_BATCH_BEGIN,
+            objects::NLM_F_REQUEST,
+            begin,
+            0,
+            objects::SUBSYS,
+        );
+        w.end();
+        let lookup_interval = |name: &str| sets.get(name).is_some_and(|s| s.interval);
+        let lookup_set = |name: &str| sets.get(name).cloned();
+        let mut b = Batch {
+            w: &mut w,
+            family,
+            table: tx.table(),
+            seq: begin,
+            interval: &lookup_interval,
+            sets: &lookup_set,
+            origin: Vec::new(),
+            next_set_id: 0,
+        };
+        let ops = tx.ops();
+        let mut i = 0;
+        while i < ops.len() {
+            match &ops[i] {
+                Op::AddElement(set, _) | Op::DeleteElement(set, _) => {
+                    let add = matches!(ops[i], Op::AddElement(..));
+                    let mut run = Vec::new();
+                    while let Some(op) = ops.get(i) {
+                        let same = match op {
+                            Op::AddElement(s, _) => add && s == set,
+                            Op::DeleteElement(s, _) => !add && s == set,
+                            _ => false,
+                        };
+                        if !same {
+                            break;
+                        }
+                        run.push((i, op));
+                        i += 1;
+                    }
+                    b.elements(set, add, &run)?;
+                }
+                op => {
+                    b.op(i, op)?;
+                    i += 1;
+                }
+            }
+        }
+        let origin = std::mem::take(&mut b.origin);
+        let mut seq = b.seq;
+        seq = seq.wrapping_add(1);
+        let end = seq;
+        if commit {
+            w.begin(
+                NFNL_MSG_BATCH_END,
+                objects::NLM_F_REQUEST,
+                end,
+                0,
+                objects::SUBSYS,
+            );
+            w.end();
+        }
+        self.seq = end;
+        self.send(w.bytes())?;
+        let reply = self.receive(false, end, |_, _| Ok(()))?;
+        if let Some((seq, errno)) = reply.errors.first() {
+            // The kernel undid the whole batch; what it knew of the sets
+            // may be stale.
+            self.known.remove(&key);
+            return Err(refusal(*errno, &describe(tx, &origin, *seq)));
+        }
+        if commit {
+            self.known.insert(key, sets);
+        }
+        Ok(())
+    }
+
+    /// Every set of a table, by name (empty when the table is missing).
+    fn read_sets(
+        &mut self,
+        family: Family,
+        table: &str,
+    ) -> Result<BTreeMap<String, Set>, NftError> {
+        let mut sets = BTreeMap::new();
+        let mut failed = None;
+        let r = self.request(
+            objects::GETSET,
+            true,
+            nfproto(family),
+            |w| w.str(1, table),
+            |m, a| {
+                if m == objects::NEWSET && a.str(1) == Some(table) {
+                    match objects::set(a) {
+                        Ok(s) => {
+                            sets.insert(s.name.clone(), s);
+                        }
+                        Err(e) => failed = Some(e),
+                    }
+                }
+                Ok(())
+            },
+        )?;
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        match r.errors.first() {
+            Some((_, errno)) if Errno::from_raw(*errno) == Errno::ENOENT => Ok(BTreeMap::new()),
+            Some((_, errno)) => Err(refusal(
+                *errno,
+                &format!("listing the sets of {family} {table}"),
+            )),
+            None => Ok(sets),
+        }
+    }
+
+    fn read_elements(
+        &mut self,
+        family: Family,
+        table: &str,
+        set: &Set,
+    ) -> Result<(SetState, bool), NftError> {
+        let mut state = SetState {
+            set: set.clone(),
+            elements: BTreeMap::new(),
+            counters: BTreeMap::new(),
+        };
+        let mut failed = None;
+        let r = self.request(
+            objects::GETSETELEM,
+            true,
+            nfproto(family),
+            |w| {
+                w.str(1, table);
+                w.str(2, &set.name);
+            },
+            |m, a| {
+                if m == objects::NEWSETELEM
+                    && failed.is_none()
+                    && let Some(list) = a.nested(3)
+                    && let Err(e) = objects::elements(set, list, &mut state)
+                {
+                    failed = Some(e);
+                }
+                Ok(())
+            },
+        )?;
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        if let Some((_, errno)) = r.errors.first() {
+            return Err(refusal(
+                *errno,
+                &format!("listing set {family} {table} {}", set.name),
+            ));
+        }
+        Ok((state, r.interrupted))
+    }
+
+    /// One attempt at reading a table; `Ok(None)` inside means missing,
+    /// and the flag says whether it changed while being read.
+    fn read_table(
+        &mut self,
+        family: Family,
+        name: &str,
+    ) -> Result<(Option<TableState>, bool), NftError> {
+        let mut comment = None;
+        let mut found = false;
+        let r = self.request(
+            objects::GETTABLE,
+            false,
+            nfproto(family),
+            |w| w.str(1, name),
+            |m, a| {
+                if m == objects::NEWTABLE && a.str(1) == Some(name) {
+                    found = true;
+                    comment = objects::table_comment(a);
+                }
+                Ok(())
+            },
+        )?;
+        match r.errors.first() {
+            Some((_, errno)) if Errno::from_raw(*errno) == Errno::ENOENT => {
+                return Ok((None, false));
+            }
+            Some((_, errno)) => {
+                return Err(refusal(*errno, &format!("reading table {family} {name}")));
+            }
+            None if !found => return Ok((None, false)),
+            None => {}
+        }
+        let mut chains = Vec::new();
+        let mut failed = None;
+        let r = self.request(
+            objects::GETCHAIN,
+            true,
+            nfproto(family),
+            |w| w.str(1, name),
+            |m, a| {
+                if m == objects::NEWCHAIN && a.str(1) == Some(name) {
+                    match objects::chain(a) {
+                        Ok(c) => chains.push(c),
+                        Err(e) => failed = Some(e),
+                    }
+                }
+                Ok(())
+            },
+        )?;
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        let mut interrupted = r.interrupted;
+        let sets = self.read_sets(family, name)?;
+        let mut states = Vec::new();
+        for s in sets.values() {
+            let (state, intr) = self.read_elements(family, name, s)?;
+            interrupted |= intr;
+            states.push(state);
+        }
+        let mut rules = Vec::new();
+        let lookup = |n: &str| sets.get(n);
+        let r = self.request(
+            objects::GETRULE,
+            true,
+            nfproto(family),
+            |w| w.str(1, name),
+            |m, a| {
+                if m == objects::NEWRULE && a.str(1) == Some(name) && failed.is_none() {
+                    match objects::rule(family, a, &lookup) {
+                        Ok(r) => rules.push(r),
+                        Err(e) => failed = Some(e),
+                    }
+                }
+                Ok(())
+            },
+        )?;
+        if let Some(e) = failed {
+            return Err(e.context(&format!("table {family} {name}")));
+        }
+        interrupted |= r.interrupted;
+        self.known.insert((family, name.to_owned()), sets);
+        let table = objects::table(comment, chains, states, rules)?;
+        Ok((Some(table), interrupted))
+    }
+}
+
+/// Follows a transaction's effect on a table's set definitions: an added
+/// set that exists already keeps its definition, as in the kernel.
+fn apply_sets(sets: &mut BTreeMap<String, Set>, ops: &[Op]) {
+    for op in ops {
+        match op {
+            Op::DeleteTable => sets.clear(),
+            Op::AddSet(s) => {
+                sets.entry(s.name.clone()).or_insert_with(|| s.clone());
+            }
+            Op::DeleteSet(s) => {
+                sets.remove(s);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Names the operation behind the failed message `seq`.
+fn describe(tx: &Transaction, origin: &[(u32, usize)], seq: u32) -> String {
+    let ops: Vec<usize> = origin
+        .iter()
+        .filter(|(s, _)| *s == seq)
+        .map(|(_, i)| *i)
+        .collect();
+    match ops.as_slice() {
+        [] => format!(
+            "committing the transaction on {} {}",
+            tx.family(),
+            tx.table()
+        ),
+        [one] => tx.filtered(|j, _| j == *one).to_string().trim().to_owned(),
+        [first, ..] => {
+            let text = tx.filtered(|j, _| j == *first).to_string();
+            format!(
+                "{} (one of {} elements in one message)",
+                text.trim(),
+                ops.len()
+            )
+        }
+    }
+}
+
+impl Backend for NetlinkBackend {
+    fn run(&mut self, tx: &Transaction) -> Result<(), NftError> {
+        self.batch(tx, true)
+    }
+
+    fn check(&mut self, tx: &Transaction) -> Result<(), NftError> {
+        self.batch(tx, false)
+    }
+
+    fn table(&mut self, family: Family, name: &str) -> Result<Option<TableState>, NftError> {
+        for _ in 0..READ_ATTEMPTS {
+            let before = self.generation()?;
+            let (table, interrupted) = self.read_table(family, name)?;
+            if !interrupted && self.generation()? == before {
+                return Ok(table);
+            }
+        }
+        Err(NftError::Busy(format!(
+            "table {family} {name} kept changing while it was read"
+        )))
+    }
+
+    fn elements(
+        &mut self,
+        family: Family,
+        table: &str,
+        set: &str,
+    ) -> Result<Vec<Element>, NftError> {
+        let sets = self.read_sets(family, table)?;
+        let s = sets
+            .get(set)
+            .ok_or_else(|| NftError::NotFound(format!("set {family} {table} {set}")))?
+            .clone();
+        self.known.insert((family, table.to_owned()), sets);
+        let (state, _) = self.read_elements(family, table, &s)?;
+        Ok(state.elements.into_values().collect())
+    }
+}
+
+#[cfg(test)]
+mod tests;
