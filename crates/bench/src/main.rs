@@ -21,6 +21,7 @@
 //! Needs root. Prints a Markdown table; with `--out` also writes it, the
 //! raw figures and an SVG plot to DIR.
 
+mod backends;
 mod daemon;
 mod probe;
 mod report;
@@ -48,6 +49,8 @@ fn main() -> ExitCode {
         Some("probe") => probe::probe(&args[1..]),
         Some("one") => one(&args[1..]),
         Some("daemon") => daemon::daemon(&args[1..]),
+        Some("backends") => backends::backends(&args[1..]),
+        Some("backend-one") => backends::backend_one(&args[1..]),
         _ => orchestrate(&args),
     };
     match r {
@@ -177,14 +180,14 @@ fn orchestrate(args: &[String]) -> Result<(), String> {
 }
 
 /// A backend that times how long the kernel backend takes.
-struct Timed<B> {
-    inner: B,
+struct Timed<B: ?Sized> {
     spent: Duration,
     /// The text of the largest transaction run (the cold sync).
     biggest: String,
+    inner: B,
 }
 
-impl<B: verdict_nft::Backend> verdict_nft::Backend for Timed<B> {
+impl<B: verdict_nft::Backend + ?Sized> verdict_nft::Backend for Timed<B> {
     fn run(&mut self, tx: &verdict_nft::Transaction) -> Result<(), verdict_nft::NftError> {
         let t = Instant::now();
         let r = self.inner.run(tx);

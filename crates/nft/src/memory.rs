@@ -35,6 +35,30 @@ pub trait Backend {
     }
 }
 
+/// A backend chosen at run time is a backend.
+impl<B: Backend + ?Sized> Backend for Box<B> {
+    fn run(&mut self, tx: &Transaction) -> Result<(), NftError> {
+        (**self).run(tx)
+    }
+
+    fn check(&mut self, tx: &Transaction) -> Result<(), NftError> {
+        (**self).check(tx)
+    }
+
+    fn table(&mut self, family: Family, name: &str) -> Result<Option<TableState>, NftError> {
+        (**self).table(family, name)
+    }
+
+    fn elements(
+        &mut self,
+        family: Family,
+        table: &str,
+        set: &str,
+    ) -> Result<Vec<Element>, NftError> {
+        (**self).elements(family, table, set)
+    }
+}
+
 /// The elements of `set` in `t`, or why there are none.
 fn set_elements(
     t: Option<&TableState>,

@@ -494,6 +494,18 @@ impl Proxier {
         // A full sync diffs every key anyway; a partial one only the keys
         // the recomputed ports touched.
         let mut touched: Option<BTreeSet<SetKey>> = (!full).then(BTreeSet::new);
+        if full {
+            // Every port is recomputed: start from nothing rather than
+            // withdraw each one. A key many services share (a hairpin entry
+            // of an endpoint they all use) keeps its owners in a sorted
+            // list, and withdrawing then re-adding them one by one shifts
+            // that list once per owner: quadratic at 30,000 services.
+            self.contributions.clear();
+            self.desired.clear();
+            self.chain_refs.clear();
+            self.affinity_allowed.clear();
+            self.no_local = (0, 0);
+        }
         for port in &ports {
             if let Some(old) = self.contributions.remove(port) {
                 self.withdraw(port, &old, touched.as_mut());
