@@ -75,12 +75,39 @@ struct PodPlan {
 }
 
 /// Runs one scenario on a fresh bed.
-pub fn run_scenario(s: &Scenario, echo: PathBuf) -> ScenarioResult {
+/// Which kernel backend programs a test node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KernelBackend {
+    /// The `nft` program.
+    Nft,
+    /// nf_tables over netlink.
+    Netlink,
+}
+
+impl KernelBackend {
+    /// Both, nft first.
+    pub const ALL: [KernelBackend; 2] = [KernelBackend::Nft, KernelBackend::Netlink];
+
+    /// The backend, working in the network namespace `ns`.
+    pub fn open(self, ns: &str) -> Result<Box<dyn verdict_nft::Backend>, verdict_nft::NftError> {
+        Ok(match self {
+            KernelBackend::Nft => Box::new(NftCli::in_netns(ns)?),
+            KernelBackend::Netlink => Box::new(verdict_nft::NetlinkBackend::in_netns(ns)?),
+        })
+    }
+}
+
+/// Runs one scenario's flows as real traffic on a node programmed through
+/// `kernel`.
+pub fn run_scenario(s: &Scenario, echo: PathBuf, kernel: KernelBackend) -> ScenarioResult {
     let mut result = ScenarioResult {
-        name: s.name.clone(),
+        name: match kernel {
+            KernelBackend::Nft => s.name.clone(),
+            KernelBackend::Netlink => format!("{} [netlink]", s.name),
+        },
         ..ScenarioResult::default()
     };
-    match prepare_and_run(s, echo, &mut result) {
+    match prepare_and_run(s, echo, kernel, &mut result) {
         Ok(()) => {}
         Err(e) => result
             .failures
@@ -121,7 +148,12 @@ fn socket_probe() -> bool {
         .unwrap_or(false)
 }
 
-fn prepare_and_run(s: &Scenario, echo: PathBuf, result: &mut ScenarioResult) -> Result<(), String> {
+fn prepare_and_run(
+    s: &Scenario,
+    echo: PathBuf,
+    kernel: KernelBackend,
+    result: &mut ScenarioResult,
+) -> Result<(), String> {
     // Pods: every endpoint of every slice the scenario uses.
     let mut pods: BTreeMap<IpAddr, PodPlan> = BTreeMap::new();
     let mut vips: BTreeSet<IpAddr> = BTreeSet::new();
@@ -240,8 +272,8 @@ fn prepare_and_run(s: &Scenario, echo: PathBuf, result: &mut ScenarioResult) -> 
         }
     }
 
-    // Program the node through the real proxier and nft.
-    let mut nft = NftCli::in_netns(bed.node.name()).map_err(|e| e.to_string())?;
+    // Program the node through the real proxier and a kernel backend.
+    let mut nft = kernel.open(bed.node.name()).map_err(|e| e.to_string())?;
     let mut proxier = Proxier::new(node_config(s)?).map_err(|e| e.to_string())?;
     let start = Instant::now();
     for (i, event) in s.setup.events().into_iter().enumerate() {

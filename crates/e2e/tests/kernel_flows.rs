@@ -1,6 +1,7 @@
 //! Every kube-proxy packet-flow case (verdict-conformance) as real traffic:
 //! each scenario gets its own network-namespace test bed, its node is
-//! programmed through the real proxier and `nft`, and real connections show
+//! programmed through the real proxier and a kernel backend (each scenario
+//! runs twice: through `nft`, then over netlink), and real connections show
 //! where packets went. Needs root; ends with `N passed, N failed`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -9,7 +10,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use verdict_conformance::upstream_scenarios;
-use verdict_e2e::runner::{ScenarioResult, run_scenario};
+use verdict_e2e::runner::{KernelBackend, ScenarioResult, run_scenario};
 
 fn main() {
     if let Err(why) = verdict_e2e::netns::can_run() {
@@ -22,9 +23,12 @@ fn main() {
         .into_iter()
         .filter(|s| filter.as_deref().is_none_or(|f| s.name.contains(f)))
         .collect();
-    let queue = Arc::new(Mutex::new(
-        scenarios.into_iter().enumerate().collect::<Vec<_>>(),
-    ));
+    let runs: Vec<_> = scenarios
+        .into_iter()
+        .flat_map(|s| KernelBackend::ALL.map(|k| (s.clone(), k)))
+        .enumerate()
+        .collect();
+    let queue = Arc::new(Mutex::new(runs));
     let results = Arc::new(Mutex::new(Vec::<(usize, ScenarioResult)>::new()));
     let workers: usize = std::env::var("VERDICT_E2E_JOBS")
         .ok()
@@ -35,10 +39,10 @@ fn main() {
             let (queue, results, echo) = (queue.clone(), results.clone(), echo.clone());
             std::thread::spawn(move || {
                 loop {
-                    let Some((i, s)) = queue.lock().unwrap().pop() else {
+                    let Some((i, (s, kernel))) = queue.lock().unwrap().pop() else {
                         break;
                     };
-                    let r = run_scenario(&s, echo.clone());
+                    let r = run_scenario(&s, echo.clone(), kernel);
                     results.lock().unwrap().push((i, r));
                 }
             })

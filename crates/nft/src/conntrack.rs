@@ -67,6 +67,33 @@ pub enum ConntrackError {
     },
 }
 
+/// What stale-entry cleanup and the connection listings need of the
+/// conntrack table: [`ConntrackCli`] runs the `conntrack` program,
+/// [`NetlinkConntrack`](crate::netlink::NetlinkConntrack) speaks ctnetlink.
+pub trait Conntrack: Send {
+    /// The UDP entries of `family`.
+    fn list_udp(&mut self, family: Family) -> Result<Vec<UdpEntry>, ConntrackError>;
+    /// The connections of `family` that were DNATed.
+    fn list_dnat(&mut self, family: Family) -> Result<Vec<Flow>, ConntrackError>;
+    /// Deletes the UDP entries to `entry.orig_dst:orig_dport` answered by
+    /// `entry.reply_src:reply_sport`. Returns how many were deleted.
+    fn delete_udp(&mut self, family: Family, entry: &UdpEntry) -> Result<usize, ConntrackError>;
+}
+
+impl Conntrack for ConntrackCli {
+    fn list_udp(&mut self, family: Family) -> Result<Vec<UdpEntry>, ConntrackError> {
+        ConntrackCli::list_udp(self, family)
+    }
+
+    fn list_dnat(&mut self, family: Family) -> Result<Vec<Flow>, ConntrackError> {
+        ConntrackCli::list_dnat(self, family)
+    }
+
+    fn delete_udp(&mut self, family: Family, entry: &UdpEntry) -> Result<usize, ConntrackError> {
+        ConntrackCli::delete_udp(self, family, entry)
+    }
+}
+
 /// Runs `conntrack`, optionally inside a named network namespace.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ConntrackCli {

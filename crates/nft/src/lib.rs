@@ -33,6 +33,6 @@ pub use cli::NftCli;
 pub use error::NftError;
 pub use ir::*;
 pub use memory::{Backend, ChainState, Counter, MemoryBackend, SetState, TableState, goto};
-pub use netlink::NetlinkBackend;
+pub use netlink::{NetlinkBackend, NetlinkConntrack};
 pub use trace::{Disposition, Packet, Trace, TraceLookup, TracePath, TraceStep, Tracer};
 pub use tx::{Op, Transaction};

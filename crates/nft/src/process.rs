@@ -41,9 +41,13 @@ pub fn run(program: &str, args: &[&str], stdin: Option<&str>) -> std::io::Result
     child.wait_with_output()
 }
 
-/// Whether `pid` is this process or one of its recent children.
+/// Whether `pid` is this process, one of its threads (the kernel names a
+/// netlink commit by the committing thread's id), or one of its recent
+/// children.
 pub fn is_ours(pid: u32) -> bool {
-    pid == std::process::id() || SPAWNED.lock().is_ok_and(|s| s.contains(&pid))
+    pid == std::process::id()
+        || SPAWNED.lock().is_ok_and(|s| s.contains(&pid))
+        || std::path::Path::new(&format!("/proc/self/task/{pid}")).exists()
 }
 
 #[cfg(test)]
@@ -57,5 +61,17 @@ mod tests {
         assert!(is_ours(pid));
         assert!(is_ours(std::process::id()));
         assert!(!is_ours(u32::MAX));
+        // A thread's id, as the kernel reports a commit from a thread.
+        let running = std::thread::spawn(|| {
+            let tid = std::fs::read_link("/proc/thread-self")
+                .ok()
+                .and_then(|p| p.file_name()?.to_str()?.parse::<u32>().ok())
+                .unwrap();
+            (tid, is_ours(tid))
+        })
+        .join()
+        .unwrap();
+        assert_ne!(running.0, std::process::id());
+        assert!(running.1, "thread {} is ours", running.0);
     }
 }

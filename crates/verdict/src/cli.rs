@@ -83,6 +83,8 @@ pub struct Cli {
     pub keep_kube_proxy_nftables: bool,
     /// `--service-counters` (verdict's own; on by default).
     pub service_counters: bool,
+    /// `--nftables-backend` (verdict's own; netlink by default).
+    pub nftables_backend: crate::config::NftablesBackend,
     /// `--help`.
     pub help: bool,
     /// `--version`.
@@ -141,6 +143,7 @@ enum Opt {
     Manifests,
     KeepKubeProxyNftables,
     ServiceCounters,
+    NftablesBackend,
     /// A flag of the introspection commands.
     Inspect,
 }
@@ -254,6 +257,14 @@ const OPTIONS: &[OptSpec] = &[
         help: "Count new connections, rejects and drops per Service entry and endpoint in the kernel's maps, exported as verdict_service_* and verdict_endpoint_* on /metrics (--service-counters=false turns them off)",
         kube_proxy: false,
     },
+    OptSpec {
+        name: "nftables-backend",
+        short: None,
+        opt: Opt::NftablesBackend,
+        takes_value: true,
+        help: "How verdict programs nftables: netlink (the default: nf_tables messages on a netlink socket, no program needed) or nft (runs the nft program for every transaction and read-back)",
+        kube_proxy: false,
+    },
     inspect(
         "server",
         None,
@@ -355,6 +366,7 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, UsageError>
         manifests: None,
         keep_kube_proxy_nftables: false,
         service_counters: true,
+        nftables_backend: crate::config::NftablesBackend::default(),
         help: false,
         version: None,
         flags: Vec::new(),
@@ -452,6 +464,9 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, UsageError>
                     Opt::Manifests => cli.manifests = Some(value),
                     Opt::KeepKubeProxyNftables => cli.keep_kube_proxy_nftables = boolean(&value)?,
                     Opt::ServiceCounters => cli.service_counters = boolean(&value)?,
+                    Opt::NftablesBackend => {
+                        cli.nftables_backend = value.parse().map_err(UsageError)?
+                    }
                     Opt::Inspect => cli.inspect.push((o.name, value)),
                 }
             }

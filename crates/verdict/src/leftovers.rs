@@ -192,26 +192,27 @@ pub(crate) fn tables(listing: &str) -> Vec<(&str, &str)> {
         .collect()
 }
 
-/// Deletes kube-proxy's nftables tables. Returns the problems met.
-fn remove_kube_proxy_tables() -> Vec<String> {
-    let listing = match run("nft", &["list", "tables"], None) {
-        Ok(Some(l)) => l,
-        Ok(None) => return Vec::new(),
-        Err(e) => return vec![e],
-    };
-    let present = tables(&listing);
+/// Deletes kube-proxy's nftables tables through the backend (deleting a
+/// table that is not there is refused as not found, which is fine).
+/// Returns the problems met.
+fn remove_kube_proxy_tables(backend: &mut dyn verdict_nft::Backend) -> Vec<String> {
     let mut problems = Vec::new();
     for (family, table) in KUBE_PROXY_TABLES {
-        if !present.contains(&(family, table)) {
-            continue;
-        }
-        match run("nft", &["delete", "table", family, table], None) {
-            Ok(_) => tracing::info!(
+        let f = if family == "ip6" {
+            verdict_nft::Family::Ip6
+        } else {
+            verdict_nft::Family::Ip
+        };
+        let mut tx = verdict_nft::Transaction::new(f, table);
+        tx.delete_table();
+        match backend.run(&tx) {
+            Ok(()) => tracing::info!(
                 family,
                 table,
                 "deleted kube-proxy's nftables table (its rules would still catch Service traffic)"
             ),
-            Err(e) => problems.push(e),
+            Err(e) if e.is_not_found() => {}
+            Err(e) => problems.push(format!("deleting table {family} {table}: {e}")),
         }
     }
     problems
@@ -220,14 +221,14 @@ fn remove_kube_proxy_tables() -> Vec<String> {
 /// Removes kube-proxy's iptables and IPVS leftovers, and its nftables
 /// tables unless `keep_nftables`. Returns the problems met (each step
 /// still ran).
-pub fn cleanup(keep_nftables: bool) -> Vec<String> {
+pub fn cleanup(keep_nftables: bool, backend: &mut dyn verdict_nft::Backend) -> Vec<String> {
     let mut problems = Vec::new();
     if keep_nftables {
         tracing::info!(
             "leaving kube-proxy's nftables tables in place (--keep-kube-proxy-nftables)"
         );
     } else {
-        problems.extend(remove_kube_proxy_tables());
+        problems.extend(remove_kube_proxy_tables(backend));
     }
     for (save, restore) in IPTABLES {
         let dump = match run(save, &[], None) {

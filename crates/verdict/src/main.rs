@@ -74,6 +74,7 @@ fn main() -> ExitCode {
     };
     let mut settings = resolved.settings;
     settings.service_counters = cli.service_counters;
+    settings.nftables_backend = cli.nftables_backend;
     let verbosity = logging::init(&settings.logging);
     // The introspection commands are clients: their output is the answer.
     let daemon_like = !cli.command.inspects();
@@ -124,7 +125,7 @@ fn main() -> ExitCode {
         Command::Run if cli.init_only => daemon::init_only(&settings),
         Command::Run => daemon::run(&settings, &source, &verbosity),
         Command::Plan => daemon::plan(&settings, &source).map(|script| print!("{script}")),
-        Command::Cleanup => daemon::cleanup(&source),
+        Command::Cleanup => daemon::cleanup(&settings, &source),
         Command::Trace
         | Command::Explain
         | Command::Services

@@ -14,7 +14,7 @@ use verdict_model::{
     AddressType, EndpointSlice, IpFamily, LoadBalancerIngress, Protocol, Service, ServicePortSpec,
     ServiceType, SessionAffinity, SliceEndpoint, SlicePort, TrafficPolicy,
 };
-use verdict_nft::{Backend, Family, NftCli, NftError, TableState, Transaction};
+use verdict_nft::{Backend, Family, NftError, TableState, Transaction};
 use verdict_proxier::{Proxier, ProxierConfig};
 
 /// Name of the dry-run table.
@@ -176,26 +176,30 @@ pub fn probe_transactions(config: &ProxierConfig) -> anyhow::Result<Vec<Transact
     Ok(recorder.0)
 }
 
-fn check_all(nft: &NftCli, config: &ProxierConfig) -> anyhow::Result<()> {
+fn check_all(backend: &mut dyn Backend, config: &ProxierConfig) -> anyhow::Result<()> {
     for tx in probe_transactions(config)? {
-        nft.check(&tx)?;
+        backend.check(&tx)?;
     }
     Ok(())
 }
 
-/// Dry-runs the probe ruleset of every family through `nft --check`.
+/// Dry-runs the probe ruleset of every family through the backend (a
+/// batch without its commit over netlink, `nft --check` through nft).
 /// Returns the families for which only session affinity failed (see
 /// `ProxierConfig::session_affinity`); any other refusal is an error.
-pub fn probe_nftables(nft: &NftCli, configs: &[&ProxierConfig]) -> anyhow::Result<Vec<IpFamily>> {
+pub fn probe_nftables(
+    backend: &mut dyn Backend,
+    configs: &[&ProxierConfig],
+) -> anyhow::Result<Vec<IpFamily>> {
     let mut without_affinity = Vec::new();
     for config in configs {
         let family = config.nft_family();
-        let Err(full) = check_all(nft, config) else {
+        let Err(full) = check_all(backend, config) else {
             continue;
         };
         let mut reduced = (*config).clone();
         reduced.session_affinity = false;
-        check_all(nft, &reduced).map_err(|e| {
+        check_all(backend, &reduced).map_err(|e| {
             anyhow::anyhow!(
                 "the kernel or nft refused verdict's {family} ruleset in a dry run: {e:#}. \
                  verdict needs nf_tables with fib, numgen, ct, nat (masquerade), reject, \
@@ -207,8 +211,9 @@ pub fn probe_nftables(nft: &NftCli, configs: &[&ProxierConfig]) -> anyhow::Resul
         tracing::warn!(
             %family,
             error = %format!("{full:#}"),
-            "this nft cannot record ClientIP session affinity for this family (a newer nft can): \
-             services with sessionAffinity ClientIP are balanced per connection instead"
+            "the backend cannot record ClientIP session affinity for this family (nft 1.0.6 \
+             cannot in IPv6; the netlink backend and newer nft can): services with \
+             sessionAffinity ClientIP are balanced per connection instead"
         );
         without_affinity.push(config.family);
     }
@@ -231,9 +236,11 @@ mod tests {
         c
     }
 
-    /// In a namespace of its own: what the probe decides is what the kernel
-    /// loads. A family it keeps affinity for loads with affinity; a family
-    /// it turns affinity off for loads without it and is refused with it.
+    /// In a namespace of its own, on each backend: what the probe decides
+    /// is what the kernel loads. A family it keeps affinity for loads with
+    /// affinity; a family it turns affinity off for loads without it and
+    /// is refused with it. Over netlink both families keep affinity: only
+    /// nft's userspace refuses the IPv6 rule.
     #[test]
     fn the_probe_decides_what_the_kernel_loads() {
         use verdict_e2e::netns::{Netns, can_run, unique_prefix};
@@ -241,26 +248,35 @@ mod tests {
             println!("skipped: {why}");
             return;
         }
-        let ns = Netns::create(&format!("{}probe", unique_prefix())).unwrap();
-        let mut nft = NftCli::in_netns(ns.name()).unwrap();
-        let configs = [config(IpFamily::V4), config(IpFamily::V6)];
-        let refs: Vec<&ProxierConfig> = configs.iter().collect();
-        let without = probe_nftables(&nft, &refs).unwrap();
-        for c in &configs {
-            let mut decided = c.clone();
-            decided.session_affinity = !without.contains(&c.family);
-            for tx in probe_transactions(&decided).unwrap() {
-                nft.run(&tx).unwrap();
+        for netlink in [false, true] {
+            let ns = Netns::create(&format!("{}probe", unique_prefix())).unwrap();
+            let mut backend: Box<dyn Backend> = if netlink {
+                Box::new(verdict_nft::NetlinkBackend::in_netns(ns.name()).unwrap())
+            } else {
+                Box::new(verdict_nft::NftCli::in_netns(ns.name()).unwrap())
+            };
+            let configs = [config(IpFamily::V4), config(IpFamily::V6)];
+            let refs: Vec<&ProxierConfig> = configs.iter().collect();
+            let without = probe_nftables(backend.as_mut(), &refs).unwrap();
+            for c in &configs {
+                let mut decided = c.clone();
+                decided.session_affinity = !without.contains(&c.family);
+                for tx in probe_transactions(&decided).unwrap() {
+                    backend.run(&tx).unwrap();
+                }
+                if !decided.session_affinity {
+                    let with = probe_transactions(c).unwrap();
+                    assert!(with.iter().any(|tx| backend.check(tx).is_err()));
+                }
             }
-            if !decided.session_affinity {
-                let with = probe_transactions(c).unwrap();
-                assert!(with.iter().any(|tx| nft.check(tx).is_err()));
+            if netlink {
+                assert!(
+                    without.is_empty(),
+                    "over netlink: no affinity for {without:?}"
+                );
             }
+            println!("netlink {netlink}: session affinity unavailable for {without:?}");
         }
-        println!(
-            "session affinity unavailable for {without:?} with nft {:?}",
-            nft.version()
-        );
     }
 
     #[test]

@@ -9,6 +9,7 @@ mod common;
 
 use common::*;
 
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use verdict_e2e::bed::{Placement, TestBed};
@@ -382,6 +383,45 @@ fn udp_wait_for(bed: &TestBed, want: &str) -> String {
 /// the old endpoint unless verdict deletes it.
 #[test]
 fn stale_udp_conntrack_entries_are_deleted() {
+    stale_udp(&[], None);
+}
+
+/// The same through the `nft` and `conntrack` programs.
+#[test]
+fn stale_udp_conntrack_entries_are_deleted_through_nft_and_conntrack() {
+    stale_udp(&["--nftables-backend", "nft"], None);
+}
+
+/// With neither `nft` nor `conntrack` on its PATH, verdict programs the
+/// node, follows changes and deletes stale UDP entries all the same: the
+/// netlink backend needs no program.
+#[test]
+fn verdict_runs_without_nft_or_conntrack_installed() {
+    let bin = scratch_dir("no-nft-bin");
+    // Only `ip`, which starts verdict inside the namespace.
+    let ip_path = String::from_utf8(
+        Command::new("sh")
+            .args(["-c", "command -v ip"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    std::os::unix::fs::symlink(ip_path.trim(), bin.join("ip")).unwrap();
+    let path = bin.to_string_lossy().into_owned();
+    for program in ["nft", "conntrack"] {
+        let found = Command::new("/bin/sh")
+            .args(["-c", &format!("command -v {program}")])
+            .env("PATH", &path)
+            .status()
+            .unwrap();
+        assert!(!found.success(), "{program} is still on {path}");
+    }
+    stale_udp(&[], Some(&path));
+    let _ = std::fs::remove_dir_all(&bin);
+}
+
+fn stale_udp(extra: &[&str], path: Option<&str>) {
     let Some(mut bed) = bed() else {
         return;
     };
@@ -395,27 +435,35 @@ fn stale_udp_conntrack_entries_are_deleted() {
     write(&dir, "service.yaml", UDP_SERVICE);
     write(&dir, "slice.yaml", &udp_slice(&["10.180.0.1"]));
     let verdict = env!("CARGO_BIN_EXE_verdict");
-    let dir_s = dir.to_string_lossy().into_owned();
-    let child = bed
-        .node
-        .spawn(
-            verdict,
-            &[
-                "--manifests",
-                &dir_s,
-                "--hostname-override",
-                "test-node",
-                "--cluster-cidr",
-                "10.0.0.0/8",
-                "--min-sync-period",
-                "0s",
-                "--healthz-bind-address",
-                "",
-            ],
-        )
-        .unwrap();
-    let _daemon = Process(child);
-    assert_eq!(udp_wait_for(&bed, "10.180.0.1:53"), "10.180.0.1:53");
+    let log = dir.join("verdict.log");
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", bed.node.name(), verdict, "--manifests"])
+        .arg(&dir)
+        .args([
+            "--hostname-override",
+            "test-node",
+            "--cluster-cidr",
+            "10.0.0.0/8",
+            "--min-sync-period",
+            "0s",
+            "--healthz-bind-address",
+            "",
+        ])
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap());
+    if let Some(p) = path {
+        cmd.env("PATH", p);
+    }
+    let _daemon = Process(cmd.spawn().unwrap());
+    let log_text = || std::fs::read_to_string(&log).unwrap_or_default();
+    assert_eq!(
+        udp_wait_for(&bed, "10.180.0.1:53"),
+        "10.180.0.1:53",
+        "{}",
+        log_text()
+    );
 
     // The endpoint moves; the old pod still answers if asked.
     write(&dir, "slice.yaml", &udp_slice(&["10.180.0.2"]));
@@ -423,12 +471,15 @@ fn stale_udp_conntrack_entries_are_deleted() {
     assert_eq!(
         udp_wait_for(&bed, "10.180.0.2:53"),
         "10.180.0.2:53",
-        "the entry to the removed endpoint was deleted"
+        "the entry to the removed endpoint was deleted\n{}",
+        log_text()
     );
 
     // Scale to zero: the service rejects, instead of the entry living on.
     write(&dir, "slice.yaml", &udp_slice(&[]));
     let got = udp_wait_for(&bed, "REFUSED");
-    assert_eq!(got, "REFUSED", "scaled to zero");
+    assert_eq!(got, "REFUSED", "scaled to zero\n{}", log_text());
+    let text = log_text();
+    assert!(!text.contains("cleanup failed"), "{text}");
     let _ = std::fs::remove_dir_all(&dir);
 }

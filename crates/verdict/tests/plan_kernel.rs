@@ -1,7 +1,9 @@
-//! `verdict plan` dry-runs nft as `run` does: on an nft that cannot record
-//! IPv6 session affinity (nft 1.0.6), the plan leaves it out for IPv6 just
-//! as `run` would, and says so; the plan as printed passes `nft --check`. Runs inside a namespace of its own; needs
-//! root.
+//! `verdict plan` dry-runs the backend as `run` does. Through nft on an nft
+//! that cannot record IPv6 session affinity (nft 1.0.6), the plan leaves it
+//! out for IPv6 just as `run` would, and says so, and the plan as printed
+//! passes `nft --check`. Over netlink (the default) the kernel takes the
+//! IPv6 rule, and the plan has it. Runs inside a namespace of its own;
+//! needs root.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -13,12 +15,25 @@ const SERVICE: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: sticky, n
 
 #[test]
 fn plan_probes_nft_like_run() {
+    plan_probes(true);
+}
+
+#[test]
+fn plan_probes_the_netlink_backend_like_run() {
+    plan_probes(false);
+}
+
+fn plan_probes(through_nft: bool) {
     if let Err(why) = can_run() {
         println!("skipped: {why}");
         return;
     }
     let ns = Netns::create(&format!("{}-plan", unique_prefix())).unwrap();
-    let dir = common::scratch_dir("plan");
+    let dir = common::scratch_dir(if through_nft {
+        "plan-nft"
+    } else {
+        "plan-netlink"
+    });
     let file = dir.join("sticky.yaml");
     std::fs::write(&file, SERVICE).unwrap();
     let out = std::process::Command::new("ip")
@@ -31,6 +46,11 @@ fn plan_probes_nft_like_run() {
         ])
         .args(["--hostname-override", "test-node", "--manifests"])
         .arg(&file)
+        .args(if through_nft {
+            &["--nftables-backend", "nft"][..]
+        } else {
+            &[]
+        })
         .output()
         .unwrap();
     let log = String::from_utf8_lossy(&out.stderr);
@@ -49,6 +69,16 @@ fn plan_probes_nft_like_run() {
         !v6_refused,
         "the IPv6 plan follows the probe\n{log}\n{plan}"
     );
+    if !through_nft {
+        assert!(
+            records("ip6"),
+            "over netlink IPv6 affinity is programmed\n{log}"
+        );
+        let nft = ns.exec("nft", &["list", "tables"]).unwrap();
+        assert!(nft.trim().is_empty(), "plan changes nothing: {nft}");
+        let _ = std::fs::remove_dir_all(&dir);
+        return;
+    }
     // The real check: the kernel and this nft accept the plan as printed.
     let script = dir.join("plan.nft");
     std::fs::write(&script, plan.as_bytes()).unwrap();

@@ -159,6 +159,15 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 
 #[test]
 fn foreign_changes_are_repaired_within_a_second() {
+    foreign_changes(&[]);
+}
+
+#[test]
+fn foreign_changes_are_repaired_within_a_second_through_nft() {
+    foreign_changes(&["--nftables-backend", "nft"]);
+}
+
+fn foreign_changes(backend: &[&str]) {
     let _serial = serial();
     let Some(bed) = bed_with_pods(&["10.180.0.1"]) else {
         return;
@@ -166,7 +175,7 @@ fn foreign_changes_are_repaired_within_a_second() {
     let dir = scratch_dir("rel-foreign");
     base(&dir, "10.180.0.1");
     let log = dir.join("verdict.log");
-    let _daemon = start(&bed, &dir, &log, &[], None);
+    let _daemon = start(&bed, &dir, &log, backend, None);
     assert_eq!(
         wait_for(&bed, "10.180.0.1:80"),
         "10.180.0.1:80",
@@ -304,7 +313,15 @@ fn rules_known_broken_beyond_the_repair_window_fail_healthz() {
         std::env::var("PATH").unwrap_or_default()
     );
     let log = dir.join("verdict.log");
-    let _daemon = start(&bed, &dir, &log, &[], Some(&path));
+    // The failure is injected through the program: this test runs the nft
+    // backend.
+    let _daemon = start(
+        &bed,
+        &dir,
+        &log,
+        &["--nftables-backend", "nft"],
+        Some(&path),
+    );
     assert_eq!(
         wait_for(&bed, "10.180.0.1:80"),
         "10.180.0.1:80",
@@ -494,6 +511,15 @@ fn many(n: usize) -> String {
 
 #[test]
 fn kill_9_during_a_cold_sync_then_a_restart_gives_the_rules_of_a_clean_start() {
+    kill_9(&[]);
+}
+
+#[test]
+fn kill_9_during_a_cold_sync_through_nft_then_a_restart_gives_the_rules_of_a_clean_start() {
+    kill_9(&["--nftables-backend", "nft"]);
+}
+
+fn kill_9(backend: &[&str]) {
     let _serial = serial();
     let Some(bed) = bed_with_pods(&["10.180.0.1"]) else {
         return;
@@ -515,7 +541,7 @@ fn kill_9_during_a_cold_sync_then_a_restart_gives_the_rules_of_a_clean_start() {
 
     // The reference: a clean start.
     let t = Instant::now();
-    let daemon = start(&bed, &dir, &log, &[], None);
+    let daemon = start(&bed, &dir, &log, backend, None);
     wait_until("the clean start", Duration::from_secs(120), || {
         synced(&mut nft, &bed)
     });
@@ -529,7 +555,7 @@ fn kill_9_during_a_cold_sync_then_a_restart_gives_the_rules_of_a_clean_start() {
     // part, where most kills land.
     for (i, frac) in [0.5, 0.8, 0.88, 0.92, 0.96, 0.99].into_iter().enumerate() {
         bed.node.exec("nft", &["flush", "ruleset"]).unwrap();
-        let mut daemon = start(&bed, &dir, &log, &[], None);
+        let mut daemon = start(&bed, &dir, &log, backend, None);
         let at = cold.mul_f64(frac);
         std::thread::sleep(at);
         daemon.0.kill().unwrap(); // SIGKILL
@@ -537,7 +563,7 @@ fn kill_9_during_a_cold_sync_then_a_restart_gives_the_rules_of_a_clean_start() {
         let partial = nft.table(Family::Ip, "verdict").unwrap().map_or(0, |t| {
             t.sets.values().map(|s| s.elements.len()).sum::<usize>()
         });
-        let _again = start(&bed, &dir, &log, &[], None);
+        let _again = start(&bed, &dir, &log, backend, None);
         wait_until("the restart", Duration::from_secs(120), || {
             synced(&mut nft, &bed)
         });

@@ -13,38 +13,27 @@
 //! - [`expr`]: rules as register-machine expressions, both ways.
 //! - [`objects`]: tables, chains, sets and elements, both ways.
 
+mod conntrack;
 mod expr;
 mod objects;
+mod socket;
 mod wire;
 
+pub use conntrack::NetlinkConntrack;
+
 use std::collections::BTreeMap;
-use std::os::fd::{AsRawFd, OwnedFd};
 
 use nix::errno::Errno;
-use nix::sys::socket::{
-    AddressFamily, MsgFlags, NetlinkAddr, SockFlag, SockProtocol, SockType, bind, recv, send,
-    setsockopt, socket, sockopt,
-};
 
 use crate::error::NftError;
 use crate::ir::{Element, Family, Set};
 use crate::memory::{Backend, SetState, TableState};
 use crate::tx::{Op, Transaction};
 use objects::{Batch, kind, nfproto};
-use wire::{Attrs, Writer, messages};
+use socket::{NFNL_MSG_BATCH_BEGIN, NLM_F_REQUEST, Reply, Socket};
+use wire::{Attrs, Writer};
 
-const NLMSG_ERROR: u16 = 2;
-const NLMSG_DONE: u16 = 3;
-const NFNL_MSG_BATCH_BEGIN: u16 = 16;
 const NFNL_MSG_BATCH_END: u16 = 17;
-const NLM_F_ACK: u16 = 0x4;
-const NLM_F_DUMP: u16 = 0x300;
-const NLM_F_DUMP_INTR: u16 = 0x10;
-/// The receive buffer: large enough for the errors of a failed batch (each
-/// echoes its message) and for dump datagrams.
-const RECV_BUFFER: usize = 16 << 20;
-/// Bytes read per `recv`: more than the kernel puts in one dump datagram.
-const DATAGRAM_MAX: usize = 1 << 20;
 /// Reads of a table retried when it changed while being read.
 const READ_ATTEMPTS: usize = 5;
 
@@ -52,30 +41,10 @@ const READ_ATTEMPTS: usize = 5;
 /// in.
 #[derive(Debug)]
 pub struct NetlinkBackend {
-    fd: OwnedFd,
-    seq: u32,
-    buf: Vec<u8>,
-    send_buffer: usize,
+    socket: Socket,
     /// The set definitions of tables this backend wrote or read, which the
     /// encoding of rules and elements depends on.
     known: BTreeMap<(Family, String), BTreeMap<String, Set>>,
-}
-
-/// One answer to a request: the messages of a dump, or of a batch's errors.
-struct Reply {
-    /// (sequence number, errno) of every error the kernel reported.
-    errors: Vec<(u32, i32)>,
-    /// The dump was interrupted by a change: read again.
-    interrupted: bool,
-}
-
-fn io(e: Errno) -> NftError {
-    match e {
-        Errno::EPERM | Errno::EACCES => {
-            NftError::Refused(format!("{} (verdict needs CAP_NET_ADMIN)", e.desc()))
-        }
-        other => NftError::Refused(format!("netlink: {}", other.desc())),
-    }
 }
 
 /// The typed error for an errno the kernel returned for `what`.
@@ -93,164 +62,42 @@ fn refusal(errno: i32, what: &str) -> NftError {
     }
 }
 
-fn open_socket() -> Result<OwnedFd, NftError> {
-    let fd = socket(
-        AddressFamily::Netlink,
-        SockType::Raw,
-        SockFlag::SOCK_CLOEXEC,
-        SockProtocol::NetlinkNetFilter,
-    )
-    .map_err(io)?;
-    bind(fd.as_raw_fd(), &NetlinkAddr::new(0, 0)).map_err(io)?;
-    if setsockopt(&fd, sockopt::RcvBufForce, &RECV_BUFFER).is_err() {
-        let _ = setsockopt(&fd, sockopt::RcvBuf, &RECV_BUFFER);
-    }
-    Ok(fd)
-}
-
 impl NetlinkBackend {
     /// A socket in the caller's network namespace.
     pub fn new() -> Result<NetlinkBackend, NftError> {
-        Ok(NetlinkBackend::with(open_socket()?))
+        Ok(NetlinkBackend::with(Socket::open()?))
     }
 
     /// A socket in the named network namespace (`/run/netns/NAME`, as
-    /// `ip netns` keeps them). The socket is opened by a thread that joins
-    /// the namespace; the caller's thread stays where it is.
+    /// `ip netns` keeps them): opened by a thread that joins the namespace,
+    /// so the caller's thread stays where it is.
     pub fn in_netns(name: &str) -> Result<NetlinkBackend, NftError> {
-        let path = format!("/run/netns/{name}");
-        let fd = std::thread::scope(|s| {
-            s.spawn(|| {
-                let ns = std::fs::File::open(&path)
-                    .map_err(|e| NftError::Refused(format!("{path}: {e}")))?;
-                nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET)
-                    .map_err(|e| NftError::Refused(format!("joining {path}: {}", e.desc())))?;
-                open_socket()
-            })
-            .join()
-            .map_err(|_| NftError::Refused("the thread opening the socket panicked".into()))?
-        })?;
-        Ok(NetlinkBackend::with(fd))
+        Ok(NetlinkBackend::with(Socket::in_netns(name)?))
     }
 
-    fn with(fd: OwnedFd) -> NetlinkBackend {
+    fn with(socket: Socket) -> NetlinkBackend {
         NetlinkBackend {
-            fd,
-            seq: 0,
-            buf: vec![0; DATAGRAM_MAX],
-            send_buffer: 0,
+            socket,
             known: BTreeMap::new(),
         }
     }
 
-    fn send(&mut self, bytes: &[u8]) -> Result<(), NftError> {
-        // The kernel refuses a message larger than the send buffer, and
-        // reads a batch only from one message: grow the buffer to fit.
-        let need = bytes.len() + 4096;
-        if need > self.send_buffer {
-            let size = need.max(1 << 20);
-            if setsockopt(&self.fd, sockopt::SndBufForce, &size).is_err() {
-                setsockopt(&self.fd, sockopt::SndBuf, &size).map_err(io)?;
-            }
-            self.send_buffer = size;
-        }
-        let sent = send(self.fd.as_raw_fd(), bytes, MsgFlags::empty()).map_err(io)?;
-        if sent != bytes.len() {
-            return Err(NftError::Refused(format!(
-                "netlink took {sent} of {} bytes",
-                bytes.len()
-            )));
-        }
-        Ok(())
-    }
-
-    /// Reads replies until `done` says the answer is complete, handing
-    /// every nf_tables message to `each`. `wait` blocks for the first
-    /// datagram; a batch's replies are already queued when `send` returns,
-    /// so those are read without waiting.
-    fn receive(
-        &mut self,
-        wait: bool,
-        last_seq: u32,
-        mut each: impl FnMut(u8, Attrs<'_>) -> Result<(), NftError>,
-    ) -> Result<Reply, NftError> {
-        let mut reply = Reply {
-            errors: Vec::new(),
-            interrupted: false,
-        };
-        let flags = if wait {
-            MsgFlags::empty()
-        } else {
-            MsgFlags::MSG_DONTWAIT
-        };
-        loop {
-            let n = match recv(self.fd.as_raw_fd(), &mut self.buf, flags) {
-                Ok(n) => n,
-                Err(Errno::EAGAIN) if !wait => return Ok(reply),
-                Err(Errno::EINTR) => continue,
-                Err(Errno::ENOBUFS) => {
-                    return Err(NftError::Refused(
-                        "the kernel's replies overflowed the socket's buffer".into(),
-                    ));
-                }
-                Err(e) => return Err(io(e)),
-            };
-            let mut finished = false;
-            for m in messages(&self.buf[..n]) {
-                if m.flags & NLM_F_DUMP_INTR != 0 {
-                    reply.interrupted = true;
-                }
-                match m.kind {
-                    NLMSG_ERROR => {
-                        let errno = m
-                            .payload
-                            .get(..4)
-                            .map_or(0, |b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]));
-                        let seq = m
-                            .payload
-                            .get(12..16)
-                            .map_or(0, |b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]));
-                        if errno != 0 {
-                            reply.errors.push((seq, -errno));
-                        }
-                        if wait && seq == last_seq {
-                            finished = true;
-                        }
-                    }
-                    NLMSG_DONE if wait && m.seq == last_seq => finished = true,
-                    k if k >> 8 == objects::SUBSYS => {
-                        if let Some((_, attrs)) = m.nfgen() {
-                            each((k & 0xff) as u8, attrs)?;
-                        }
-                    }
-                    _ => {}
-                }
-            }
-            if finished {
-                return Ok(reply);
-            }
-        }
-    }
-
-    /// Sends one request (a dump, or a get with an acknowledgement) and
-    /// hands each message of the answer to `each`.
+    /// Sends one nf_tables request and hands each nf_tables message of the
+    /// answer to `each`.
     fn request(
         &mut self,
         msg: u8,
         dump: bool,
         family: u8,
         attrs: impl FnOnce(&mut Writer),
-        each: impl FnMut(u8, Attrs<'_>) -> Result<(), NftError>,
+        mut each: impl FnMut(u8, Attrs<'_>) -> Result<(), NftError>,
     ) -> Result<Reply, NftError> {
-        self.seq = self.seq.wrapping_add(1);
-        let seq = self.seq;
-        let mut w = Writer::new();
-        let flags = objects::NLM_F_REQUEST | if dump { NLM_F_DUMP } else { NLM_F_ACK };
-        w.begin(kind(msg), flags, seq, family, 0);
-        attrs(&mut w);
-        w.end();
-        self.send(w.bytes())?;
-        self.receive(true, seq, each)
+        self.socket.request(kind(msg), dump, family, attrs, |k, a| {
+            if k >> 8 == objects::SUBSYS {
+                each((k & 0xff) as u8, a)?;
+            }
+            Ok(())
+        })
     }
 
     /// The ruleset's generation, which every commit changes.
@@ -293,11 +140,11 @@ impl NetlinkBackend {
         let mut sets = self.known.get(&key).cloned().unwrap_or_default();
         apply_sets(&mut sets, tx.ops());
         let mut w = Writer::new();
-        self.seq = self.seq.wrapping_add(1);
-        let begin = self.seq;
+        self.socket.seq = self.socket.seq.wrapping_add(1);
+        let begin = self.socket.seq;
         w.begin(
             NFNL_MSG_BATCH_BEGIN,
-            objects::NLM_F_REQUEST,
+            NLM_F_REQUEST,
             begin,
             0,
             objects::SUBSYS,
@@ -347,18 +194,12 @@ impl NetlinkBackend {
         seq = seq.wrapping_add(1);
         let end = seq;
         if commit {
-            w.begin(
-                NFNL_MSG_BATCH_END,
-                objects::NLM_F_REQUEST,
-                end,
-                0,
-                objects::SUBSYS,
-            );
+            w.begin(NFNL_MSG_BATCH_END, NLM_F_REQUEST, end, 0, objects::SUBSYS);
             w.end();
         }
-        self.seq = end;
-        self.send(w.bytes())?;
-        let reply = self.receive(false, end, |_, _| Ok(()))?;
+        self.socket.seq = end;
+        self.socket.send(w.bytes())?;
+        let reply = self.socket.receive(false, end, |_, _| Ok(()))?;
         if let Some((seq, errno)) = reply.errors.first() {
             // The kernel undid the whole batch; what it knew of the sets
             // may be stale.

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use super::expr::{self, NFTA_DATA_VALUE, NFTA_DATA_VERDICT, type_len, value_bytes, value_of};
+use super::socket::NLM_F_REQUEST;
 use super::wire::{Attrs, Writer, udata};
 use crate::error::NftError;
 use crate::ir::{
@@ -37,7 +38,6 @@ const DELSETELEM: u8 = 14;
 pub(crate) const NEWGEN: u8 = 15;
 pub(crate) const GETGEN: u8 = 16;
 
-pub(crate) const NLM_F_REQUEST: u16 = 0x1;
 const NLM_F_CREATE: u16 = 0x400;
 const NLM_F_APPEND: u16 = 0x800;
 

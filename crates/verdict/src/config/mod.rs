@@ -200,11 +200,66 @@ pub struct Settings {
     /// verdict's per-service and per-endpoint counters
     /// (`--service-counters`, verdict's own flag; on by default).
     pub service_counters: bool,
+    /// How nftables is programmed (`--nftables-backend`, verdict's own).
+    pub nftables_backend: NftablesBackend,
     // What the detector is made of, checked into `detect_local`.
     detect_local_mode: DetectLocalMode,
     detect_bridge: String,
     detect_prefix: String,
     cluster_cidrs: Vec<ipnet::IpNet>,
+}
+
+/// How verdict reaches nftables (`--nftables-backend`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum NftablesBackend {
+    /// nf_tables messages on a netlink socket: no program runs.
+    #[default]
+    Netlink,
+    /// The `nft` program, once per transaction and read-back.
+    Nft,
+}
+
+impl std::str::FromStr for NftablesBackend {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<NftablesBackend, String> {
+        match s {
+            "netlink" => Ok(NftablesBackend::Netlink),
+            "nft" => Ok(NftablesBackend::Nft),
+            other => Err(format!("--nftables-backend {other:?}: use netlink or nft")),
+        }
+    }
+}
+
+impl std::fmt::Display for NftablesBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            NftablesBackend::Netlink => "netlink",
+            NftablesBackend::Nft => "nft",
+        })
+    }
+}
+
+impl NftablesBackend {
+    /// Opens the backend in this process's network namespace.
+    pub fn open(self) -> Result<Box<dyn verdict_nft::Backend + Send>, verdict_nft::NftError> {
+        Ok(match self {
+            NftablesBackend::Netlink => Box::new(verdict_nft::NetlinkBackend::new()?),
+            NftablesBackend::Nft => Box::new(verdict_nft::NftCli::new()?),
+        })
+    }
+
+    /// The conntrack table, the same way: ctnetlink with the netlink
+    /// backend, the `conntrack` program with nft.
+    pub fn conntrack(
+        self,
+    ) -> Result<Box<dyn verdict_nft::conntrack::Conntrack>, verdict_nft::conntrack::ConntrackError>
+    {
+        Ok(match self {
+            NftablesBackend::Netlink => Box::new(verdict_nft::NetlinkConntrack::new()?),
+            NftablesBackend::Nft => Box::new(verdict_nft::conntrack::ConntrackCli::new()),
+        })
+    }
 }
 
 impl std::default::Default for Settings {
@@ -233,6 +288,7 @@ impl std::default::Default for Settings {
             oom_score_adj: Some(-999),
             effective: Value::Null,
             service_counters: true,
+            nftables_backend: NftablesBackend::default(),
             detect_local_mode: DetectLocalMode::ClusterCidr,
             detect_bridge: String::new(),
             detect_prefix: String::new(),

@@ -25,8 +25,10 @@ use serde_json::{Value as Json, json};
 use verdict_admin::Response;
 use verdict_admin::http::{Handler, Request};
 use verdict_model::{IpFamily, NamespacedName};
-use verdict_nft::conntrack::{ConntrackCli, Flow};
-use verdict_nft::{Backend, Family, MemoryBackend, NftCli};
+use verdict_nft::conntrack::Flow;
+use verdict_nft::{Backend, Family, MemoryBackend};
+
+use crate::config::NftablesBackend;
 
 use super::{Node, Source, lock};
 use crate::config::Settings;
@@ -45,12 +47,13 @@ const MAX_PAGE: usize = 1000;
 /// A page without `limit`.
 const DEFAULT_PAGE: usize = 100;
 
-/// Reads tables from the kernel through `nft`.
-pub fn kernel_reader() -> KernelReader {
-    Arc::new(|family, name| {
+/// Reads tables from the kernel through the configured backend (a socket
+/// or an `nft` process per read, so readers never wait on the sync loop).
+pub fn kernel_reader(backend: NftablesBackend) -> KernelReader {
+    Arc::new(move |family, name| {
         let t = Instant::now();
-        let mut nft = NftCli::new().map_err(|e| e.to_string())?;
-        let table = nft.table(family, name).map_err(|e| e.to_string())?;
+        let mut kernel = backend.open().map_err(|e| e.to_string())?;
+        let table = kernel.table(family, name).map_err(|e| e.to_string())?;
         Ok(Kernel {
             table,
             source: "kernel",
@@ -62,6 +65,7 @@ pub fn kernel_reader() -> KernelReader {
 /// The API's handler for the metrics site (`counters`: `None` with
 /// `--service-counters=false`), and the web view at `/ui`.
 pub fn handler(
+    backend: NftablesBackend,
     node: Arc<Mutex<Node>>,
     read: KernelReader,
     counters: Option<Arc<CounterCache>>,
@@ -80,7 +84,8 @@ pub fn handler(
             let service = service.as_deref().and_then(|s| s.split_once('/'));
             return Some(Response::json(200, c.snapshot().json(service).to_string()));
         }
-        let (code, body) = answer(&node, read.as_ref(), &conntrack_flows, req)?;
+        let flows = |family: Family| conntrack_flows(backend, family);
+        let (code, body) = answer(&node, read.as_ref(), &flows, req)?;
         Some(Response::json(code, body.to_string()))
     })
 }
@@ -99,10 +104,11 @@ fn bad(e: BadRequest) -> (u16, Json) {
 /// Reads the DNATed connections of a family (`Err`: why not).
 pub type FlowReader<'a> = &'a (dyn Fn(Family) -> Result<Vec<Flow>, String> + Send + Sync);
 
-/// The kernel's connections, through the `conntrack` program.
-fn conntrack_flows(family: Family) -> Result<Vec<Flow>, String> {
-    ConntrackCli::new()
-        .list_dnat(family)
+/// The kernel's connections, the way the backend reaches conntrack.
+fn conntrack_flows(backend: NftablesBackend, family: Family) -> Result<Vec<Flow>, String> {
+    backend
+        .conntrack()
+        .and_then(|mut ct| ct.list_dnat(family))
         .map_err(|e| e.to_string())
 }
 

@@ -145,7 +145,7 @@ pub(super) fn sync_health_checks(
 /// Deletes the UDP conntrack entries `targets` says are stale; returns how
 /// many were deleted.
 pub(super) fn clean_stale_udp(
-    ct: &ConntrackCli,
+    ct: &mut dyn Conntrack,
     family: Family,
     targets: &UdpTargets,
 ) -> Result<usize, verdict_nft::conntrack::ConntrackError> {

@@ -18,8 +18,8 @@ use verdict_k8s::events::{Notice, Regarding};
 use verdict_k8s::watch::{ApiSource, Update};
 use verdict_k8s::{Loaded, NodeInfo};
 use verdict_model::{EndpointSlice, IpFamily, NamespacedName, Protocol, Service, ServicePortName};
-use verdict_nft::conntrack::ConntrackCli;
-use verdict_nft::{Backend, Family, MemoryBackend, NftCli, Transaction};
+use verdict_nft::conntrack::Conntrack;
+use verdict_nft::{Backend, Family, MemoryBackend, Transaction};
 use verdict_proxier::conntrack::UdpTargets;
 use verdict_proxier::{LocalDetector, Proxier, ProxierConfig};
 
@@ -183,7 +183,7 @@ struct Node {
     health: Arc<Mutex<Health>>,
     /// Set by `run`: after syncs, reconcile conntrack and serve the
     /// health-check node ports (`plan` leaves the machine alone).
-    live: Option<ConntrackCli>,
+    live: Option<Box<dyn Conntrack>>,
     /// With the Kubernetes source: where Events go.
     events: Option<std::sync::mpsc::Sender<Notice>>,
     /// The recent syncs and foreign changes, for the introspection API.
@@ -410,11 +410,11 @@ impl Node {
         }
     }
 
-    /// Dry-runs every family's probe ruleset through `nft` and turns
-    /// session affinity off for the families whose nft cannot program it.
-    fn probe(&mut self, nft: &NftCli) -> anyhow::Result<()> {
+    /// Dry-runs every family's probe ruleset through the backend and turns
+    /// session affinity off for the families it cannot program.
+    fn probe(&mut self, backend: &mut dyn Backend) -> anyhow::Result<()> {
         let configs: Vec<&ProxierConfig> = self.proxiers.iter().map(|p| p.config()).collect();
-        self.no_affinity = crate::probe::probe_nftables(nft, &configs)?;
+        self.no_affinity = crate::probe::probe_nftables(backend, &configs)?;
         self.reconfigure()
     }
 
@@ -597,7 +597,7 @@ impl Node {
     /// Syncs both families (`full`: comparing everything with the kernel).
     /// A family that fails does not keep the other from syncing; the
     /// error names every family that failed.
-    fn sync<B: Backend>(
+    fn sync<B: Backend + ?Sized>(
         &mut self,
         backend: &mut B,
         now: Instant,
@@ -707,7 +707,7 @@ impl Node {
                 h.updated(health_family(family), SystemTime::now());
                 h.repaired(health_family(family), started);
             }
-            let Some(ct) = &self.live else {
+            let Some(ct) = self.live.as_mut() else {
                 continue;
             };
             if !r.full && r.updated_services.is_empty() && !extras.udp_retry {
@@ -736,7 +736,7 @@ impl Node {
             if targets != extras.udp_cleaned {
                 let t = Instant::now();
                 let stale = targets.clone().with_removed(&extras.udp_cleaned);
-                match clean_stale_udp(ct, family, &stale) {
+                match clean_stale_udp(ct.as_mut(), family, &stale) {
                     Ok(deleted) => {
                         let took = t.elapsed().as_secs_f64();
                         record(metrics, |x| {
@@ -880,15 +880,17 @@ fn unix_seconds(t: SystemTime) -> f64 {
 /// synced into memory (both families).
 fn in_memory(settings: &Settings, source: &Source) -> anyhow::Result<(Node, MemoryBackend)> {
     let mut node = Node::new(settings)?;
-    // What `run` would find out about this nft; without nft or the
-    // privilege to dry-run, the script assumes every feature works.
-    let probed = NftCli::new()
+    // What `run` would find out about this kernel; without the privilege
+    // to dry-run, the script assumes every feature works.
+    let probed = settings
+        .nftables_backend
+        .open()
         .map_err(anyhow::Error::from)
-        .and_then(|nft| node.probe(&nft));
+        .and_then(|mut backend| node.probe(backend.as_mut()));
     if let Err(e) = probed {
         tracing::warn!(
             error = %format!("{e:#}"),
-            "cannot dry-run nft here: the plan assumes it supports every feature (run would check)"
+            "cannot dry-run the ruleset here: the plan assumes every feature works (run would check)"
         );
     }
     let client = client_options(settings, &node.metrics);
@@ -973,12 +975,12 @@ pub fn run(settings: &Settings, source: &Source, verbosity: &Verbosity) -> anyho
         action: "StartKubeProxy",
         note: format!("Starting verdict {}.", crate::version::BUILD.git_version),
     });
-    let mut nft = NftCli::new().context("nftables")?;
-    tracing::info!(nft = ?nft.version(), node = %node.name, "starting");
-    node.probe(&nft).context("startup check")?;
+    let mut nft = settings.nftables_backend.open().context("nftables")?;
+    tracing::info!(backend = %settings.nftables_backend, node = %node.name, "starting");
+    node.probe(nft.as_mut()).context("startup check")?;
     tracing::info!("nftables dry run passed: the kernel accepts verdict's ruleset");
     crate::setup::apply(settings)?;
-    node.live = Some(ConntrackCli::new());
+    node.live = Some(settings.nftables_backend.conntrack().context("conntrack")?);
     let foreign = watch_foreign_changes(&node.proxiers);
     let min_sync_period = node.settings.min_sync_period;
     let sync_period = node.settings.sync_period;
@@ -999,16 +1001,17 @@ pub fn run(settings: &Settings, source: &Source, verbosity: &Verbosity) -> anyho
             "healthz server failed",
         ));
     }
-    let counters = settings
-        .service_counters
-        .then(|| api::CounterCache::new(node.clone(), api::kernel_reader()));
+    let counters = settings.service_counters.then(|| {
+        api::CounterCache::new(node.clone(), api::kernel_reader(settings.nftables_backend))
+    });
     if let Some(addr) = settings.metrics_bind_address {
         let site = crate::endpoints::MetricsSite {
             metrics: metrics.clone(),
             slis: Arc::new(Mutex::new(Metrics::slis())),
             api: Some(api::handler(
+                settings.nftables_backend,
                 node.clone(),
-                api::kernel_reader(),
+                api::kernel_reader(settings.nftables_backend),
                 counters.clone(),
             )),
             more_metrics: counters.clone().map(api::CounterCache::metrics),
@@ -1124,7 +1127,8 @@ pub fn run(settings: &Settings, source: &Source, verbosity: &Verbosity) -> anyho
         // starts in one.
         if leftovers_pending && full && result.is_ok() {
             leftovers_pending = false;
-            for problem in crate::leftovers::cleanup(source.keep_kube_proxy_nftables) {
+            for problem in crate::leftovers::cleanup(source.keep_kube_proxy_nftables, nft.as_mut())
+            {
                 tracing::warn!(%problem, "cleaning up kube-proxy's leftovers");
             }
         }
@@ -1163,20 +1167,22 @@ pub fn init_only(settings: &Settings) -> anyhow::Result<()> {
 
 /// Removes verdict's tables (both families) and kube-proxy's state: its
 /// iptables and IPVS leftovers and, unless kept, its nftables tables.
-pub fn cleanup(source: &Source) -> anyhow::Result<()> {
-    let mut nft = NftCli::new().context("nftables")?;
+pub fn cleanup(settings: &Settings, source: &Source) -> anyhow::Result<()> {
+    let mut nft = settings.nftables_backend.open().context("nftables")?;
     for family in [Family::Ip, Family::Ip6] {
-        if nft
-            .table(family, verdict_proxier::config::DEFAULT_TABLE)?
-            .is_some()
-        {
-            let mut tx = Transaction::new(family, verdict_proxier::config::DEFAULT_TABLE);
-            tx.delete_table();
-            nft.run(&tx)?;
-            tracing::info!(%family, "deleted table {}", verdict_proxier::config::DEFAULT_TABLE);
+        // Deleted whatever it holds: a table that is not there is refused
+        // as not found.
+        let mut tx = Transaction::new(family, verdict_proxier::config::DEFAULT_TABLE);
+        tx.delete_table();
+        match nft.run(&tx) {
+            Ok(()) => {
+                tracing::info!(%family, "deleted table {}", verdict_proxier::config::DEFAULT_TABLE)
+            }
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err(e.into()),
         }
     }
-    let problems = crate::leftovers::cleanup(source.keep_kube_proxy_nftables);
+    let problems = crate::leftovers::cleanup(source.keep_kube_proxy_nftables, nft.as_mut());
     if !problems.is_empty() {
         bail!(
             "cleanup of kube-proxy's leftovers failed: {}",
