@@ -23,9 +23,14 @@ use crate::{Timed, flag, max_rss_mib, ms, pct, run_with_peak, sizes};
 const BACKENDS: [&str; 2] = ["nft", "netlink"];
 
 /// The rows of the table: key, label, unit.
-const ROWS: [(&str, &str); 12] = [
+const ROWS: [(&str, &str); 14] = [
     ("cold_ms", "cold full sync to kernel (ms)"),
     ("cold_backend_ms", "  of which the backend (ms)"),
+    (
+        "cold_nocounters_ms",
+        "cold full sync, `--service-counters=false` (ms)",
+    ),
+    ("cold_nocounters_backend_ms", "  of which the backend (ms)"),
     ("nochange_ms", "sync with nothing to do (ms)"),
     ("ep_p50_ms", "one endpoint change, p50 (ms)"),
     ("ep_p99_ms", "one endpoint change, p99 (ms)"),
@@ -136,6 +141,7 @@ fn backend_one_in_thread(args: &[String]) -> Result<(), String> {
         inner,
         spent: Duration::ZERO,
         biggest: String::new(),
+        overhead: Duration::ZERO,
     };
     let mut cfg = ProxierConfig::new(IpFamily::V4, "bench-node");
     cfg.node_ips = vec![std::net::IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1))];
@@ -161,8 +167,10 @@ fn backend_one_in_thread(args: &[String]) -> Result<(), String> {
     proxier
         .sync(&mut be, now())
         .map_err(|e| format!("cold sync: {e}"))?;
-    put("cold_ms", ms(t.elapsed()));
+    put("cold_ms", ms(t.elapsed() - be.overhead));
     put("cold_backend_ms", ms(be.spent));
+    // As the daemon does after a full sync.
+    verdict_proxier::proxier::settle_allocator();
 
     let t = Instant::now();
     proxier.sync(&mut be, now()).map_err(|e| e.to_string())?;
@@ -234,6 +242,7 @@ fn backend_one_in_thread(args: &[String]) -> Result<(), String> {
     let r = proxier.sync(&mut be, now()).map_err(|e| e.to_string())?;
     put("full_resync_ms", ms(t.elapsed()));
     put("full_resync_ops", r.operations as f64);
+    verdict_proxier::proxier::settle_allocator();
 
     ns.exec("nft", &["flush", "ruleset"])
         .map_err(|e| e.to_string())?;
@@ -255,6 +264,20 @@ fn backend_one_in_thread(args: &[String]) -> Result<(), String> {
             "after the repair {back} elements, before {elements}"
         ));
     }
+    verdict_proxier::proxier::settle_allocator();
+
+    // The same cold sync without the element counters: what they cost.
+    ns.exec("nft", &["flush", "ruleset"])
+        .map_err(|e| e.to_string())?;
+    let mut plain = proxier.config().clone();
+    plain.counters = false;
+    proxier.set_config(plain).map_err(|e| e.to_string())?;
+    let (t, spent) = (Instant::now(), be.spent);
+    proxier
+        .sync(&mut be, now())
+        .map_err(|e| format!("sync without counters: {e}"))?;
+    put("cold_nocounters_ms", ms(t.elapsed()));
+    put("cold_nocounters_backend_ms", ms(be.spent - spent));
 
     put("peak_self_mib", max_rss_mib(UsageWho::RUSAGE_SELF));
     if which == "nft" {

@@ -1,6 +1,7 @@
 //! nftables for verdict: a typed model of the objects we write, transactions
 //! that render to `nft -f` scripts, an in-memory backend with the kernel's
-//! all-or-nothing and reference rules, and a packet tracer over it.
+//! all-or-nothing and reference rules, a packet tracer over it, and two
+//! kernel backends: netlink and the `nft` program.
 //!
 //! This crate knows nothing about Kubernetes.
 //!
@@ -9,10 +10,15 @@
 //! - [`tx`]: [`Transaction`], an ordered batch of operations on one table.
 //! - [`memory`]: the [`Backend`] trait and [`MemoryBackend`].
 //! - [`trace`]: [`Tracer`], which walks a packet through a [`TableState`].
-//! - [`cli`]: [`NftCli`], the kernel backend (the `nft` program).
+//! - [`netlink`]: [`NetlinkBackend`], the kernel backend that speaks
+//!   nf_tables over netlink, and [`NetlinkConntrack`], conntrack over
+//!   ctnetlink.
+//! - [`cli`]: [`NftCli`], the kernel backend that runs the `nft` program.
 //! - [`json`]: reads `nft -j list table` back into the IR.
 //! - [`addresses`]: the node's addresses, and announcements of their
 //!   changes.
+//! - [`conntrack`]: the [`conntrack::Conntrack`] trait and `ConntrackCli`,
+//!   which runs the `conntrack` program.
 //! - [`monitor`]: the kernel's announcements of ruleset changes (the
 //!   netlink group `nft monitor` reads), to notice other processes' edits.
 

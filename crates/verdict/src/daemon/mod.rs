@@ -1116,6 +1116,9 @@ pub fn run(settings: &Settings, source: &Source, verbosity: &Verbosity) -> anyho
         };
         wait = POLL;
         let result = lock(&node).sync(&mut nft, now, full, trigger);
+        if full {
+            verdict_proxier::proxier::settle_allocator();
+        }
         if let Err(e) = &result {
             tracing::error!(error = %format!("{e:#}"), "sync failed; retrying with backoff, and new changes still go through");
         }
