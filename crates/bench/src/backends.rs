@@ -176,49 +176,15 @@ fn backend_one_in_thread(args: &[String]) -> Result<(), String> {
     proxier.sync(&mut be, now()).map_err(|e| e.to_string())?;
     put("nochange_ms", ms(t.elapsed()));
 
-    let mut lat = Vec::new();
-    for c in 0..changes {
-        let i = (c * 7919 + 13) % n;
-        let mut moved = eps.clone();
-        moved[0].0 = Ipv4Addr::new(10, 200, 1, (c % 250 + 1) as u8);
-        let t = Instant::now();
-        for s in slices(i, &moved, 0) {
-            proxier.on_endpoint_slice(&s, false);
-        }
-        proxier.sync(&mut be, now()).map_err(|e| e.to_string())?;
-        lat.push(ms(t.elapsed()));
-    }
+    let mut times = crate::time_changes(&mut proxier, &mut be, n, &eps, changes, &mut now)?;
     if std::env::var_os("VERDICT_BENCH_VERBOSE").is_some() {
-        eprintln!("endpoint changes (ms, in order): {lat:.2?}");
+        eprintln!("endpoint changes (ms, in order): {:.2?}", times.endpoint);
+        eprintln!("service adds (ms, in order): {:.2?}", times.add);
+        eprintln!("service deletes (ms, in order): {:.2?}", times.delete);
     }
-    put("ep_p50_ms", pct(&mut lat, 0.5));
-    put("ep_p99_ms", pct(&mut lat, 0.99));
-
-    let (mut add, mut del) = (Vec::new(), Vec::new());
-    for c in 0..changes {
-        let i = n + c;
-        let t = Instant::now();
-        proxier.on_service(None, Some(&service(i)));
-        for s in slices(i, &eps, 0) {
-            proxier.on_endpoint_slice(&s, false);
-        }
-        proxier.sync(&mut be, now()).map_err(|e| e.to_string())?;
-        add.push(ms(t.elapsed()));
-    }
-    for c in 0..changes {
-        let i = n + c;
-        let t = Instant::now();
-        proxier.on_service(Some(&service(i)), None);
-        for s in slices(i, &eps, 0) {
-            proxier.on_endpoint_slice(&s, true);
-        }
-        proxier.sync(&mut be, now()).map_err(|e| e.to_string())?;
-        del.push(ms(t.elapsed()));
-    }
-    if std::env::var_os("VERDICT_BENCH_VERBOSE").is_some() {
-        eprintln!("service adds (ms, in order): {add:.2?}");
-        eprintln!("service deletes (ms, in order): {del:.2?}");
-    }
+    put("ep_p50_ms", pct(&mut times.endpoint, 0.5));
+    put("ep_p99_ms", pct(&mut times.endpoint, 0.99));
+    let (mut add, mut del) = (times.add, times.delete);
     put("add_p99_ms", pct(&mut add, 0.99));
     put("del_p99_ms", pct(&mut del, 0.99));
 

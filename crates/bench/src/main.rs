@@ -179,6 +179,68 @@ fn orchestrate(args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
+/// How long changes take, in ms, from entering the proxier to the kernel
+/// having them.
+struct ChangeTimes {
+    /// One endpoint of one service moves (a different service each time).
+    endpoint: Vec<f64>,
+    /// Of that, the backend's part.
+    endpoint_backend: Vec<f64>,
+    /// A service with its endpoints is added.
+    add: Vec<f64>,
+    /// The same services are deleted.
+    delete: Vec<f64>,
+}
+
+/// Times `changes` endpoint changes among services `0..n`, then as many
+/// services added after them and deleted again.
+fn time_changes<B: verdict_nft::Backend + ?Sized>(
+    proxier: &mut Proxier,
+    backend: &mut Timed<B>,
+    n: usize,
+    eps: &[(Ipv4Addr, u16)],
+    changes: usize,
+    now: &mut impl FnMut() -> Instant,
+) -> Result<ChangeTimes, String> {
+    let mut out = ChangeTimes {
+        endpoint: Vec::new(),
+        endpoint_backend: Vec::new(),
+        add: Vec::new(),
+        delete: Vec::new(),
+    };
+    for c in 0..changes {
+        let spent = backend.spent;
+        let i = (c * 7919 + 13) % n;
+        let mut moved = eps.to_vec();
+        moved[0].0 = Ipv4Addr::new(10, 200, 1, (c % 250 + 1) as u8);
+        let t = Instant::now();
+        for s in slices(i, &moved, 0) {
+            proxier.on_endpoint_slice(&s, false);
+        }
+        proxier.sync(backend, now()).map_err(|e| e.to_string())?;
+        out.endpoint.push(ms(t.elapsed()));
+        out.endpoint_backend.push(ms(backend.spent - spent));
+    }
+    for (added, list) in [(true, &mut out.add), (false, &mut out.delete)] {
+        for c in 0..changes {
+            let i = n + c;
+            let t = Instant::now();
+            let svc = service(i);
+            if added {
+                proxier.on_service(None, Some(&svc));
+            } else {
+                proxier.on_service(Some(&svc), None);
+            }
+            for s in slices(i, eps, 0) {
+                proxier.on_endpoint_slice(&s, !added);
+            }
+            proxier.sync(backend, now()).map_err(|e| e.to_string())?;
+            list.push(ms(t.elapsed()));
+        }
+    }
+    Ok(out)
+}
+
 /// A backend that times how long the kernel backend takes.
 struct Timed<B: ?Sized> {
     spent: Duration,
@@ -369,51 +431,20 @@ fn one_in_thread(args: &[String]) -> Result<(), String> {
     put("nochange_ops", r.operations.to_string());
     put("nochange_ms", format!("{:.3}", ms(t.elapsed())));
 
-    // One endpoint of one service changes (different services each time).
-    let mut lat = Vec::new();
-    let mut lat_backend = Vec::new();
-    for c in 0..changes {
-        nft.spent = Duration::ZERO;
-        let i = (c * 7919 + 13) % n;
-        let mut moved = eps.clone();
-        moved[0].0 = Ipv4Addr::new(10, 200, 1, (c % 250 + 1) as u8);
-        let t = Instant::now();
-        for s in slices(i, &moved, 0) {
-            proxier.on_endpoint_slice(&s, false);
-        }
-        proxier.sync(&mut nft, now()).map_err(|e| e.to_string())?;
-        lat.push(ms(t.elapsed()));
-        lat_backend.push(ms(nft.spent));
-    }
+    let mut times = time_changes(&mut proxier, &mut nft, n, &eps, changes, &mut now)?;
     put(
         "ep_change_backend_p50_ms",
-        format!("{:.2}", pct(&mut lat_backend, 0.5)),
+        format!("{:.2}", pct(&mut times.endpoint_backend, 0.5)),
     );
-    put("ep_change_p50_ms", format!("{:.2}", pct(&mut lat, 0.5)));
-    put("ep_change_p99_ms", format!("{:.2}", pct(&mut lat, 0.99)));
-
-    // Services added, then deleted.
-    let (mut add, mut del) = (Vec::new(), Vec::new());
-    for c in 0..changes {
-        let i = n + c;
-        let t = Instant::now();
-        proxier.on_service(None, Some(&service(i)));
-        for s in slices(i, &eps, 0) {
-            proxier.on_endpoint_slice(&s, false);
-        }
-        proxier.sync(&mut nft, now()).map_err(|e| e.to_string())?;
-        add.push(ms(t.elapsed()));
-    }
-    for c in 0..changes {
-        let i = n + c;
-        let t = Instant::now();
-        proxier.on_service(Some(&service(i)), None);
-        for s in slices(i, &eps, 0) {
-            proxier.on_endpoint_slice(&s, true);
-        }
-        proxier.sync(&mut nft, now()).map_err(|e| e.to_string())?;
-        del.push(ms(t.elapsed()));
-    }
+    put(
+        "ep_change_p50_ms",
+        format!("{:.2}", pct(&mut times.endpoint, 0.5)),
+    );
+    put(
+        "ep_change_p99_ms",
+        format!("{:.2}", pct(&mut times.endpoint, 0.99)),
+    );
+    let (mut add, mut del) = (times.add, times.delete);
     put("svc_add_p50_ms", format!("{:.2}", pct(&mut add, 0.5)));
     put("svc_add_p99_ms", format!("{:.2}", pct(&mut add, 0.99)));
     put("svc_del_p50_ms", format!("{:.2}", pct(&mut del, 0.5)));

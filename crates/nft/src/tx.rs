@@ -25,7 +25,9 @@ pub enum Op {
     DeleteChain(String),
     /// `add set` / `add map`: create if missing.
     AddSet(Set),
-    /// `flush set` / `flush map`: remove every element.
+    /// `flush set`: remove every element. Through nft this names a set
+    /// only (a map needs `flush map`, which verdict never sends); over
+    /// netlink it flushes either.
     FlushSet(String),
     /// `delete set` / `delete map`.
     DeleteSet(String),
