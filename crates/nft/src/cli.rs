@@ -2,9 +2,12 @@
 //! `nft -f -` (one process per transaction, all or nothing), a dry run uses
 //! `nft --check -f -`, and a table is read back with `nft -j list table`.
 
+use std::sync::Arc;
+
+use crate::backend::{Backend, TableState};
 use crate::error::NftError;
 use crate::ir::Family;
-use crate::memory::{Backend, TableState};
+use crate::process::{Runner, System};
 use crate::tx::Transaction;
 
 /// Oldest nft verdict supports (kube-proxy's floor: earlier versions
@@ -12,10 +15,11 @@ use crate::tx::Transaction;
 pub const MIN_NFT_VERSION: (u32, u32, u32) = (1, 0, 1);
 
 /// Runs `nft`, optionally inside a named network namespace.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct NftCli {
     prefix: Vec<String>,
     version: (u32, u32, u32),
+    runner: Arc<dyn Runner>,
 }
 
 impl NftCli {
@@ -37,9 +41,15 @@ impl NftCli {
     }
 
     fn with_prefix(prefix: Vec<String>) -> Result<NftCli, NftError> {
+        NftCli::with_runner(prefix, Arc::new(System))
+    }
+
+    /// `nft` run as `prefix` through `runner` (a fake one in tests).
+    pub fn with_runner(prefix: Vec<String>, runner: Arc<dyn Runner>) -> Result<NftCli, NftError> {
         let mut cli = NftCli {
             prefix,
             version: (0, 0, 0),
+            runner,
         };
         let out = cli.exec(&["--version"], None)?;
         cli.version = parse_version(&out)
@@ -75,7 +85,7 @@ impl NftCli {
             .map(String::as_str)
             .chain(args.iter().copied())
             .collect();
-        let out = crate::process::run(program, &argv, stdin).map_err(|e| {
+        let out = self.runner.run(program, &argv, stdin).map_err(|e| {
             if matches!(
                 e.kind(),
                 std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied
@@ -169,6 +179,7 @@ impl Backend for NftCli {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tx::Transaction;
 
     #[test]
     fn reads_versions() {
@@ -203,6 +214,89 @@ mod tests {
                 .to_string()
                 .contains("CAP_NET_ADMIN")
         );
+    }
+
+    /// A fake nft: answers each command line from a script and records
+    /// what it was asked and given.
+    #[derive(Debug, Default)]
+    struct Fake {
+        calls: std::sync::Mutex<Vec<(Vec<String>, Option<String>)>>,
+    }
+
+    impl Runner for Fake {
+        fn run(
+            &self,
+            _program: &str,
+            args: &[&str],
+            stdin: Option<&str>,
+        ) -> std::io::Result<std::process::Output> {
+            use std::os::unix::process::ExitStatusExt;
+            self.calls.lock().unwrap().push((
+                args.iter().map(|a| (*a).to_owned()).collect(),
+                stdin.map(str::to_owned),
+            ));
+            let ok = |stdout: &str| std::process::Output {
+                status: std::process::ExitStatus::from_raw(0),
+                stdout: stdout.as_bytes().to_vec(),
+                stderr: Vec::new(),
+            };
+            let fail = |stderr: &str| std::process::Output {
+                status: std::process::ExitStatus::from_raw(1 << 8),
+                stdout: Vec::new(),
+                stderr: stderr.as_bytes().to_vec(),
+            };
+            Ok(match args {
+                ["--version"] => ok("nftables v1.0.6 (Lester Gooch #5)\n"),
+                ["-j", "list", "table", "ip", "missing"] => {
+                    fail("Error: No such file or directory; did you mean table 'x'?")
+                }
+                ["-j", "list", "table", "ip", "t"] => ok(
+                    r#"{"nftables": [{"metainfo": {"json_schema_version": 1}}, {"table": {"family": "ip", "name": "t", "handle": 1}}, {"chain": {"family": "ip", "table": "t", "name": "c", "handle": 2}}]}"#,
+                ),
+                ["-f", "-"] if stdin.is_some_and(|s| s.contains("busy")) => {
+                    fail("Error: Could not process rule: Device or resource busy")
+                }
+                _ => ok(""),
+            })
+        }
+    }
+
+    #[test]
+    fn transactions_go_to_nft_on_stdin_and_tables_come_back_parsed() {
+        let fake = Arc::new(Fake::default());
+        let mut nft = NftCli::with_runner(vec!["nft".into()], fake.clone()).unwrap();
+        assert_eq!(nft.version(), (1, 0, 6));
+        let mut tx = Transaction::new(Family::Ip, "t");
+        tx.add_chain(crate::ir::Chain::regular("c"));
+        nft.run(&tx).unwrap();
+        Backend::check(&mut nft, &tx).unwrap();
+        // An empty transaction runs nothing; one built with an error is
+        // refused before nft is asked.
+        nft.run(&Transaction::new(Family::Ip, "t")).unwrap();
+        let mut bad = Transaction::new(Family::Ip, "t");
+        bad.add_chain(crate::ir::Chain::regular(""));
+        assert!(matches!(nft.run(&bad), Err(NftError::Invalid(_))));
+        let calls = fake.calls.lock().unwrap().clone();
+        let script = tx.to_string();
+        assert_eq!(calls.len(), 3, "{calls:?}");
+        assert_eq!(
+            calls[1],
+            (vec!["-f".into(), "-".into()], Some(script.clone()))
+        );
+        assert_eq!(
+            calls[2],
+            (
+                vec!["--check".into(), "-f".into(), "-".into()],
+                Some(script)
+            )
+        );
+
+        let t = nft.table(Family::Ip, "t").unwrap().unwrap();
+        assert!(t.chains.contains_key("c"));
+        assert_eq!(nft.table(Family::Ip, "missing").unwrap(), None);
+        let mut busy = Transaction::new(Family::Ip, "t");
+        busy.add_chain(crate::ir::Chain::regular("busy"));
+        assert!(matches!(nft.run(&busy), Err(NftError::Busy(_))));
     }
 
     #[test]

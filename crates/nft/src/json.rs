@@ -31,12 +31,12 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use serde_json::{Map, Value as Json};
 
+use crate::backend::{ChainState, Counter, SetState, TableState};
 use crate::error::NftError;
 use crate::ir::{
     BaseChain, Chain, ChainType, CmpOp, DataType, DnatTarget, Element, ElementValue, Expr, Family,
     FibAddr, Hook, KeyPart, L4Proto, Rule, Selector, Set, Value, Verdict,
 };
-use crate::memory::{ChainState, Counter, SetState, TableState};
 
 /// Longest excerpt of an offending JSON value quoted in an error.
 const EXCERPT_MAX: usize = 200;

@@ -8,7 +8,9 @@
 //! # Layout
 //! - [`ir`]: tables, chains, sets, maps, elements, rules and their text form.
 //! - [`tx`]: [`Transaction`], an ordered batch of operations on one table.
-//! - [`memory`]: the [`Backend`] trait and [`MemoryBackend`].
+//! - [`backend`]: the [`Backend`] trait and [`TableState`], what a backend
+//!   reads back.
+//! - [`memory`]: [`MemoryBackend`], nftables in memory.
 //! - [`trace`]: [`Tracer`], which walks a packet through a [`TableState`].
 //! - [`netlink`]: [`NetlinkBackend`], the kernel backend that speaks
 //!   nf_tables over netlink, and [`NetlinkConntrack`], conntrack over
@@ -23,6 +25,7 @@
 //!   netlink group `nft monitor` reads), to notice other processes' edits.
 
 pub mod addresses;
+pub mod backend;
 pub mod cli;
 pub mod conntrack;
 pub mod error;
@@ -35,10 +38,11 @@ pub mod process;
 pub mod trace;
 pub mod tx;
 
+pub use backend::{Backend, ChainState, Counter, SetState, TableState};
 pub use cli::NftCli;
 pub use error::NftError;
 pub use ir::*;
-pub use memory::{Backend, ChainState, Counter, MemoryBackend, SetState, TableState, goto};
+pub use memory::{MemoryBackend, goto};
 pub use netlink::{NetlinkBackend, NetlinkConntrack};
 pub use trace::{Disposition, Packet, Trace, TraceLookup, TracePath, TraceStep, Tracer};
 pub use tx::{Op, Transaction};

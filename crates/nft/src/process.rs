@@ -41,6 +41,24 @@ pub fn run(program: &str, args: &[&str], stdin: Option<&str>) -> std::io::Result
     child.wait_with_output()
 }
 
+/// How a kernel tool is run: [`System`] runs it; tests put a fake in its
+/// place (as knftables fakes its exec), so that what a backend sends and
+/// how it reads the answer are tested without the program.
+pub trait Runner: Send + Sync + std::fmt::Debug {
+    /// Runs `program` with `args`, writing `stdin` to it if given.
+    fn run(&self, program: &str, args: &[&str], stdin: Option<&str>) -> std::io::Result<Output>;
+}
+
+/// Runs programs for real ([`run`]).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct System;
+
+impl Runner for System {
+    fn run(&self, program: &str, args: &[&str], stdin: Option<&str>) -> std::io::Result<Output> {
+        run(program, args, stdin)
+    }
+}
+
 /// Whether `pid` is this process, one of its threads (the kernel names a
 /// netlink commit by the committing thread's id), or one of its recent
 /// children.

@@ -9,11 +9,11 @@ use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::net::IpAddr;
 
+use crate::backend::{SetState, TableState};
 use crate::ir::{
     CmpOp, DnatTarget, Element, ElementValue, Expr, Family, FibAddr, Hook, KeyPart, L4Proto,
     Selector, Value, Verdict,
 };
-use crate::memory::{SetState, TableState};
 
 /// Largest numgen range the tracer enumerates.
 const MAX_FORK: u32 = 4096;
@@ -616,8 +616,9 @@ fn find<'s>(set: &'s SetState, key: &[Value]) -> Option<&'s Element> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::Backend;
     use crate::ir::{Chain, ChainType, DataType, Rule, Set};
-    use crate::memory::{Backend, MemoryBackend, goto};
+    use crate::memory::{MemoryBackend, goto};
     use crate::tx::Transaction;
 
     // Address plan: node 192.168.0.2; pods 10.0.0.0/8; service 172.30.0.41:80

@@ -25,9 +25,9 @@ use std::collections::BTreeMap;
 
 use nix::errno::Errno;
 
+use crate::backend::{Backend, SetState, TableState};
 use crate::error::NftError;
 use crate::ir::{Element, Family, Set};
-use crate::memory::{Backend, SetState, TableState};
 use crate::tx::{Op, Transaction};
 use objects::{Batch, kind, nfproto};
 use socket::{NFNL_MSG_BATCH_BEGIN, NLM_F_REQUEST, Reply, Socket};

@@ -8,12 +8,12 @@ use std::net::IpAddr;
 use super::expr::{self, NFTA_DATA_VALUE, NFTA_DATA_VERDICT, type_len, value_bytes, value_of};
 use super::socket::NLM_F_REQUEST;
 use super::wire::{Attrs, Writer, udata};
+use crate::backend::{ChainState, Counter, SetState, TableState};
 use crate::error::NftError;
 use crate::ir::{
     BaseChain, Chain, ChainType, DataType, Element, ElementValue, Family, Hook, L4Proto, Rule, Set,
     Value,
 };
-use crate::memory::{ChainState, Counter, SetState, TableState};
 use crate::tx::Op;
 
 /// `NFNL_SUBSYS_NFTABLES`.

@@ -11,8 +11,8 @@ use proptest::prelude::*;
 use super::expr;
 use super::objects::{self, Batch};
 use super::wire::{Attrs, Writer, messages};
+use crate::backend::SetState;
 use crate::ir::*;
-use crate::memory::SetState;
 use crate::tx::{Op, Transaction};
 
 fn sets(family: Family) -> BTreeMap<String, Set> {

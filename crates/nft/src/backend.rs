@@ -1,0 +1,162 @@
+//! The [`Backend`] trait, the one door to nftables, and what a backend
+//! reads back: a table's chains with their rules and its sets with their
+//! elements and counters. [`MemoryBackend`](crate::memory::MemoryBackend),
+//! [`NetlinkBackend`](crate::netlink::NetlinkBackend) and
+//! [`NftCli`](crate::cli::NftCli) implement it.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use crate::error::NftError;
+use crate::ir::{Chain, Element, Family, Rule, Set, Value, quote};
+use crate::tx::Transaction;
+
+/// The only door to nftables. [`MemoryBackend`](crate::memory::MemoryBackend)
+/// applies a transaction in memory, the kernel backends send it to the
+/// kernel.
+pub trait Backend {
+    /// Applies every operation of `tx`, or none of them.
+    fn run(&mut self, tx: &Transaction) -> Result<(), NftError>;
+
+    /// Validates `tx` as [`Backend::run`] would, without applying it (a dry
+    /// run: the kernel checks the batch, then aborts it).
+    fn check(&mut self, tx: &Transaction) -> Result<(), NftError>;
+
+    /// The current contents of one table, or `None` if it does not exist.
+    fn table(&mut self, family: Family, name: &str) -> Result<Option<TableState>, NftError>;
+
+    /// The elements of one set or map (cheaper than the whole table).
+    fn elements(
+        &mut self,
+        family: Family,
+        table: &str,
+        set: &str,
+    ) -> Result<Vec<Element>, NftError> {
+        set_elements(self.table(family, table)?.as_ref(), family, table, set)
+    }
+}
+
+/// A backend chosen at run time is a backend.
+impl<B: Backend + ?Sized> Backend for Box<B> {
+    fn run(&mut self, tx: &Transaction) -> Result<(), NftError> {
+        (**self).run(tx)
+    }
+
+    fn check(&mut self, tx: &Transaction) -> Result<(), NftError> {
+        (**self).check(tx)
+    }
+
+    fn table(&mut self, family: Family, name: &str) -> Result<Option<TableState>, NftError> {
+        (**self).table(family, name)
+    }
+
+    fn elements(
+        &mut self,
+        family: Family,
+        table: &str,
+        set: &str,
+    ) -> Result<Vec<Element>, NftError> {
+        (**self).elements(family, table, set)
+    }
+}
+
+/// The elements of `set` in `t`, or why there are none.
+pub(crate) fn set_elements(
+    t: Option<&TableState>,
+    family: Family,
+    table: &str,
+    set: &str,
+) -> Result<Vec<Element>, NftError> {
+    let t = t.ok_or_else(|| NftError::NotFound(format!("table {family} {table}")))?;
+    let s = t
+        .sets
+        .get(set)
+        .ok_or_else(|| NftError::NotFound(format!("set {set}")))?;
+    Ok(s.elements.values().cloned().collect())
+}
+
+/// A chain and its rules.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChainState {
+    /// Definition.
+    pub chain: Chain,
+    /// Rules in order.
+    pub rules: Vec<Rule>,
+}
+
+/// A set or map and its elements. Two are equal when their definitions
+/// and elements are: counters move with every packet.
+#[derive(Clone, Debug, Eq)]
+pub struct SetState {
+    /// Definition.
+    pub set: Set,
+    /// Elements by key.
+    pub elements: BTreeMap<Vec<Value>, Element>,
+    /// What each element's counter says, as read back from the kernel
+    /// (empty in memory, where no packet passes, and for sets without
+    /// counters).
+    pub counters: BTreeMap<Vec<Value>, Counter>,
+}
+
+impl PartialEq for SetState {
+    fn eq(&self, other: &SetState) -> bool {
+        self.set == other.set && self.elements == other.elements
+    }
+}
+
+/// An element's counter.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counter {
+    /// Packets that matched the element.
+    pub packets: u64,
+    /// Their bytes.
+    pub bytes: u64,
+}
+
+/// The contents of one table.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TableState {
+    /// Table comment.
+    pub comment: Option<String>,
+    /// Chains by name.
+    pub chains: BTreeMap<String, ChainState>,
+    /// Sets and maps by name.
+    pub sets: BTreeMap<String, SetState>,
+}
+
+impl TableState {
+    /// Renders the table as an `nft -f` script in canonical order: chains,
+    /// sets and maps sorted by name, then rules chain by chain (rule order
+    /// kept), then elements sorted by key.
+    pub fn dump(&self, family: Family, name: &str) -> String {
+        let t = format!("{family} {name}");
+        let mut out = String::new();
+        match &self.comment {
+            Some(c) => {
+                let _ = writeln!(out, "add table {t} {{ comment {} ; }}", quote(c));
+            }
+            None => {
+                let _ = writeln!(out, "add table {t}");
+            }
+        }
+        let mut tx = Transaction::new(family, name);
+        for c in self.chains.values() {
+            tx.add_chain(c.chain.clone());
+        }
+        for s in self.sets.values() {
+            tx.add_set(s.set.clone());
+        }
+        for c in self.chains.values() {
+            for r in &c.rules {
+                tx.add_rule(&c.chain.name, r.clone());
+            }
+        }
+        for s in self.sets.values() {
+            for e in s.elements.values() {
+                tx.add_element(&s.set.name, e.clone());
+            }
+        }
+        out.push_str(&tx.to_string());
+        out
+    }
+}
