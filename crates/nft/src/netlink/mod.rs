@@ -256,11 +256,7 @@ impl NetlinkBackend {
         table: &str,
         set: &Set,
     ) -> Result<(SetState, bool), NftError> {
-        let mut state = SetState {
-            set: set.clone(),
-            elements: BTreeMap::new(),
-            counters: BTreeMap::new(),
-        };
+        let mut items = objects::Items::new();
         let mut failed = None;
         let r = self.request(
             objects::GETSETELEM,
@@ -274,7 +270,7 @@ impl NetlinkBackend {
                 if m == objects::NEWSETELEM
                     && failed.is_none()
                     && let Some(list) = a.nested(3)
-                    && let Err(e) = objects::elements(set, list, &mut state)
+                    && let Err(e) = objects::element_items(set, list, &mut items)
                 {
                     failed = Some(e);
                 }
@@ -290,7 +286,7 @@ impl NetlinkBackend {
                 &format!("listing set {family} {table} {}", set.name),
             ));
         }
-        Ok((state, r.interrupted))
+        Ok((objects::set_state(set, items), r.interrupted))
     }
 
     /// One attempt at reading a table; `Ok(None)` inside means missing,

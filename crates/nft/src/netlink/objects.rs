@@ -686,7 +686,28 @@ fn network(start: &Value, end: &Value) -> Option<Value> {
 
 /// The elements of one `NEWSETELEM` message of a dump, with their
 /// counters.
-pub(crate) fn elements(set: &Set, list: Attrs<'_>, out: &mut SetState) -> Result<(), NftError> {
+/// Every element of a dump, in the kernel's (hash) order.
+pub(crate) type Items = Vec<(Element, Option<Counter>)>;
+
+/// A set's state from the elements of its whole dump: sorted once and
+/// built in bulk, rather than inserted one by one into the maps.
+pub(crate) fn set_state(set: &Set, mut items: Items) -> SetState {
+    items.sort_unstable_by(|a, b| a.0.key.cmp(&b.0.key));
+    items.dedup_by(|a, b| a.0.key == b.0.key);
+    let counters = items
+        .iter()
+        .filter_map(|(e, c)| c.map(|c| (e.key.clone(), c)))
+        .collect();
+    let elements = items.into_iter().map(|(e, _)| (e.key.clone(), e)).collect();
+    SetState {
+        set: set.clone(),
+        elements,
+        counters,
+    }
+}
+
+/// The elements of one `NEWSETELEM` message of a dump, appended to `out`.
+pub(crate) fn element_items(set: &Set, list: Attrs<'_>, out: &mut Items) -> Result<(), NftError> {
     let what = || format!("set {}", set.name);
     for (_, e) in list.iter() {
         let e = Attrs(e);
@@ -754,18 +775,14 @@ pub(crate) fn elements(set: &Set, list: Attrs<'_>, out: &mut SetState) -> Result
             None => None,
         };
         let comment = e.get(6).and_then(|u| udata::string(u, UDATA_COMMENT));
-        let counter = element_counter(e);
-        if let Some(c) = counter {
-            out.counters.insert(key.clone(), c);
-        }
-        out.elements.insert(
-            key.clone(),
+        out.push((
             Element {
                 key,
                 value,
                 comment,
             },
-        );
+            element_counter(e),
+        ));
     }
     Ok(())
 }

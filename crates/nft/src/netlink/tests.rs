@@ -11,7 +11,6 @@ use proptest::prelude::*;
 use super::expr;
 use super::objects::{self, Batch};
 use super::wire::{Attrs, Writer, messages};
-use crate::backend::SetState;
 use crate::ir::*;
 use crate::tx::{Op, Transaction};
 
@@ -451,15 +450,12 @@ fn chains_sets_and_elements_round_trip() {
             }
             let bytes = written(&tx, &defs);
             let def = &defs[set];
-            let mut state = SetState {
-                set: def.clone(),
-                elements: BTreeMap::new(),
-                counters: BTreeMap::new(),
-            };
+            let mut items = objects::Items::new();
             for m in messages(&bytes) {
                 let (_, a) = m.nfgen().unwrap();
-                objects::elements(def, a.nested(3).unwrap(), &mut state).unwrap();
+                objects::element_items(def, a.nested(3).unwrap(), &mut items).unwrap();
             }
+            let state = objects::set_state(def, items);
             let want: BTreeMap<_, _> = elements.into_iter().map(|e| (e.key.clone(), e)).collect();
             assert_eq!(state.elements, want, "{family} {set}");
         }
@@ -488,17 +484,22 @@ fn long_element_lists_are_split_below_netlink_s_attribute_limit() {
     let bytes = written(&tx, &defs);
     let msgs: Vec<_> = messages(&bytes).collect();
     assert!(msgs.len() > 5, "{} messages", msgs.len());
-    let mut state = SetState {
-        set: defs["vmap"].clone(),
-        elements: BTreeMap::new(),
-        counters: BTreeMap::new(),
-    };
+    let mut items = objects::Items::new();
     for m in &msgs {
         assert!(m.payload.len() < 65536, "{}", m.payload.len());
         let (_, a) = m.nfgen().unwrap();
-        objects::elements(&defs["vmap"], a.nested(3).unwrap(), &mut state).unwrap();
+        objects::element_items(&defs["vmap"], a.nested(3).unwrap(), &mut items).unwrap();
     }
+    let state = objects::set_state(&defs["vmap"], items);
     assert_eq!(state.elements.len(), 5000);
+    assert!(
+        state
+            .elements
+            .keys()
+            .zip(state.elements.keys().skip(1))
+            .all(|(a, b)| a < b),
+        "sorted by key"
+    );
 }
 
 #[test]
@@ -526,8 +527,9 @@ proptest! {
         let _ = objects::chain(Attrs(&bytes));
         let _ = objects::rule(Family::Ip, Attrs(&bytes), &lookup);
         for def in defs.values() {
-            let mut state = SetState { set: def.clone(), elements: BTreeMap::new(), counters: BTreeMap::new() };
-            let _ = objects::elements(def, Attrs(&bytes), &mut state);
+            let mut items = objects::Items::new();
+            let _ = objects::element_items(def, Attrs(&bytes), &mut items);
+            let _ = objects::set_state(def, items);
         }
         for m in messages(&bytes) {
             let _ = m.nfgen();
