@@ -461,12 +461,11 @@ impl Proxier {
         };
 
         // Recompute the contributions of the service ports that changed.
-        let ports: BTreeSet<ServicePortName> = if full {
-            self.services
-                .keys()
-                .chain(self.contributions.keys())
-                .cloned()
-                .collect()
+        // On a full sync every contribution is dropped and rebuilt below,
+        // so the ports are the services' (in order, without a set to
+        // sort them into).
+        let ports: Vec<ServicePortName> = if full {
+            self.services.keys().cloned().collect()
         } else {
             // Only the ports of the services that changed: a range per service.
             let mut ports = BTreeSet::new();
@@ -488,7 +487,7 @@ impl Proxier {
                         .cloned(),
                 );
             }
-            ports
+            ports.into_iter().collect()
         };
         let node_port_ips = self.cfg.node_port_ips();
         // A full sync diffs every key anyway; a partial one only the keys
