@@ -63,6 +63,14 @@ fn normalize(mut t: TableState) -> TableState {
     t
 }
 
+/// A kernel backend of `kind` in the namespace `ns`, knowing nothing yet.
+fn open(kind: Kind, ns: &str) -> Box<dyn Backend> {
+    match kind {
+        Kind::Nft => Box::new(NftCli::in_netns(ns).unwrap()),
+        Kind::Netlink => Box::new(NetlinkBackend::in_netns(ns).unwrap()),
+    }
+}
+
 /// Two proxiers, one per backend, fed the same events.
 struct Twin {
     ns: Netns,
@@ -80,10 +88,7 @@ struct Twin {
 impl Twin {
     fn new(scenario: &Scenario, kind: Kind) -> Twin {
         let ns = Netns::create(&format!("{}-fvk", unique_prefix())).unwrap();
-        let kernel: Box<dyn Backend> = match kind {
-            Kind::Nft => Box::new(NftCli::in_netns(ns.name()).unwrap()),
-            Kind::Netlink => Box::new(NetlinkBackend::in_netns(ns.name()).unwrap()),
-        };
+        let kernel = open(kind, ns.name());
         let nft = NftCli::in_netns(ns.name()).unwrap();
         let netlink = NetlinkBackend::in_netns(ns.name()).unwrap();
         let cfg = node_config(scenario).unwrap();
@@ -345,6 +350,12 @@ fn churn(kind: Kind) {
     // replace, so only the resulting state is compared).
     t.ns.exec("nft", &["add rule ip verdict services counter"])
         .unwrap();
+    // And a set of a type verdict never writes, which neither reader
+    // understands: the backend still replaces the table.
+    t.ns.exec("nft", &["add set ip verdict foreign { type ether_addr ; }"])
+        .unwrap();
+    // A backend that has not read the table yet (a restarted verdict).
+    t.kernel = open(kind, t.ns.name());
     t.k.force_full_sync();
     t.m.force_full_sync();
     t.sync_only("replace unreadable table", false);

@@ -131,8 +131,13 @@ impl NetlinkBackend {
         let family = tx.family();
         let key = (family, tx.table().to_owned());
         if !self.known.contains_key(&key) {
-            let sets = self.read_sets(family, tx.table())?;
-            self.known.insert(key.clone(), sets);
+            // What is there already, for the encoding of rules and elements
+            // that use it. A table we cannot read (a set of a type verdict
+            // never writes) is no reason to refuse a transaction, which
+            // may well replace it.
+            if let Ok(sets) = self.read_sets(family, tx.table()) {
+                self.known.insert(key.clone(), sets);
+            }
         }
         // The sets as the transaction leaves them (a set is one type
         // throughout a transaction unless it is deleted and re-added, and
@@ -190,9 +195,7 @@ impl NetlinkBackend {
             }
         }
         let origin = std::mem::take(&mut b.origin);
-        let mut seq = b.seq;
-        seq = seq.wrapping_add(1);
-        let end = seq;
+        let end = b.seq.wrapping_add(1);
         if commit {
             w.begin(NFNL_MSG_BATCH_END, NLM_F_REQUEST, end, 0, objects::SUBSYS);
             w.end();

@@ -103,6 +103,7 @@ impl Socket {
     }
 
     pub(crate) fn send(&mut self, bytes: &[u8]) -> Result<(), NftError> {
+        self.drain();
         // The kernel refuses a message larger than the send buffer, and
         // reads a batch only from one message: grow the buffer to fit.
         let need = bytes.len() + 4096;
@@ -123,11 +124,24 @@ impl Socket {
         Ok(())
     }
 
+    /// Discards whatever an earlier answer left queued (one cut short by a
+    /// full buffer), so that it cannot be read as the next one's.
+    fn drain(&mut self) {
+        loop {
+            match recv(self.fd.as_raw_fd(), &mut self.buf, MsgFlags::MSG_DONTWAIT) {
+                Ok(_) | Err(Errno::EINTR) | Err(Errno::ENOBUFS) => {}
+                Err(_) => return,
+            }
+        }
+    }
+
     /// Reads replies until the answer to `last_seq` is complete (or, not
     /// waiting, until none are queued), handing every message that is not
-    /// an error or the end of a dump (type, attributes) to `each`. `wait` blocks for the first
-    /// datagram; a batch's replies are already queued when `send` returns,
-    /// so those are read without waiting.
+    /// an error or the end of a dump (type, attributes) to `each`. Waiting
+    /// is for a request's answer, and only its messages count; a batch's
+    /// replies are already queued when `send` returns, so those are read
+    /// without waiting. An error from `each` is returned once the answer
+    /// has been read to its end.
     pub(crate) fn receive(
         &mut self,
         wait: bool,
@@ -143,10 +157,11 @@ impl Socket {
         } else {
             MsgFlags::MSG_DONTWAIT
         };
+        let mut failed: Option<NftError> = None;
         loop {
             let n = match recv(self.fd.as_raw_fd(), &mut self.buf, flags) {
                 Ok(n) => n,
-                Err(Errno::EAGAIN) if !wait => return Ok(reply),
+                Err(Errno::EAGAIN) if !wait => return failed.map_or(Ok(reply), Err),
                 Err(Errno::EINTR) => continue,
                 Err(Errno::ENOBUFS) => {
                     return Err(NftError::Refused(
@@ -157,6 +172,9 @@ impl Socket {
             };
             let mut finished = false;
             for m in messages(&self.buf[..n]) {
+                if wait && m.seq != last_seq {
+                    continue;
+                }
                 if m.flags & NLM_F_DUMP_INTR != 0 {
                     reply.interrupted = true;
                 }
@@ -178,16 +196,16 @@ impl Socket {
                         }
                     }
                     NLMSG_DONE if wait && m.seq == last_seq => finished = true,
-                    k if k >= NFNL_MSG_BATCH_BEGIN => {
+                    k if k >= NFNL_MSG_BATCH_BEGIN && failed.is_none() => {
                         if let Some((_, attrs)) = m.nfgen() {
-                            each(k, attrs)?;
+                            failed = each(k, attrs).err();
                         }
                     }
                     _ => {}
                 }
             }
             if finished {
-                return Ok(reply);
+                return failed.map_or(Ok(reply), Err);
             }
         }
     }
