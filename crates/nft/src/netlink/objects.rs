@@ -476,25 +476,18 @@ impl Batch<'_> {
             if list.is_some_and(|at| self.w.len() - at > LIST_BYTES_MAX) {
                 self.end_elements(list.take())?;
             }
-            let at = match list {
-                Some(at) => {
-                    self.origin.push((self.seq, *i));
-                    at
-                }
-                None => {
-                    self.begin(
-                        if add { NEWSETELEM } else { DELSETELEM },
-                        if add { NLM_F_CREATE } else { 0 },
-                        *i,
-                    );
-                    self.w.str(1, self.table);
-                    self.w.str(2, set);
-                    let at = self.w.open(3);
-                    list = Some(at);
-                    at
-                }
-            };
-            let _ = at;
+            if list.is_some() {
+                self.origin.push((self.seq, *i));
+            } else {
+                self.begin(
+                    if add { NEWSETELEM } else { DELSETELEM },
+                    if add { NLM_F_CREATE } else { 0 },
+                    *i,
+                );
+                self.w.str(1, self.table);
+                self.w.str(2, set);
+                list = Some(self.w.open(3));
+            }
             let (key, element) = match op {
                 Op::AddElement(_, e) => (&e.key, Some(e)),
                 Op::DeleteElement(_, k) => (k, None),

@@ -28,10 +28,8 @@ use verdict_model::{IpFamily, NamespacedName};
 use verdict_nft::conntrack::Flow;
 use verdict_nft::{Backend, Family, MemoryBackend};
 
-use crate::config::NftablesBackend;
-
 use super::{Node, Source, lock};
-use crate::config::Settings;
+use crate::config::{NftablesBackend, Settings};
 use crate::inspect::counters::Snapshot;
 use crate::inspect::{self, BadRequest, Kernel, TraceRequest, View};
 
