@@ -109,12 +109,7 @@ pub fn backends(args: &[String]) -> Result<(), String> {
 
 /// One backend at one size, in a process of its own.
 pub fn backend_one(args: &[String]) -> Result<(), String> {
-    std::thread::spawn({
-        let args = args.to_vec();
-        move || backend_one_in_thread(&args)
-    })
-    .join()
-    .map_err(|_| "benchmark thread panicked".to_string())?
+    crate::on_own_thread(args, backend_one_in_thread)
 }
 
 fn backend_one_in_thread(args: &[String]) -> Result<(), String> {
@@ -128,21 +123,13 @@ fn backend_one_in_thread(args: &[String]) -> Result<(), String> {
     let ns =
         verdict_e2e::netns::Netns::create(&format!("{}-be", verdict_e2e::netns::unique_prefix()))
             .map_err(|e| e.to_string())?;
-    let node =
-        std::fs::File::open(format!("/run/netns/{}", ns.name())).map_err(|e| e.to_string())?;
-    nix::sched::setns(node, nix::sched::CloneFlags::CLONE_NEWNET)
-        .map_err(|e| format!("setns: {e}"))?;
+    crate::enter_netns(ns.name())?;
     let inner: Box<dyn Backend> = match which {
         "nft" => Box::new(NftCli::new().map_err(|e| e.to_string())?),
         "netlink" => Box::new(NetlinkBackend::new().map_err(|e| e.to_string())?),
         other => return Err(format!("unknown backend {other}")),
     };
-    let mut be = Timed {
-        inner,
-        spent: Duration::ZERO,
-        biggest: String::new(),
-        overhead: Duration::ZERO,
-    };
+    let mut be = Timed::new(inner);
     let mut cfg = ProxierConfig::new(IpFamily::V4, "bench-node");
     cfg.node_ips = vec![std::net::IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1))];
     cfg.local_ips = cfg.node_ips.clone();

@@ -251,6 +251,17 @@ struct Timed<B: ?Sized> {
     inner: B,
 }
 
+impl<B> Timed<B> {
+    fn new(inner: B) -> Timed<B> {
+        Timed {
+            spent: Duration::ZERO,
+            biggest: String::new(),
+            overhead: Duration::ZERO,
+            inner,
+        }
+    }
+}
+
 impl<B: verdict_nft::Backend + ?Sized> verdict_nft::Backend for Timed<B> {
     fn run(&mut self, tx: &verdict_nft::Transaction) -> Result<(), verdict_nft::NftError> {
         let t = Instant::now();
@@ -322,14 +333,25 @@ fn pct(v: &mut [f64], q: f64) -> f64 {
 
 /// One size, in its own process: prints `key value` lines.
 fn one(args: &[String]) -> Result<(), String> {
-    // The control plane moves into the node's namespace; do it on a
-    // dedicated thread so the rest of the process keeps its own.
+    on_own_thread(args, one_in_thread)
+}
+
+/// Runs `run(args)` on a thread of its own: the control plane moves into
+/// a node's namespace, and the rest of the process keeps its own.
+fn on_own_thread(args: &[String], run: fn(&[String]) -> Result<(), String>) -> Result<(), String> {
     std::thread::spawn({
         let args = args.to_vec();
-        move || one_in_thread(&args)
+        move || run(&args)
     })
     .join()
     .map_err(|_| "benchmark thread panicked".to_string())?
+}
+
+/// Moves this thread into the network namespace `name`, as the daemon
+/// runs inside a node's (the programs it starts inherit it).
+fn enter_netns(name: &str) -> Result<(), String> {
+    let ns = std::fs::File::open(format!("/run/netns/{name}")).map_err(|e| e.to_string())?;
+    nix::sched::setns(ns, nix::sched::CloneFlags::CLONE_NEWNET).map_err(|e| format!("setns: {e}"))
 }
 
 fn one_in_thread(args: &[String]) -> Result<(), String> {
@@ -359,17 +381,9 @@ fn one_in_thread(args: &[String]) -> Result<(), String> {
     cfg.node_port_addresses = NodePortAddresses::primary();
     let mut proxier = Proxier::new(cfg).map_err(|e| e.to_string())?;
     // Run nft the way the daemon does: directly, from inside the node's
-    // network namespace (this thread moves there; children inherit it).
-    let node_ns = std::fs::File::open(format!("/run/netns/{}", topo.node.name()))
-        .map_err(|e| e.to_string())?;
-    nix::sched::setns(node_ns, nix::sched::CloneFlags::CLONE_NEWNET)
-        .map_err(|e| format!("setns: {e}"))?;
-    let mut nft = Timed {
-        inner: NftCli::new().map_err(|e| e.to_string())?,
-        spent: Duration::ZERO,
-        biggest: String::new(),
-        overhead: Duration::ZERO,
-    };
+    // network namespace.
+    enter_netns(topo.node.name())?;
+    let mut nft = Timed::new(NftCli::new().map_err(|e| e.to_string())?);
     let eps = endpoints(k);
     let start = Instant::now();
     let mut clock = 0u64;

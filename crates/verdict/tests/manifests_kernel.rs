@@ -9,7 +9,7 @@ mod common;
 
 use common::*;
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use verdict_e2e::bed::{Placement, TestBed};
@@ -434,29 +434,24 @@ fn stale_udp(extra: &[&str], path: Option<&str>) {
     let dir = scratch_dir("conntrack");
     write(&dir, "service.yaml", UDP_SERVICE);
     write(&dir, "slice.yaml", &udp_slice(&["10.180.0.1"]));
-    let verdict = env!("CARGO_BIN_EXE_verdict");
     let log = dir.join("verdict.log");
-    let mut cmd = Command::new("ip");
-    cmd.args(["netns", "exec", bed.node.name(), verdict, "--manifests"])
-        .arg(&dir)
-        .args([
-            "--hostname-override",
-            "test-node",
-            "--cluster-cidr",
-            "10.0.0.0/8",
-            "--min-sync-period",
-            "0s",
-            "--healthz-bind-address",
-            "",
-        ])
-        .args(extra)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap());
-    if let Some(p) = path {
-        cmd.env("PATH", p);
+    let mut args: Vec<std::ffi::OsString> = vec!["--manifests".into(), dir.clone().into()];
+    for a in [
+        "--hostname-override",
+        "test-node",
+        "--cluster-cidr",
+        "10.0.0.0/8",
+        "--min-sync-period",
+        "0s",
+        "--healthz-bind-address",
+        "",
+    ]
+    .iter()
+    .chain(extra)
+    {
+        args.push(a.into());
     }
-    let _daemon = Process(cmd.spawn().unwrap());
+    let _daemon = spawn_verdict(&bed, args, &log, path);
     let log_text = || std::fs::read_to_string(&log).unwrap_or_default();
     assert_eq!(
         udp_wait_for(&bed, "10.180.0.1:53"),

@@ -24,7 +24,7 @@ mod common;
 use common::*;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use verdict_e2e::bed::{Placement, TestBed};
@@ -84,33 +84,21 @@ fn base(dir: &Path, endpoint: &str) {
 
 /// Starts verdict in the node, its log in `log`; `path` replaces `$PATH`.
 fn start(bed: &TestBed, dir: &Path, log: &Path, extra: &[&str], path: Option<&str>) -> Process {
-    let verdict = env!("CARGO_BIN_EXE_verdict");
-    let mut cmd = Command::new("ip");
-    cmd.args([
-        "netns",
-        "exec",
-        bed.node.name(),
-        verdict,
-        "run",
-        "--manifests",
-    ])
-    .arg(dir)
-    .args([
+    let mut args: Vec<std::ffi::OsString> = vec!["run".into(), "--manifests".into(), dir.into()];
+    for a in [
         "--hostname-override",
         "test-node",
         "--bind-address",
         "192.168.0.2",
         "--cluster-cidr",
         "10.0.0.0/8",
-    ])
-    .args(extra)
-    .stdin(Stdio::null())
-    .stdout(Stdio::null())
-    .stderr(std::fs::File::create(log).unwrap());
-    if let Some(p) = path {
-        cmd.env("PATH", p);
+    ]
+    .iter()
+    .chain(extra)
+    {
+        args.push(a.into());
     }
-    Process(cmd.spawn().unwrap())
+    spawn_verdict(bed, args, log, path)
 }
 
 fn log_of(log: &Path) -> String {

@@ -155,15 +155,12 @@ impl NetlinkBackend {
             objects::SUBSYS,
         );
         w.end();
-        let lookup_interval = |name: &str| sets.get(name).is_some_and(|s| s.interval);
-        let lookup_set = |name: &str| sets.get(name).cloned();
         let mut b = Batch {
             w: &mut w,
             family,
             table: tx.table(),
             seq: begin,
-            interval: &lookup_interval,
-            sets: &lookup_set,
+            sets: &sets,
             origin: Vec::new(),
             next_set_id: 0,
         };

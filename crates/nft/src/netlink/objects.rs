@@ -293,10 +293,9 @@ pub(crate) struct Batch<'a> {
     pub(crate) family: Family,
     pub(crate) table: &'a str,
     pub(crate) seq: u32,
-    /// Which sets are interval sets (for lookups in rules).
-    pub(crate) interval: &'a dyn Fn(&str) -> bool,
-    /// The definitions of sets, for their elements' encoding.
-    pub(crate) sets: &'a dyn Fn(&str) -> Option<Set>,
+    /// The table's sets as the transaction leaves them: how their
+    /// elements, and the lookups in rules, are encoded.
+    pub(crate) sets: &'a BTreeMap<String, Set>,
     /// The operation each message came from, by sequence number.
     pub(crate) origin: Vec<(u32, usize)>,
     pub(crate) next_set_id: u32,
@@ -385,7 +384,9 @@ impl Batch<'_> {
                 self.w.str(1, table);
                 self.w.str(2, chain);
                 let list = self.w.open(4);
-                expr::encode(self.w, self.family, &rule.exprs, self.interval)?;
+                let sets = self.sets;
+                let interval = |name: &str| sets.get(name).is_some_and(|s| s.interval);
+                expr::encode(self.w, self.family, &rule.exprs, &interval)?;
                 self.close(list, "a rule")?;
                 if let Some(c) = &rule.comment {
                     self.w.attr(7, &comment_udata(c));
@@ -469,8 +470,10 @@ impl Batch<'_> {
         add: bool,
         items: &[(usize, &Op)],
     ) -> Result<(), NftError> {
-        let def = (self.sets)(set);
-        let interval = def.as_ref().is_some_and(|s| s.interval && s.key.len() > 1);
+        let interval = self
+            .sets
+            .get(set)
+            .is_some_and(|s| s.interval && s.key.len() > 1);
         let mut list: Option<usize> = None;
         for (i, op) in items {
             if list.is_some_and(|at| self.w.len() - at > LIST_BYTES_MAX) {

@@ -309,15 +309,12 @@ fn rules(family: Family) -> Vec<Rule> {
 /// Writes a transaction's messages and returns them with their types.
 fn written(tx: &Transaction, defs: &BTreeMap<String, Set>) -> Vec<u8> {
     let mut w = Writer::new();
-    let interval = |n: &str| defs.get(n).is_some_and(|s| s.interval);
-    let lookup = |n: &str| defs.get(n).cloned();
     let mut b = Batch {
         w: &mut w,
         family: tx.family(),
         table: tx.table(),
         seq: 0,
-        interval: &interval,
-        sets: &lookup,
+        sets: defs,
         origin: Vec::new(),
         next_set_id: 0,
     };

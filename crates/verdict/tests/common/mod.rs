@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use verdict_e2e::apiserver::ApiServerProcess;
 use verdict_e2e::bed::TestBed;
-use verdict_e2e::netns::can_run;
+use verdict_e2e::netns::{Process, can_run};
 
 /// An address literal.
 pub fn ip(s: &str) -> IpAddr {
@@ -128,4 +128,33 @@ pub fn e2e_bin(name: &str) -> String {
         path.display()
     );
     path.to_string_lossy().into_owned()
+}
+
+/// `verdict ARGS` inside the node's namespace, its log written to `log`
+/// (so that a long log never blocks it), with `path` as its PATH if given.
+pub fn spawn_verdict<I, S>(
+    bed: &TestBed,
+    args: I,
+    log: &std::path::Path,
+    path: Option<&str>,
+) -> Process
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<std::ffi::OsStr>,
+{
+    let mut cmd = std::process::Command::new("ip");
+    cmd.args([
+        "netns",
+        "exec",
+        bed.node.name(),
+        env!("CARGO_BIN_EXE_verdict"),
+    ])
+    .args(args)
+    .stdin(std::process::Stdio::null())
+    .stdout(std::process::Stdio::null())
+    .stderr(std::fs::File::create(log).unwrap());
+    if let Some(p) = path {
+        cmd.env("PATH", p);
+    }
+    Process(cmd.spawn().unwrap())
 }
