@@ -174,7 +174,18 @@ fn transaction(choices: &[Choice]) -> Transaction {
     let chain = |i: u8| &chains[usize::from(i) % chains.len()];
     let set = |i: u8| usize::from(i) % sets.len();
     let mut tx = Transaction::new(Family::Ip, TABLE);
+    // One known difference is left out: adding an element the interval
+    // set `allow` already holds, in a transaction that then deletes the
+    // set, is accepted through nft (which drops the duplicate itself) and
+    // refused by the kernel over netlink ("File exists"). verdict never
+    // sends that: its syncs add only elements that are missing.
+    let deletes_allow = choices
+        .iter()
+        .any(|c| matches!(*c, Choice::DeleteSet(i) if set(i) == 2));
     for c in choices {
+        if deletes_allow && matches!(*c, Choice::AddElement(s, _) if set(s) == 2) {
+            continue;
+        }
         match *c {
             Choice::AddChain(i) => tx.add_chain(chain(i).clone()),
             Choice::AddSet(i) => tx.add_set(sets[set(i)].clone()),
