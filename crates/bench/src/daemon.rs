@@ -1,13 +1,20 @@
-//! `verdict-bench daemon`: the whole `verdict` program against the fake
-//! Kubernetes API server, at scale. For each size N, in a scratch network
-//! namespace, the fake API server holds N ClusterIP Services and their
-//! EndpointSlices; `verdict --kubeconfig` is started against it and
-//! measured:
-//! - the initial lists (start to "initial lists complete") and the first
-//!   full sync (start to the IPv4 table synced), with the CPU time and peak
-//!   memory of the process;
-//! - EndpointSlice changes through the watch: from the API server accepting
-//!   the change to verdict having synced it (p50/p99).
+//! `verdict-bench daemon`: the whole `verdict` program at scale, fed by the
+//! fake Kubernetes API server or by manifest files. For each size N, in a
+//! scratch network namespace:
+//! - `--source api`: the fake API server holds N ClusterIP Services and
+//!   their EndpointSlices, and `verdict --kubeconfig` is started against it;
+//! - `--source manifests`: a directory holds them in one YAML file, as
+//!   `kubectl get -o yaml` writes them, beside a small file with one more
+//!   Service, and `verdict --manifests DIR` is started on it.
+//!
+//! Measured:
+//! - the initial load (start to "initial lists complete", or to the
+//!   manifests read) and the first full sync (start to the IPv4 table
+//!   synced, and to both tables synced), with the CPU time and peak memory
+//!   of the process;
+//! - EndpointSlice changes: from the API server accepting the change, or
+//!   from the small file written, to verdict having synced it (p50/p99).
+//!   With manifests, each change must have parsed the small file alone.
 //!
 //! Times are read from verdict's own log lines, as they arrive.
 
@@ -25,8 +32,72 @@ use verdict_e2e::netns::{Netns, Process, can_run, unique_prefix};
 use crate::workload::service_ip;
 use crate::{flag, pct, sizes};
 
-const USAGE: &str =
-    "usage: verdict-bench daemon [--sizes 1000,10000,30000] [--endpoints 2] [--changes 20]";
+const USAGE: &str = "usage: verdict-bench daemon [--source api|manifests] [--sizes 1000,10000,30000] [--endpoints 2] [--changes 20] [--log DIR]";
+
+/// Where verdict reads the cluster from.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Source {
+    Api,
+    Manifests,
+}
+
+/// The objects as YAML in block style, as `kubectl get -o yaml` writes
+/// them (each a document of its own).
+fn yaml(objects: &[Value]) -> String {
+    fn scalar(v: &Value) -> String {
+        match v {
+            // Quoted only where YAML would read another type.
+            Value::String(s)
+                if s.parse::<f64>().is_ok()
+                    || matches!(s.as_str(), "true" | "false" | "null" | "")
+                    || s.contains(": ")
+                    || s.starts_with(['-', '{', '[', '*', '&', '!', '#']) =>
+            {
+                Value::String(s.clone()).to_string()
+            }
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        }
+    }
+    fn emit(v: &Value, indent: usize, out: &mut String) {
+        let pad = " ".repeat(indent);
+        match v {
+            Value::Object(m) => {
+                for (k, v) in m {
+                    match v {
+                        Value::Object(o) if !o.is_empty() => {
+                            out.push_str(&format!("{pad}{k}:\n"));
+                            emit(v, indent + 2, out);
+                        }
+                        Value::Array(a) if !a.is_empty() => {
+                            out.push_str(&format!("{pad}{k}:\n"));
+                            emit(v, indent, out);
+                        }
+                        _ => out.push_str(&format!("{pad}{k}: {}\n", scalar(v))),
+                    }
+                }
+            }
+            Value::Array(a) => {
+                for item in a {
+                    let mut inner = String::new();
+                    match item {
+                        Value::Object(_) | Value::Array(_) => emit(item, indent + 2, &mut inner),
+                        _ => inner = format!("{pad}  {}\n", scalar(item)),
+                    }
+                    // "- " takes the place of the first line's indentation.
+                    out.push_str(&format!("{pad}- {}", &inner[indent + 2..]));
+                }
+            }
+            _ => out.push_str(&format!("{pad}{}\n", scalar(v))),
+        }
+    }
+    let mut out = String::new();
+    for o in objects {
+        out.push_str("---\n");
+        emit(o, 0, &mut out);
+    }
+    out
+}
 
 fn service(i: usize) -> Value {
     let ip = service_ip(30, i).to_string();
@@ -124,9 +195,14 @@ fn usage(pid: u32) -> (f64, f64) {
 /// One row of the table.
 struct Row {
     n: usize,
-    load_api: Duration,
-    lists: Duration,
+    /// The API server filled, or the manifests written.
+    prepared: Duration,
+    /// Start to the initial lists, or to the manifests read.
+    loaded: Duration,
+    /// Start to the IPv4 table's first full sync.
     cold: Duration,
+    /// Start to both tables' first full sync.
+    both: Duration,
     cpu: f64,
     rss: f64,
     change_p50: f64,
@@ -134,7 +210,31 @@ struct Row {
     programmed: usize,
 }
 
+/// What feeds verdict in one run.
+enum Feed {
+    Api(ApiServerProcess),
+    /// The manifests directory, and the small file the changes go to.
+    Files {
+        dir: PathBuf,
+        small: PathBuf,
+    },
+}
+
+impl Feed {
+    /// Service `i` gets its endpoints on `port`.
+    fn change(&mut self, i: usize, k: usize, port: u16) -> Result<(), String> {
+        match self {
+            Feed::Api(api) => api.apply(slice(i, k, port)).map(drop),
+            Feed::Files { small, .. } => {
+                std::fs::write(&*small, yaml(&[service(i), slice(i, k, port)]))
+                    .map_err(|e| format!("{}: {e}", small.display()))
+            }
+        }
+    }
+}
+
 fn run_one(
+    source: Source,
     n: usize,
     k: usize,
     changes: usize,
@@ -143,37 +243,69 @@ fn run_one(
     log_to: Option<&Path>,
 ) -> Result<Row, String> {
     let ns = Netns::create(&format!("{}-api", unique_prefix())).map_err(|e| e.0)?;
-    let mut api = ApiServerProcess::spawn(
-        &ns,
-        &apiserver.to_string_lossy(),
-        "127.0.0.1:16443",
-        Duration::from_secs(60),
-    )
-    .map_err(|e| e.0)?;
-    let t = Instant::now();
-    api.apply(json!({"apiVersion": "v1", "kind": "Node",
-        "metadata": {"name": "bench-node"},
-        "status": {"addresses": [{"type": "InternalIP", "address": "192.168.0.2"}]}}))?;
-    for i in 0..n {
-        api.apply(service(i))?;
-        api.apply(slice(i, k, 8080))?;
-    }
-    let load_api = t.elapsed();
-
-    let dir = std::env::temp_dir().join(format!("verdict-bench-api-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("verdict-bench-daemon-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-    let kubeconfig = dir.join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        verdict_e2e::apiserver::kubeconfig("http://127.0.0.1:16443"),
-    )
-    .map_err(|e| e.to_string())?;
+    let node = json!({"apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": "bench-node"},
+        "status": {"addresses": [{"type": "InternalIP", "address": "192.168.0.2"}]}});
+    let t = Instant::now();
+    let (mut feed, source_args) = match source {
+        Source::Api => {
+            let mut api = ApiServerProcess::spawn(
+                &ns,
+                &apiserver.to_string_lossy(),
+                "127.0.0.1:16443",
+                Duration::from_secs(60),
+            )
+            .map_err(|e| e.0)?;
+            api.apply(node)?;
+            for i in 0..n {
+                api.apply(service(i))?;
+                api.apply(slice(i, k, 8080))?;
+            }
+            let kubeconfig = dir.join("kubeconfig");
+            std::fs::write(
+                &kubeconfig,
+                verdict_e2e::apiserver::kubeconfig("http://127.0.0.1:16443"),
+            )
+            .map_err(|e| e.to_string())?;
+            (
+                Feed::Api(api),
+                vec!["--kubeconfig".to_string(), kubeconfig.display().to_string()],
+            )
+        }
+        Source::Manifests => {
+            let manifests = dir.join("manifests");
+            std::fs::create_dir_all(&manifests).map_err(|e| e.to_string())?;
+            let mut objects = vec![node];
+            for i in 0..n {
+                objects.push(service(i));
+                objects.push(slice(i, k, 8080));
+            }
+            let write = |name: &str, objects: &[Value]| {
+                let p = manifests.join(name);
+                std::fs::write(&p, yaml(objects)).map_err(|e| format!("{}: {e}", p.display()))?;
+                Ok::<_, String>(p)
+            };
+            write("cluster.yaml", &objects)?;
+            // One more Service, which the changes edit.
+            let small = write("small.yaml", &[service(n), slice(n, k, 8080)])?;
+            (
+                Feed::Files {
+                    dir: manifests.clone(),
+                    small,
+                },
+                vec!["--manifests".to_string(), manifests.display().to_string()],
+            )
+        }
+    };
+    let prepared = t.elapsed();
     let started = Instant::now();
     let mut child = Command::new("ip")
         .args(["netns", "exec", ns.name()])
         .arg(verdict)
-        .arg("--kubeconfig")
-        .arg(&kubeconfig)
+        .args(&source_args)
         .args([
             "--hostname-override",
             "bench-node",
@@ -213,8 +345,12 @@ fn run_one(
     });
     let log = Log { rx };
     let limit = Duration::from_secs(600);
-    let lists = log.wait(&["initial lists complete"], limit)? - started;
+    let loaded = match source {
+        Source::Api => log.wait(&["initial lists complete"], limit)?,
+        Source::Manifests => log.wait(&["manifests read"], limit)?,
+    } - started;
     let cold = log.wait(&["\"synced\"", "family=\"ip\"", "full=true"], limit)? - started;
+    let both = log.wait(&["\"synced\"", "family=\"ip6\"", "full=true"], limit)? - started;
     let (cpu, rss_cold) = usage(pid);
     // What the kernel has: one service-ips element per Service.
     let table = ns
@@ -224,11 +360,21 @@ fn run_one(
 
     let mut times = Vec::new();
     for c in 0..changes {
-        let i = (c * 7919) % n;
+        let i = match feed {
+            Feed::Api(_) => (c * 7919) % n,
+            Feed::Files { .. } => n,
+        };
         // A port no earlier change used: always a real change.
         let port = 8081 + c as u16;
         let t = Instant::now();
-        api.apply(slice(i, k, port))?;
+        feed.change(i, k, port)?;
+        if let Feed::Files { small, .. } = &feed {
+            // The edit must have been read alone.
+            log.wait(
+                &["manifests read", &format!("files=\"{}\"", small.display())],
+                Duration::from_secs(60),
+            )?;
+        }
         let done = log.wait(
             &["\"synced\"", "family=\"ip\"", "full=false"],
             Duration::from_secs(60),
@@ -237,14 +383,18 @@ fn run_one(
     }
     let (_, rss) = usage(pid);
     drop(daemon);
-    drop(api);
+    if let Feed::Files { dir, .. } = &feed {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    drop(feed);
     drop(ns);
     let _ = std::fs::remove_dir_all(&dir);
     Ok(Row {
         n,
-        load_api,
-        lists,
+        prepared,
+        loaded,
         cold,
+        both,
         cpu,
         rss: rss.max(rss_cold),
         change_p50: pct(&mut times.clone(), 0.50),
@@ -265,6 +415,11 @@ pub fn daemon(args: &[String]) -> Result<(), String> {
             v.parse().map_err(|e| format!("{name} {v}: {e}"))
         })
     };
+    let source = match flag(args, "--source") {
+        None | Some("api") => Source::Api,
+        Some("manifests") => Source::Manifests,
+        Some(other) => return Err(format!("--source {other}: api or manifests\n{USAGE}")),
+    };
     let sizes = sizes(args, &[1_000, 10_000, 30_000])?;
     let (k, changes) = (num("--endpoints", 2)?, num("--changes", 20)?);
     if k == 0 || changes == 0 || changes > 1000 || sizes.iter().any(|n| *n == 0 || *n > 60_000) {
@@ -274,38 +429,64 @@ pub fn daemon(args: &[String]) -> Result<(), String> {
     }
     let verdict = sibling("verdict")?;
     let apiserver = sibling("verdict-e2e-apiserver")?;
+    let (title, prepared, loaded, change) = match source {
+        Source::Api => (
+            "against the fake API server",
+            "API server loaded in",
+            "initial lists",
+            "EndpointSlice change",
+        ),
+        Source::Manifests => (
+            "on manifest files (one file of N Services, one small file)",
+            "files written in",
+            "files read",
+            "small file edited",
+        ),
+    };
+    println!("### The verdict program {title} (K = {k} endpoints, {changes} changes)\n");
     println!(
-        "### The verdict program against the fake API server (K = {k} endpoints, {changes} changes)\n"
+        "| services | {prepared} | {loaded} | first full sync (IPv4) | both families synced | CPU at first sync | peak RSS | {change} → synced p50 / p99 | services programmed |"
     );
-    println!(
-        "| services | API server loaded in | initial lists | first full sync | CPU at first sync | peak RSS | EndpointSlice change → synced p50 / p99 | services programmed |"
-    );
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for n in sizes {
         let log_to = flag(args, "--log").map(|d| PathBuf::from(d).join(format!("verdict-{n}.log")));
-        let r = run_one(n, k, changes, &verdict, &apiserver, log_to.as_deref())?;
+        let r = run_one(
+            source,
+            n,
+            k,
+            changes,
+            &verdict,
+            &apiserver,
+            log_to.as_deref(),
+        )?;
         println!(
-            "| {} | {:.1} s | {:.2} s | {:.2} s | {:.2} s | {:.0} MiB | {:.1} / {:.1} ms | {} |",
+            "| {} | {:.1} s | {:.2} s | {:.2} s | {:.2} s | {:.2} s | {:.0} MiB | {:.1} / {:.1} ms | {} |",
             r.n,
-            r.load_api.as_secs_f64(),
-            r.lists.as_secs_f64(),
+            r.prepared.as_secs_f64(),
+            r.loaded.as_secs_f64(),
             r.cold.as_secs_f64(),
+            r.both.as_secs_f64(),
             r.cpu,
             r.rss,
             r.change_p50,
             r.change_p99,
             r.programmed
         );
-        if r.programmed != r.n {
+        let expected = match source {
+            Source::Api => r.n,
+            Source::Manifests => r.n + 1,
+        };
+        if r.programmed != expected {
             return Err(format!(
-                "{} services were programmed, not {}",
-                r.programmed, r.n
+                "{} services were programmed, not {expected}",
+                r.programmed
             ));
         }
     }
     println!(
-        "\nTimes from verdict's start (lists, first sync) and from the API server accepting a change \
-         (to the partial sync's log line); CPU and peak RSS of the verdict process."
+        "\nTimes from verdict's start (load, first syncs) and from the API server accepting a change \
+         or the small file being written (to the partial sync's log line); CPU and peak RSS of the \
+         verdict process."
     );
     Ok(())
 }

@@ -6,7 +6,9 @@
 //! - [`events`]: Events about Services (a Service the kernel refused),
 //!   posted from a thread of their own.
 //! - [`manifests`]: the same objects from YAML files on disk (the no-cluster
-//!   source), with a clear error per bad document.
+//!   source), with a clear error per bad document; an edit parses only the
+//!   files that changed and comes out as the same updates the API source
+//!   gives.
 //! - [`validate`]: the API server's validation of those objects, for the
 //!   manifests source, which has no API server in front of it: an invalid
 //!   object is refused whole, naming the field.
@@ -22,4 +24,4 @@ pub mod validate;
 pub mod watch;
 
 pub use convert::{NodeInfo, node_info, service, service_cidrs, slice};
-pub use manifests::{Loaded, ManifestError, load};
+pub use manifests::{Loaded, ManifestError, Manifests, load};

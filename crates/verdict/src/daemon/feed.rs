@@ -9,12 +9,8 @@ pub(super) const PLAN_LIST_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Where the input comes from, and what was last seen of it.
 pub(super) enum Feed {
-    /// `--manifests`: polled for edits.
-    Manifests {
-        path: PathBuf,
-        /// The files as last loaded (`None`: not loaded yet).
-        seen: Option<Vec<(PathBuf, Option<SystemTime>, u64)>>,
-    },
+    /// `--manifests`: the files, watched for edits.
+    Manifests(Box<Manifests>),
     /// The Kubernetes API: updates from the watch thread.
     Api {
         rx: Receiver<Vec<Update>>,
@@ -30,8 +26,10 @@ impl Feed {
         client: ClientOptions,
     ) -> anyhow::Result<Feed> {
         if let Some(p) = &source.manifests {
-            let path = PathBuf::from(p);
-            return Ok(Feed::Manifests { seen: None, path });
+            return Ok(Feed::Manifests(Box::new(Manifests::new(
+                Path::new(p),
+                node_name,
+            ))));
         }
         let (tx, rx) = std::sync::mpsc::channel();
         verdict_k8s::watch::start(source.api(node_name, client), tx)
@@ -42,7 +40,7 @@ impl Feed {
     /// Whether the node may be programmed: everything has been listed once.
     pub(super) fn ready(&self) -> bool {
         match self {
-            Feed::Manifests { .. } => true,
+            Feed::Manifests(_) => true,
             Feed::Api { synced, .. } => *synced,
         }
     }
@@ -51,17 +49,25 @@ impl Feed {
     /// introspection API may be reading it meanwhile).
     pub(super) fn wait(&mut self, wait: Duration) -> anyhow::Result<Input> {
         match self {
-            Feed::Manifests { path, seen } => {
-                let current = fingerprint(path);
-                if seen.as_ref() == Some(&current) {
-                    std::thread::sleep(wait);
+            Feed::Manifests(m) => {
+                let Some(r) = m.changes(wait) else {
                     return Ok(Input::Nothing);
+                };
+                for e in &r.errors {
+                    tracing::error!(error = %e, "skipping a manifest");
                 }
-                if seen.is_some() {
-                    tracing::info!(manifests = %path.display(), "manifests changed");
+                if !r.parsed.is_empty() {
+                    let files: Vec<String> =
+                        r.parsed.iter().map(|f| f.display().to_string()).collect();
+                    tracing::info!(
+                        files = %files.join(" "),
+                        updates = r.updates.len(),
+                        watched = m.watched(),
+                        elapsed = ?r.took,
+                        "manifests read"
+                    );
                 }
-                *seen = Some(current);
-                Ok(Input::Manifests(verdict_k8s::load(path)))
+                Ok(Input::Updates(r.updates))
             }
             Feed::Api { rx, .. } => {
                 let first = match rx.recv_timeout(wait) {
@@ -85,7 +91,6 @@ impl Feed {
     pub(super) fn apply(&mut self, node: &mut Node, input: Input) -> anyhow::Result<bool> {
         match input {
             Input::Nothing => Ok(false),
-            Input::Manifests(loaded) => node.apply(&loaded),
             Input::Updates(updates) => {
                 let mut changed = false;
                 for u in updates {
@@ -118,22 +123,6 @@ impl Feed {
 pub(super) enum Input {
     /// Nothing new.
     Nothing,
-    /// The manifests, read again.
-    Manifests(Loaded),
-    /// Updates from the API source.
+    /// Updates from the manifests or the API source.
     Updates(Vec<Update>),
-}
-
-/// A fingerprint of the manifest files, to notice edits.
-pub(super) fn fingerprint(path: &Path) -> Vec<(PathBuf, Option<SystemTime>, u64)> {
-    verdict_k8s::manifests::files(path)
-        .unwrap_or_default()
-        .into_iter()
-        .map(|f| {
-            let m = std::fs::metadata(&f).ok();
-            let modified = m.as_ref().and_then(|m| m.modified().ok());
-            let len = m.map_or(0, |m| m.len());
-            (f, modified, len)
-        })
-        .collect()
 }

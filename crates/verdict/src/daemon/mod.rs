@@ -16,7 +16,7 @@ use verdict_admin::{Family as HealthFamily, Health, Metrics};
 use verdict_k8s::client::{ClientOptions, Observer, RequestRecord};
 use verdict_k8s::events::{Notice, Regarding};
 use verdict_k8s::watch::{ApiSource, Update};
-use verdict_k8s::{Loaded, NodeInfo};
+use verdict_k8s::{Manifests, NodeInfo};
 use verdict_model::{EndpointSlice, IpFamily, NamespacedName, Protocol, Service, ServicePortName};
 use verdict_nft::conntrack::Conntrack;
 use verdict_nft::{Backend, Family, MemoryBackend, Transaction};
@@ -541,57 +541,6 @@ impl Node {
             }),
             Update::Synced => false,
         }
-    }
-
-    /// Moves the proxiers to what `loaded` holds (the manifests). Returns
-    /// whether anything changed.
-    fn apply(&mut self, loaded: &Loaded) -> anyhow::Result<bool> {
-        for e in &loaded.errors {
-            tracing::error!(error = %e, "skipping a manifest");
-        }
-        let mut changed = false;
-        match loaded.nodes.iter().find(|n| n.name == self.name) {
-            Some(me) => changed |= self.set_node(Some(me))?,
-            None if self.node_known => changed |= self.set_node(None)?,
-            None => {}
-        }
-        changed |= self.set_service_cidrs(&loaded.service_cidrs)?;
-        let services: BTreeMap<_, _> = loaded
-            .services
-            .iter()
-            .map(|s| ((s.namespace.clone(), s.name.clone()), s.clone()))
-            .collect();
-        let slices: BTreeMap<_, _> = loaded
-            .slices
-            .iter()
-            .map(|s| ((s.namespace.clone(), s.name.clone()), s.clone()))
-            .collect();
-        let gone: Vec<_> = self
-            .services
-            .keys()
-            .filter(|k| !services.contains_key(*k))
-            .cloned()
-            .collect();
-        for key in gone {
-            changed |= self.set_service(key, None);
-        }
-        for (key, svc) in services {
-            changed |= self.set_service(key, Some(svc));
-        }
-        let gone: Vec<_> = self
-            .slices
-            .keys()
-            .filter(|k| !slices.contains_key(*k))
-            .cloned()
-            .collect();
-        for key in gone {
-            changed |= self.set_slice(key, None);
-        }
-        for (key, sl) in slices {
-            changed |= self.set_slice(key, Some(sl));
-        }
-        self.after_changes();
-        Ok(changed)
     }
 
     /// Syncs both families (`full`: comparing everything with the kernel).

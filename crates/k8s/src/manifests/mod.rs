@@ -3,20 +3,29 @@
 //! order). A file may hold several documents (`---`) and `kind: List`
 //! documents as `kubectl get -o yaml` writes them. A document that is not
 //! valid is reported with its file and object and skipped; the rest loads.
+//!
+//! - [`load`] reads everything once (`verdict plan`, tests).
+//! - [`Manifests`] keeps what each file defined and, when files change,
+//!   parses only those and turns the difference into [`Update`]s, as the
+//!   API source does: the daemon's source.
+//!
+//! Parsing is parallel: the files, and the documents of a big file, are
+//! shared among the machine's cores.
+//!
+//! [`Update`]: crate::watch::Update
+
+mod parse;
+mod source;
 
 use std::collections::BTreeSet;
 use std::fmt;
-use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 
-use k8s_openapi::api::core::v1 as core;
-use k8s_openapi::api::discovery::v1 as discovery;
-use k8s_openapi::api::networking::v1 as networking;
-use serde_json::Value;
 use verdict_model::{EndpointSlice, Service};
 
-use crate::convert::{NodeInfo, node_info, service, slice};
-use crate::validate;
+use crate::convert::NodeInfo;
+
+pub use source::{Manifests, Refresh};
 
 /// A document that could not be used.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -56,9 +65,22 @@ pub struct Loaded {
     pub errors: Vec<ManifestError>,
     /// The files read.
     pub files: Vec<PathBuf>,
-    /// The Services and EndpointSlices loaded so far, to refuse a second
-    /// definition in the file that makes it.
-    keys: BTreeSet<(&'static str, String, String)>,
+}
+
+/// What one file defines, in document order. A Service or EndpointSlice
+/// defined twice in the file is kept once (the first), with an error.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Parsed {
+    /// Services.
+    pub services: Vec<Service>,
+    /// EndpointSlices.
+    pub slices: Vec<EndpointSlice>,
+    /// Nodes.
+    pub nodes: Vec<NodeInfo>,
+    /// The ranges of its ServiceCIDR objects.
+    pub service_cidrs: Vec<ipnet::IpNet>,
+    /// Documents that were skipped, and why.
+    pub errors: Vec<ManifestError>,
 }
 
 /// The files a path stands for.
@@ -70,12 +92,7 @@ pub fn files(path: &Path) -> std::io::Result<Vec<PathBuf>> {
         let mut v: Vec<PathBuf> = std::fs::read_dir(path)?
             .filter_map(Result::ok)
             .map(|e| e.path())
-            .filter(|p| {
-                matches!(
-                    p.extension().and_then(|e| e.to_str()),
-                    Some("yaml" | "yml" | "json")
-                )
-            })
+            .filter(|p| is_manifest(p))
             .collect();
         v.sort();
         Ok(v)
@@ -85,224 +102,72 @@ pub fn files(path: &Path) -> std::io::Result<Vec<PathBuf>> {
     }
 }
 
-/// Loads every object under `path`.
+/// Whether a directory entry is read as a manifest (by its extension).
+pub(crate) fn is_manifest(p: &Path) -> bool {
+    matches!(
+        p.extension().and_then(|e| e.to_str()),
+        Some("yaml" | "yml" | "json")
+    )
+}
+
+/// Parses each file (in parallel).
+pub fn parse_files(files: &[PathBuf]) -> Vec<Parsed> {
+    parse::files(files)
+}
+
+/// Loads every object under `path`. An object defined in several files is
+/// taken from the first (in name order), with an error for the others.
 pub fn load(path: &Path) -> Loaded {
     let mut out = Loaded::default();
-    match files(path) {
-        Ok(files) => {
-            for f in files {
-                load_file(&f, &mut out);
-                out.files.push(f);
+    let files = match files(path) {
+        Ok(files) => files,
+        Err(e) => {
+            out.errors.push(ManifestError {
+                file: path.to_path_buf(),
+                object: "path".into(),
+                message: e.to_string(),
+            });
+            return out;
+        }
+    };
+    let mut seen: BTreeSet<(&'static str, String, String)> = BTreeSet::new();
+    for (file, parsed) in files.iter().zip(parse_files(&files)) {
+        out.errors.extend(parsed.errors);
+        let mut first = |kind: &'static str, ns: &str, name: &str, errors: &mut Vec<_>| {
+            let new = seen.insert((kind, ns.to_owned(), name.to_owned()));
+            if !new {
+                errors.push(duplicate(file, kind, ns, name));
+            }
+            new
+        };
+        for s in parsed.services {
+            if first("Service", &s.namespace, &s.name, &mut out.errors) {
+                out.services.push(s);
             }
         }
-        Err(e) => out.errors.push(ManifestError {
-            file: path.to_path_buf(),
-            object: "path".into(),
-            message: e.to_string(),
-        }),
+        for s in parsed.slices {
+            if first("EndpointSlice", &s.namespace, &s.name, &mut out.errors) {
+                out.slices.push(s);
+            }
+        }
+        out.nodes.extend(parsed.nodes);
+        out.service_cidrs.extend(parsed.service_cidrs);
+        out.files.push(file.clone());
     }
     out.service_cidrs.sort();
     out.service_cidrs.dedup();
     out
 }
 
-const DUPLICATE: &str = "defined more than once; the first definition is used";
-
-impl Loaded {
-    /// Whether this is the first object of this kind and name.
-    fn first(&mut self, kind: &'static str, namespace: &str, name: &str) -> bool {
-        self.keys
-            .insert((kind, namespace.to_owned(), name.to_owned()))
-    }
-}
-
-fn load_file(file: &Path, out: &mut Loaded) {
-    let err = |object: String, message: String| ManifestError {
+/// The error for a second definition of an object.
+pub(crate) fn duplicate(file: &Path, kind: &str, namespace: &str, name: &str) -> ManifestError {
+    ManifestError {
         file: file.to_path_buf(),
-        object,
-        message,
-    };
-    // Reading a FIFO would block the source forever, and a directory or
-    // device is not a manifest: only regular files (through links) are read.
-    match std::fs::metadata(file) {
-        Ok(m) if m.is_file() => {}
-        Ok(m) => {
-            let what = if m.is_dir() {
-                "a directory"
-            } else if m.file_type().is_fifo() {
-                "a FIFO"
-            } else if m.file_type().is_socket() {
-                "a socket"
-            } else {
-                "a device"
-            };
-            out.errors.push(err(
-                "file".into(),
-                format!("is {what}, not a regular file; not read"),
-            ));
-            return;
-        }
-        Err(e) => {
-            out.errors.push(err("file".into(), e.to_string()));
-            return;
-        }
-    }
-    let text = match std::fs::read_to_string(file) {
-        Ok(t) => t,
-        Err(e) => {
-            out.errors.push(err("file".into(), e.to_string()));
-            return;
-        }
-    };
-    let mut bytes = text.as_bytes();
-    for (i, doc) in serde_saphyr::read::<_, Value>(&mut bytes).enumerate() {
-        let object = format!("document {}", i + 1);
-        match doc {
-            Ok(Value::Null) => {}
-            Ok(v) => load_value(file, &object, v, out),
-            Err(e) => {
-                // The parser cannot resynchronise after a syntax error.
-                out.errors.push(err(object, format!("not valid YAML: {e}")));
-                break;
-            }
-        }
+        object: format!("{kind} {namespace}/{name}"),
+        message: "defined more than once; the first definition is used".into(),
     }
 }
 
-fn describe(v: &Value, fallback: &str) -> String {
-    let kind = v.get("kind").and_then(Value::as_str).unwrap_or("object");
-    let meta = v.get("metadata");
-    let name = meta.and_then(|m| m.get("name")).and_then(Value::as_str);
-    let ns = meta
-        .and_then(|m| m.get("namespace"))
-        .and_then(Value::as_str);
-    match (ns, name) {
-        (Some(ns), Some(n)) => format!("{kind} {ns}/{n}"),
-        (None, Some(n)) => format!("{kind} {n}"),
-        _ => format!("{kind} ({fallback})"),
-    }
-}
-
-fn load_value(file: &Path, where_: &str, v: Value, out: &mut Loaded) {
-    let object = describe(&v, where_);
-    let err = |message: String| ManifestError {
-        file: file.to_path_buf(),
-        object: object.clone(),
-        message,
-    };
-    let kind = v
-        .get("kind")
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_owned();
-    match kind.as_str() {
-        "List" | "ServiceList" | "EndpointSliceList" | "NodeList" | "ServiceCIDRList" => {
-            let items = v
-                .get("items")
-                .and_then(Value::as_array)
-                .cloned()
-                .unwrap_or_default();
-            for (j, item) in items.into_iter().enumerate() {
-                let mut item = item;
-                // Typed lists leave out the item kind and apiVersion.
-                if kind != "List"
-                    && let Some(obj) = item.as_object_mut()
-                {
-                    if !obj.contains_key("kind") {
-                        obj.insert(
-                            "kind".into(),
-                            Value::String(kind.trim_end_matches("List").to_owned()),
-                        );
-                    }
-                    if !obj.contains_key("apiVersion")
-                        && let Some(api) = v.get("apiVersion")
-                    {
-                        obj.insert("apiVersion".into(), api.clone());
-                    }
-                }
-                load_value(file, &format!("{where_}, item {}", j + 1), item, out);
-            }
-        }
-        "Service" | "EndpointSlice" | "Node" | "ServiceCIDR"
-            if !api_version_ok(&kind, v.get("apiVersion")) =>
-        {
-            out.errors.push(err(format!(
-                "apiVersion {} is not served for {kind} (expected {})",
-                v.get("apiVersion").map_or("(missing)".into(), Value::to_string),
-                expected_api_versions(&kind).join(" or ")
-            )))
-        }
-        "Service" => match serde_json::from_value::<core::Service>(v) {
-            Ok(s) => match validate::service(&s).as_slice() {
-                [] => {
-                    let s = service(&s);
-                    if out.first("Service", &s.namespace, &s.name) {
-                        out.services.push(s);
-                    } else {
-                        out.errors.push(err(DUPLICATE.into()));
-                    }
-                }
-                errors => out.errors.push(err(validate::describe(errors))),
-            },
-            Err(e) => out.errors.push(err(format!("not a valid Service: {e}"))),
-        },
-        "EndpointSlice" => match serde_json::from_value::<discovery::EndpointSlice>(v) {
-            Ok(s) => match validate::endpoint_slice(&s).as_slice() {
-                [] => {
-                    let sl = slice(&s);
-                    if sl.service_name.is_none() {
-                        out.errors.push(err(format!(
-                            "metadata.labels: has no {} label, so it belongs to no Service",
-                            crate::convert::LABEL_SERVICE_NAME
-                        )));
-                    } else if out.first("EndpointSlice", &sl.namespace, &sl.name) {
-                        out.slices.push(sl);
-                    } else {
-                        out.errors.push(err(DUPLICATE.into()));
-                    }
-                }
-                errors => out.errors.push(err(validate::describe(errors))),
-            },
-            Err(e) => out
-                .errors
-                .push(err(format!("not a valid EndpointSlice: {e}"))),
-        },
-        "Node" => match serde_json::from_value::<core::Node>(v) {
-            Ok(n) => match validate::node(&n).as_slice() {
-                [] => out.nodes.push(node_info(&n)),
-                errors => out.errors.push(err(validate::describe(errors))),
-            },
-            Err(e) => out.errors.push(err(format!("not a valid Node: {e}"))),
-        },
-        "ServiceCIDR" => match serde_json::from_value::<networking::ServiceCIDR>(v) {
-            Ok(c) => match validate::service_cidr(&c).as_slice() {
-                [] => out.service_cidrs.extend(crate::convert::service_cidrs(&c)),
-                errors => out.errors.push(err(validate::describe(errors))),
-            },
-            Err(e) => out.errors.push(err(format!("not a valid ServiceCIDR: {e}"))),
-        },
-        "" => out.errors.push(err("has no kind".into())),
-        other => out.errors.push(err(format!(
-            "kind {other} is not used by verdict (Service, EndpointSlice, Node, ServiceCIDR or List)"
-        ))),
-    }
-}
-
-/// The API versions the API server serves each kind at.
-fn expected_api_versions(kind: &str) -> &'static [&'static str] {
-    match kind {
-        "EndpointSlice" => &["discovery.k8s.io/v1"],
-        "ServiceCIDR" => &["networking.k8s.io/v1", "networking.k8s.io/v1beta1"],
-        _ => &["v1"],
-    }
-}
-
-fn api_version_ok(kind: &str, v: Option<&Value>) -> bool {
-    v.and_then(Value::as_str)
-        .is_some_and(|a| expected_api_versions(kind).contains(&a))
-}
-
-/// The same object twice: the first one (in file order) is kept.
 #[cfg(test)]
 mod tests {
     use super::*;

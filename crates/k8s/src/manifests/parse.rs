@@ -1,0 +1,499 @@
+//! Parsing manifest files: YAML through libyaml's parser (serde_norway),
+//! JSON through serde_json, each document to the API's types (validated as
+//! the API server would) and then to the proxier's model.
+//!
+//! Files are parsed in parallel, and a big YAML file is cut at its
+//! document markers into one piece per core. A `---` line opens a new
+//! document wherever it stands (YAML forbids it inside a scalar), so the
+//! pieces parse to the same documents as the whole file. If a piece meets a
+//! syntax error, the file is parsed again whole, so that the error's line
+//! numbers are the file's own and nothing after it is used, exactly as
+//! with one parser.
+
+use std::collections::BTreeSet;
+use std::os::unix::fs::FileTypeExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use k8s_openapi::api::core::v1 as core;
+use k8s_openapi::api::discovery::v1 as discovery;
+use k8s_openapi::api::networking::v1 as networking;
+use serde::Deserialize;
+use serde_json::Value;
+use verdict_model::{EndpointSlice, Service};
+
+use super::{ManifestError, Parsed, duplicate};
+use crate::convert::{NodeInfo, node_info, service, slice};
+use crate::validate;
+
+/// A YAML file at least this big is cut into pieces parsed in parallel.
+const SPLIT_AT: usize = 512 * 1024;
+
+/// What a document yields, in order.
+enum Item {
+    Service(Service),
+    Slice(EndpointSlice),
+    Node(NodeInfo),
+    Cidrs(Vec<ipnet::IpNet>),
+    Error(ManifestError),
+}
+
+/// One piece of work: documents of one file, numbered from `first_doc`.
+struct Unit<'a> {
+    /// Which of the files.
+    file: usize,
+    text: &'a str,
+    json: bool,
+    first_doc: usize,
+}
+
+/// What a unit yields: its items, and whether a syntax error ended it.
+#[derive(Default)]
+struct Out {
+    items: Vec<Item>,
+    broken: bool,
+}
+
+/// How many threads to parse on.
+fn workers() -> usize {
+    std::thread::available_parallelism().map_or(1, usize::from)
+}
+
+/// Parses each file; the result is in the files' order.
+pub(super) fn files(files: &[PathBuf]) -> Vec<Parsed> {
+    let texts: Vec<Result<String, ManifestError>> = files.iter().map(|f| read(f)).collect();
+    let workers = workers();
+    let mut units = Vec::new();
+    for (i, (file, text)) in files.iter().zip(&texts).enumerate() {
+        let Ok(text) = text else { continue };
+        let json = file.extension().is_some_and(|e| e == "json");
+        if json || text.len() < SPLIT_AT || workers == 1 {
+            units.push(Unit {
+                file: i,
+                text,
+                json,
+                first_doc: 0,
+            });
+        } else {
+            for (first_doc, piece) in pieces(text, workers) {
+                units.push(Unit {
+                    file: i,
+                    text: piece,
+                    json: false,
+                    first_doc,
+                });
+            }
+        }
+    }
+    let outs = parallel(&units, workers, |u| parse_unit(&files[u.file], u));
+    let mut per_file: Vec<Vec<Out>> = files.iter().map(|_| Vec::new()).collect();
+    for (u, out) in units.iter().zip(outs) {
+        per_file[u.file].push(out);
+    }
+    files
+        .iter()
+        .zip(texts)
+        .zip(per_file)
+        .map(|((file, text), outs)| match text {
+            Err(e) => Parsed {
+                errors: vec![e],
+                ..Parsed::default()
+            },
+            Ok(text) => {
+                let split = outs.len() > 1;
+                if split && outs.iter().any(|o| o.broken) {
+                    let whole = Unit {
+                        file: 0,
+                        text: &text,
+                        json: false,
+                        first_doc: 0,
+                    };
+                    collect(file, vec![parse_unit(file, &whole)])
+                } else {
+                    collect(file, outs)
+                }
+            }
+        })
+        .collect()
+}
+
+/// Reads a file that is a regular file (through links). Reading a FIFO
+/// would block the source forever, and a directory or device is not a
+/// manifest.
+fn read(file: &Path) -> Result<String, ManifestError> {
+    let err = |message: String| ManifestError {
+        file: file.to_path_buf(),
+        object: "file".into(),
+        message,
+    };
+    match std::fs::metadata(file) {
+        Ok(m) if m.is_file() => {}
+        Ok(m) => {
+            let what = if m.is_dir() {
+                "a directory"
+            } else if m.file_type().is_fifo() {
+                "a FIFO"
+            } else if m.file_type().is_socket() {
+                "a socket"
+            } else {
+                "a device"
+            };
+            return Err(err(format!("is {what}, not a regular file; not read")));
+        }
+        Err(e) => return Err(err(e.to_string())),
+    }
+    std::fs::read_to_string(file).map_err(|e| err(e.to_string()))
+}
+
+/// Runs `f` on every unit on up to `workers` threads; the results are in
+/// the units' order.
+fn parallel<T: Send>(
+    units: &[Unit<'_>],
+    workers: usize,
+    f: impl Fn(&Unit<'_>) -> T + Sync,
+) -> Vec<T> {
+    if units.len() <= 1 || workers <= 1 {
+        return units.iter().map(f).collect();
+    }
+    let next = AtomicUsize::new(0);
+    let mut done: Vec<(usize, T)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..workers.min(units.len()))
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut mine = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(u) = units.get(i) else { break };
+                        mine.push((i, f(u)));
+                    }
+                    mine
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            // A worker that panicked loses its units' results; the parse
+            // itself does not panic.
+            .flat_map(|h| h.join().unwrap_or_default())
+            .collect()
+    });
+    done.sort_by_key(|(i, _)| *i);
+    done.into_iter().map(|(_, t)| t).collect()
+}
+
+/// Cuts a YAML text at document markers into about `n` pieces of similar
+/// size, each with the number of documents before it.
+fn pieces(text: &str, n: usize) -> Vec<(usize, &str)> {
+    let target = text.len().div_ceil(n).max(1);
+    let mut out = Vec::new();
+    let mut start = 0;
+    // Documents before the current position: one per marker, and one for
+    // content before the first marker.
+    let mut docs = 0;
+    let mut docs_at_start = 0;
+    let mut content_before_marker = false;
+    let mut seen_marker = false;
+    let mut line_start = 0;
+    for line in text.split_inclusive('\n') {
+        let is_marker =
+            line.starts_with("---") && line[3..].chars().next().is_none_or(char::is_whitespace);
+        if is_marker {
+            if !seen_marker && content_before_marker {
+                docs += 1;
+            }
+            seen_marker = true;
+            if line_start - start >= target && line_start > start {
+                out.push((docs_at_start, &text[start..line_start]));
+                start = line_start;
+                docs_at_start = docs;
+            }
+            docs += 1;
+        } else if !seen_marker {
+            let t = line.trim();
+            if !(t.is_empty() || t.starts_with('#') || t.starts_with('%')) {
+                content_before_marker = true;
+            }
+        }
+        line_start += line.len();
+    }
+    out.push((docs_at_start, &text[start..]));
+    out
+}
+
+fn parse_unit(file: &Path, u: &Unit<'_>) -> Out {
+    let mut out = Out::default();
+    let mut doc = u.first_doc;
+    let mut each = |v: Result<Value, String>, out: &mut Out| -> bool {
+        doc += 1;
+        let object = format!("document {doc}");
+        match v {
+            Ok(Value::Null) => true,
+            Ok(v) => {
+                document(file, &object, v, &mut out.items);
+                true
+            }
+            Err(message) => {
+                // The parser cannot resynchronise after a syntax error.
+                out.items.push(Item::Error(ManifestError {
+                    file: file.to_path_buf(),
+                    object,
+                    message,
+                }));
+                out.broken = true;
+                false
+            }
+        }
+    };
+    if u.json {
+        for v in serde_json::Deserializer::from_str(u.text).into_iter::<Value>() {
+            if !each(v.map_err(|e| format!("not valid JSON: {e}")), &mut out) {
+                break;
+            }
+        }
+    } else {
+        for d in serde_norway::Deserializer::from_str(u.text) {
+            let v = Value::deserialize(d).map_err(|e| format!("not valid YAML: {e}"));
+            if !each(v, &mut out) {
+                break;
+            }
+        }
+    }
+    out
+}
+
+/// Puts a file's items together: a second definition of a Service or
+/// EndpointSlice in the file is refused.
+fn collect(file: &Path, outs: Vec<Out>) -> Parsed {
+    let mut p = Parsed::default();
+    let mut seen: BTreeSet<(&'static str, String, String)> = BTreeSet::new();
+    let mut first = |kind: &'static str, ns: &str, name: &str, errors: &mut Vec<ManifestError>| {
+        let new = seen.insert((kind, ns.to_owned(), name.to_owned()));
+        if !new {
+            errors.push(duplicate(file, kind, ns, name));
+        }
+        new
+    };
+    for out in outs {
+        for item in out.items {
+            match item {
+                Item::Service(s) => {
+                    if first("Service", &s.namespace, &s.name, &mut p.errors) {
+                        p.services.push(s);
+                    }
+                }
+                Item::Slice(s) => {
+                    if first("EndpointSlice", &s.namespace, &s.name, &mut p.errors) {
+                        p.slices.push(s);
+                    }
+                }
+                Item::Node(n) => p.nodes.push(n),
+                Item::Cidrs(c) => p.service_cidrs.extend(c),
+                Item::Error(e) => p.errors.push(e),
+            }
+        }
+        // Nothing after a syntax error is used.
+        if out.broken {
+            break;
+        }
+    }
+    p
+}
+
+fn describe(v: &Value, fallback: &str) -> String {
+    let kind = v.get("kind").and_then(Value::as_str).unwrap_or("object");
+    let meta = v.get("metadata");
+    let name = meta.and_then(|m| m.get("name")).and_then(Value::as_str);
+    let ns = meta
+        .and_then(|m| m.get("namespace"))
+        .and_then(Value::as_str);
+    match (ns, name) {
+        (Some(ns), Some(n)) => format!("{kind} {ns}/{n}"),
+        (None, Some(n)) => format!("{kind} {n}"),
+        _ => format!("{kind} ({fallback})"),
+    }
+}
+
+/// One document (or list item).
+fn document(file: &Path, where_: &str, v: Value, out: &mut Vec<Item>) {
+    let object = describe(&v, where_);
+    let err = |message: String| {
+        Item::Error(ManifestError {
+            file: file.to_path_buf(),
+            object: object.clone(),
+            message,
+        })
+    };
+    let kind = v
+        .get("kind")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned();
+    match kind.as_str() {
+        "List" | "ServiceList" | "EndpointSliceList" | "NodeList" | "ServiceCIDRList" => {
+            let api = v.get("apiVersion").cloned();
+            let items = match v {
+                Value::Object(mut o) => match o.remove("items") {
+                    Some(Value::Array(items)) => items,
+                    _ => Vec::new(),
+                },
+                _ => Vec::new(),
+            };
+            for (j, mut item) in items.into_iter().enumerate() {
+                // Typed lists leave out the item kind and apiVersion.
+                if kind != "List"
+                    && let Some(obj) = item.as_object_mut()
+                {
+                    if !obj.contains_key("kind") {
+                        obj.insert(
+                            "kind".into(),
+                            Value::String(kind.trim_end_matches("List").to_owned()),
+                        );
+                    }
+                    if !obj.contains_key("apiVersion")
+                        && let Some(api) = &api
+                    {
+                        obj.insert("apiVersion".into(), api.clone());
+                    }
+                }
+                document(file, &format!("{where_}, item {}", j + 1), item, out);
+            }
+        }
+        "Service" | "EndpointSlice" | "Node" | "ServiceCIDR"
+            if !api_version_ok(&kind, v.get("apiVersion")) =>
+        {
+            out.push(err(format!(
+                "apiVersion {} is not served for {kind} (expected {})",
+                v.get("apiVersion").map_or("(missing)".into(), Value::to_string),
+                expected_api_versions(&kind).join(" or ")
+            )))
+        }
+        "Service" => out.push(match serde_json::from_value::<core::Service>(v) {
+            Ok(s) => match validate::service(&s).as_slice() {
+                [] => Item::Service(service(&s)),
+                errors => err(validate::describe(errors)),
+            },
+            Err(e) => err(format!("not a valid Service: {e}")),
+        }),
+        "EndpointSlice" => out.push(match serde_json::from_value::<discovery::EndpointSlice>(v) {
+            Ok(s) => match validate::endpoint_slice(&s).as_slice() {
+                [] => {
+                    let sl = slice(&s);
+                    if sl.service_name.is_none() {
+                        err(format!(
+                            "metadata.labels: has no {} label, so it belongs to no Service",
+                            crate::convert::LABEL_SERVICE_NAME
+                        ))
+                    } else {
+                        Item::Slice(sl)
+                    }
+                }
+                errors => err(validate::describe(errors)),
+            },
+            Err(e) => err(format!("not a valid EndpointSlice: {e}")),
+        }),
+        "Node" => out.push(match serde_json::from_value::<core::Node>(v) {
+            Ok(n) => match validate::node(&n).as_slice() {
+                [] => Item::Node(node_info(&n)),
+                errors => err(validate::describe(errors)),
+            },
+            Err(e) => err(format!("not a valid Node: {e}")),
+        }),
+        "ServiceCIDR" => out.push(match serde_json::from_value::<networking::ServiceCIDR>(v) {
+            Ok(c) => match validate::service_cidr(&c).as_slice() {
+                [] => Item::Cidrs(crate::convert::service_cidrs(&c)),
+                errors => err(validate::describe(errors)),
+            },
+            Err(e) => err(format!("not a valid ServiceCIDR: {e}")),
+        }),
+        "" => out.push(err("has no kind".into())),
+        other => out.push(err(format!(
+            "kind {other} is not used by verdict (Service, EndpointSlice, Node, ServiceCIDR or List)"
+        ))),
+    }
+}
+
+/// The API versions the API server serves each kind at.
+fn expected_api_versions(kind: &str) -> &'static [&'static str] {
+    match kind {
+        "EndpointSlice" => &["discovery.k8s.io/v1"],
+        "ServiceCIDR" => &["networking.k8s.io/v1", "networking.k8s.io/v1beta1"],
+        _ => &["v1"],
+    }
+}
+
+fn api_version_ok(kind: &str, v: Option<&Value>) -> bool {
+    v.and_then(Value::as_str)
+        .is_some_and(|a| expected_api_versions(kind).contains(&a))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pieces_cut_at_markers_and_count_the_documents_before_them() {
+        let text = "# a comment\na: 1\n---\nb: 2\n--- \nc: 3\n----not\n---\nd: 4\n";
+        // At most one byte per piece: every marker cuts.
+        let p = pieces(text, text.len());
+        let joined: String = p.iter().map(|(_, t)| *t).collect();
+        assert_eq!(joined, text, "nothing lost or repeated");
+        for (_, t) in &p[1..] {
+            assert!(t.starts_with("---"), "{t:?}");
+        }
+        // Documents: a (1), b (2), c with "----not" inside it (3), d (4).
+        let firsts: Vec<usize> = p.iter().map(|(n, _)| *n).collect();
+        assert_eq!(firsts, [0, 1, 2, 3], "{p:?}");
+        // Without content before the first marker, it opens document 1.
+        let p = pieces("---\na: 1\n---\nb: 2\n", 2);
+        assert_eq!(p.iter().map(|(n, _)| *n).collect::<Vec<_>>(), [0, 1]);
+    }
+
+    #[test]
+    fn a_big_file_parses_the_same_in_pieces_and_whole() {
+        let mut text = String::new();
+        for i in 0..3000 {
+            text.push_str(&format!(
+                "---\napiVersion: v1\nkind: Service\nmetadata: {{name: s{i}, namespace: n}}\nspec: {{clusterIP: 10.96.{}.{}, ports: [{{port: 80}}]}}\n",
+                i / 250,
+                i % 250 + 1
+            ));
+            if i == 2000 {
+                text.push_str("---\napiVersion: v1\nkind: Service\nspec: {}\n");
+            }
+        }
+        let file = Path::new("big.yaml");
+        let whole = collect(
+            file,
+            vec![parse_unit(
+                file,
+                &Unit {
+                    file: 0,
+                    text: &text,
+                    json: false,
+                    first_doc: 0,
+                },
+            )],
+        );
+        let split = collect(
+            file,
+            pieces(&text, 7)
+                .into_iter()
+                .map(|(first_doc, t)| {
+                    parse_unit(
+                        file,
+                        &Unit {
+                            file: 0,
+                            text: t,
+                            json: false,
+                            first_doc,
+                        },
+                    )
+                })
+                .collect(),
+        );
+        assert_eq!(whole.services.len(), 3000);
+        assert_eq!(whole.errors.len(), 1);
+        assert_eq!(whole.errors[0].object, "Service (document 2002)");
+        assert_eq!(split, whole);
+    }
+}

@@ -1,0 +1,747 @@
+//! The manifests as the daemon's source: what each file defined is kept
+//! (the keys, not the objects), so that an edit costs the parse of the
+//! files that changed and nothing else, and comes out as [`Update`]s, as
+//! the API source's changes do. The node compares each object with the
+//! one it holds, so an unchanged object of a changed file is not a change.
+//!
+//! Changes are noticed through inotify, which names the files: a file is
+//! parsed again once it is closed after writing, moved in, or touched,
+//! never while it is half written. Without inotify, the files' sizes,
+//! times and inodes are compared on every call instead.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ipnet::IpNet;
+use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+
+use super::{ManifestError, Parsed, duplicate, files, is_manifest, parse_files};
+use crate::convert::NodeInfo;
+use crate::watch::{Key, Update};
+
+/// What a refresh found.
+#[derive(Debug, Default)]
+pub struct Refresh {
+    /// The changes, for the node to apply.
+    pub updates: Vec<Update>,
+    /// What was wrong in the files parsed now (the others were reported
+    /// when they were parsed).
+    pub errors: Vec<ManifestError>,
+    /// The files parsed now.
+    pub parsed: Vec<PathBuf>,
+    /// How long the refresh took (reading and parsing).
+    pub took: Duration,
+}
+
+/// A file as last parsed.
+struct File {
+    /// Its path, shared with the owner lists.
+    id: Arc<Path>,
+    stamp: Option<Stamp>,
+    services: Vec<Key>,
+    slices: Vec<Key>,
+    /// Its definitions of this node's Node object.
+    nodes: Vec<NodeInfo>,
+    cidrs: Vec<IpNet>,
+}
+
+/// What tells that a file changed (through links): its size, times and
+/// inode (an atomic replacement, or a ConfigMap's link swap, changes it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Stamp {
+    len: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+    inode: (u64, u64),
+}
+
+fn stamp(f: &Path) -> Option<Stamp> {
+    let m = std::fs::metadata(f).ok()?;
+    Some(Stamp {
+        len: m.len(),
+        mtime: (m.mtime(), m.mtime_nsec()),
+        ctime: (m.ctime(), m.ctime_nsec()),
+        inode: (m.dev(), m.ino()),
+    })
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Kind {
+    Service,
+    Slice,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Service => "Service",
+            Kind::Slice => "EndpointSlice",
+        }
+    }
+}
+
+/// The manifests under one path, kept per file.
+pub struct Manifests {
+    path: PathBuf,
+    node_name: String,
+    /// By path, which is the files' order.
+    files: BTreeMap<PathBuf, File>,
+    /// For each Service and EndpointSlice, the files defining it, in name
+    /// order: the first one's definition is used.
+    owners: HashMap<(Kind, Key), Vec<Arc<Path>>>,
+    /// What was last said about this node's Node object.
+    node: Option<NodeInfo>,
+    /// What was last said about the ServiceCIDRs.
+    cidrs: Vec<IpNet>,
+    loaded: bool,
+    watch: Option<Watch>,
+}
+
+impl Manifests {
+    /// The manifests under `path` (a file or a directory), for the node
+    /// `node_name`. Nothing is read until [`Manifests::changes`].
+    pub fn new(path: &Path, node_name: &str) -> Manifests {
+        Manifests {
+            path: path.to_path_buf(),
+            node_name: node_name.to_owned(),
+            files: BTreeMap::new(),
+            owners: HashMap::new(),
+            node: None,
+            cidrs: Vec::new(),
+            loaded: false,
+            watch: None,
+        }
+    }
+
+    /// Whether inotify tells this source about edits (else it compares the
+    /// files' stamps on every call).
+    pub fn watched(&self) -> bool {
+        self.watch.is_some()
+    }
+
+    /// Waits up to `wait` for edits and returns what they changed: the
+    /// first call loads everything at once. `None`: nothing was edited.
+    pub fn changes(&mut self, wait: Duration) -> Option<Refresh> {
+        if self.watch.is_none() {
+            self.watch = Watch::new(&self.path);
+        }
+        if !self.loaded {
+            self.loaded = true;
+            return Some(self.refresh(None));
+        }
+        match &mut self.watch {
+            Some(w) => match w.wait(wait) {
+                Seen::Nothing => None,
+                Seen::Files(names) => Some(self.refresh(Some(&names))),
+                Seen::Anything => Some(self.refresh(None)),
+                Seen::Lost => {
+                    // The directory went away or was replaced: watch it
+                    // again, and compare everything.
+                    self.watch = Watch::new(&self.path);
+                    Some(self.refresh(None))
+                }
+            },
+            None => {
+                std::thread::sleep(wait);
+                let r = self.refresh(None);
+                (!r.parsed.is_empty() || !r.updates.is_empty() || !r.errors.is_empty()).then_some(r)
+            }
+        }
+    }
+
+    /// Parses the files that changed (of `only`, if given, and any file not
+    /// seen before) and returns the differences.
+    pub fn refresh(&mut self, only: Option<&BTreeSet<PathBuf>>) -> Refresh {
+        let started = Instant::now();
+        let mut out = self.refresh_inner(only);
+        out.took = started.elapsed();
+        out
+    }
+
+    fn refresh_inner(&mut self, only: Option<&BTreeSet<PathBuf>>) -> Refresh {
+        let mut out = Refresh::default();
+        let listed = match files(&self.path) {
+            Ok(l) => l,
+            Err(e) => {
+                // What was loaded stays: a path that is briefly unreadable
+                // does not withdraw every Service.
+                out.errors.push(ManifestError {
+                    file: self.path.clone(),
+                    object: "path".into(),
+                    message: e.to_string(),
+                });
+                return out;
+            }
+        };
+        let gone: Vec<PathBuf> = {
+            let now: BTreeSet<&PathBuf> = listed.iter().collect();
+            self.files
+                .keys()
+                .filter(|f| !now.contains(f))
+                .cloned()
+                .collect()
+        };
+        let mut todo: BTreeSet<PathBuf> = BTreeSet::new();
+        for f in gone {
+            self.replace(&f, None, Parsed::default(), &mut out, &mut todo);
+            self.files.remove(&f);
+        }
+        for f in listed {
+            // A file inotify names is read whatever its stamp says: two
+            // writes within one tick of the file system's clock leave the
+            // same times.
+            let named = only.is_some_and(|o| o.contains(&f));
+            let stale = match self.files.get(&f) {
+                None => true,
+                Some(seen) => only.is_none() && seen.stamp != stamp(&f),
+            };
+            if named || stale {
+                todo.insert(f);
+            }
+        }
+        // A file whose definitions became the first ones (the one before it
+        // dropped them) is parsed again, to learn them: rare, and bounded
+        // by the number of files.
+        for _ in 0..=self.files.len() + 1 {
+            if todo.is_empty() {
+                break;
+            }
+            let batch: Vec<PathBuf> = std::mem::take(&mut todo).into_iter().collect();
+            let stamps: Vec<Option<Stamp>> = batch.iter().map(|f| stamp(f)).collect();
+            for ((f, st), parsed) in batch.iter().zip(stamps).zip(parse_files(&batch)) {
+                self.replace(f, st, parsed, &mut out, &mut todo);
+            }
+            out.parsed.extend(batch);
+        }
+        // The node's facts come first: the proxiers are reconfigured before
+        // the Services arrive, not once they all have.
+        let mut facts = Vec::new();
+        let node = self.files.values().flat_map(|f| &f.nodes).next().cloned();
+        if node != self.node {
+            facts.push(Update::Node(node.clone()));
+            self.node = node;
+        }
+        let mut cidrs: Vec<IpNet> = self.files.values().flat_map(|f| f.cidrs.clone()).collect();
+        cidrs.sort();
+        cidrs.dedup();
+        if cidrs != self.cidrs {
+            facts.push(Update::ServiceCidrs(cidrs.clone()));
+            self.cidrs = cidrs;
+        }
+        out.updates.splice(0..0, facts);
+        out
+    }
+
+    /// Puts what `file` defines now in place of what it defined before.
+    fn replace(
+        &mut self,
+        file: &Path,
+        stamp: Option<Stamp>,
+        parsed: Parsed,
+        out: &mut Refresh,
+        todo: &mut BTreeSet<PathBuf>,
+    ) {
+        let entry = self
+            .files
+            .entry(file.to_path_buf())
+            .or_insert_with(|| File {
+                id: Arc::from(file),
+                stamp: None,
+                services: Vec::new(),
+                slices: Vec::new(),
+                nodes: Vec::new(),
+                cidrs: Vec::new(),
+            });
+        entry.stamp = stamp;
+        let id = entry.id.clone();
+        out.errors.extend(parsed.errors);
+        entry.nodes = parsed
+            .nodes
+            .into_iter()
+            .filter(|n| n.name == self.node_name)
+            .collect();
+        entry.cidrs = parsed.service_cidrs;
+        let old_services = std::mem::take(&mut entry.services);
+        let old_slices = std::mem::take(&mut entry.slices);
+        let mut services = Vec::with_capacity(parsed.services.len());
+        for s in parsed.services {
+            let key = (s.namespace.clone(), s.name.clone());
+            if self.own(Kind::Service, &key, &id, out) {
+                out.updates.push(Update::Service(key.clone(), Some(s)));
+            }
+            services.push(key);
+        }
+        let mut slices = Vec::with_capacity(parsed.slices.len());
+        for s in parsed.slices {
+            let key = (s.namespace.clone(), s.name.clone());
+            if self.own(Kind::Slice, &key, &id, out) {
+                out.updates.push(Update::Slice(key.clone(), Some(s)));
+            }
+            slices.push(key);
+        }
+        self.disown(Kind::Service, old_services, &services, &id, out, todo);
+        self.disown(Kind::Slice, old_slices, &slices, &id, out, todo);
+        if let Some(entry) = self.files.get_mut(file) {
+            entry.services = services;
+            entry.slices = slices;
+        }
+    }
+
+    /// Records that `file` defines `key`. Returns whether its definition
+    /// is the one used (the file is the first to define it).
+    fn own(&mut self, kind: Kind, key: &Key, file: &Arc<Path>, out: &mut Refresh) -> bool {
+        let owners = self.owners.entry((kind, key.clone())).or_default();
+        let at = match owners.binary_search(file) {
+            Ok(i) => i,
+            Err(i) => {
+                owners.insert(i, file.clone());
+                i
+            }
+        };
+        match (at, owners.get(1)) {
+            (0, Some(second)) => {
+                // The other definition is the repeat.
+                out.errors
+                    .push(duplicate(second, kind.name(), &key.0, &key.1));
+                true
+            }
+            (0, None) => true,
+            _ => {
+                out.errors
+                    .push(duplicate(file, kind.name(), &key.0, &key.1));
+                false
+            }
+        }
+    }
+
+    /// `file` no longer defines the keys of `old` missing from `now`: each
+    /// is deleted, or taken from the next file that defines it.
+    fn disown(
+        &mut self,
+        kind: Kind,
+        old: Vec<Key>,
+        now: &[Key],
+        file: &Arc<Path>,
+        out: &mut Refresh,
+        todo: &mut BTreeSet<PathBuf>,
+    ) {
+        if old.is_empty() {
+            return;
+        }
+        let now: std::collections::HashSet<&Key> = now.iter().collect();
+        for key in old {
+            if now.contains(&key) {
+                continue;
+            }
+            let k = (kind, key);
+            let Some(owners) = self.owners.get_mut(&k) else {
+                continue;
+            };
+            let Ok(at) = owners.binary_search(file) else {
+                continue;
+            };
+            owners.remove(at);
+            match owners.first() {
+                None => {
+                    self.owners.remove(&k);
+                    let (_, key) = k;
+                    out.updates.push(match kind {
+                        Kind::Service => Update::Service(key, None),
+                        Kind::Slice => Update::Slice(key, None),
+                    });
+                }
+                Some(next) if at == 0 => {
+                    todo.insert(next.to_path_buf());
+                }
+                Some(_) => {}
+            }
+        }
+    }
+}
+
+/// What the watch saw.
+enum Seen {
+    Nothing,
+    /// These files were written, moved, touched or removed.
+    Files(BTreeSet<PathBuf>),
+    /// Something that does not name a manifest (a link swapped, events
+    /// lost): compare every file.
+    Anything,
+    /// The watched directory is gone.
+    Lost,
+}
+
+/// inotify on the directory that holds the manifests.
+struct Watch {
+    fd: Inotify,
+    dir: PathBuf,
+    /// With `--manifests FILE`: that file, which its directory's other
+    /// files do not concern.
+    file: Option<PathBuf>,
+}
+
+impl Watch {
+    fn new(path: &Path) -> Option<Watch> {
+        let (dir, file) = if path.is_dir() {
+            (path.to_path_buf(), None)
+        } else {
+            let dir = match path.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+                _ => PathBuf::from("."),
+            };
+            (dir, Some(path.to_path_buf()))
+        };
+        let fd = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC).ok()?;
+        // Not IN_MODIFY: a file is read once it is closed, not while it is
+        // being written.
+        let mask = AddWatchFlags::IN_CLOSE_WRITE
+            | AddWatchFlags::IN_MOVED_TO
+            | AddWatchFlags::IN_MOVED_FROM
+            | AddWatchFlags::IN_CREATE
+            | AddWatchFlags::IN_DELETE
+            | AddWatchFlags::IN_ATTRIB
+            | AddWatchFlags::IN_DELETE_SELF
+            | AddWatchFlags::IN_MOVE_SELF;
+        match fd.add_watch(&dir, mask) {
+            Ok(_) => Some(Watch { fd, dir, file }),
+            Err(e) => {
+                tracing::debug!(dir = %dir.display(), error = %e, "cannot watch the manifests; comparing them on every poll");
+                None
+            }
+        }
+    }
+
+    fn wait(&mut self, wait: Duration) -> Seen {
+        use std::os::fd::AsFd;
+        let timeout = nix::poll::PollTimeout::try_from(wait).unwrap_or(nix::poll::PollTimeout::MAX);
+        let mut fds = [nix::poll::PollFd::new(
+            self.fd.as_fd(),
+            nix::poll::PollFlags::POLLIN,
+        )];
+        match nix::poll::poll(&mut fds, timeout) {
+            Ok(0) => return Seen::Nothing,
+            Ok(_) => {}
+            Err(nix::errno::Errno::EINTR) => return Seen::Nothing,
+            Err(_) => return Seen::Anything,
+        }
+        let mut names = BTreeSet::new();
+        let mut anything = false;
+        loop {
+            let events = match self.fd.read_events() {
+                Ok(e) => e,
+                Err(nix::errno::Errno::EAGAIN) => break,
+                Err(_) => return Seen::Anything,
+            };
+            if events.is_empty() {
+                break;
+            }
+            for e in events {
+                if e.mask.intersects(
+                    AddWatchFlags::IN_DELETE_SELF
+                        | AddWatchFlags::IN_MOVE_SELF
+                        | AddWatchFlags::IN_IGNORED,
+                ) {
+                    return Seen::Lost;
+                }
+                if e.mask.contains(AddWatchFlags::IN_Q_OVERFLOW) {
+                    anything = true;
+                    continue;
+                }
+                match e.name {
+                    Some(name) => {
+                        let p = self.dir.join(&name);
+                        if let Some(f) = &self.file {
+                            if f.file_name() == Some(name.as_os_str()) {
+                                names.insert(f.clone());
+                            } else if !is_manifest(&p) {
+                                anything = true;
+                            }
+                        } else if is_manifest(&p) {
+                            names.insert(p);
+                        } else {
+                            // `..data` of a ConfigMap volume, or another
+                            // link the manifests go through.
+                            anything = true;
+                        }
+                    }
+                    None => anything = true,
+                }
+            }
+        }
+        if anything {
+            Seen::Anything
+        } else if names.is_empty() {
+            Seen::Nothing
+        } else {
+            Seen::Files(names)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+
+    use super::*;
+
+    fn tmpdir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("verdict-source-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    fn service(name: &str, ip: &str) -> String {
+        format!(
+            "---\napiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: demo}}\nspec: {{clusterIP: {ip}, ports: [{{port: 80}}]}}\n"
+        )
+    }
+
+    fn slice(name: &str, ip: &str) -> String {
+        format!(
+            "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: {name}-1, namespace: demo, labels: {{kubernetes.io/service-name: {name}}}}}\naddressType: IPv4\nendpoints: [{{addresses: [{ip}], conditions: {{ready: true}}}}]\nports: [{{port: 8080}}]\n"
+        )
+    }
+
+    /// Waits for the watch to report an edit.
+    fn next(m: &mut Manifests) -> Refresh {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(r) = m.changes(Duration::from_millis(100)) {
+                return r;
+            }
+            assert!(Instant::now() < deadline, "no change seen");
+        }
+    }
+
+    fn keys(r: &Refresh) -> Vec<String> {
+        r.updates
+            .iter()
+            .map(|u| match u {
+                Update::Service((ns, n), s) => format!("Service {ns}/{n} {}", s.is_some()),
+                Update::Slice((ns, n), s) => format!("EndpointSlice {ns}/{n} {}", s.is_some()),
+                Update::Node(n) => format!("Node {:?}", n.as_ref().map(|n| &n.name)),
+                Update::ServiceCidrs(c) => format!("ServiceCIDRs {c:?}"),
+                Update::Synced => "Synced".into(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn an_edit_parses_only_the_file_that_changed() {
+        let d = tmpdir("edit");
+        // 15,000 Services and their slices: 30,000 objects in one file.
+        let mut big = String::new();
+        for i in 0..15_000 {
+            let ip = format!("10.96.{}.{}", i / 250, i % 250 + 1);
+            big.push_str(&service(&format!("s{i}"), &ip));
+            big.push_str(&slice(
+                &format!("s{i}"),
+                &format!("10.244.{}.{}", i / 250, i % 250 + 1),
+            ));
+        }
+        std::fs::write(d.join("big.yaml"), big).unwrap();
+        std::fs::write(
+            d.join("small.yaml"),
+            service("web", "10.97.0.1") + &slice("web", "10.245.0.1"),
+        )
+        .unwrap();
+        let mut m = Manifests::new(&d, "node-a");
+        let first = m.changes(Duration::ZERO).unwrap();
+        assert!(m.watched(), "inotify works in the temporary directory");
+        assert_eq!(first.parsed, [d.join("big.yaml"), d.join("small.yaml")]);
+        assert_eq!(first.updates.len(), 30_002);
+        assert!(first.errors.is_empty(), "{:?}", first.errors);
+        assert!(
+            m.changes(Duration::from_millis(50)).is_none(),
+            "nothing edited"
+        );
+
+        // The endpoint moves: only small.yaml is read, and both its objects
+        // come out (the node drops the one that did not change).
+        std::fs::write(
+            d.join("small.yaml"),
+            service("web", "10.97.0.1") + &slice("web", "10.245.0.2"),
+        )
+        .unwrap();
+        let r = next(&mut m);
+        assert_eq!(r.parsed, [d.join("small.yaml")]);
+        assert_eq!(
+            keys(&r),
+            ["Service demo/web true", "EndpointSlice demo/web-1 true"]
+        );
+        let Update::Slice(_, Some(s)) = &r.updates[1] else {
+            panic!()
+        };
+        assert_eq!(s.endpoints[0].addresses, ["10.245.0.2"]);
+
+        // Edits of the same size within one tick of the file system's
+        // clock leave the same stamp; each is read all the same.
+        for ip in ["10.245.0.3", "10.245.0.4", "10.245.0.5"] {
+            std::fs::write(
+                d.join("small.yaml"),
+                service("web", "10.97.0.1") + &slice("web", ip),
+            )
+            .unwrap();
+            let r = next(&mut m);
+            let Some(Update::Slice(_, Some(s))) = r.updates.get(1) else {
+                panic!("{:?}", keys(&r))
+            };
+            assert_eq!(s.endpoints[0].addresses, [ip]);
+        }
+
+        // The Service goes from the file: it is deleted, nothing else.
+        std::fs::write(d.join("small.yaml"), slice("web", "10.245.0.5")).unwrap();
+        let r = next(&mut m);
+        assert_eq!(r.parsed, [d.join("small.yaml")]);
+        assert_eq!(
+            keys(&r),
+            ["EndpointSlice demo/web-1 true", "Service demo/web false"]
+        );
+
+        // A new file is read alone; a removed one deletes what it held.
+        std::fs::write(d.join("more.yml"), service("api", "10.97.0.2")).unwrap();
+        let r = next(&mut m);
+        assert_eq!(r.parsed, [d.join("more.yml")]);
+        assert_eq!(keys(&r), ["Service demo/api true"]);
+        std::fs::remove_file(d.join("small.yaml")).unwrap();
+        let r = next(&mut m);
+        assert!(r.parsed.is_empty(), "{:?}", r.parsed);
+        assert_eq!(keys(&r), ["EndpointSlice demo/web-1 false"]);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_file_is_read_once_written_not_while_being_written() {
+        let d = tmpdir("half");
+        std::fs::write(d.join("a.yaml"), service("web", "10.97.0.1")).unwrap();
+        let mut m = Manifests::new(&d, "node-a");
+        m.changes(Duration::ZERO).unwrap();
+        // Truncated and half written, still open: nothing is read, so the
+        // Service is not withdrawn meanwhile.
+        let text = service("web", "10.97.0.9");
+        let (head, tail) = text.as_bytes().split_at(30);
+        let mut f = std::fs::File::create(d.join("a.yaml")).unwrap();
+        f.write_all(head).unwrap();
+        f.flush().unwrap();
+        assert!(m.changes(Duration::from_millis(300)).is_none());
+        f.write_all(tail).unwrap();
+        drop(f);
+        let r = next(&mut m);
+        assert!(r.errors.is_empty(), "{:?}", r.errors);
+        let [Update::Service(_, Some(s))] = r.updates.as_slice() else {
+            panic!("{:?}", keys(&r))
+        };
+        assert_eq!(s.cluster_ips, ["10.97.0.9"]);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_repeat_takes_over_when_the_first_definition_goes() {
+        let d = tmpdir("repeat");
+        std::fs::write(d.join("a.yaml"), service("web", "10.97.0.1")).unwrap();
+        std::fs::write(d.join("b.yaml"), service("web", "10.97.0.2")).unwrap();
+        let mut m = Manifests::new(&d, "node-a");
+        let r = m.changes(Duration::ZERO).unwrap();
+        assert_eq!(keys(&r), ["Service demo/web true"]);
+        assert_eq!(r.errors.len(), 1);
+        assert!(
+            r.errors[0]
+                .to_string()
+                .contains("b.yaml: Service demo/web: defined more than once"),
+            "{}",
+            r.errors[0]
+        );
+
+        // a.yaml stops defining it: b.yaml's definition is read and used.
+        std::fs::write(d.join("a.yaml"), "").unwrap();
+        let r = next(&mut m);
+        assert_eq!(r.parsed, [d.join("a.yaml"), d.join("b.yaml")]);
+        let [Update::Service(_, Some(s))] = r.updates.as_slice() else {
+            panic!("{:?}", keys(&r))
+        };
+        assert_eq!(s.cluster_ips, ["10.97.0.2"]);
+
+        // A file before b.yaml defines it again: that one is used.
+        std::fs::write(d.join("0.yaml"), service("web", "10.97.0.3")).unwrap();
+        let r = next(&mut m);
+        let [Update::Service(_, Some(s))] = r.updates.as_slice() else {
+            panic!("{:?}", keys(&r))
+        };
+        assert_eq!(s.cluster_ips, ["10.97.0.3"]);
+        assert!(
+            r.errors[0]
+                .to_string()
+                .contains("b.yaml: Service demo/web: defined more than once")
+        );
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn this_node_and_the_service_cidrs_change_only_when_they_do() {
+        let d = tmpdir("node");
+        let node = |ip: &str| {
+            format!(
+                "---\napiVersion: v1\nkind: Node\nmetadata: {{name: node-a}}\nstatus: {{addresses: [{{type: InternalIP, address: {ip}}}]}}\n---\napiVersion: v1\nkind: Node\nmetadata: {{name: node-b}}\n"
+            )
+        };
+        let cidr = "---\napiVersion: networking.k8s.io/v1\nkind: ServiceCIDR\nmetadata: {name: kubernetes}\nspec: {cidrs: [10.96.0.0/16]}\n";
+        std::fs::write(d.join("node.yaml"), node("192.168.0.10") + cidr).unwrap();
+        std::fs::write(d.join("svc.yaml"), service("web", "10.96.0.1")).unwrap();
+        let mut m = Manifests::new(&d, "node-a");
+        let r = m.changes(Duration::ZERO).unwrap();
+        assert_eq!(
+            keys(&r),
+            [
+                "Node Some(\"node-a\")",
+                "ServiceCIDRs [10.96.0.0/16]",
+                "Service demo/web true"
+            ]
+        );
+        // Another file's edit says nothing about them.
+        std::fs::write(d.join("svc.yaml"), service("web", "10.96.0.2")).unwrap();
+        assert_eq!(keys(&next(&mut m)), ["Service demo/web true"]);
+        std::fs::write(d.join("node.yaml"), node("192.168.0.11")).unwrap();
+        assert_eq!(
+            keys(&next(&mut m)),
+            ["Node Some(\"node-a\")", "ServiceCIDRs []"]
+        );
+        std::fs::remove_file(d.join("node.yaml")).unwrap();
+        assert_eq!(keys(&next(&mut m)), ["Node None"]);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn an_unreadable_path_keeps_what_was_loaded() {
+        let d = tmpdir("gone");
+        let f = d.join("one.yaml");
+        std::fs::write(&f, service("web", "10.96.0.1")).unwrap();
+        // A single file, watched through its directory.
+        let mut m = Manifests::new(&f, "node-a");
+        assert_eq!(
+            keys(&m.changes(Duration::ZERO).unwrap()),
+            ["Service demo/web true"]
+        );
+        std::fs::write(d.join("other.yaml"), service("x", "10.96.0.9")).unwrap();
+        assert!(
+            m.changes(Duration::from_millis(200)).is_none(),
+            "another file of the directory"
+        );
+        std::fs::remove_file(&f).unwrap();
+        let r = next(&mut m);
+        assert!(r.updates.is_empty(), "{:?}", keys(&r));
+        assert!(
+            r.errors[0].to_string().contains("one.yaml: path:"),
+            "{}",
+            r.errors[0]
+        );
+        // Back: read again (the node finds the Service unchanged).
+        std::fs::write(&f, service("web", "10.96.0.1")).unwrap();
+        let r = next(&mut m);
+        assert_eq!(keys(&r), ["Service demo/web true"]);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+}
