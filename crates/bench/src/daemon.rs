@@ -32,7 +32,7 @@ use verdict_e2e::netns::{Netns, Process, can_run, unique_prefix};
 use crate::workload::service_ip;
 use crate::{flag, pct, sizes};
 
-const USAGE: &str = "usage: verdict-bench daemon [--source api|manifests] [--sizes 1000,10000,30000] [--endpoints 2] [--changes 20] [--log DIR]";
+const USAGE: &str = "usage: verdict-bench daemon [--source api|manifests] [--protocol tcp|udp] [--sizes 1000,10000,30000] [--endpoints 2] [--changes 20] [--log DIR]";
 
 /// Where verdict reads the cluster from.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -99,17 +99,17 @@ fn yaml(objects: &[Value]) -> String {
     out
 }
 
-fn service(i: usize) -> Value {
+fn service(i: usize, proto: &str) -> Value {
     let ip = service_ip(30, i).to_string();
     json!({
         "apiVersion": "v1", "kind": "Service",
         "metadata": {"name": format!("svc{i}"), "namespace": "bench"},
         "spec": {"type": "ClusterIP", "clusterIP": ip, "clusterIPs": [ip],
-                 "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]}
+                 "ports": [{"name": "http", "port": 80, "protocol": proto}]}
     })
 }
 
-fn slice(i: usize, k: usize, port: u16) -> Value {
+fn slice(i: usize, k: usize, port: u16, proto: &str) -> Value {
     let endpoints: Vec<Value> = (0..k)
         .map(|j| {
             let ip = Ipv4Addr::from(0x0a00_0000u32 + (i * k + j) as u32 + 1);
@@ -122,7 +122,7 @@ fn slice(i: usize, k: usize, port: u16) -> Value {
         "metadata": {"name": format!("svc{i}-1"), "namespace": "bench",
                      "labels": {"kubernetes.io/service-name": format!("svc{i}")}},
         "addressType": "IPv4",
-        "ports": [{"name": "http", "port": port, "protocol": "TCP"}],
+        "ports": [{"name": "http", "port": port, "protocol": proto}],
         "endpoints": endpoints
     })
 }
@@ -148,12 +148,17 @@ struct Log {
 impl Log {
     /// Waits for a line containing every one of `parts`.
     fn wait(&self, parts: &[&str], within: Duration) -> Result<Instant, String> {
+        self.wait_line(parts, within).map(|(at, _)| at)
+    }
+
+    /// The same, with the line.
+    fn wait_line(&self, parts: &[&str], within: Duration) -> Result<(Instant, String), String> {
         let deadline = Instant::now() + within;
         let mut seen = Vec::new();
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.rx.recv_timeout(left) {
-                Ok((at, line)) if parts.iter().all(|p| line.contains(p)) => return Ok(at),
+                Ok((at, line)) if parts.iter().all(|p| line.contains(p)) => return Ok((at, line)),
                 Ok((_, line)) => seen.push(line),
                 Err(_) => {
                     let tail = seen[seen.len().saturating_sub(10)..].join("\n");
@@ -164,6 +169,21 @@ impl Log {
             }
         }
     }
+}
+
+/// The `elapsed="…"` field of a log line (a Rust Duration's Debug form),
+/// in milliseconds.
+fn elapsed_ms(line: &str) -> Option<f64> {
+    let v = line.split("elapsed=\"").nth(1)?.split('"').next()?;
+    let (num, unit) = v.split_at(v.find(|c: char| c.is_ascii_alphabetic() || c == 'µ')?);
+    let x: f64 = num.parse().ok()?;
+    Some(match unit {
+        "ns" => x / 1e6,
+        "µs" => x / 1e3,
+        "ms" => x,
+        "s" => x * 1e3,
+        _ => return None,
+    })
 }
 
 /// CPU seconds (user + system) and peak RSS (MiB) of a live process.
@@ -207,6 +227,10 @@ struct Row {
     rss: f64,
     change_p50: f64,
     change_p99: f64,
+    /// verdict's work after each of those syncs (health-check ports, UDP
+    /// conntrack), from its log.
+    after_p50: f64,
+    after_max: f64,
     programmed: usize,
 }
 
@@ -222,19 +246,22 @@ enum Feed {
 
 impl Feed {
     /// Service `i` gets its endpoints on `port`.
-    fn change(&mut self, i: usize, k: usize, port: u16) -> Result<(), String> {
+    fn change(&mut self, i: usize, k: usize, port: u16, proto: &str) -> Result<(), String> {
         match self {
-            Feed::Api(api) => api.apply(slice(i, k, port)).map(drop),
-            Feed::Files { small, .. } => {
-                std::fs::write(&*small, yaml(&[service(i), slice(i, k, port)]))
-                    .map_err(|e| format!("{}: {e}", small.display()))
-            }
+            Feed::Api(api) => api.apply(slice(i, k, port, proto)).map(drop),
+            Feed::Files { small, .. } => std::fs::write(
+                &*small,
+                yaml(&[service(i, proto), slice(i, k, port, proto)]),
+            )
+            .map_err(|e| format!("{}: {e}", small.display())),
         }
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn run_one(
     source: Source,
+    proto: &str,
     n: usize,
     k: usize,
     changes: usize,
@@ -261,8 +288,8 @@ fn run_one(
             .map_err(|e| e.0)?;
             api.apply(node)?;
             for i in 0..n {
-                api.apply(service(i))?;
-                api.apply(slice(i, k, 8080))?;
+                api.apply(service(i, proto))?;
+                api.apply(slice(i, k, 8080, proto))?;
             }
             let kubeconfig = dir.join("kubeconfig");
             std::fs::write(
@@ -280,8 +307,8 @@ fn run_one(
             std::fs::create_dir_all(&manifests).map_err(|e| e.to_string())?;
             let mut objects = vec![node];
             for i in 0..n {
-                objects.push(service(i));
-                objects.push(slice(i, k, 8080));
+                objects.push(service(i, proto));
+                objects.push(slice(i, k, 8080, proto));
             }
             let write = |name: &str, objects: &[Value]| {
                 let p = manifests.join(name);
@@ -290,7 +317,7 @@ fn run_one(
             };
             write("cluster.yaml", &objects)?;
             // One more Service, which the changes edit.
-            let small = write("small.yaml", &[service(n), slice(n, k, 8080)])?;
+            let small = write("small.yaml", &[service(n, proto), slice(n, k, 8080, proto)])?;
             (
                 Feed::Files {
                     dir: manifests.clone(),
@@ -359,6 +386,7 @@ fn run_one(
     let programmed = table.matches(" : goto ").count() + table.matches(" : jump ").count();
 
     let mut times = Vec::new();
+    let mut after = Vec::new();
     for c in 0..changes {
         let i = match feed {
             Feed::Api(_) => (c * 7919) % n,
@@ -367,7 +395,7 @@ fn run_one(
         // A port no earlier change used: always a real change.
         let port = 8081 + c as u16;
         let t = Instant::now();
-        feed.change(i, k, port)?;
+        feed.change(i, k, port, proto)?;
         if let Feed::Files { small, .. } = &feed {
             // The edit must have been read alone.
             log.wait(
@@ -380,6 +408,11 @@ fn run_one(
             Duration::from_secs(60),
         )?;
         times.push(done.saturating_duration_since(t).as_secs_f64() * 1000.0);
+        let (_, line) = log.wait_line(
+            &["after the sync", "family=\"ip\""],
+            Duration::from_secs(60),
+        )?;
+        after.push(elapsed_ms(&line).ok_or_else(|| format!("no elapsed in {line}"))?);
     }
     let (_, rss) = usage(pid);
     drop(daemon);
@@ -399,6 +432,8 @@ fn run_one(
         rss: rss.max(rss_cold),
         change_p50: pct(&mut times.clone(), 0.50),
         change_p99: pct(&mut times, 0.99),
+        after_p50: pct(&mut after.clone(), 0.50),
+        after_max: after.iter().copied().fold(0.0, f64::max),
         programmed,
     })
 }
@@ -420,11 +455,16 @@ pub fn daemon(args: &[String]) -> Result<(), String> {
         Some("manifests") => Source::Manifests,
         Some(other) => return Err(format!("--source {other}: api or manifests\n{USAGE}")),
     };
+    let proto = match flag(args, "--protocol") {
+        None | Some("tcp") => "TCP",
+        Some("udp") => "UDP",
+        Some(other) => return Err(format!("--protocol {other}: tcp or udp\n{USAGE}")),
+    };
     let sizes = sizes(args, &[1_000, 10_000, 30_000])?;
     let (k, changes) = (num("--endpoints", 2)?, num("--changes", 20)?);
-    if k == 0 || changes == 0 || changes > 1000 || sizes.iter().any(|n| *n == 0 || *n > 60_000) {
+    if k == 0 || changes == 0 || changes > 1000 || sizes.iter().any(|n| *n == 0 || *n > 200_000) {
         return Err(format!(
-            "sizes must be 1..=60000, --endpoints at least 1, --changes 1..=1000\n{USAGE}"
+            "sizes must be 1..=200000, --endpoints at least 1, --changes 1..=1000\n{USAGE}"
         ));
     }
     let verdict = sibling("verdict")?;
@@ -443,15 +483,18 @@ pub fn daemon(args: &[String]) -> Result<(), String> {
             "small file edited",
         ),
     };
-    println!("### The verdict program {title} (K = {k} endpoints, {changes} changes)\n");
     println!(
-        "| services | {prepared} | {loaded} | first full sync (IPv4) | both families synced | CPU at first sync | peak RSS | {change} → synced p50 / p99 | services programmed |"
+        "### The verdict program {title} (K = {k} endpoints, {proto} services, {changes} changes)\n"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!(
+        "| services | {prepared} | {loaded} | first full sync (IPv4) | both families synced | CPU at first sync | peak RSS | {change} → synced p50 / p99 | work after that sync p50 / max | services programmed |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for n in sizes {
         let log_to = flag(args, "--log").map(|d| PathBuf::from(d).join(format!("verdict-{n}.log")));
         let r = run_one(
             source,
+            proto,
             n,
             k,
             changes,
@@ -460,7 +503,7 @@ pub fn daemon(args: &[String]) -> Result<(), String> {
             log_to.as_deref(),
         )?;
         println!(
-            "| {} | {:.1} s | {:.2} s | {:.2} s | {:.2} s | {:.2} s | {:.0} MiB | {:.1} / {:.1} ms | {} |",
+            "| {} | {:.1} s | {:.2} s | {:.2} s | {:.2} s | {:.2} s | {:.0} MiB | {:.1} / {:.1} ms | {:.3} / {:.3} ms | {} |",
             r.n,
             r.prepared.as_secs_f64(),
             r.loaded.as_secs_f64(),
@@ -470,6 +513,8 @@ pub fn daemon(args: &[String]) -> Result<(), String> {
             r.rss,
             r.change_p50,
             r.change_p99,
+            r.after_p50,
+            r.after_max,
             r.programmed
         );
         let expected = match source {
@@ -489,4 +534,41 @@ pub fn daemon(args: &[String]) -> Result<(), String> {
          verdict process."
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn elapsed_is_read_in_every_unit() {
+        let line = |v: &str| {
+            format!("I1202 mod.rs:1] \"after the sync\" family=\"ip\" elapsed=\"{v}\" x=1")
+        };
+        assert_eq!(elapsed_ms(&line("250ns")), Some(0.00025));
+        assert_eq!(elapsed_ms(&line("12.5µs")), Some(0.0125));
+        assert_eq!(elapsed_ms(&line("3.25ms")), Some(3.25));
+        assert_eq!(elapsed_ms(&line("1.5s")), Some(1500.0));
+        assert_eq!(elapsed_ms("no field"), None);
+    }
+
+    #[test]
+    fn yaml_is_block_style_as_kubectl_writes_it() {
+        let text = yaml(&[slice(3, 2, 8080, "UDP")]);
+        assert!(text.starts_with("---\naddressType: IPv4\n"), "{text}");
+        assert!(
+            text.contains(
+                "endpoints:\n- addresses:\n  - 10.0.0.7\n  conditions:\n    ready: true\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("ports:\n- name: http\n  port: 8080\n  protocol: UDP\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("  labels:\n    kubernetes.io/service-name: svc3\n"),
+            "{text}"
+        );
+    }
 }

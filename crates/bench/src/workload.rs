@@ -18,7 +18,15 @@ pub const BACKEND_PORT: u16 = 8080;
 
 /// The i-th service address in `172.{second}.0.0/16`.
 pub fn service_ip(second: u8, i: usize) -> Ipv4Addr {
-    Ipv4Addr::new(172, second, (i / 250) as u8, (i % 250 + 1) as u8)
+    // 64,000 per /16; beyond, the next /16 (100,000 services reach
+    // 172.31.143.250 from 172.30).
+    let block = i / 250;
+    Ipv4Addr::new(
+        172,
+        second.wrapping_add((block / 256) as u8),
+        (block % 256) as u8,
+        (i % 250 + 1) as u8,
+    )
 }
 
 /// The ports the backends serve for K endpoints per service.
@@ -183,6 +191,10 @@ mod tests {
         assert_eq!(s.iter().map(|s| s.endpoints.len()).sum::<usize>(), 10);
         assert_eq!(service_ip(30, 0).to_string(), "172.30.0.1");
         assert_eq!(service_ip(30, 29_999).to_string(), "172.30.119.250");
+        assert_eq!(service_ip(30, 63_999).to_string(), "172.30.255.250");
+        assert_eq!(service_ip(30, 64_000).to_string(), "172.31.0.1");
+        let all: std::collections::BTreeSet<_> = (0..100_000).map(|i| service_ip(30, i)).collect();
+        assert_eq!(all.len(), 100_000, "no address twice");
     }
 
     #[test]

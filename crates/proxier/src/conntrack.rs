@@ -8,11 +8,13 @@
 //! deleting them would cut terminating endpoints' connections.
 //!
 //! Pure: the caller lists the entries and deletes what this returns.
+//! [`UdpTracker`] keeps the targets per service, so that a sync looks only
+//! at the services it touched.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
-use verdict_model::{EndpointsMap, Protocol, ServicePortMap};
+use verdict_model::{EndpointsMap, NamespacedName, Protocol, ServicePortMap, ServicePortName};
 use verdict_nft::conntrack::UdpEntry;
 
 type Backends = BTreeSet<(IpAddr, u16)>;
@@ -31,6 +33,25 @@ impl UdpTargets {
     /// (whatever the traffic policies and topology: an entry to a serving
     /// endpoint is never stale).
     pub fn of(services: &ServicePortMap, endpoints: &EndpointsMap) -> UdpTargets {
+        UdpTargets::of_ports(services.iter(), endpoints)
+    }
+
+    /// The same for one service.
+    pub fn of_service(
+        svc: &NamespacedName,
+        services: &ServicePortMap,
+        endpoints: &EndpointsMap,
+    ) -> UdpTargets {
+        let ports = services
+            .range(ServicePortName::first_of(svc)..)
+            .take_while(|(name, _)| name.service == *svc);
+        UdpTargets::of_ports(ports, endpoints)
+    }
+
+    fn of_ports<'a>(
+        services: impl Iterator<Item = (&'a ServicePortName, &'a verdict_model::ServicePort)>,
+        endpoints: &EndpointsMap,
+    ) -> UdpTargets {
         let mut t = UdpTargets::default();
         for (name, sp) in services {
             if sp.protocol != Protocol::Udp {
@@ -62,6 +83,11 @@ impl UdpTargets {
         t
     }
 
+    /// How many addresses and NodePorts are checked.
+    pub fn len(&self) -> usize {
+        self.by_address.len() + self.by_node_port.len()
+    }
+
     /// Whether there is no UDP service at all.
     pub fn is_empty(&self) -> bool {
         self.by_address.is_empty() && self.by_node_port.is_empty()
@@ -78,6 +104,23 @@ impl UdpTargets {
             self.by_node_port.entry(*key).or_default();
         }
         self
+    }
+
+    /// Adds `other`'s targets (the backends of a key both have are joined).
+    fn join(&mut self, other: &UdpTargets) {
+        for (k, b) in &other.by_address {
+            self.by_address.entry(*k).or_default().extend(b);
+        }
+        for (k, b) in &other.by_node_port {
+            self.by_node_port.entry(*k).or_default().extend(b);
+        }
+    }
+
+    fn keys(&self) -> impl Iterator<Item = UdpKey> + '_ {
+        self.by_address
+            .keys()
+            .map(|k| UdpKey::Address(*k))
+            .chain(self.by_node_port.keys().map(|p| UdpKey::NodePort(*p)))
     }
 
     /// The entries to delete, each once.
@@ -99,6 +142,145 @@ impl UdpTargets {
         }
         out.into_iter().collect()
     }
+}
+
+/// An address and port, or a NodePort, that UDP entries are checked at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum UdpKey {
+    Address((IpAddr, u16)),
+    NodePort(u16),
+}
+
+/// The UDP targets per service as of the last cleanup, and the services
+/// touched since. After a sync, only the touched services are looked at:
+/// the check covers the addresses and NodePorts they had or have, with
+/// the serving endpoints of every service that shares one (two Services
+/// may share an external IP and port), so nothing another service serves
+/// is ever called stale.
+#[derive(Clone, Debug, Default)]
+pub struct UdpTracker {
+    by_service: BTreeMap<NamespacedName, UdpTargets>,
+    owners: BTreeMap<UdpKey, BTreeSet<NamespacedName>>,
+    pending: BTreeSet<NamespacedName>,
+}
+
+/// What a cleanup must check, and what the tracker holds once it is done.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct UdpCheck {
+    /// The entries at these addresses and NodePorts are checked.
+    pub targets: UdpTargets,
+    /// The touched services' targets now.
+    now: BTreeMap<NamespacedName, UdpTargets>,
+}
+
+impl UdpTracker {
+    /// These services changed (added, updated or deleted).
+    pub fn touched<'a>(&mut self, services: impl IntoIterator<Item = &'a NamespacedName>) {
+        self.pending.extend(services.into_iter().cloned());
+    }
+
+    /// Everything may have changed (a full sync): every service with a UDP
+    /// port now or at the last cleanup.
+    pub fn touched_all(&mut self, services: &ServicePortMap) {
+        let udp = services
+            .iter()
+            .filter(|(_, sp)| sp.protocol == Protocol::Udp)
+            .map(|(name, _)| name.service.clone());
+        self.pending.extend(udp);
+        self.pending.extend(self.by_service.keys().cloned());
+    }
+
+    /// The services touched and not yet cleaned.
+    pub fn pending(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// What to check for the touched services, or `None` when their UDP
+    /// targets did not change (then they are done).
+    pub fn check(
+        &mut self,
+        services: &ServicePortMap,
+        endpoints: &EndpointsMap,
+    ) -> Option<UdpCheck> {
+        let mut now = BTreeMap::new();
+        let mut keys = BTreeSet::new();
+        for svc in &self.pending {
+            let t = UdpTargets::of_service(svc, services, endpoints);
+            let before = self.by_service.get(svc);
+            if before.is_none_or(|b| *b != t) && !(before.is_none() && t.is_empty()) {
+                keys.extend(t.keys());
+                keys.extend(before.into_iter().flat_map(UdpTargets::keys));
+                now.insert(svc.clone(), t);
+            }
+        }
+        if now.is_empty() {
+            self.pending.clear();
+            return None;
+        }
+        // Every key gets the serving endpoints of every service that has it
+        // now: the touched ones as they are, the others as last cleaned.
+        let mut targets = UdpTargets::default();
+        for key in &keys {
+            match key {
+                UdpKey::Address(k) => targets.by_address.entry(*k).or_default(),
+                UdpKey::NodePort(p) => targets.by_node_port.entry(*p).or_default(),
+            };
+            for owner in self.owners.get(key).into_iter().flatten() {
+                if !now.contains_key(owner)
+                    && let Some(t) = self.by_service.get(owner)
+                {
+                    targets.join(&only(t, *key));
+                }
+            }
+        }
+        for t in now.values() {
+            for key in t.keys() {
+                targets.join(&only(t, key));
+            }
+        }
+        Some(UdpCheck { targets, now })
+    }
+
+    /// The cleanup of `check` succeeded: its services are done.
+    pub fn done(&mut self, check: UdpCheck) {
+        for (svc, t) in check.now {
+            if let Some(before) = self.by_service.remove(&svc) {
+                for key in before.keys() {
+                    if let Some(o) = self.owners.get_mut(&key) {
+                        o.remove(&svc);
+                        if o.is_empty() {
+                            self.owners.remove(&key);
+                        }
+                    }
+                }
+            }
+            if !t.is_empty() {
+                for key in t.keys() {
+                    self.owners.entry(key).or_default().insert(svc.clone());
+                }
+                self.by_service.insert(svc, t);
+            }
+        }
+        self.pending.clear();
+    }
+}
+
+/// The part of `t` at `key`.
+fn only(t: &UdpTargets, key: UdpKey) -> UdpTargets {
+    let mut out = UdpTargets::default();
+    match key {
+        UdpKey::Address(k) => {
+            if let Some(b) = t.by_address.get(&k) {
+                out.by_address.insert(k, b.clone());
+            }
+        }
+        UdpKey::NodePort(p) => {
+            if let Some(b) = t.by_node_port.get(&p) {
+                out.by_node_port.insert(p, b.clone());
+            }
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -213,5 +395,94 @@ mod tests {
             t.stale(&[entry("172.30.0.10", 53, "10.180.0.1", 5353)])
                 .is_empty()
         );
+    }
+
+    /// `n` UDP services `svc{i}` on 172.30.1.i:53 with one endpoint each;
+    /// svc0 and svc1 also share the external IP 192.0.2.10:53.
+    fn many(n: usize) -> (ServicePortMap, EndpointsMap) {
+        let mut services = ServicePortMap::new();
+        let mut endpoints = EndpointsMap::new();
+        for i in 0..n {
+            let (s, e) = cluster(Protocol::Udp, &[(&format!("10.180.1.{i}"), true)]);
+            let (_, mut sp) = s.into_iter().next().unwrap();
+            let eps = e.into_values().next().unwrap();
+            let name = ServicePortName::new("ns", format!("svc{i}"), "dns", Protocol::Udp);
+            sp.name = name.clone();
+            sp.cluster_ip = ip(&format!("172.30.1.{i}"));
+            sp.node_port = None;
+            if i >= 2 {
+                sp.external_ips.clear();
+            }
+            services.insert(name.clone(), sp);
+            endpoints.insert(name, eps);
+        }
+        (services, endpoints)
+    }
+
+    fn svc(i: usize) -> NamespacedName {
+        NamespacedName::new("ns", format!("svc{i}"))
+    }
+
+    #[test]
+    fn the_tracker_checks_only_the_touched_services() {
+        let (s, mut e) = many(200);
+        let mut t = UdpTracker::default();
+        t.touched_all(&s);
+        let all = t.check(&s, &e).unwrap();
+        assert_eq!(
+            all.targets,
+            UdpTargets::of(&s, &e),
+            "a full sync checks everything"
+        );
+        t.done(all);
+        t.touched_all(&s);
+        assert!(t.check(&s, &e).is_none(), "nothing changed since");
+
+        // svc7's endpoint moves: only its address is checked.
+        let name = ServicePortName::new("ns", "svc7", "dns", Protocol::Udp);
+        e.insert(
+            name,
+            vec![Endpoint {
+                serving: true,
+                ready: true,
+                ..Endpoint::new(ip("10.180.2.7"), 5353)
+            }],
+        );
+        t.touched([&svc(7), &svc(8)]);
+        let c = t.check(&s, &e).unwrap();
+        assert_eq!(c.targets.len(), 1, "{:?}", c.targets);
+        let entries = [
+            entry("172.30.1.7", 53, "10.180.1.7", 5353), // the old endpoint
+            entry("172.30.1.7", 53, "10.180.2.7", 5353), // the new one
+            entry("172.30.1.8", 53, "10.180.9.9", 5353), // svc8: not touched in effect
+        ];
+        assert_eq!(c.targets.stale(&entries), [entries[0]]);
+        // Not done (the cleanup failed): asked again at the next sync.
+        t.touched([]);
+        assert_eq!(t.check(&s, &e).map(|c| c.targets.len()), Some(1));
+    }
+
+    #[test]
+    fn a_shared_address_keeps_the_other_services_endpoints() {
+        let (mut s, e) = many(3);
+        let mut t = UdpTracker::default();
+        t.touched_all(&s);
+        let c = t.check(&s, &e).unwrap();
+        t.done(c);
+        // svc0 is deleted: its addresses are checked; the external IP it
+        // shared with svc1 keeps svc1's endpoint.
+        s.remove(&ServicePortName::new("ns", "svc0", "dns", Protocol::Udp));
+        t.touched([&svc(0)]);
+        let c = t.check(&s, &e).unwrap();
+        let entries = [
+            entry("172.30.1.0", 53, "10.180.1.0", 5353),
+            entry("192.0.2.10", 53, "10.180.1.0", 5353),
+            entry("192.0.2.10", 53, "10.180.1.1", 5353),
+        ];
+        assert_eq!(c.targets.stale(&entries), [entries[0], entries[1]]);
+        t.done(c);
+        // And it is forgotten: svc1 alone owns the external IP now.
+        t.touched([&svc(1)]);
+        assert!(t.check(&s, &e).is_none());
     }
 }

@@ -4,16 +4,14 @@
 //! touched (all of it after a full sync).
 
 use super::*;
+use verdict_proxier::conntrack::UdpTracker;
 
 /// Per family, the daemon's state beside the proxier.
 #[derive(Default)]
 pub(super) struct FamilyExtras {
-    /// The UDP services as of the last conntrack cleanup.
-    pub(super) udp_cleaned: UdpTargets,
-    /// The services that had a UDP port at the last conntrack cleanup.
-    pub(super) udp_services: BTreeSet<NamespacedName>,
-    /// The last cleanup failed: the next sync tries again, whatever it touched.
-    pub(super) udp_retry: bool,
+    /// The UDP services' targets as of the last conntrack cleanup, and the
+    /// services touched since.
+    pub(super) udp: UdpTracker,
     /// The service health-check servers.
     pub(super) health_checks: Option<ServiceHealthServers>,
     /// The health-check node port of every service that has one.
@@ -34,10 +32,6 @@ pub(super) fn ports_of<'a>(
         .range(ServicePortName::first_of(svc)..)
         .take_while(move |(name, _)| name.service == *svc)
         .map(|(_, sp)| sp)
-}
-
-pub(super) fn has_udp_port(p: &Proxier, svc: &NamespacedName) -> bool {
-    ports_of(p, svc).any(|sp| sp.protocol == Protocol::Udp)
 }
 
 /// Opens and closes the service health-check node ports of one family
@@ -147,7 +141,7 @@ pub(super) fn sync_health_checks(
 pub(super) fn clean_stale_udp(
     ct: &mut dyn Conntrack,
     family: Family,
-    targets: &UdpTargets,
+    targets: &verdict_proxier::conntrack::UdpTargets,
 ) -> Result<usize, verdict_nft::conntrack::ConntrackError> {
     let t = Instant::now();
     let entries = ct.list_udp(family)?;

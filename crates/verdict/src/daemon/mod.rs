@@ -17,10 +17,9 @@ use verdict_k8s::client::{ClientOptions, Observer, RequestRecord};
 use verdict_k8s::events::{Notice, Regarding};
 use verdict_k8s::watch::{ApiSource, Update};
 use verdict_k8s::{Manifests, NodeInfo};
-use verdict_model::{EndpointSlice, IpFamily, NamespacedName, Protocol, Service, ServicePortName};
+use verdict_model::{EndpointSlice, IpFamily, NamespacedName, Service, ServicePortName};
 use verdict_nft::conntrack::Conntrack;
 use verdict_nft::{Backend, Family, MemoryBackend, Transaction};
-use verdict_proxier::conntrack::UdpTargets;
 use verdict_proxier::{LocalDetector, Proxier, ProxierConfig};
 
 use crate::config::{DetectLocal, Settings};
@@ -34,7 +33,7 @@ mod family;
 mod feed;
 mod watchers;
 pub use api::offline;
-use family::{FamilyExtras, clean_stale_udp, has_udp_port, sync_health_checks};
+use family::{FamilyExtras, clean_stale_udp, sync_health_checks};
 use feed::{Feed, PLAN_LIST_TIMEOUT};
 use watchers::{Foreign, watch_addresses, watch_foreign_changes};
 
@@ -659,11 +658,17 @@ impl Node {
             let Some(ct) = self.live.as_mut() else {
                 continue;
             };
-            if !r.full && r.updated_services.is_empty() && !extras.udp_retry {
-                continue;
-            }
             // After a partial sync, only the services it touched are
             // looked at again: O(changed), as the sync itself.
+            let t = Instant::now();
+            if r.full {
+                extras.udp.touched_all(p.service_ports());
+            } else {
+                extras.udp.touched(&r.updated_services);
+            }
+            if !r.full && r.updated_services.is_empty() && extras.udp.pending() == 0 {
+                continue;
+            }
             let touched = (!r.full).then_some(&r.updated_services);
             sync_health_checks(
                 extras,
@@ -673,41 +678,32 @@ impl Node {
                 self.events.as_ref(),
                 &self.name,
             );
-            let udp_touched = extras.udp_retry
-                || touched.is_none_or(|t| {
-                    t.iter()
-                        .any(|s| extras.udp_services.contains(s) || has_udp_port(p, s))
-                });
-            if !udp_touched {
-                continue;
-            }
-            let targets = UdpTargets::of(p.service_ports(), p.endpoints());
-            if targets != extras.udp_cleaned {
+            let check = extras.udp.check(p.service_ports(), p.endpoints());
+            let checked = check.as_ref().map_or(0, |c| c.targets.len());
+            if let Some(check) = check {
                 let t = Instant::now();
-                let stale = targets.clone().with_removed(&extras.udp_cleaned);
-                match clean_stale_udp(ct.as_mut(), family, &stale) {
+                match clean_stale_udp(ct.as_mut(), family, &check.targets) {
                     Ok(deleted) => {
                         let took = t.elapsed().as_secs_f64();
                         record(metrics, |x| {
                             x.observe(m::CONNTRACK_DURATION, &fam, took);
                             x.add(m::CONNTRACK_DELETED, &fam, deleted as f64);
                         });
-                        extras.udp_cleaned = targets;
-                        extras.udp_retry = false;
-                        extras.udp_services = p
-                            .service_ports()
-                            .iter()
-                            .filter(|(_, sp)| sp.protocol == Protocol::Udp)
-                            .map(|(name, _)| name.service.clone())
-                            .collect();
+                        extras.udp.done(check);
                     }
-                    // Kept for the next sync, which tries again.
+                    // The services stay pending: the next sync tries again.
                     Err(e) => {
-                        extras.udp_retry = true;
                         tracing::warn!(%family, error = %e, "stale UDP conntrack cleanup failed")
                     }
                 }
             }
+            tracing::debug!(
+                %family,
+                services = touched.map_or(p.service_ports().len(), BTreeSet::len),
+                udp_targets = checked,
+                elapsed = ?t.elapsed(),
+                "after the sync: health-check ports and UDP conntrack"
+            );
         }
         self.set_pending();
         if failed.is_empty() {
