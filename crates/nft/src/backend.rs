@@ -34,6 +34,13 @@ pub trait Backend {
     ) -> Result<Vec<Element>, NftError> {
         set_elements(self.table(family, table)?.as_ref(), family, table, set)
     }
+
+    /// The ruleset's generation, which every commit changes, whoever makes
+    /// it; `None` when this backend cannot tell (the `nft` program does not
+    /// say). Equal generations mean nothing was committed in between.
+    fn generation(&mut self) -> Result<Option<u32>, NftError> {
+        Ok(None)
+    }
 }
 
 /// A backend chosen at run time is a backend.
@@ -57,6 +64,10 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
         set: &str,
     ) -> Result<Vec<Element>, NftError> {
         (**self).elements(family, table, set)
+    }
+
+    fn generation(&mut self) -> Result<Option<u32>, NftError> {
+        (**self).generation()
     }
 }
 

@@ -404,6 +404,11 @@ impl Backend for MemoryBackend {
         Ok(self.get(family, name).cloned())
     }
 
+    /// Every transaction applied is a commit.
+    fn generation(&mut self) -> Result<Option<u32>, NftError> {
+        Ok(Some(self.transactions as u32))
+    }
+
     fn elements(
         &mut self,
         family: Family,

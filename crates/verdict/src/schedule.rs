@@ -13,9 +13,27 @@
 //!   as long each time up to `syncPeriod`.
 //! - Every `syncPeriod` a full sync compares the kernel with what it should
 //!   hold (it writes nothing when nothing differs), as upstream's periodic
-//!   resync did.
+//!   resync did; unless nothing at all was committed since verdict's last
+//!   sync ([`resync_unneeded`]), at most for an hour.
 
 use std::time::{Duration, Instant};
+
+/// Whether a periodic resync can be left out, reading nothing: the
+/// ruleset's generation (`now`) is still the one verdict's last successful
+/// sync left (`synced`), so nobody committed anything since; the listener
+/// for foreign changes is running (`listening`), so no change to verdict's
+/// tables went unseen; and the last full sync is less than `max_quiet` old
+/// (`since_full`), so the proxier still recomputes everything that often.
+/// A backend that cannot tell the generation never skips.
+pub fn resync_unneeded(
+    listening: bool,
+    synced: Option<u32>,
+    now: Option<u32>,
+    since_full: Duration,
+    max_quiet: Duration,
+) -> bool {
+    listening && synced.is_some() && synced == now && since_full < max_quiet
+}
 
 /// Quiet time after a foreign change before the repair: a firewall reload
 /// arrives as several commits in a row.
@@ -181,6 +199,22 @@ impl Schedule {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_resync_is_left_out_only_when_nothing_can_have_changed() {
+        let hour = Duration::from_secs(3600);
+        let recent = Duration::from_secs(30);
+        assert!(resync_unneeded(true, Some(7), Some(7), recent, hour));
+        // Someone committed (to any table).
+        assert!(!resync_unneeded(true, Some(7), Some(8), recent, hour));
+        // The listener is not running: a change could have gone unseen.
+        assert!(!resync_unneeded(false, Some(7), Some(7), recent, hour));
+        // The backend cannot tell, or the last sync failed.
+        assert!(!resync_unneeded(true, None, None, recent, hour));
+        assert!(!resync_unneeded(true, None, Some(7), recent, hour));
+        // An hour without a full sync: one happens anyway.
+        assert!(!resync_unneeded(true, Some(7), Some(7), hour, hour));
+    }
 
     const MIN: Duration = Duration::from_secs(1);
     const PERIOD: Duration = Duration::from_secs(30);

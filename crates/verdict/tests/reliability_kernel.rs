@@ -15,7 +15,9 @@
 //! - rolling endpoint replacement under a continuous client: no failed
 //!   connection;
 //! - the malformed-input corpus: every invalid object named in the log,
-//!   the good Service unaffected, no crash.
+//!   the good Service unaffected, no crash;
+//! - a periodic resync reads the tables back only when something was
+//!   committed since verdict's last sync.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -763,4 +765,65 @@ fn the_malformed_corpus_names_every_invalid_object_and_touches_no_good_service()
         assert!(!rules.contains(forbidden), "{forbidden} programmed");
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The periodic resync with nothing committed since the last sync reads
+/// nothing; a commit anywhere (another table) brings a real one, and a
+/// change to verdict's own table is still repaired at once.
+#[test]
+fn a_periodic_resync_reads_the_tables_only_after_a_commit() {
+    let _serial = serial();
+    let Some(bed) = bed_with_pods(&["10.180.0.1"]) else {
+        return;
+    };
+    let dir = scratch_dir("rel-periodic");
+    base(&dir, "10.180.0.1");
+    let log = dir.join("verdict.log");
+    let _daemon = start(
+        &bed,
+        &dir,
+        &log,
+        &["--sync-period", "1s", "--min-sync-period", "0s", "-v=2"],
+        None,
+    );
+    assert_eq!(
+        wait_for(&bed, "10.180.0.1:80"),
+        "10.180.0.1:80",
+        "{}",
+        log_of(&log)
+    );
+    let full = |log: &str| log.matches("full=true").count();
+    let skipped = |log: &str| {
+        log.matches("periodic resync: nothing was committed")
+            .count()
+    };
+    // Two families per full sync; the first one is the cold sync.
+    wait_until(
+        "two periodic resyncs left out",
+        Duration::from_secs(10),
+        || skipped(&log_of(&log)) >= 2,
+    );
+    let text = log_of(&log);
+    assert_eq!(full(&text), 2, "only the first sync was full:\n{text}");
+
+    // A commit to another table: the next periodic resync reads back.
+    bed.node
+        .exec("nft", &["add", "table", "ip", "someone-else"])
+        .unwrap();
+    wait_until("a real periodic resync", Duration::from_secs(10), || {
+        full(&log_of(&log)) >= 4
+    });
+    // And after it, quiet again.
+    let before = skipped(&log_of(&log));
+    wait_until("quiet again", Duration::from_secs(10), || {
+        skipped(&log_of(&log)) >= before + 2
+    });
+
+    // A change to verdict's table is repaired at once, as always.
+    bed.node
+        .exec("nft", &["flush", "map", "ip", "verdict", "service-ips"])
+        .unwrap();
+    wait_until("the repair", Duration::from_secs(5), || {
+        quick(&bed) == "10.180.0.1:80"
+    });
 }

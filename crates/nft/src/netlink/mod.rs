@@ -101,7 +101,7 @@ impl NetlinkBackend {
     }
 
     /// The ruleset's generation, which every commit changes.
-    fn generation(&mut self) -> Result<u32, NftError> {
+    fn read_generation(&mut self) -> Result<u32, NftError> {
         let mut id = None;
         let r = self.request(
             objects::GETGEN,
@@ -423,15 +423,19 @@ impl Backend for NetlinkBackend {
         self.batch(tx, true)
     }
 
+    fn generation(&mut self) -> Result<Option<u32>, NftError> {
+        self.read_generation().map(Some)
+    }
+
     fn check(&mut self, tx: &Transaction) -> Result<(), NftError> {
         self.batch(tx, false)
     }
 
     fn table(&mut self, family: Family, name: &str) -> Result<Option<TableState>, NftError> {
         for _ in 0..READ_ATTEMPTS {
-            let before = self.generation()?;
+            let before = self.read_generation()?;
             let (table, interrupted) = self.read_table(family, name)?;
-            if !interrupted && self.generation()? == before {
+            if !interrupted && self.read_generation()? == before {
                 return Ok(table);
             }
         }

@@ -925,7 +925,7 @@ pub const SETTINGS: &[Setting] = &[
                 }
                 Ok(())
             },
-            "verdict's watches deliver every change as it happens, and it compares the kernel with its state every syncPeriod, so re-delivering cached objects would change nothing",
+            "verdict's watches deliver every change as it happens, and it compares the kernel with its state every syncPeriod (whenever anything was committed since its last sync), so re-delivering cached objects would change nothing",
         ),
     },
     Setting {

@@ -26,7 +26,7 @@ use crate::config::{DetectLocal, Settings};
 use crate::inspect::History;
 use crate::inspect::history::{self, ForeignRecord, SyncRecord};
 use crate::logging::Verbosity;
-use crate::schedule::{Due, Schedule};
+use crate::schedule::{self, Due, Schedule, Why};
 
 mod api;
 mod family;
@@ -542,6 +542,39 @@ impl Node {
         }
     }
 
+    /// A periodic resync found the ruleset as verdict's last sync left it
+    /// (`generation`) and read nothing: it counts as a sync that had
+    /// nothing to do, for health, `last_timestamp` and the history.
+    fn resync_unneeded(&mut self, generation: u32) {
+        let now = SystemTime::now();
+        tracing::debug!(
+            generation,
+            "periodic resync: nothing was committed since the last sync; the tables were not read"
+        );
+        for p in &self.proxiers {
+            let family = p.config().nft_family();
+            let label = health_family(family).to_string();
+            if let Ok(mut h) = self.health.lock() {
+                h.updated(health_family(family), now);
+            }
+            record(&self.metrics, |x| {
+                x.set(m::LAST_SYNC, &[label.as_str()], unix_seconds(now))
+            });
+            self.history.sync(SyncRecord {
+                at: now,
+                family: family.to_string(),
+                full: true,
+                trigger: "periodic resync, not needed: the ruleset is unchanged since the last sync",
+                took: Duration::ZERO,
+                operations: 0,
+                services: 0,
+                sample: Vec::new(),
+                quarantined: 0,
+                error: None,
+            });
+        }
+    }
+
     /// Syncs both families (`full`: comparing everything with the kernel).
     /// A family that fails does not keep the other from syncing; the
     /// error names every family that failed.
@@ -998,6 +1031,10 @@ pub fn run(settings: &Settings, source: &Source, verbosity: &Verbosity) -> anyho
     let mut leftovers_pending = true;
 
     let mut schedule = Schedule::new(min_sync_period, sync_period);
+    // The ruleset's generation after verdict's last successful sync, and
+    // when the last full sync that read the tables back ended.
+    let mut synced_generation: Option<u32> = None;
+    let mut last_full = Instant::now();
     let mut wait = POLL;
     loop {
         let applied = match feed.wait(wait) {
@@ -1056,12 +1093,38 @@ pub fn run(settings: &Settings, source: &Source, verbosity: &Verbosity) -> anyho
                 });
                 continue;
             }
-            Due::Partial => (false, "change"),
-            Due::Full(why) => (true, why.as_str()),
+            Due::Partial => (false, None),
+            Due::Full(why) => (true, Some(why)),
         };
         wait = POLL;
+        let (full, trigger) = (full, trigger.map_or("change", Why::as_str));
+        if trigger == Why::Periodic.as_str() {
+            // Nothing was committed since verdict's last sync, and the
+            // listener would have said so: the tables are what verdict
+            // wrote, and reading them back (seconds at 100,000 Services)
+            // would find nothing to repair.
+            let current = nft.generation().ok().flatten();
+            if schedule::resync_unneeded(
+                foreign.is_some(),
+                synced_generation,
+                current,
+                last_full.elapsed(),
+                verdict_proxier::proxier::FULL_SYNC_PERIOD,
+            ) {
+                lock(&node).resync_unneeded(current.unwrap_or_default());
+                schedule.synced(now, true, true);
+                continue;
+            }
+        }
         let result = lock(&node).sync(&mut nft, now, full, trigger);
+        synced_generation = match &result {
+            Ok(()) => nft.generation().ok().flatten(),
+            Err(_) => None,
+        };
         if full {
+            if result.is_ok() {
+                last_full = Instant::now();
+            }
             verdict_proxier::proxier::settle_allocator();
         }
         if let Err(e) = &result {
