@@ -11,12 +11,14 @@
 //!
 //! With `--iptables-baseline[=legacy|nft]` the same services are also
 //! loaded the way kube-proxy's iptables mode writes them, on a third node,
-//! and measured in the same run.
+//! and measured in the same run; with `--upstream-baseline` (up to
+//! `--upstream-max`, 10,000 by default: its load grows with the square of
+//! N), the way kube-proxy's nftables mode writes them, on a fourth.
 //!
 //! ```text
 //! verdict-bench [--sizes 1000,5000,10000,30000] [--endpoints 2] [--samples 1000]
 //!               [--changes 20] [--iptables-baseline[=legacy|nft]] [--iptables-max N]
-//!               [--out DIR]
+//!               [--upstream-baseline] [--upstream-max N] [--out DIR]
 //! ```
 //! Needs root. Prints a Markdown table; with `--out` also writes it, the
 //! raw figures and an SVG plot to DIR.
@@ -71,6 +73,8 @@ pub struct Options {
     changes: usize,
     baseline: Option<String>,
     baseline_max: usize,
+    /// Also load kube-proxy's own nftables layout, up to this size.
+    upstream_max: Option<usize>,
     out: Option<PathBuf>,
 }
 
@@ -120,10 +124,15 @@ fn parse_options(args: &[String]) -> Result<Options, String> {
         changes: num("--changes", 20)?,
         baseline,
         baseline_max: num("--iptables-max", usize::MAX)?,
+        upstream_max: args
+            .iter()
+            .any(|a| a == "--upstream-baseline")
+            .then(|| num("--upstream-max", 10_000))
+            .transpose()?,
         out: flag(args, "--out").map(PathBuf::from),
     };
-    if o.endpoints == 0 || o.sizes.iter().any(|n| *n == 0 || *n > 60_000) {
-        return Err("sizes must be 1..=60000 and --endpoints at least 1".into());
+    if o.endpoints == 0 || o.sizes.iter().any(|n| *n == 0 || *n > 200_000) {
+        return Err("sizes must be 1..=200000 and --endpoints at least 1".into());
     }
     Ok(o)
 }
@@ -152,6 +161,11 @@ fn orchestrate(args: &[String]) -> Result<(), String> {
                 &o.samples.to_string(),
                 &o.changes.to_string(),
                 &baseline,
+                if o.upstream_max.is_some_and(|m| n <= m) {
+                    "upstream"
+                } else {
+                    ""
+                },
             ])
             .stderr(Stdio::inherit())
             .output()
@@ -162,7 +176,7 @@ fn orchestrate(args: &[String]) -> Result<(), String> {
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
         runs.push(report::Run::parse(&text));
     }
-    let md = report::markdown(&runs, &o.baseline);
+    let md = report::markdown(&runs, &o.baseline, o.upstream_max);
     println!("{md}");
     if let Some(dir) = &o.out {
         std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
@@ -362,9 +376,15 @@ fn one_in_thread(args: &[String]) -> Result<(), String> {
     };
     let (n, k, samples, changes) = (get(0)?, get(1)?, get(2)?, get(3)?);
     let baseline = args.get(4).filter(|s| !s.is_empty()).cloned();
+    let upstream = args.get(5).is_some_and(|s| s == "upstream");
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let topo = topo::Topo::new(&exe, &workload::backend_ports(k), baseline.is_some())
-        .map_err(|e| e.to_string())?;
+    let topo = topo::Topo::new(
+        &exe,
+        &workload::backend_ports(k),
+        baseline.is_some(),
+        upstream,
+    )
+    .map_err(|e| e.to_string())?;
     let mut out: BTreeMap<String, String> = BTreeMap::new();
     let mut put = |k: &str, v: String| {
         out.insert(k.to_owned(), v);
@@ -377,7 +397,7 @@ fn one_in_thread(args: &[String]) -> Result<(), String> {
     cfg.node_ips = vec![topo::NODE_IP.into()];
     cfg.local_ips = vec![topo::NODE_IP.into()];
     cfg.local_detector = LocalDetector::Cidr("10.200.0.0/16".parse().map_err(|e| format!("{e}"))?);
-    cfg.service_cidrs = vec!["172.30.0.0/16".parse().map_err(|e| format!("{e}"))?];
+    cfg.service_cidrs = vec!["172.30.0.0/15".parse().map_err(|e| format!("{e}"))?];
     cfg.node_port_addresses = NodePortAddresses::primary();
     let mut proxier = Proxier::new(cfg).map_err(|e| e.to_string())?;
     // Run nft the way the daemon does: directly, from inside the node's
@@ -495,6 +515,31 @@ fn one_in_thread(args: &[String]) -> Result<(), String> {
         );
     }
 
+    // kube-proxy's own nftables layout, loaded as knftables sends it.
+    if let Some(nodeu) = &topo.nodeu {
+        let text = workload::upstream_nftables(n, &eps);
+        let c0 = cpu_ms(UsageWho::RUSAGE_CHILDREN);
+        let t = Instant::now();
+        let peak = run_with_peak(
+            &["ip", "netns", "exec", nodeu.name(), "nft", "-f", "-"],
+            &text,
+            "nft",
+        )?;
+        put("up_load_wall_ms", format!("{:.1}", ms(t.elapsed())));
+        put(
+            "up_load_cpu_ms",
+            format!("{:.1}", cpu_ms(UsageWho::RUSAGE_CHILDREN) - c0),
+        );
+        put("up_peak_mib", format!("{peak:.1}"));
+        put(
+            "up_chains",
+            text.lines()
+                .filter(|l| l.starts_with("add chain"))
+                .count()
+                .to_string(),
+        );
+    }
+
     // Data plane.
     let mut targets = vec![
         format!("floor={}:8080", topo::FLOOR),
@@ -503,7 +548,10 @@ fn one_in_thread(args: &[String]) -> Result<(), String> {
     for (label, i) in [("early", 0), ("middle", n / 2), ("late", n - 1)] {
         targets.push(format!("{label}={}:{SERVICE_PORT}", service_ip(30, i)));
         if baseline.is_some() {
-            targets.push(format!("ipt-{label}={}:{SERVICE_PORT}", service_ip(31, i)));
+            targets.push(format!("ipt-{label}={}:{SERVICE_PORT}", service_ip(32, i)));
+        }
+        if upstream {
+            targets.push(format!("up-{label}={}:{SERVICE_PORT}", service_ip(34, i)));
         }
     }
     let exe_s = exe.to_string_lossy().into_owned();

@@ -73,7 +73,7 @@ fn secs(ms: Option<f64>) -> String {
 }
 
 /// The Markdown report.
-pub fn markdown(runs: &[Run], baseline: &Option<String>) -> String {
+pub fn markdown(runs: &[Run], baseline: &Option<String>, upstream: Option<usize>) -> String {
     let mut s = String::new();
     let k = runs.first().map_or("?", |r| r.get("endpoints"));
     let _ = writeln!(s, "### Control plane ({k} endpoints per service)\n");
@@ -124,6 +124,28 @@ pub fn markdown(runs: &[Run], baseline: &Option<String>) -> String {
             );
         }
     }
+    if let Some(max) = upstream {
+        let _ = writeln!(
+            s,
+            "\nkube-proxy's nftables layout for the same services (a chain and an anonymous numgen map per service, a chain per endpoint), loaded with `nft -f` in the same run (sizes up to {max}):\n"
+        );
+        let _ = writeln!(
+            s,
+            "| services | chains | cold load (CPU) | peak RSS of nft |"
+        );
+        let _ = writeln!(s, "|---:|---:|---:|---:|");
+        for r in runs.iter().filter(|r| r.kv.contains_key("up_load_wall_ms")) {
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} ({}) | {} MiB |",
+                r.get("size"),
+                r.get("up_chains"),
+                secs(r.num("up_load_wall_ms")),
+                secs(r.num("up_load_cpu_ms")),
+                r.get("up_peak_mib")
+            );
+        }
+    }
     let _ = writeln!(
         s,
         "\n### Data plane: TCP connect time in µs, p01 / p50 / p99 (p50 ÷ floor p50)\n"
@@ -134,6 +156,10 @@ pub fn markdown(runs: &[Run], baseline: &Option<String>) -> String {
     let mut sep = String::from("|---:|---:|---:|---:|---:|---:|");
     if baseline.is_some() {
         header.push_str(" iptables early | iptables middle | iptables late |");
+        sep.push_str("---:|---:|---:|");
+    }
+    if upstream.is_some() {
+        header.push_str(" kube-proxy nftables early | middle | late |");
         sep.push_str("---:|---:|---:|");
     }
     let _ = writeln!(s, "{header}\n{sep}");
@@ -162,6 +188,15 @@ pub fn markdown(runs: &[Run], baseline: &Option<String>) -> String {
                 cell("ipt-early"),
                 cell("ipt-middle"),
                 cell("ipt-late")
+            );
+        }
+        if upstream.is_some() {
+            let _ = write!(
+                s,
+                " {} | {} | {} |",
+                cell("up-early"),
+                cell("up-middle"),
+                cell("up-late")
             );
         }
         let _ = writeln!(s);
@@ -230,6 +265,11 @@ pub fn svg(runs: &[Run], k: usize) -> String {
                     "#d62728",
                     Box::new(|r: &Run| r.num("ipt_load_wall_ms").map(|v| v / 1000.0)),
                 ),
+                (
+                    "kube-proxy nftables",
+                    "#2ca02c",
+                    Box::new(|r: &Run| r.num("up_load_wall_ms").map(|v| v / 1000.0)),
+                ),
             ],
         ),
         (
@@ -240,6 +280,11 @@ pub fn svg(runs: &[Run], k: usize) -> String {
                     "iptables",
                     "#d62728",
                     Box::new(|r: &Run| r.ratio("ipt-late", 1)),
+                ),
+                (
+                    "kube-proxy nftables",
+                    "#2ca02c",
+                    Box::new(|r: &Run| r.ratio("up-late", 1)),
                 ),
             ],
         ),

@@ -3,10 +3,12 @@
 //! ```text
 //!            ┌─ eth1 10.201.0.1 ─ node  [verdict]   ── be1 10.200.0.11, be2 10.200.0.12
 //!  cli ──────┼─ eth2 10.202.0.1 ─ node0 [no rules]  ── fb  10.203.0.11           (the floor)
-//!            └─ eth3 10.204.0.1 ─ nodei [iptables]  ── ib1 10.200.0.11, ib2 10.200.0.12 (baseline)
+//!            ├─ eth3 10.204.0.1 ─ nodei [iptables]  ── ib1 10.200.0.11, ib2 10.200.0.12 (baseline)
+//!            └─ eth5 10.205.0.1 ─ nodeu [kube-proxy nftables] ── ub1, ub2 (the same)  (baseline)
 //! ```
 //!
-//! Services live in 172.30.0.0/16 (verdict) and 172.31.0.0/16 (iptables);
+//! Services live in 172.30.0.0/15 (verdict), 172.32.0.0/15 (iptables) and
+//! 172.34.0.0/15 (upstream's nftables layout), room for 128,000 each;
 //! the client routes each range to its node. Every namespace belongs to
 //! this run and is deleted on drop.
 
@@ -34,12 +36,19 @@ pub struct Topo {
     pub node0: Netns,
     /// The iptables baseline node, if any.
     pub nodei: Option<Netns>,
+    /// The node with kube-proxy's own nftables layout, if any.
+    pub nodeu: Option<Netns>,
     backends: Vec<Netns>,
 }
 
 impl Topo {
     /// Builds the topology and starts the backends' servers (`self_exe serve`).
-    pub fn new(self_exe: &Path, ports: &[u16], baseline: bool) -> Result<Topo, CmdError> {
+    pub fn new(
+        self_exe: &Path,
+        ports: &[u16],
+        baseline: bool,
+        upstream: bool,
+    ) -> Result<Topo, CmdError> {
         let p = unique_prefix();
         let cli = Netns::create(&format!("{p}-cli"))?;
         let node = Netns::create(&format!("{p}-node"))?;
@@ -49,20 +58,29 @@ impl Topo {
         } else {
             None
         };
+        let nodeu = if upstream {
+            Some(Netns::create(&format!("{p}-nodeu"))?)
+        } else {
+            None
+        };
         let mut topo = Topo {
             servers: Vec::new(),
             cli,
             node,
             node0,
             nodei,
+            nodeu,
             backends: Vec::new(),
         };
         let mut nodes: Vec<(&Netns, &str, u8, &str, Vec<Ipv4Addr>)> = vec![
-            (&topo.node, "eth1", 1, "172.30.0.0/16", BACKENDS.to_vec()),
+            (&topo.node, "eth1", 1, "172.30.0.0/15", BACKENDS.to_vec()),
             (&topo.node0, "eth2", 2, "", vec![FLOOR]),
         ];
         if let Some(ni) = &topo.nodei {
-            nodes.push((ni, "eth3", 4, "172.31.0.0/16", BACKENDS.to_vec()));
+            nodes.push((ni, "eth3", 4, "172.32.0.0/15", BACKENDS.to_vec()));
+        }
+        if let Some(nu) = &topo.nodeu {
+            nodes.push((nu, "eth5", 5, "172.34.0.0/15", BACKENDS.to_vec()));
         }
         let mut backends = Vec::new();
         let mut servers = Vec::new();

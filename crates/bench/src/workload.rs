@@ -93,7 +93,7 @@ pub fn slices(i: usize, eps: &[(Ipv4Addr, u16)], shift: u16) -> Vec<EndpointSlic
 }
 
 /// kube-proxy's iptables-mode nat rules for the same services (in
-/// 172.31.0.0/16): `KUBE-SERVICES` with one rule per service, a
+/// 172.32.0.0/15): `KUBE-SERVICES` with one rule per service, a
 /// `KUBE-SVC-*` chain with statistic-random jumps, a `KUBE-SEP-*` chain
 /// per endpoint doing the DNAT, and the masquerade chains.
 pub fn iptables_restore(n: usize, eps: &[(Ipv4Addr, u16)]) -> String {
@@ -126,7 +126,7 @@ pub fn iptables_restore(n: usize, eps: &[(Ipv4Addr, u16)]) -> String {
     );
     let _ = writeln!(rules, "-A KUBE-MARK-MASQ -j MARK --or-mark 0x4000");
     for i in 0..n {
-        let vip = service_ip(31, i);
+        let vip = service_ip(32, i);
         let name = format!("bench/svc{i}:http");
         let svc_chain = format!("KUBE-SVC-{i:016X}");
         let _ = writeln!(chains, ":{svc_chain} - [0:0]");
@@ -169,6 +169,150 @@ pub fn iptables_restore(n: usize, eps: &[(Ipv4Addr, u16)]) -> String {
     chains
 }
 
+/// kube-proxy's nftables-mode ruleset for the same services (in
+/// 172.34.0.0/15), in the layout its proxier writes (upstream §1.6–1.7):
+/// the base chains and shared maps, then per service a `service-*` chain
+/// with the masquerade rule and a `numgen random mod K vmap { … }` (one
+/// anonymous map per service), an `endpoint-*` chain per endpoint doing
+/// the DNAT, and the service's elements in `cluster-ips` and
+/// `service-ips`. Loaded with `nft -f`, as knftables sends it.
+pub fn upstream_nftables(n: usize, eps: &[(Ipv4Addr, u16)]) -> String {
+    const T: &str = "ip kube-proxy";
+    let mut s = String::new();
+    let mut line = |l: String| {
+        s.push_str(&l);
+        s.push('\n');
+    };
+    line(format!(
+        "add table {T} {{ comment \"rules for kube-proxy\" ; }}"
+    ));
+    line(format!(
+        "add set {T} cluster-ips {{ type ipv4_addr ; comment \"Active ClusterIPs\" ; }}"
+    ));
+    line(format!(
+        "add set {T} nodeport-ips {{ type ipv4_addr ; comment \"IPs that accept NodePort traffic\" ; }}"
+    ));
+    let vmap = "type ipv4_addr . inet_proto . inet_service : verdict";
+    for (map, comment) in [
+        (
+            "firewall-ips",
+            "destinations that are subject to LoadBalancerSourceRanges",
+        ),
+        (
+            "no-endpoint-services",
+            "vmap to drop or reject packets to services with no endpoints",
+        ),
+        (
+            "service-ips",
+            "ClusterIP, ExternalIP and LoadBalancer IP traffic",
+        ),
+    ] {
+        line(format!(
+            "add map {T} {map} {{ {vmap} ; comment \"{comment}\" ; }}"
+        ));
+    }
+    for (map, comment) in [
+        (
+            "no-endpoint-nodeports",
+            "vmap to drop or reject packets to service nodeports with no endpoints",
+        ),
+        ("service-nodeports", "NodePort traffic"),
+    ] {
+        line(format!(
+            "add map {T} {map} {{ type inet_proto . inet_service : verdict ; comment \"{comment}\" ; }}"
+        ));
+    }
+    for (chain, hook) in [
+        (
+            "filter-prerouting-pre-dnat",
+            "type filter hook prerouting priority -110",
+        ),
+        (
+            "filter-output-pre-dnat",
+            "type filter hook output priority -110",
+        ),
+        ("filter-forward", "type filter hook forward priority 0"),
+        ("filter-input", "type filter hook input priority 0"),
+        ("filter-output", "type filter hook output priority 0"),
+        ("nat-output", "type nat hook output priority -100"),
+        ("nat-postrouting", "type nat hook postrouting priority 100"),
+        ("nat-prerouting", "type nat hook prerouting priority -100"),
+    ] {
+        line(format!("add chain {T} {chain} {{ {hook} ; }}"));
+    }
+    for chain in [
+        "cluster-ips-check",
+        "firewall-check",
+        "mark-for-masquerade",
+        "masquerading",
+        "nodeport-endpoints-check",
+        "reject-chain",
+        "services",
+        "service-endpoints-check",
+    ] {
+        line(format!("add chain {T} {chain}"));
+    }
+    for rule in [
+        "cluster-ips-check ip daddr @cluster-ips reject comment \"Reject traffic to invalid ports of ClusterIPs\"",
+        "cluster-ips-check ip daddr { 172.34.0.0/15 } drop comment \"Drop traffic to unallocated ClusterIPs\"",
+        "filter-prerouting-pre-dnat ct state new jump firewall-check",
+        "filter-forward ct state new jump service-endpoints-check",
+        "filter-forward ct state new jump cluster-ips-check",
+        "filter-input ct state new jump nodeport-endpoints-check",
+        "filter-input ct state new jump service-endpoints-check",
+        "filter-output ct state new jump service-endpoints-check",
+        "filter-output-pre-dnat ct state new jump firewall-check",
+        "filter-output ct state new jump cluster-ips-check",
+        "firewall-check ip daddr . meta l4proto . th dport vmap @firewall-ips",
+        "mark-for-masquerade mark set mark or 0x4000",
+        "masquerading mark and 0x4000 == 0 return",
+        "masquerading mark set mark xor 0x4000",
+        "masquerading masquerade fully-random",
+        "nat-output jump services",
+        "nat-postrouting jump masquerading",
+        "nat-prerouting jump services",
+        "nodeport-endpoints-check ip daddr @nodeport-ips meta l4proto . th dport vmap @no-endpoint-nodeports",
+        "reject-chain reject",
+        "services ip daddr . meta l4proto . th dport vmap @service-ips",
+        "services ip daddr @nodeport-ips meta l4proto . th dport vmap @service-nodeports",
+        "service-endpoints-check ip daddr . meta l4proto . th dport vmap @no-endpoint-services",
+    ] {
+        line(format!("add rule {T} {rule}"));
+    }
+    for i in 0..n {
+        let vip = service_ip(34, i);
+        // Upstream prefixes a hash of the name; any unique prefix does.
+        let name = format!("bench/svc{i}/tcp/http");
+        let svc = format!("service-{i:08X}-{name}");
+        line(format!("add chain {T} {svc}"));
+        line(format!(
+            "add rule {T} {svc} ip daddr {vip} ip saddr != 10.200.0.0/16 jump mark-for-masquerade"
+        ));
+        let mut arms = Vec::new();
+        for (j, (ip, port)) in eps.iter().enumerate() {
+            let ep = format!("endpoint-{i:06X}{j:02X}-{name}__{ip}/{port}");
+            line(format!("add chain {T} {ep}"));
+            line(format!(
+                "add rule {T} {ep} ip saddr {ip} jump mark-for-masquerade"
+            ));
+            line(format!(
+                "add rule {T} {ep} meta l4proto tcp dnat to {ip}:{port}"
+            ));
+            arms.push(format!("{j} : goto {ep}"));
+        }
+        line(format!(
+            "add rule {T} {svc} numgen random mod {} vmap {{ {} }}",
+            eps.len(),
+            arms.join(" , ")
+        ));
+        line(format!("add element {T} cluster-ips {{ {vip} }}"));
+        line(format!(
+            "add element {T} service-ips {{ {vip} . tcp . {SERVICE_PORT} : goto {svc} }}"
+        ));
+    }
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -207,5 +351,19 @@ mod tests {
         let per_service = text.lines().filter(|l| l.contains("svc0")).count();
         assert_eq!(per_service, 8);
         assert!(text.ends_with("COMMIT\n"));
+    }
+
+    #[test]
+    fn upstream_layout_has_a_chain_and_an_anonymous_map_per_service() {
+        let text = upstream_nftables(3, &endpoints(2));
+        assert_eq!(text.matches("numgen random mod 2 vmap {").count(), 3);
+        assert_eq!(text.matches("dnat to 10.200.0.11:8080").count(), 3);
+        assert_eq!(text.matches(" : goto endpoint-").count(), 6);
+        assert!(text.contains(
+            "add element ip kube-proxy service-ips { 172.34.0.3 . tcp . 80 : goto service-00000002-bench/svc2/tcp/http }"
+        ));
+        // 3 endpoint-chain lines per endpoint, 4 more per service.
+        let per_service = text.lines().filter(|l| l.contains("svc1/")).count();
+        assert_eq!(per_service, 2 * 3 + 4, "{text}");
     }
 }
