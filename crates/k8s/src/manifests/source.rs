@@ -98,6 +98,8 @@ pub struct Manifests {
     cidrs: Vec<IpNet>,
     loaded: bool,
     watch: Option<Watch>,
+    /// Why the path could not be listed, as last said.
+    path_error: Option<String>,
 }
 
 impl Manifests {
@@ -113,6 +115,7 @@ impl Manifests {
             cidrs: Vec::new(),
             loaded: false,
             watch: None,
+            path_error: None,
         }
     }
 
@@ -167,15 +170,21 @@ impl Manifests {
             Ok(l) => l,
             Err(e) => {
                 // What was loaded stays: a path that is briefly unreadable
-                // does not withdraw every Service.
-                out.errors.push(ManifestError {
-                    file: self.path.clone(),
-                    object: "path".into(),
-                    message: e.to_string(),
-                });
+                // does not withdraw every Service. It is said once, not
+                // at every poll.
+                let message = e.to_string();
+                if self.path_error.as_ref() != Some(&message) {
+                    out.errors.push(ManifestError {
+                        file: self.path.clone(),
+                        object: "path".into(),
+                        message: message.clone(),
+                    });
+                    self.path_error = Some(message);
+                }
                 return out;
             }
         };
+        self.path_error = None;
         let gone: Vec<PathBuf> = {
             let now: BTreeSet<&PathBuf> = listed.iter().collect();
             self.files
@@ -738,6 +747,8 @@ mod tests {
             "{}",
             r.errors[0]
         );
+        // Said once, not at every look.
+        assert!(m.refresh(None).errors.is_empty());
         // Back: read again (the node finds the Service unchanged).
         std::fs::write(&f, service("web", "10.96.0.1")).unwrap();
         let r = next(&mut m);

@@ -713,20 +713,25 @@ impl Node {
             );
             let check = extras.udp.check(p.service_ports(), p.endpoints());
             let checked = check.as_ref().map_or(0, |c| c.targets.len());
-            if let Some(check) = check {
-                let t = Instant::now();
-                match clean_stale_udp(ct.as_mut(), family, &check.targets) {
-                    Ok(deleted) => {
-                        let took = t.elapsed().as_secs_f64();
-                        record(metrics, |x| {
-                            x.observe(m::CONNTRACK_DURATION, &fam, took);
-                            x.add(m::CONNTRACK_DELETED, &fam, deleted as f64);
-                        });
-                        extras.udp.done(check);
-                    }
-                    // The services stay pending: the next sync tries again.
-                    Err(e) => {
-                        tracing::warn!(%family, error = %e, "stale UDP conntrack cleanup failed")
+            match check {
+                None => {}
+                // Only endpoints gained: nothing can be stale.
+                Some(check) if !check.cleanup => extras.udp.done(check),
+                Some(check) => {
+                    let t = Instant::now();
+                    match clean_stale_udp(ct.as_mut(), family, &check.targets) {
+                        Ok(deleted) => {
+                            let took = t.elapsed().as_secs_f64();
+                            record(metrics, |x| {
+                                x.observe(m::CONNTRACK_DURATION, &fam, took);
+                                x.add(m::CONNTRACK_DELETED, &fam, deleted as f64);
+                            });
+                            extras.udp.done(check);
+                        }
+                        // The services stay pending: the next sync tries again.
+                        Err(e) => {
+                            tracing::warn!(%family, error = %e, "stale UDP conntrack cleanup failed")
+                        }
                     }
                 }
             }
