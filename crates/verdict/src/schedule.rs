@@ -168,6 +168,18 @@ impl Schedule {
         Due::Wait(wake.into_iter().min())
     }
 
+    /// Whether changes wait for a sync.
+    pub fn changes_pending(&self) -> bool {
+        self.dirty
+    }
+
+    /// The periodic resync due at `now` was left out ([`resync_unneeded`]):
+    /// the next one is a `syncPeriod` away, and changes waiting for a sync
+    /// still get theirs.
+    pub fn resync_left_out(&mut self, now: Instant) {
+        self.last_full = Some(now);
+    }
+
     /// A sync began at `started` (full or not) and succeeded or failed.
     pub fn synced(&mut self, started: Instant, full: bool, ok: bool) {
         self.last_sync = Some(started);
@@ -199,6 +211,26 @@ impl Schedule {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_resync_left_out_keeps_waiting_changes() {
+        let t0 = Instant::now();
+        let period = Duration::from_secs(30);
+        let mut s = Schedule::new(Duration::from_secs(1), period);
+        s.synced(t0, true, true);
+        let t = t0 + period;
+        s.changed();
+        assert_eq!(s.due(t), Due::Full(Why::Periodic));
+        s.resync_left_out(t);
+        assert!(s.changes_pending());
+        assert_eq!(s.due(t), Due::Partial, "the change still syncs");
+        s.synced(t, false, true);
+        assert_eq!(
+            s.due(t),
+            Due::Wait(Some(t + period)),
+            "the next resync a period on"
+        );
+    }
 
     #[test]
     fn a_resync_is_left_out_only_when_nothing_can_have_changed() {

@@ -543,23 +543,27 @@ impl Node {
     }
 
     /// A periodic resync found the ruleset as verdict's last sync left it
-    /// (`generation`) and read nothing: it counts as a sync that had
-    /// nothing to do, for health, `last_timestamp` and the history.
-    fn resync_unneeded(&mut self, generation: u32) {
+    /// (`generation`) and read nothing: with no change waiting (`pending`),
+    /// it counts as a sync that had nothing to do, for health and
+    /// `last_timestamp`; the history records it either way.
+    fn resync_unneeded(&mut self, generation: u32, pending: bool) {
         let now = SystemTime::now();
         tracing::debug!(
             generation,
+            pending,
             "periodic resync: nothing was committed since the last sync; the tables were not read"
         );
         for p in &self.proxiers {
             let family = p.config().nft_family();
             let label = health_family(family).to_string();
-            if let Ok(mut h) = self.health.lock() {
-                h.updated(health_family(family), now);
+            if !pending {
+                if let Ok(mut h) = self.health.lock() {
+                    h.updated(health_family(family), now);
+                }
+                record(&self.metrics, |x| {
+                    x.set(m::LAST_SYNC, &[label.as_str()], unix_seconds(now))
+                });
             }
-            record(&self.metrics, |x| {
-                x.set(m::LAST_SYNC, &[label.as_str()], unix_seconds(now))
-            });
             self.history.sync(SyncRecord {
                 at: now,
                 family: family.to_string(),
@@ -1090,7 +1094,7 @@ pub fn run(settings: &Settings, source: &Source, verbosity: &Verbosity) -> anyho
             continue;
         }
         let now = Instant::now();
-        let (full, trigger) = match schedule.due(now) {
+        let (full, why) = match schedule.due(now) {
             Due::Wait(until) => {
                 wait = until.map_or(POLL, |t| {
                     t.saturating_duration_since(now)
@@ -1102,12 +1106,12 @@ pub fn run(settings: &Settings, source: &Source, verbosity: &Verbosity) -> anyho
             Due::Full(why) => (true, Some(why)),
         };
         wait = POLL;
-        let (full, trigger) = (full, trigger.map_or("change", Why::as_str));
-        if trigger == Why::Periodic.as_str() {
+        if why == Some(Why::Periodic) {
             // Nothing was committed since verdict's last sync, and the
             // listener would have said so: the tables are what verdict
             // wrote, and reading them back (seconds at 100,000 Services)
-            // would find nothing to repair.
+            // would find nothing to repair. Changes waiting for a sync
+            // still get their partial sync on the next turn.
             let current = nft.generation().ok().flatten();
             if schedule::resync_unneeded(
                 foreign.is_some(),
@@ -1116,11 +1120,16 @@ pub fn run(settings: &Settings, source: &Source, verbosity: &Verbosity) -> anyho
                 last_full.elapsed(),
                 verdict_proxier::proxier::FULL_SYNC_PERIOD,
             ) {
-                lock(&node).resync_unneeded(current.unwrap_or_default());
-                schedule.synced(now, true, true);
+                lock(&node)
+                    .resync_unneeded(current.unwrap_or_default(), schedule.changes_pending());
+                schedule.resync_left_out(now);
+                if schedule.changes_pending() {
+                    wait = Duration::ZERO;
+                }
                 continue;
             }
         }
+        let trigger = why.map_or("change", Why::as_str);
         let result = lock(&node).sync(&mut nft, now, full, trigger);
         synced_generation = match &result {
             Ok(()) => nft.generation().ok().flatten(),
