@@ -172,9 +172,10 @@ fn parallel<T: Send>(
             .collect();
         handles
             .into_iter()
-            // A worker that panicked loses its units' results; the parse
-            // itself does not panic.
-            .flat_map(|h| h.join().unwrap_or_default())
+            // A worker's panic goes on in this thread, as it would have
+            // without workers: its files' objects are never dropped
+            // silently, which would withdraw their Services.
+            .flat_map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
             .collect()
     });
     done.sort_by_key(|(i, _)| *i);
@@ -446,6 +447,25 @@ mod tests {
         // Without content before the first marker, it opens document 1.
         let p = pieces("---\na: 1\n---\nb: 2\n", 2);
         assert_eq!(p.iter().map(|(n, _)| *n).collect::<Vec<_>>(), [0, 1]);
+    }
+
+    #[test]
+    #[should_panic(expected = "unit 3")]
+    fn a_worker_panic_is_not_swallowed() {
+        let units: Vec<Unit<'_>> = (0..8)
+            .map(|file| Unit {
+                file,
+                text: "",
+                json: false,
+                first_doc: 0,
+            })
+            .collect();
+        let _ = parallel(&units, 2, |u| {
+            if u.file == 3 {
+                panic!("unit 3");
+            }
+            u.file
+        });
     }
 
     #[test]
