@@ -14,7 +14,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
-use verdict_model::{EndpointsMap, NamespacedName, Protocol, ServicePortMap, ServicePortName};
+use verdict_model::{
+    EndpointsMap, NamespacedName, Protocol, ServicePort, ServicePortMap, ServicePortName,
+};
 use verdict_nft::conntrack::UdpEntry;
 
 type Backends = BTreeSet<(IpAddr, u16)>;
@@ -49,7 +51,7 @@ impl UdpTargets {
     }
 
     fn of_ports<'a>(
-        services: impl Iterator<Item = (&'a ServicePortName, &'a verdict_model::ServicePort)>,
+        services: impl Iterator<Item = (&'a ServicePortName, &'a ServicePort)>,
         endpoints: &EndpointsMap,
     ) -> UdpTargets {
         let mut t = UdpTargets::default();
@@ -93,26 +95,18 @@ impl UdpTargets {
         self.by_address.is_empty() && self.by_node_port.is_empty()
     }
 
-    /// Adds what `previous` served and `self` no longer does, with no
-    /// endpoints: entries to a deleted service (or a removed IP or port)
-    /// are stale too.
-    pub fn with_removed(mut self, previous: &UdpTargets) -> UdpTargets {
-        for key in previous.by_address.keys() {
-            self.by_address.entry(*key).or_default();
-        }
-        for key in previous.by_node_port.keys() {
-            self.by_node_port.entry(*key).or_default();
-        }
-        self
-    }
-
-    /// Adds `other`'s targets (the backends of a key both have are joined).
-    fn join(&mut self, other: &UdpTargets) {
-        for (k, b) in &other.by_address {
-            self.by_address.entry(*k).or_default().extend(b);
-        }
-        for (k, b) in &other.by_node_port {
-            self.by_node_port.entry(*k).or_default().extend(b);
+    /// Adds the endpoints `from` has at `key` (a key several services
+    /// have gets all of theirs).
+    fn add_key(&mut self, from: &UdpTargets, key: UdpKey) {
+        match key {
+            UdpKey::Address(k) => {
+                let b = self.by_address.entry(k).or_default();
+                b.extend(from.by_address.get(&k).into_iter().flatten());
+            }
+            UdpKey::NodePort(p) => {
+                let b = self.by_node_port.entry(p).or_default();
+                b.extend(from.by_node_port.get(&p).into_iter().flatten());
+            }
         }
     }
 
@@ -228,23 +222,23 @@ impl UdpTracker {
         }
         // Every key gets the serving endpoints of every service that has it
         // now: the touched ones as they are, the others as last cleaned.
+        let empty = UdpTargets::default();
         let mut targets = UdpTargets::default();
         for key in &keys {
-            match key {
-                UdpKey::Address(k) => targets.by_address.entry(*k).or_default(),
-                UdpKey::NodePort(p) => targets.by_node_port.entry(*p).or_default(),
-            };
+            // Present even with no endpoints at all: then every entry there
+            // is stale.
+            targets.add_key(&empty, *key);
             for owner in self.owners.get(key).into_iter().flatten() {
                 if !now.contains_key(owner)
                     && let Some(t) = self.by_service.get(owner)
                 {
-                    targets.join(&only(t, *key));
+                    targets.add_key(t, *key);
                 }
             }
         }
         for t in now.values() {
             for key in t.keys() {
-                targets.join(&only(t, key));
+                targets.add_key(t, key);
             }
         }
         Some(UdpCheck {
@@ -292,28 +286,10 @@ fn lost(before: &UdpTargets, now: &UdpTargets) -> bool {
     })
 }
 
-/// The part of `t` at `key`.
-fn only(t: &UdpTargets, key: UdpKey) -> UdpTargets {
-    let mut out = UdpTargets::default();
-    match key {
-        UdpKey::Address(k) => {
-            if let Some(b) = t.by_address.get(&k) {
-                out.by_address.insert(k, b.clone());
-            }
-        }
-        UdpKey::NodePort(p) => {
-            if let Some(b) = t.by_node_port.get(&p) {
-                out.by_node_port.insert(p, b.clone());
-            }
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use verdict_model::{Endpoint, ServicePort, ServicePortName};
+    use verdict_model::Endpoint;
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
@@ -405,11 +381,6 @@ mod tests {
         assert!(
             after.stale(&entries).is_empty(),
             "unknown address: not ours"
-        );
-        assert_eq!(
-            after.with_removed(&before).stale(&entries),
-            entries.to_vec(),
-            "the service was deleted"
         );
     }
 

@@ -4,7 +4,7 @@
 //! touched (all of it after a full sync).
 
 use super::*;
-use verdict_proxier::conntrack::UdpTracker;
+use verdict_proxier::conntrack::{UdpTargets, UdpTracker};
 
 /// Per family, the daemon's state beside the proxier.
 #[derive(Default)]
@@ -141,7 +141,7 @@ pub(super) fn sync_health_checks(
 pub(super) fn clean_stale_udp(
     ct: &mut dyn Conntrack,
     family: Family,
-    targets: &verdict_proxier::conntrack::UdpTargets,
+    targets: &UdpTargets,
 ) -> Result<usize, verdict_nft::conntrack::ConntrackError> {
     let t = Instant::now();
     let entries = ct.list_udp(family)?;
