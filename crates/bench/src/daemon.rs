@@ -237,9 +237,8 @@ struct Row {
 /// What feeds verdict in one run.
 enum Feed {
     Api(ApiServerProcess),
-    /// The manifests directory, and the small file the changes go to.
+    /// The small file of the manifests directory, which the changes go to.
     Files {
-        dir: PathBuf,
         small: PathBuf,
     },
 }
@@ -319,10 +318,7 @@ fn run_one(
             // One more Service, which the changes edit.
             let small = write("small.yaml", &[service(n, proto), slice(n, k, 8080, proto)])?;
             (
-                Feed::Files {
-                    dir: manifests.clone(),
-                    small,
-                },
+                Feed::Files { small },
                 vec!["--manifests".to_string(), manifests.display().to_string()],
             )
         }
@@ -416,9 +412,6 @@ fn run_one(
     }
     let (_, rss) = usage(pid);
     drop(daemon);
-    if let Feed::Files { dir, .. } = &feed {
-        let _ = std::fs::remove_dir_all(dir);
-    }
     drop(feed);
     drop(ns);
     let _ = std::fs::remove_dir_all(&dir);

@@ -84,7 +84,10 @@ pub struct Schedule {
     min_sync_period: Duration,
     sync_period: Duration,
     last_sync: Option<Instant>,
+    /// When the periodic resync was last done or left out.
     last_full: Option<Instant>,
+    /// When the last full sync that read the tables back began.
+    last_read_back: Option<Instant>,
     /// Source changes wait.
     dirty: bool,
     /// The newest foreign change not yet repaired.
@@ -105,6 +108,7 @@ impl Schedule {
             sync_period: sync_period.max(min_sync_period),
             last_sync: None,
             last_full: None,
+            last_read_back: None,
             dirty: false,
             foreign: None,
             last_repair: None,
@@ -168,6 +172,13 @@ impl Schedule {
         Due::Wait(wake.into_iter().min())
     }
 
+    /// How long ago the last successful full sync, which read the tables
+    /// back, began (`Duration::MAX` before the first).
+    pub fn since_read_back(&self, now: Instant) -> Duration {
+        self.last_read_back
+            .map_or(Duration::MAX, |t| now.saturating_duration_since(t))
+    }
+
     /// Whether changes wait for a sync.
     pub fn changes_pending(&self) -> bool {
         self.dirty
@@ -189,6 +200,7 @@ impl Schedule {
             self.retry_delay = self.min_sync_period;
             if full {
                 self.last_full = Some(started);
+                self.last_read_back = Some(started);
                 // A foreign change after the sync began is not repaired yet.
                 if self.foreign.is_some_and(|t| t <= started) {
                     self.foreign = None;

@@ -130,23 +130,22 @@ pub fn load(path: &Path) -> Loaded {
             return out;
         }
     };
-    let mut seen: BTreeSet<(&'static str, String, String)> = BTreeSet::new();
+    let mut seen = FirstDefinitions::default();
     for (file, parsed) in files.iter().zip(parse_files(&files)) {
         out.errors.extend(parsed.errors);
-        let mut first = |kind: &'static str, ns: &str, name: &str, errors: &mut Vec<_>| {
-            let new = seen.insert((kind, ns.to_owned(), name.to_owned()));
-            if !new {
-                errors.push(duplicate(file, kind, ns, name));
-            }
-            new
-        };
         for s in parsed.services {
-            if first("Service", &s.namespace, &s.name, &mut out.errors) {
+            if seen.first(file, "Service", &s.namespace, &s.name, &mut out.errors) {
                 out.services.push(s);
             }
         }
         for s in parsed.slices {
-            if first("EndpointSlice", &s.namespace, &s.name, &mut out.errors) {
+            if seen.first(
+                file,
+                "EndpointSlice",
+                &s.namespace,
+                &s.name,
+                &mut out.errors,
+            ) {
                 out.slices.push(s);
             }
         }
@@ -157,6 +156,30 @@ pub fn load(path: &Path) -> Loaded {
     out.service_cidrs.sort();
     out.service_cidrs.dedup();
     out
+}
+
+/// The Services and EndpointSlices defined so far, to refuse a second
+/// definition of one: the first, in file and document order, is used.
+#[derive(Default)]
+pub(crate) struct FirstDefinitions(BTreeSet<(&'static str, String, String)>);
+
+impl FirstDefinitions {
+    /// Whether this is the first definition of the object; if not, the
+    /// error naming `file` is added to `errors`.
+    pub(crate) fn first(
+        &mut self,
+        file: &Path,
+        kind: &'static str,
+        namespace: &str,
+        name: &str,
+        errors: &mut Vec<ManifestError>,
+    ) -> bool {
+        let new = self.0.insert((kind, namespace.to_owned(), name.to_owned()));
+        if !new {
+            errors.push(duplicate(file, kind, namespace, name));
+        }
+        new
+    }
 }
 
 /// The error for a second definition of an object.

@@ -10,7 +10,6 @@
 //! numbers are the file's own and nothing after it is used, exactly as
 //! with one parser.
 
-use std::collections::BTreeSet;
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -22,7 +21,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use verdict_model::{EndpointSlice, Service};
 
-use super::{ManifestError, Parsed, duplicate};
+use super::{FirstDefinitions, ManifestError, Parsed};
 use crate::convert::{NodeInfo, node_info, service, slice};
 use crate::validate;
 
@@ -266,24 +265,17 @@ fn parse_unit(file: &Path, u: &Unit<'_>) -> Out {
 /// EndpointSlice in the file is refused.
 fn collect(file: &Path, outs: Vec<Out>) -> Parsed {
     let mut p = Parsed::default();
-    let mut seen: BTreeSet<(&'static str, String, String)> = BTreeSet::new();
-    let mut first = |kind: &'static str, ns: &str, name: &str, errors: &mut Vec<ManifestError>| {
-        let new = seen.insert((kind, ns.to_owned(), name.to_owned()));
-        if !new {
-            errors.push(duplicate(file, kind, ns, name));
-        }
-        new
-    };
+    let mut seen = FirstDefinitions::default();
     for out in outs {
         for item in out.items {
             match item {
                 Item::Service(s) => {
-                    if first("Service", &s.namespace, &s.name, &mut p.errors) {
+                    if seen.first(file, "Service", &s.namespace, &s.name, &mut p.errors) {
                         p.services.push(s);
                     }
                 }
                 Item::Slice(s) => {
-                    if first("EndpointSlice", &s.namespace, &s.name, &mut p.errors) {
+                    if seen.first(file, "EndpointSlice", &s.namespace, &s.name, &mut p.errors) {
                         p.slices.push(s);
                     }
                 }

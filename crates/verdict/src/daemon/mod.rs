@@ -741,7 +741,7 @@ impl Node {
             }
             tracing::debug!(
                 %family,
-                services = touched.map_or(p.service_ports().len(), BTreeSet::len),
+                services = r.updated_services.len(),
                 udp_targets = checked,
                 elapsed = ?t.elapsed(),
                 "after the sync: health-check ports and UDP conntrack"
@@ -1040,10 +1040,8 @@ pub fn run(settings: &Settings, source: &Source, verbosity: &Verbosity) -> anyho
     let mut leftovers_pending = true;
 
     let mut schedule = Schedule::new(min_sync_period, sync_period);
-    // The ruleset's generation after verdict's last successful sync, and
-    // when the last full sync that read the tables back ended.
+    // The ruleset's generation after verdict's last successful sync.
     let mut synced_generation: Option<u32> = None;
-    let mut last_full = Instant::now();
     let mut wait = POLL;
     loop {
         let applied = match feed.wait(wait) {
@@ -1117,7 +1115,7 @@ pub fn run(settings: &Settings, source: &Source, verbosity: &Verbosity) -> anyho
                 foreign.is_some(),
                 synced_generation,
                 current,
-                last_full.elapsed(),
+                schedule.since_read_back(now),
                 verdict_proxier::proxier::FULL_SYNC_PERIOD,
             ) {
                 lock(&node)
@@ -1136,9 +1134,6 @@ pub fn run(settings: &Settings, source: &Source, verbosity: &Verbosity) -> anyho
             Err(_) => None,
         };
         if full {
-            if result.is_ok() {
-                last_full = Instant::now();
-            }
             verdict_proxier::proxier::settle_allocator();
         }
         if let Err(e) = &result {
