@@ -32,7 +32,7 @@ use verdict_e2e::netns::{Netns, Process, can_run, unique_prefix};
 use crate::workload::service_ip;
 use crate::{flag, pct, sizes};
 
-const USAGE: &str = "usage: verdict-bench daemon [--source api|manifests] [--protocol tcp|udp] [--sizes 1000,10000,30000] [--endpoints 2] [--changes 20] [--log DIR]";
+const USAGE: &str = "usage: verdict-bench daemon [--source api|manifests] [--protocol tcp|udp] [--sizes 1000,10000,30000] [--endpoints 2] [--changes 20] [--log DIR] [--under 'heaptrack -o FILE']";
 
 /// Where verdict reads the cluster from.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -267,6 +267,7 @@ fn run_one(
     verdict: &Path,
     apiserver: &Path,
     log_to: Option<&Path>,
+    under: &[&str],
 ) -> Result<Row, String> {
     let ns = Netns::create(&format!("{}-api", unique_prefix())).map_err(|e| e.0)?;
     let dir = std::env::temp_dir().join(format!("verdict-bench-daemon-{}", std::process::id()));
@@ -327,6 +328,7 @@ fn run_one(
     let started = Instant::now();
     let mut child = Command::new("ip")
         .args(["netns", "exec", ns.name()])
+        .args(under)
         .arg(verdict)
         .args(&source_args)
         .args([
@@ -460,6 +462,10 @@ pub fn daemon(args: &[String]) -> Result<(), String> {
             "sizes must be 1..=200000, --endpoints at least 1, --changes 1..=1000\n{USAGE}"
         ));
     }
+    // A profiler to run verdict under (its CPU and RSS columns are then
+    // the wrapper's, not verdict's).
+    let under: Vec<&str> =
+        flag(args, "--under").map_or(Vec::new(), |u| u.split_whitespace().collect());
     let verdict = sibling("verdict")?;
     let apiserver = sibling("verdict-e2e-apiserver")?;
     let (title, prepared, loaded, change) = match source {
@@ -494,6 +500,7 @@ pub fn daemon(args: &[String]) -> Result<(), String> {
             &verdict,
             &apiserver,
             log_to.as_deref(),
+            &under,
         )?;
         println!(
             "| {} | {:.1} s | {:.2} s | {:.2} s | {:.2} s | {:.2} s | {:.0} MiB | {:.1} / {:.1} ms | {:.3} / {:.3} ms | {} |",

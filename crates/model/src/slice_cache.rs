@@ -56,6 +56,48 @@ struct SliceInfo {
     endpoints: Vec<EndpointInfo>,
 }
 
+/// One service's slices by name, as a sorted list: a service has one slice
+/// or a few, and a `BTreeMap` allocates room for 11 for each service.
+#[derive(Clone, Debug, Default)]
+struct Slices(Vec<(String, SliceInfo)>);
+
+impl Slices {
+    fn find(&self, name: &str) -> Result<usize, usize> {
+        self.0.binary_search_by(|(n, _)| n.as_str().cmp(name))
+    }
+
+    fn get(&self, name: &str) -> Option<&SliceInfo> {
+        self.find(name).ok().map(|i| &self.0[i].1)
+    }
+
+    fn insert(&mut self, name: &str, info: SliceInfo) {
+        match self.find(name) {
+            Ok(i) => self.0[i].1 = info,
+            Err(i) => {
+                if self.0.len() == self.0.capacity() && self.0.len() < 4 {
+                    self.0.reserve_exact(1);
+                }
+                self.0.insert(i, (name.to_string(), info))
+            }
+        }
+    }
+
+    fn remove(&mut self, name: &str) -> bool {
+        match self.find(name) {
+            Ok(i) => {
+                self.0.remove(i);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// The slices in name order.
+    fn values(&self) -> impl Iterator<Item = &SliceInfo> {
+        self.0.iter().map(|(_, info)| info)
+    }
+}
+
 fn hint_set(names: Option<&Vec<String>>) -> Option<BTreeSet<String>> {
     names
         .filter(|n| !n.is_empty())
@@ -76,7 +118,7 @@ pub struct EndpointSliceCache {
     family: IpFamily,
     node_name: String,
     /// Service -> slice name -> slice.
-    services: BTreeMap<NamespacedName, BTreeMap<String, SliceInfo>>,
+    services: BTreeMap<NamespacedName, Slices>,
 }
 
 impl EndpointSliceCache {
@@ -118,7 +160,7 @@ impl EndpointSliceCache {
         if slices.get(&slice.name) == Some(&info) {
             return false;
         }
-        slices.insert(slice.name.clone(), info);
+        slices.insert(&slice.name, info);
         true
     }
 
@@ -134,8 +176,8 @@ impl EndpointSliceCache {
         let Some(slices) = self.services.get_mut(service) else {
             return false;
         };
-        let removed = slices.remove(slice_name).is_some();
-        if slices.is_empty() {
+        let removed = slices.remove(slice_name);
+        if slices.0.is_empty() {
             self.services.remove(service);
         }
         removed
@@ -154,7 +196,7 @@ impl EndpointSliceCache {
             .services
             .get(service)
             .into_iter()
-            .flat_map(BTreeMap::values)
+            .flat_map(Slices::values)
         {
             for port in &slice.ports {
                 let key = ServicePortName {

@@ -25,9 +25,12 @@ const NLMSG_ERROR: u16 = 2;
 const NLMSG_OVERRUN: u16 = 4;
 /// `NFT_MSG_NEWGEN`: closes each committed transaction.
 const MSG_NEWGEN: u8 = 15;
-/// The kernel's receive buffer for the socket: a flush of a 30k-service
-/// table announces every set and chain, and a full buffer loses events.
-const RECV_BUFFER: usize = 8 << 20;
+/// The most the kernel may queue on the socket. A cold sync of 30,000
+/// services adds 180,000 elements in one commit, and each is announced:
+/// 8 MiB overflowed, and the overflow cost a second full sync (6 s with
+/// its read-back at 30k). The limit is only memory the kernel may use
+/// while announcements wait; it holds nothing when they are read.
+const RECV_BUFFER: usize = 64 << 20;
 
 /// What kind of object changed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -175,6 +175,13 @@ impl Transaction {
         self.ops
     }
 
+    /// Makes room for `additional` more operations at once (a big sync
+    /// knows how many it has; doubling as they come leaves up to half the
+    /// room unused).
+    pub fn reserve(&mut self, additional: usize) {
+        self.ops.reserve_exact(additional);
+    }
+
     /// Appends an operation, checking it as the verbs do.
     pub fn push(&mut self, op: Op) {
         self.check(&op);

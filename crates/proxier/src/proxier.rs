@@ -20,7 +20,7 @@ use verdict_nft::{Backend, Chain, Element, ElementValue, Op, Transaction, Value}
 use crate::config::ProxierConfig;
 use crate::error::ProxierError;
 use crate::layout::{self, DynChain};
-use crate::plan::{Contribution, EndpointSet, SetKey, contribution};
+use crate::plan::{Contribution, EndpointSet, contribution};
 
 /// A full sync happens at least this often.
 pub const FULL_SYNC_PERIOD: Duration = Duration::from_secs(3600);
@@ -82,16 +82,31 @@ pub struct IntendedElement {
 /// A service port, shared by every element it owns.
 type Owner = Arc<ServicePortName>;
 
+/// An element's key, kept once and shared by the maps of what is wanted
+/// and what is programmed, and by the contribution that names it.
+type Key = Arc<[Value]>;
+
+/// A set and one of its keys.
+type SetKey = (&'static str, Key);
+
 /// The owners of one element key and what each wants there. The first
 /// owner in name order wins, so the outcome never depends on event order.
+/// The winner's element is the same allocation as the one recorded as
+/// programmed, once it is.
 #[derive(Debug, Default)]
-struct Owners(Vec<(Owner, Element)>);
+struct Owners(Vec<(Owner, Arc<Element>)>);
 
 impl Owners {
-    fn insert(&mut self, owner: Owner, e: Element) {
+    fn insert(&mut self, owner: Owner, e: Arc<Element>) {
         match self.0.binary_search_by(|(o, _)| o.as_ref().cmp(&owner)) {
             Ok(i) => self.0[i].1 = e,
-            Err(i) => self.0.insert(i, (owner, e)),
+            Err(i) => {
+                // Nearly every key has one owner: no room for four.
+                if self.0.len() == self.0.capacity() && self.0.len() < 4 {
+                    self.0.reserve_exact(1);
+                }
+                self.0.insert(i, (owner, e))
+            }
         }
     }
 
@@ -101,7 +116,7 @@ impl Owners {
         }
     }
 
-    fn winner(&self) -> Option<&Element> {
+    fn winner(&self) -> Option<&Arc<Element>> {
         self.0.first().map(|(_, e)| e)
     }
 
@@ -159,9 +174,9 @@ pub struct Proxier {
     endpoints: EndpointsMap,
     contributions: BTreeMap<ServicePortName, Stored>,
     /// Desired elements: set → key → owners.
-    desired: BTreeMap<&'static str, BTreeMap<Vec<Value>, Owners>>,
+    desired: BTreeMap<&'static str, BTreeMap<Key, Owners>>,
     /// Elements believed to be in the kernel.
-    programmed: BTreeMap<&'static str, BTreeMap<Vec<Value>, Element>>,
+    programmed: BTreeMap<&'static str, BTreeMap<Key, Arc<Element>>>,
     chain_refs: BTreeMap<DynChain, usize>,
     /// Shared chains with rules in the kernel.
     programmed_chains: BTreeSet<String>,
@@ -309,7 +324,7 @@ impl Proxier {
                     let winner = owners.winner_owner().map(|o| o.as_ref());
                     elements.push(IntendedElement {
                         set,
-                        element: e.clone(),
+                        element: Element::clone(e),
                         programmed_for: winner.filter(|w| *w != port).cloned(),
                     });
                 }
@@ -328,7 +343,7 @@ impl Proxier {
     pub fn desired_elements(&self) -> impl Iterator<Item = (&'static str, &Element)> + '_ {
         self.desired.iter().flat_map(|(set, m)| {
             m.values()
-                .filter_map(move |o| o.winner().map(|e| (*set, e)))
+                .filter_map(move |o| o.winner().map(|e| (*set, e.as_ref())))
         })
     }
 
@@ -554,7 +569,12 @@ impl Proxier {
                     && name != layout::AFFINITY
                     && s.set.same_type(&set)
                 {
-                    self.programmed.insert(name, s.elements.clone());
+                    let have: BTreeMap<Key, Arc<Element>> = s
+                        .elements
+                        .values()
+                        .map(|e| self.shared(name, e.clone()))
+                        .collect();
+                    self.programmed.insert(name, have);
                 }
             }
             chains_now = existing
@@ -594,7 +614,7 @@ impl Proxier {
         // Elements: delete what changed or went away, then add (with the
         // service port that wants it, to blame it if the kernel refuses).
         let mut deletes: Vec<(&'static str, Vec<Value>)> = Vec::new();
-        let mut adds: Vec<(&'static str, Element, Option<Owner>)> = Vec::new();
+        let mut adds: Vec<(&'static str, Arc<Element>, Option<Owner>)> = Vec::new();
         match &touched {
             Some(touched) => {
                 for (set, key) in touched {
@@ -650,24 +670,30 @@ impl Proxier {
                     .cloned()
                     .unwrap_or_default();
                 for ip in &node_port_ips {
-                    let key = vec![Value::Addr(*ip)];
-                    if !have.contains_key(&key) {
-                        adds.push((layout::NODEPORT_IPS, Element::key(key), None));
+                    let key = [Value::Addr(*ip)];
+                    if !have.contains_key(key.as_slice()) {
+                        adds.push((
+                            layout::NODEPORT_IPS,
+                            Arc::new(Element::key(key.to_vec())),
+                            None,
+                        ));
                     }
                 }
                 for key in have.keys() {
-                    if !matches!(key.as_slice(), [Value::Addr(ip)] if node_port_ips.contains(ip)) {
-                        deletes.push((layout::NODEPORT_IPS, key.clone()));
+                    if !matches!(&key[..], [Value::Addr(ip)] if node_port_ips.contains(ip)) {
+                        deletes.push((layout::NODEPORT_IPS, key.to_vec()));
                     }
                 }
             }
         }
+        tx.reserve(deletes.len() + adds.len());
         for (set, key) in deletes {
             tx.delete_element(set, key);
         }
         let mut owners: Vec<Option<Owner>> = vec![None; tx.len()];
+        owners.reserve_exact(adds.len());
         for (set, e, owner) in adds {
-            tx.add_element(set, e);
+            tx.add_element(set, Arc::unwrap_or_clone(e));
             owners.push(owner);
         }
 
@@ -704,15 +730,13 @@ impl Proxier {
                 Op::DeleteElement(set, key) => {
                     if let Some(m) = static_set_name(&set).and_then(|s| self.programmed.get_mut(s))
                     {
-                        m.remove(&key);
+                        m.remove(key.as_slice());
                     }
                 }
                 Op::AddElement(set, e) => {
                     if let Some(s) = static_set_name(&set) {
-                        self.programmed
-                            .entry(s)
-                            .or_default()
-                            .insert(e.key.clone(), e);
+                        let (key, e) = self.shared(s, e);
+                        self.programmed.entry(s).or_default().insert(key, e);
                     }
                 }
                 _ => {}
@@ -929,16 +953,22 @@ impl Proxier {
         self.no_local.1 += usize::from(c.no_local_external);
         let mut keys = Vec::with_capacity(c.elements.len());
         for (set, e) in c.elements {
+            let m = self.desired.entry(set).or_default();
+            // The key as the map has it already (other owners, or the
+            // element programmed), so that each key is stored once.
+            let key: Key = match m.get_key_value(e.key.as_slice()) {
+                Some((k, _)) => k.clone(),
+                None => Arc::from(e.key.as_slice()),
+            };
+            let e = match self.programmed.get(set).and_then(|p| p.get(&key)) {
+                Some(p) if **p == e => p.clone(),
+                _ => Arc::new(e),
+            };
+            m.entry(key.clone()).or_default().insert(owner.clone(), e);
             if let Some(t) = touched.as_deref_mut() {
-                t.insert((set, e.key.clone()));
+                t.insert((set, key.clone()));
             }
-            keys.push((set, e.key.clone()));
-            self.desired
-                .entry(set)
-                .or_default()
-                .entry(e.key.clone())
-                .or_default()
-                .insert(owner.clone(), e);
+            keys.push((set, key));
         }
         for chain in &c.chains {
             *self.chain_refs.entry(*chain).or_default() += 1;
@@ -949,6 +979,23 @@ impl Proxier {
             no_local_internal: c.no_local_internal,
             no_local_external: c.no_local_external,
             affinity: c.affinity,
+        }
+    }
+
+    /// `e`, programmed in `set`, as the record of the kernel keeps it: its
+    /// key and the element itself shared with what is wanted, where that
+    /// is the same (it nearly always is), so each is stored once.
+    fn shared(&self, set: &'static str, e: Element) -> (Key, Arc<Element>) {
+        match self
+            .desired
+            .get(set)
+            .and_then(|m| m.get_key_value(e.key.as_slice()))
+        {
+            Some((k, o)) => match o.winner() {
+                Some(w) if **w == e => (k.clone(), w.clone()),
+                _ => (k.clone(), Arc::new(e)),
+            },
+            None => (Arc::from(e.key.as_slice()), Arc::new(e)),
         }
     }
 
@@ -967,13 +1014,13 @@ fn diff(
     set: &'static str,
     key: &[Value],
     want: Option<&Owners>,
-    have: Option<&Element>,
+    have: Option<&Arc<Element>>,
     deletes: &mut Vec<(&'static str, Vec<Value>)>,
-    adds: &mut Vec<(&'static str, Element, Option<Owner>)>,
+    adds: &mut Vec<(&'static str, Arc<Element>, Option<Owner>)>,
 ) {
     let owner = want.and_then(Owners::winner_owner).cloned();
     match (want.and_then(Owners::winner), have) {
-        (Some(w), Some(h)) if w == h => {}
+        (Some(w), Some(h)) if Arc::ptr_eq(w, h) || w == h => {}
         (Some(w), Some(_)) => {
             deletes.push((set, key.to_vec()));
             adds.push((set, w.clone(), owner));
