@@ -12,9 +12,19 @@
 //!   manifests read) and the first full sync (start to the IPv4 table
 //!   synced, and to both tables synced), with the CPU time and peak memory
 //!   of the process;
-//! - EndpointSlice changes: from the API server accepting the change, or
-//!   from the small file written, to verdict having synced it (p50/p99).
-//!   With manifests, each change must have parsed the small file alone.
+//! - EndpointSlice changes, each replacing one endpoint: from the API
+//!   server accepting the change, or from the small file written, to
+//!   verdict having synced it (p50/p99). With manifests, each change must
+//!   have parsed the small file alone;
+//! - or, with `--churn RATE --duration SECS`, sustained churn: RATE changes
+//!   a second sent on time and not waited for, the syncs verdict made
+//!   meanwhile, its RSS, and how soon after the last change the kernel
+//!   held exactly every service's current endpoints.
+//!
+//! Big services: `--endpoints K` endpoints per service, cut into slices of
+//! `--slice-size` (100, the EndpointSlice controller's default). The
+//! kernel's endpoint map is checked against every service's endpoints
+//! after the first sync and after the changes; a mismatch fails the run.
 //!
 //! Times are read from verdict's own log lines, as they arrive.
 
@@ -32,7 +42,7 @@ use verdict_e2e::netns::{Netns, Process, can_run, unique_prefix};
 use crate::workload::service_ip;
 use crate::{flag, pct, sizes};
 
-const USAGE: &str = "usage: verdict-bench daemon [--source api|manifests] [--protocol tcp|udp] [--sizes 1000,10000,30000] [--endpoints 2] [--changes 20] [--log DIR] [--under 'heaptrack -o FILE']";
+const USAGE: &str = "usage: verdict-bench daemon [--source api|manifests] [--protocol tcp|udp] [--sizes 1000,10000,30000] [--endpoints 2] [--slice-size 100] [--changes 20 | --churn 100 --duration 60] [--min-sync-period 0s] [--log DIR] [--under 'heaptrack -o FILE']";
 
 /// Where verdict reads the cluster from.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -109,22 +119,47 @@ fn service(i: usize, proto: &str) -> Value {
     })
 }
 
-fn slice(i: usize, k: usize, port: u16, proto: &str) -> Value {
-    let endpoints: Vec<Value> = (0..k)
-        .map(|j| {
-            let ip = Ipv4Addr::from(0x0a00_0000u32 + (i * k + j) as u32 + 1);
+/// The first endpoints of service `i`, K of them: addresses of 10.0.0.0/8,
+/// distinct across services.
+fn first_endpoints(i: usize, k: usize) -> Vec<Ipv4Addr> {
+    (0..k)
+        .map(|j| Ipv4Addr::from(0x0a00_0000u32 + (i * k + j) as u32 + 1))
+        .collect()
+}
+
+/// Slice `s` of service `i`: the endpoints `s * size ..` of `eps`.
+fn slice_of(i: usize, s: usize, eps: &[Ipv4Addr], size: usize, port: u16, proto: &str) -> Value {
+    let endpoints: Vec<Value> = eps
+        .iter()
+        .skip(s * size)
+        .take(size)
+        .map(|ip| {
             json!({"addresses": [ip.to_string()], "conditions": {"ready": true},
                    "nodeName": "bench-node"})
         })
         .collect();
     json!({
         "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-        "metadata": {"name": format!("svc{i}-1"), "namespace": "bench",
+        "metadata": {"name": format!("svc{i}-{}", s + 1), "namespace": "bench",
                      "labels": {"kubernetes.io/service-name": format!("svc{i}")}},
         "addressType": "IPv4",
         "ports": [{"name": "http", "port": port, "protocol": proto}],
         "endpoints": endpoints
     })
+}
+
+/// Every slice of service `i`, at most `size` endpoints each, as the
+/// EndpointSlice controller cuts them (100 by default).
+fn slices(i: usize, eps: &[Ipv4Addr], size: usize, port: u16, proto: &str) -> Vec<Value> {
+    (0..eps.len().div_ceil(size).max(1))
+        .map(|s| slice_of(i, s, eps, size, port, proto))
+        .collect()
+}
+
+/// The one-slice service of the earlier tables (and of the tests).
+#[cfg(test)]
+fn slice(i: usize, k: usize, port: u16, proto: &str) -> Value {
+    slice_of(i, 0, &first_endpoints(i, k), k, port, proto)
 }
 
 /// A program built next to this one.
@@ -146,6 +181,13 @@ struct Log {
 }
 
 impl Log {
+    /// Hands every line already arrived to `f`, without waiting.
+    fn drain(&self, f: &mut impl FnMut(Instant, &str)) {
+        while let Ok((at, line)) = self.rx.try_recv() {
+            f(at, &line);
+        }
+    }
+
     /// Waits for a line containing every one of `parts`.
     fn wait(&self, parts: &[&str], within: Duration) -> Result<Instant, String> {
         self.wait_line(parts, within).map(|(at, _)| at)
@@ -225,13 +267,96 @@ struct Row {
     both: Duration,
     cpu: f64,
     rss: f64,
-    change_p50: f64,
-    change_p99: f64,
-    /// verdict's work after each of those syncs (health-check ports, UDP
-    /// conntrack), from its log.
-    after_p50: f64,
-    after_max: f64,
+    /// What the changes measured.
+    changes: Changes,
     programmed: usize,
+}
+
+/// What the changes after the first sync measured.
+enum Changes {
+    /// One at a time, each waited for.
+    Latency {
+        p50: f64,
+        p99: f64,
+        /// verdict's work after each of those syncs (health-check ports,
+        /// UDP conntrack), from its log.
+        after_p50: f64,
+        after_max: f64,
+    },
+    /// Sustained churn at a rate, not waited for.
+    Churn(Churn),
+}
+
+/// Sustained churn: what verdict kept up with.
+struct Churn {
+    sent: usize,
+    /// How long sending took (the rate held, or not).
+    sending: Duration,
+    /// IPv4 syncs while the changes came, and the gaps between them.
+    syncs: usize,
+    gap_p50: f64,
+    gap_max: f64,
+    /// How long those syncs took.
+    sync_p50: f64,
+    sync_p99: f64,
+    /// RSS (MiB) when the churn began, the most during it, and at its end.
+    rss_start: f64,
+    rss_max: f64,
+    rss_end: f64,
+    /// The last change sent to the kernel holding exactly every service's
+    /// current endpoints.
+    converged: Duration,
+}
+
+/// The shape of the services of one run.
+#[derive(Clone, Copy)]
+struct Shape {
+    n: usize,
+    /// Endpoints per service.
+    k: usize,
+    /// Endpoints per EndpointSlice.
+    slice_size: usize,
+    proto: &'static str,
+}
+
+/// Every service's endpoints as they are now (those no change touched
+/// have their first ones).
+struct Endpoints {
+    shape: Shape,
+    changed: std::collections::HashMap<usize, Vec<Ipv4Addr>>,
+    fresh: u32,
+}
+
+impl Endpoints {
+    fn new(shape: Shape) -> Endpoints {
+        Endpoints {
+            shape,
+            changed: std::collections::HashMap::new(),
+            fresh: 0,
+        }
+    }
+
+    fn of(&self, i: usize) -> Vec<Ipv4Addr> {
+        self.changed
+            .get(&i)
+            .cloned()
+            .unwrap_or_else(|| first_endpoints(i, self.shape.k))
+    }
+
+    /// Change `c` replaces one endpoint of service `i` with a new address
+    /// (a pod replaced): returns the slice it is in.
+    fn replace(&mut self, i: usize, c: usize) -> usize {
+        let k = self.shape.k;
+        let eps = self
+            .changed
+            .entry(i)
+            .or_insert_with(|| first_endpoints(i, k));
+        let j = (c * 7919) % eps.len();
+        // 11.0.0.0/8: never one of the first endpoints.
+        eps[j] = Ipv4Addr::from(0x0b00_0000u32 + self.fresh + 1);
+        self.fresh += 1;
+        j / self.shape.slice_size
+    }
 }
 
 /// What feeds verdict in one run.
@@ -244,31 +369,216 @@ enum Feed {
 }
 
 impl Feed {
-    /// Service `i` gets its endpoints on `port`.
-    fn change(&mut self, i: usize, k: usize, port: u16, proto: &str) -> Result<(), String> {
+    /// Service `i` has new endpoints in slice `s`.
+    fn change(&mut self, i: usize, s: usize, eps: &Endpoints) -> Result<(), String> {
+        let Shape {
+            slice_size, proto, ..
+        } = eps.shape;
+        let now = eps.of(i);
         match self {
-            Feed::Api(api) => api.apply(slice(i, k, port, proto)).map(drop),
-            Feed::Files { small, .. } => std::fs::write(
-                &*small,
-                yaml(&[service(i, proto), slice(i, k, port, proto)]),
-            )
-            .map_err(|e| format!("{}: {e}", small.display())),
+            Feed::Api(api) => api
+                .apply(slice_of(i, s, &now, slice_size, 8080, proto))
+                .map(drop),
+            Feed::Files { small, .. } => {
+                let mut objects = vec![service(i, proto)];
+                objects.extend(slices(i, &now, slice_size, 8080, proto));
+                std::fs::write(&*small, yaml(&objects))
+                    .map_err(|e| format!("{}: {e}", small.display()))
+            }
+        }
+    }
+
+    /// The service the `c`-th change goes to.
+    fn target(&self, c: usize, n: usize) -> usize {
+        match self {
+            Feed::Api(_) => (c * 7919) % n,
+            Feed::Files { .. } => n,
         }
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn run_one(
-    source: Source,
+/// The IPv4 table's endpoint map, by entry address: the endpoint
+/// addresses the kernel sends each service's packets to.
+fn kernel_endpoints(
+    ns: &Netns,
     proto: &str,
-    n: usize,
-    k: usize,
-    changes: usize,
-    verdict: &Path,
-    apiserver: &Path,
-    log_to: Option<&Path>,
-    under: &[&str],
-) -> Result<Row, String> {
+) -> Result<std::collections::HashMap<Ipv4Addr, Vec<Ipv4Addr>>, String> {
+    let map = format!("service-endpoints-{}", proto.to_ascii_lowercase());
+    let text = ns
+        .exec("nft", &["list", "map", "ip", "verdict", &map])
+        .map_err(|e| e.0)?;
+    let body = text
+        .split_once("elements = {")
+        .map_or("", |(_, b)| b.split('}').next().unwrap_or(""));
+    let mut out: std::collections::HashMap<Ipv4Addr, Vec<Ipv4Addr>> =
+        std::collections::HashMap::new();
+    for element in body.split(',') {
+        let Some((key, value)) = element.split_once(':') else {
+            continue;
+        };
+        let addr = |s: &str| s.split('.').count();
+        let entry = key.trim().split(" . ").next().unwrap_or("");
+        let target = value.trim().split(" . ").next().unwrap_or("");
+        if addr(entry) != 4 || addr(target) != 4 {
+            return Err(format!("{map}: cannot read the element {element:?}"));
+        }
+        let (Ok(entry), Ok(target)) = (entry.parse(), target.parse()) else {
+            return Err(format!("{map}: cannot read the element {element:?}"));
+        };
+        out.entry(entry).or_default().push(target);
+    }
+    Ok(out)
+}
+
+/// Whether the kernel sends every service `0..count` to exactly its
+/// current endpoints, and nowhere else.
+fn kernel_matches(ns: &Netns, eps: &Endpoints, count: usize) -> Result<bool, String> {
+    let mut have = kernel_endpoints(ns, eps.shape.proto)?;
+    if have.len() != count {
+        return Ok(false);
+    }
+    for i in 0..count {
+        let mut want = eps.of(i);
+        want.sort();
+        let Some(got) = have.get_mut(&service_ip(30, i)) else {
+            return Ok(false);
+        };
+        got.sort();
+        if *got != want {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// The resident set (MiB) of a live process now (`VmRSS`).
+fn rss_now(pid: u32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .unwrap_or(0.0)
+        / 1024.0
+}
+
+/// Keeps the time and duration of an IPv4 sync's log line.
+fn note_sync(syncs: &mut Vec<(Instant, f64)>, at: Instant, line: &str) {
+    if line.contains("\"synced\"") && line.contains("family=\"ip\"") {
+        syncs.push((at, elapsed_ms(line).unwrap_or(0.0)));
+    }
+}
+
+/// `rate` endpoint changes a second for `secs` seconds, sent on time and
+/// not waited for; then waits for the kernel to hold every service's
+/// current endpoints.
+#[allow(clippy::too_many_arguments)]
+fn churn(
+    feed: &mut Feed,
+    eps: &mut Endpoints,
+    log: &Log,
+    ns: &Netns,
+    pid: u32,
+    rate: usize,
+    secs: usize,
+    count: usize,
+) -> Result<Churn, String> {
+    let total = rate * secs;
+    let mut syncs: Vec<(Instant, f64)> = Vec::new();
+    let start = Instant::now();
+    let rss_start = rss_now(pid);
+    let mut rss_max = rss_start;
+    let mut next_sample = start;
+    for c in 0..total {
+        let due = start + Duration::from_secs_f64(c as f64 / rate as f64);
+        loop {
+            log.drain(&mut |at, line| note_sync(&mut syncs, at, line));
+            let now = Instant::now();
+            if now >= next_sample {
+                rss_max = rss_max.max(rss_now(pid));
+                next_sample += Duration::from_millis(250);
+            }
+            if now >= due {
+                break;
+            }
+            std::thread::sleep((due - now).min(Duration::from_millis(2)));
+        }
+        let i = feed.target(c, eps.shape.n);
+        let s = eps.replace(i, c);
+        feed.change(i, s, eps)?;
+    }
+    let last = Instant::now();
+    let sending = last - start;
+    let during = syncs.len();
+    // Converged: after a sync that came after the last change, the kernel
+    // holds exactly what the last change left. (Reading the map takes
+    // seconds at 30,000 services, so the time is the sync's, not the
+    // check's.)
+    let converged = loop {
+        let seen = syncs.len();
+        while syncs.len() == seen {
+            if last.elapsed() > Duration::from_secs(60) {
+                return Err(format!(
+                    "no sync brought the kernel to every service's current endpoints within 60 s of the last change ({} syncs)",
+                    syncs.len()
+                ));
+            }
+            log.drain(&mut |at, line| note_sync(&mut syncs, at, line));
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let at = syncs[syncs.len() - 1].0;
+        if at > last && kernel_matches(ns, eps, count)? {
+            break at - last;
+        }
+    };
+    let rss_end = rss_now(pid);
+    rss_max = rss_max.max(rss_end);
+    let in_churn: Vec<(Instant, f64)> = syncs[..during].to_vec();
+    let gaps: Vec<f64> = in_churn
+        .windows(2)
+        .map(|w| (w[1].0 - w[0].0).as_secs_f64() * 1000.0)
+        .collect();
+    let mut took: Vec<f64> = in_churn.iter().map(|(_, ms)| *ms).collect();
+    Ok(Churn {
+        sent: total,
+        sending,
+        syncs: during,
+        gap_p50: pct(&mut gaps.clone(), 0.50),
+        gap_max: gaps.iter().copied().fold(0.0, f64::max),
+        sync_p50: pct(&mut took.clone(), 0.50),
+        sync_p99: pct(&mut took, 0.99),
+        rss_start,
+        rss_max,
+        rss_end,
+        converged,
+    })
+}
+
+/// How the changes are made after the first sync.
+#[derive(Clone, Copy)]
+enum Mode {
+    /// `changes` changes, one at a time, each waited for.
+    Latency { changes: usize },
+    /// `rate` changes a second for `secs` seconds.
+    Churn { rate: usize, secs: usize },
+}
+
+struct Programs<'a> {
+    verdict: &'a Path,
+    apiserver: &'a Path,
+    log_to: Option<&'a Path>,
+    under: &'a [&'a str],
+    min_sync_period: &'a str,
+}
+
+fn run_one(source: Source, shape: Shape, mode: Mode, p: &Programs) -> Result<Row, String> {
+    let Shape {
+        n,
+        slice_size,
+        proto,
+        ..
+    } = shape;
+    let mut eps = Endpoints::new(shape);
     let ns = Netns::create(&format!("{}-api", unique_prefix())).map_err(|e| e.0)?;
     let dir = std::env::temp_dir().join(format!("verdict-bench-daemon-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -281,7 +591,7 @@ fn run_one(
         Source::Api => {
             let mut api = ApiServerProcess::spawn(
                 &ns,
-                &apiserver.to_string_lossy(),
+                &p.apiserver.to_string_lossy(),
                 "127.0.0.1:16443",
                 Duration::from_secs(60),
             )
@@ -289,7 +599,9 @@ fn run_one(
             api.apply(node)?;
             for i in 0..n {
                 api.apply(service(i, proto))?;
-                api.apply(slice(i, k, 8080, proto))?;
+                for s in slices(i, &eps.of(i), slice_size, 8080, proto) {
+                    api.apply(s)?;
+                }
             }
             let kubeconfig = dir.join("kubeconfig");
             std::fs::write(
@@ -308,7 +620,7 @@ fn run_one(
             let mut objects = vec![node];
             for i in 0..n {
                 objects.push(service(i, proto));
-                objects.push(slice(i, k, 8080, proto));
+                objects.extend(slices(i, &eps.of(i), slice_size, 8080, proto));
             }
             let write = |name: &str, objects: &[Value]| {
                 let p = manifests.join(name);
@@ -317,19 +629,25 @@ fn run_one(
             };
             write("cluster.yaml", &objects)?;
             // One more Service, which the changes edit.
-            let small = write("small.yaml", &[service(n, proto), slice(n, k, 8080, proto)])?;
+            let mut more = vec![service(n, proto)];
+            more.extend(slices(n, &eps.of(n), slice_size, 8080, proto));
+            let small = write("small.yaml", &more)?;
             (
                 Feed::Files { small },
                 vec!["--manifests".to_string(), manifests.display().to_string()],
             )
         }
     };
+    let count = match feed {
+        Feed::Api(_) => n,
+        Feed::Files { .. } => n + 1,
+    };
     let prepared = t.elapsed();
     let started = Instant::now();
     let mut child = Command::new("ip")
         .args(["netns", "exec", ns.name()])
-        .args(under)
-        .arg(verdict)
+        .args(p.under)
+        .arg(p.verdict)
         .args(&source_args)
         .args([
             "--hostname-override",
@@ -339,7 +657,7 @@ fn run_one(
         ])
         .args([
             "--min-sync-period",
-            "0s",
+            p.min_sync_period,
             // Each sync's summary, which the times are read from.
             "-v=2",
             "--healthz-bind-address",
@@ -356,7 +674,7 @@ fn run_one(
     let pid = child.id();
     let daemon = Process(child);
     let (tx, rx) = channel();
-    let mut keep = match log_to {
+    let mut keep = match p.log_to {
         Some(p) => Some(std::fs::File::create(p).map_err(|e| format!("{}: {e}", p.display()))?),
         None => None,
     };
@@ -382,36 +700,56 @@ fn run_one(
         .exec("nft", &["list", "map", "ip", "verdict", "service-ips"])
         .map_err(|e| e.0)?;
     let programmed = table.matches(" : goto ").count() + table.matches(" : jump ").count();
-
-    let mut times = Vec::new();
-    let mut after = Vec::new();
-    for c in 0..changes {
-        let i = match feed {
-            Feed::Api(_) => (c * 7919) % n,
-            Feed::Files { .. } => n,
-        };
-        // A port no earlier change used: always a real change.
-        let port = 8081 + c as u16;
-        let t = Instant::now();
-        feed.change(i, k, port, proto)?;
-        if let Feed::Files { small, .. } = &feed {
-            // The edit must have been read alone.
-            log.wait(
-                &["manifests read", &format!("files=\"{}\"", small.display())],
-                Duration::from_secs(60),
-            )?;
-        }
-        let done = log.wait(
-            &["\"synced\"", "family=\"ip\"", "full=false"],
-            Duration::from_secs(60),
-        )?;
-        times.push(done.saturating_duration_since(t).as_secs_f64() * 1000.0);
-        let (_, line) = log.wait_line(
-            &["after the sync", "family=\"ip\""],
-            Duration::from_secs(60),
-        )?;
-        after.push(elapsed_ms(&line).ok_or_else(|| format!("no elapsed in {line}"))?);
+    if !kernel_matches(&ns, &eps, count)? {
+        return Err(
+            "after the first sync, the kernel does not hold every service's endpoints".into(),
+        );
     }
+
+    let changes = match mode {
+        Mode::Latency { changes } => {
+            let mut times = Vec::new();
+            let mut after = Vec::new();
+            for c in 0..changes {
+                let i = feed.target(c, n);
+                let s = eps.replace(i, c);
+                let t = Instant::now();
+                feed.change(i, s, &eps)?;
+                if let Feed::Files { small, .. } = &feed {
+                    // The edit must have been read alone.
+                    log.wait(
+                        &["manifests read", &format!("files=\"{}\"", small.display())],
+                        Duration::from_secs(60),
+                    )?;
+                }
+                let done = log.wait(
+                    &["\"synced\"", "family=\"ip\"", "full=false"],
+                    Duration::from_secs(60),
+                )?;
+                times.push(done.saturating_duration_since(t).as_secs_f64() * 1000.0);
+                let (_, line) = log.wait_line(
+                    &["after the sync", "family=\"ip\""],
+                    Duration::from_secs(60),
+                )?;
+                after.push(elapsed_ms(&line).ok_or_else(|| format!("no elapsed in {line}"))?);
+            }
+            if !kernel_matches(&ns, &eps, count)? {
+                return Err(
+                    "after the changes, the kernel does not hold every service's current endpoints"
+                        .into(),
+                );
+            }
+            Changes::Latency {
+                p50: pct(&mut times.clone(), 0.50),
+                p99: pct(&mut times, 0.99),
+                after_p50: pct(&mut after.clone(), 0.50),
+                after_max: after.iter().copied().fold(0.0, f64::max),
+            }
+        }
+        Mode::Churn { rate, secs } => Changes::Churn(churn(
+            &mut feed, &mut eps, &log, &ns, pid, rate, secs, count,
+        )?),
+    };
     let (_, rss) = usage(pid);
     drop(daemon);
     drop(feed);
@@ -425,10 +763,7 @@ fn run_one(
         both,
         cpu,
         rss: rss.max(rss_cold),
-        change_p50: pct(&mut times.clone(), 0.50),
-        change_p99: pct(&mut times, 0.99),
-        after_p50: pct(&mut after.clone(), 0.50),
-        after_max: after.iter().copied().fold(0.0, f64::max),
+        changes,
         programmed,
     })
 }
@@ -457,11 +792,39 @@ pub fn daemon(args: &[String]) -> Result<(), String> {
     };
     let sizes = sizes(args, &[1_000, 10_000, 30_000])?;
     let (k, changes) = (num("--endpoints", 2)?, num("--changes", 20)?);
-    if k == 0 || changes == 0 || changes > 1000 || sizes.iter().any(|n| *n == 0 || *n > 200_000) {
+    let slice_size = num("--slice-size", 100)?;
+    if k == 0
+        || k > 10_000
+        || slice_size == 0
+        || slice_size > 1000
+        || changes == 0
+        || changes > 1000
+        || sizes
+            .iter()
+            .any(|n| *n == 0 || *n > 200_000 || n * k > 10_000_000)
+    {
         return Err(format!(
-            "sizes must be 1..=200000, --endpoints at least 1, --changes 1..=1000\n{USAGE}"
+            "sizes must be 1..=200000, --endpoints 1..=10000 (at most 10,000,000 in all), --slice-size 1..=1000, --changes 1..=1000\n{USAGE}"
         ));
     }
+    let mode = match flag(args, "--churn") {
+        None => Mode::Latency { changes },
+        Some(_) => {
+            let (rate, secs) = (num("--churn", 100)?, num("--duration", 60)?);
+            if rate == 0 || rate > 1000 || secs == 0 || secs > 3600 {
+                return Err(format!(
+                    "--churn 1..=1000 a second, --duration 1..=3600 s\n{USAGE}"
+                ));
+            }
+            Mode::Churn { rate, secs }
+        }
+    };
+    // kube-proxy's default, which churn is meant to be measured with; one
+    // change at a time is measured without it.
+    let min_sync_period = flag(args, "--min-sync-period").unwrap_or(match mode {
+        Mode::Latency { .. } => "0s",
+        Mode::Churn { .. } => "1s",
+    });
     // A profiler to run verdict under (its CPU and RSS columns are then
     // the wrapper's, not verdict's).
     let under: Vec<&str> =
@@ -482,41 +845,84 @@ pub fn daemon(args: &[String]) -> Result<(), String> {
             "small file edited",
         ),
     };
-    println!(
-        "### The verdict program {title} (K = {k} endpoints, {proto} services, {changes} changes)\n"
-    );
-    println!(
-        "| services | {prepared} | {loaded} | first full sync (IPv4) | both families synced | CPU at first sync | peak RSS | {change} → synced p50 / p99 | work after that sync p50 / max | services programmed |"
-    );
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let slices_per = k.div_ceil(slice_size);
+    match mode {
+        Mode::Latency { changes } => {
+            println!(
+                "### The verdict program {title} (K = {k} endpoints in {slices_per} slice(s), {proto} services, {changes} changes, minSyncPeriod {min_sync_period})\n"
+            );
+            println!(
+                "| services | {prepared} | {loaded} | first full sync (IPv4) | both families synced | CPU at first sync | peak RSS | {change} → synced p50 / p99 | work after that sync p50 / max | services programmed |"
+            );
+            println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+        }
+        Mode::Churn { rate, secs } => {
+            println!(
+                "### The verdict program {title} under churn: {rate} endpoint changes a second for {secs} s (K = {k} endpoints in {slices_per} slice(s), {proto} services, minSyncPeriod {min_sync_period})\n"
+            );
+            println!(
+                "| services | {loaded} | first full sync (IPv4) | peak RSS at first sync | changes sent in | syncs during churn | gap between syncs p50 / max | sync p50 / p99 | RSS at start / most / end of churn | kernel exact after the last change | services programmed |"
+            );
+            println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+        }
+    }
     for n in sizes {
         let log_to = flag(args, "--log").map(|d| PathBuf::from(d).join(format!("verdict-{n}.log")));
-        let r = run_one(
-            source,
-            proto,
+        let shape = Shape {
             n,
             k,
-            changes,
-            &verdict,
-            &apiserver,
-            log_to.as_deref(),
-            &under,
-        )?;
-        println!(
-            "| {} | {:.1} s | {:.2} s | {:.2} s | {:.2} s | {:.2} s | {:.0} MiB | {:.1} / {:.1} ms | {:.3} / {:.3} ms | {} |",
-            r.n,
-            r.prepared.as_secs_f64(),
-            r.loaded.as_secs_f64(),
-            r.cold.as_secs_f64(),
-            r.both.as_secs_f64(),
-            r.cpu,
-            r.rss,
-            r.change_p50,
-            r.change_p99,
-            r.after_p50,
-            r.after_max,
-            r.programmed
-        );
+            slice_size,
+            proto,
+        };
+        let programs = Programs {
+            verdict: &verdict,
+            apiserver: &apiserver,
+            log_to: log_to.as_deref(),
+            under: &under,
+            min_sync_period,
+        };
+        let r = run_one(source, shape, mode, &programs)?;
+        match &r.changes {
+            Changes::Latency {
+                p50,
+                p99,
+                after_p50,
+                after_max,
+            } => println!(
+                "| {} | {:.1} s | {:.2} s | {:.2} s | {:.2} s | {:.2} s | {:.0} MiB | {:.1} / {:.1} ms | {:.3} / {:.3} ms | {} |",
+                r.n,
+                r.prepared.as_secs_f64(),
+                r.loaded.as_secs_f64(),
+                r.cold.as_secs_f64(),
+                r.both.as_secs_f64(),
+                r.cpu,
+                r.rss,
+                p50,
+                p99,
+                after_p50,
+                after_max,
+                r.programmed
+            ),
+            Changes::Churn(c) => println!(
+                "| {} | {:.2} s | {:.2} s | {:.0} MiB | {} in {:.1} s | {} | {:.0} / {:.0} ms | {:.1} / {:.1} ms | {:.0} / {:.0} / {:.0} MiB | {:.2} s | {} |",
+                r.n,
+                r.loaded.as_secs_f64(),
+                r.cold.as_secs_f64(),
+                r.rss,
+                c.sent,
+                c.sending.as_secs_f64(),
+                c.syncs,
+                c.gap_p50,
+                c.gap_max,
+                c.sync_p50,
+                c.sync_p99,
+                c.rss_start,
+                c.rss_max,
+                c.rss_end,
+                c.converged.as_secs_f64(),
+                r.programmed
+            ),
+        }
         let expected = match source {
             Source::Api => r.n,
             Source::Manifests => r.n + 1,
@@ -528,11 +934,21 @@ pub fn daemon(args: &[String]) -> Result<(), String> {
             ));
         }
     }
-    println!(
-        "\nTimes from verdict's start (load, first syncs) and from the API server accepting a change \
-         or the small file being written (to the partial sync's log line); CPU and peak RSS of the \
-         verdict process."
-    );
+    match mode {
+        Mode::Latency { .. } => println!(
+            "\nTimes from verdict's start (load, first syncs) and from the API server accepting a change \
+             or the small file being written (to the partial sync's log line); CPU and peak RSS of the \
+             verdict process. Each change replaces one endpoint; the kernel's endpoint map is checked \
+             against every service's endpoints after the first sync and after the changes."
+        ),
+        Mode::Churn { .. } => println!(
+            "\nEach change replaces one endpoint of a service (through the API server: a different \
+             service each time; manifests: the small file's service, the file rewritten). Changes are \
+             sent on time and not waited for; the syncs are verdict's IPv4 ones while they came. \
+             \"Kernel exact\": from the last change to the kernel's endpoint map holding every \
+             service's current endpoints and nothing else, read with `nft list map`."
+        ),
+    }
     Ok(())
 }
 

@@ -15,7 +15,7 @@ use verdict_model::{
     EndpointSlice, EndpointsChangeTracker, EndpointsMap, NamespacedName, Service,
     ServiceChangeTracker, ServicePortMap, ServicePortName,
 };
-use verdict_nft::{Backend, Chain, Element, ElementValue, Op, Transaction, Value};
+use verdict_nft::{Backend, Chain, Element, ElementValue, Transaction, Value};
 
 use crate::config::ProxierConfig;
 use crate::error::ProxierError;
@@ -613,8 +613,10 @@ impl Proxier {
 
         // Elements: delete what changed or went away, then add (with the
         // service port that wants it, to blame it if the kernel refuses).
-        let mut deletes: Vec<(&'static str, Vec<Value>)> = Vec::new();
-        let mut adds: Vec<(&'static str, Arc<Element>, Option<Owner>)> = Vec::new();
+        // Each with its key as the maps keep it, to record what the
+        // kernel has once it has it without looking the keys up again.
+        let mut deletes: Vec<SetKey> = Vec::new();
+        let mut adds: Vec<Add> = Vec::new();
         match &touched {
             Some(touched) => {
                 for (set, key) in touched {
@@ -672,29 +674,30 @@ impl Proxier {
                 for ip in &node_port_ips {
                     let key = [Value::Addr(*ip)];
                     if !have.contains_key(key.as_slice()) {
-                        adds.push((
-                            layout::NODEPORT_IPS,
-                            Arc::new(Element::key(key.to_vec())),
-                            None,
-                        ));
+                        adds.push(Add {
+                            set: layout::NODEPORT_IPS,
+                            key: Arc::from(key.as_slice()),
+                            element: Arc::new(Element::key(key.to_vec())),
+                            owner: None,
+                        });
                     }
                 }
                 for key in have.keys() {
                     if !matches!(&key[..], [Value::Addr(ip)] if node_port_ips.contains(ip)) {
-                        deletes.push((layout::NODEPORT_IPS, key.to_vec()));
+                        deletes.push((layout::NODEPORT_IPS, key.clone()));
                     }
                 }
             }
         }
         tx.reserve(deletes.len() + adds.len());
-        for (set, key) in deletes {
-            tx.delete_element(set, key);
+        for (set, key) in &deletes {
+            tx.delete_element(set, key.to_vec());
         }
         let mut owners: Vec<Option<Owner>> = vec![None; tx.len()];
         owners.reserve_exact(adds.len());
-        for (set, e, owner) in adds {
-            tx.add_element(set, Arc::unwrap_or_clone(e));
-            owners.push(owner);
+        for a in &adds {
+            tx.add_element(a.set, Element::clone(&a.element));
+            owners.push(a.owner.clone());
         }
 
         // Chains nobody jumps to any more: empty them now, delete them later.
@@ -724,23 +727,19 @@ impl Proxier {
                 attempt: Some(Box::new((tx, owners))),
             });
         }
-        // The kernel has it now: record the element changes.
-        for op in tx.into_ops() {
-            match op {
-                Op::DeleteElement(set, key) => {
-                    if let Some(m) = static_set_name(&set).and_then(|s| self.programmed.get_mut(s))
-                    {
-                        m.remove(key.as_slice());
-                    }
-                }
-                Op::AddElement(set, e) => {
-                    if let Some(s) = static_set_name(&set) {
-                        let (key, e) = self.shared(s, e);
-                        self.programmed.entry(s).or_default().insert(key, e);
-                    }
-                }
-                _ => {}
+        // The kernel has it now: record the element changes (every
+        // element operation of the transaction is one of these).
+        drop(tx);
+        for (set, key) in deletes {
+            if let Some(m) = self.programmed.get_mut(set) {
+                m.remove(&key);
             }
+        }
+        for a in adds {
+            self.programmed
+                .entry(a.set)
+                .or_default()
+                .insert(a.key, a.element);
         }
         self.programmed_chains = wanted_names;
         Ok(())
@@ -1010,23 +1009,38 @@ impl Proxier {
     }
 }
 
+/// An element a sync adds, with the service port that wants it (to blame
+/// it if the kernel refuses).
+struct Add {
+    set: &'static str,
+    key: Key,
+    element: Arc<Element>,
+    owner: Option<Owner>,
+}
+
 fn diff(
     set: &'static str,
-    key: &[Value],
+    key: &Key,
     want: Option<&Owners>,
     have: Option<&Arc<Element>>,
-    deletes: &mut Vec<(&'static str, Vec<Value>)>,
-    adds: &mut Vec<(&'static str, Arc<Element>, Option<Owner>)>,
+    deletes: &mut Vec<SetKey>,
+    adds: &mut Vec<Add>,
 ) {
     let owner = want.and_then(Owners::winner_owner).cloned();
+    let add = |w: &Arc<Element>| Add {
+        set,
+        key: key.clone(),
+        element: w.clone(),
+        owner,
+    };
     match (want.and_then(Owners::winner), have) {
         (Some(w), Some(h)) if Arc::ptr_eq(w, h) || w == h => {}
         (Some(w), Some(_)) => {
-            deletes.push((set, key.to_vec()));
-            adds.push((set, w.clone(), owner));
+            deletes.push((set, key.clone()));
+            adds.push(add(w));
         }
-        (Some(w), None) => adds.push((set, w.clone(), owner)),
-        (None, Some(_)) => deletes.push((set, key.to_vec())),
+        (Some(w), None) => adds.push(add(w)),
+        (None, Some(_)) => deletes.push((set, key.clone())),
         (None, None) => {}
     }
 }
