@@ -30,6 +30,7 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::Ipv4Addr;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::mpsc::{Receiver, channel};
@@ -554,6 +555,18 @@ fn churn(
     })
 }
 
+/// A process group, killed whole when dropped.
+struct Group(u32);
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-KILL", "--", &format!("-{}", self.0)])
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
 /// How the changes are made after the first sync.
 #[derive(Clone, Copy)]
 enum Mode {
@@ -668,11 +681,15 @@ fn run_one(source: Source, shape: Shape, mode: Mode, p: &Programs) -> Result<Row
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
+        // A group of its own, ended whole: a profiler it runs under
+        // (`--under`) must not leave verdict running when it is killed.
+        .process_group(0)
         .spawn()
         .map_err(|e| format!("starting verdict: {e}"))?;
     let stderr = child.stderr.take().ok_or("no stderr")?;
     let pid = child.id();
     let daemon = Process(child);
+    let group = Group(pid);
     let (tx, rx) = channel();
     let mut keep = match p.log_to {
         Some(p) => Some(std::fs::File::create(p).map_err(|e| format!("{}: {e}", p.display()))?),
@@ -751,6 +768,7 @@ fn run_one(source: Source, shape: Shape, mode: Mode, p: &Programs) -> Result<Row
         )?),
     };
     let (_, rss) = usage(pid);
+    drop(group);
     drop(daemon);
     drop(feed);
     drop(ns);

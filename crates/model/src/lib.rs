@@ -46,7 +46,7 @@ pub use endpoints::{
 };
 pub use error::ModelError;
 pub use ip::{IpFamily, parse_cidr_legacy, parse_ip_legacy};
-pub use names::{NamespacedName, Protocol, ServicePortName};
+pub use names::{Name, NamespacedName, Protocol, ServicePortName};
 pub use service::{
     DEFAULT_SESSION_AFFINITY_TIMEOUT_SECONDS, LABEL_HEADLESS, LABEL_SERVICE_PROXY_NAME,
     ServicePort, ServicePortMap, is_headless, service_port_map, service_ports, should_skip_service,

@@ -1,7 +1,10 @@
 //! Identifiers: protocols, namespaced names and service port names.
 
+use std::borrow::Borrow;
 use std::fmt;
+use std::ops::Deref;
 use std::str::FromStr;
+use std::sync::Arc;
 
 use crate::error::ModelError;
 
@@ -60,18 +63,111 @@ impl FromStr for Protocol {
     }
 }
 
+/// A namespace, object or port name: shared text, so that the many maps
+/// keyed by a service port share one copy of its names (a clone is a
+/// reference count, not an allocation). It reads, compares, orders and
+/// hashes as the `str` it holds.
+#[derive(Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Name(Arc<str>);
+
+impl Name {
+    /// The text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl Deref for Name {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl AsRef<str> for Name {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl Borrow<str> for Name {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<&str> for Name {
+    fn from(s: &str) -> Name {
+        Name(Arc::from(s))
+    }
+}
+
+impl From<String> for Name {
+    fn from(s: String) -> Name {
+        Name(Arc::from(s))
+    }
+}
+
+impl From<&String> for Name {
+    fn from(s: &String) -> Name {
+        Name(Arc::from(s.as_str()))
+    }
+}
+
+impl From<&Name> for Name {
+    fn from(s: &Name) -> Name {
+        s.clone()
+    }
+}
+
+impl From<Name> for String {
+    fn from(n: Name) -> String {
+        n.0.to_string()
+    }
+}
+
+impl PartialEq<str> for Name {
+    fn eq(&self, other: &str) -> bool {
+        &*self.0 == other
+    }
+}
+
+impl PartialEq<&str> for Name {
+    fn eq(&self, other: &&str) -> bool {
+        &*self.0 == *other
+    }
+}
+
+impl PartialEq<String> for Name {
+    fn eq(&self, other: &String) -> bool {
+        *self.0 == **other
+    }
+}
+
+impl fmt::Display for Name {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for Name {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
 /// A namespace-scoped object name.
 #[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct NamespacedName {
     /// The namespace.
-    pub namespace: String,
+    pub namespace: Name,
     /// The object name.
-    pub name: String,
+    pub name: Name,
 }
 
 impl NamespacedName {
     /// Builds a name from its parts.
-    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+    pub fn new(namespace: impl Into<Name>, name: impl Into<Name>) -> Self {
         NamespacedName {
             namespace: namespace.into(),
             name: name.into(),
@@ -93,7 +189,7 @@ pub struct ServicePortName {
     /// The Service.
     pub service: NamespacedName,
     /// The port's name (`""` for an unnamed port).
-    pub port: String,
+    pub port: Name,
     /// The port's protocol.
     pub protocol: Protocol,
 }
@@ -101,9 +197,9 @@ pub struct ServicePortName {
 impl ServicePortName {
     /// Builds a service port name from its parts.
     pub fn new(
-        namespace: impl Into<String>,
-        name: impl Into<String>,
-        port: impl Into<String>,
+        namespace: impl Into<Name>,
+        name: impl Into<Name>,
+        port: impl Into<Name>,
         protocol: Protocol,
     ) -> Self {
         ServicePortName {
@@ -117,7 +213,7 @@ impl ServicePortName {
     pub fn first_of(service: &NamespacedName) -> Self {
         ServicePortName {
             service: service.clone(),
-            port: String::new(),
+            port: Name::default(),
             protocol: Protocol::Tcp,
         }
     }
@@ -137,6 +233,28 @@ impl fmt::Display for ServicePortName {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_name_reads_orders_and_shares_as_its_text() {
+        let a = Name::from("web");
+        let b = a.clone();
+        // A clone is the same text, not a copy of it.
+        assert!(std::ptr::eq(a.as_str(), b.as_str()));
+        assert_eq!(a, "web");
+        assert_eq!(a, String::from("web"));
+        assert!(Name::from("a") < Name::from("b"));
+        assert_eq!(format!("{a} {a:?}"), "web \"web\"");
+        // Maps keyed by names are searched by text.
+        let m: std::collections::BTreeMap<Name, u8> = [(a, 1)].into();
+        assert_eq!(m.get("web"), Some(&1));
+        let port = ServicePortName::new("default", "web", "", Protocol::Tcp);
+        let copy = port.clone();
+        assert!(std::ptr::eq(
+            port.service.name.as_str(),
+            copy.service.name.as_str()
+        ));
+        assert_eq!(port.to_string(), "default/web");
+    }
 
     #[test]
     fn protocol_display_and_parse() {

@@ -9,7 +9,7 @@ use ipnet::IpNet;
 use crate::api::{LoadBalancerIpMode, Service, ServiceType, SessionAffinity, TrafficPolicy};
 use crate::error::ModelError;
 use crate::ip::{IpFamily, parse_cidr_legacy, parse_ip_legacy};
-use crate::names::{NamespacedName, Protocol, ServicePortName};
+use crate::names::{Name, NamespacedName, Protocol, ServicePortName};
 
 /// Label whose presence (any value) hands a Service to another proxy.
 pub const LABEL_SERVICE_PROXY_NAME: &str = "service.kubernetes.io/service-proxy-name";
@@ -237,7 +237,7 @@ pub fn service_ports(svc: &Service, family: IpFamily) -> Result<Vec<ServicePort>
             Ok(ServicePort {
                 name: ServicePortName {
                     service: service.clone(),
-                    port: spec.name.clone(),
+                    port: Name::from(&spec.name),
                     protocol: spec.protocol,
                 },
                 cluster_ip,

@@ -7,12 +7,12 @@ use std::net::IpAddr;
 use crate::api::{EndpointSlice, SliceEndpoint};
 use crate::endpoints::{Endpoint, EndpointsMap, sort_endpoints};
 use crate::ip::{IpFamily, parse_ip_legacy};
-use crate::names::{NamespacedName, Protocol, ServicePortName};
+use crate::names::{Name, NamespacedName, Protocol, ServicePortName};
 
 /// A slice port the proxy can use.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 struct PortInfo {
-    name: String,
+    name: Name,
     protocol: Protocol,
     port: u16,
 }
@@ -244,7 +244,7 @@ impl EndpointSliceCache {
             .iter()
             .filter_map(|p| {
                 Some(PortInfo {
-                    name: p.name.clone().unwrap_or_default(),
+                    name: p.name.as_deref().unwrap_or_default().into(),
                     protocol: p.protocol,
                     port: p
                         .port
@@ -261,6 +261,11 @@ impl EndpointSliceCache {
             .filter_map(|ep| self.endpoint_info(ep))
             .collect();
         endpoints.sort();
+        // Kept until the slice changes: without the room for four that a
+        // filtered collect starts with (a slice of 2 endpoints had twice
+        // its size).
+        ports.shrink_to_fit();
+        endpoints.shrink_to_fit();
         SliceInfo { ports, endpoints }
     }
 

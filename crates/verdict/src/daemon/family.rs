@@ -82,7 +82,7 @@ pub(super) fn sync_health_checks(
         }
     };
     for svc in services {
-        let key = (svc.namespace.clone(), svc.name.clone());
+        let key = (svc.namespace.to_string(), svc.name.to_string());
         extras.hc_ports.remove(&key);
         extras.hc_local.remove(&key);
         let Some(port) = ports_of(p, &svc).find_map(|sp| sp.health_check_node_port) else {

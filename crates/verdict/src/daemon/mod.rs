@@ -800,8 +800,8 @@ fn report_quarantine(
         if let Some(tx) = events {
             let _ = tx.send(Notice {
                 regarding: Regarding::Service {
-                    namespace: port.service.namespace.clone(),
-                    name: port.service.name.clone(),
+                    namespace: port.service.namespace.to_string(),
+                    name: port.service.name.to_string(),
                 },
                 warning: true,
                 reason: "FailedToProgram",

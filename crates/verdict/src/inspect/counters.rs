@@ -43,9 +43,9 @@ impl Families {
 fn port_labels(family: &str, port: &ServicePortName) -> Labels {
     vec![
         ("ip_family", family.to_owned()),
-        ("namespace", port.service.namespace.clone()),
-        ("service", port.service.name.clone()),
-        ("port", port.port.clone()),
+        ("namespace", port.service.namespace.to_string()),
+        ("service", port.service.name.to_string()),
+        ("port", port.port.to_string()),
     ]
 }
 

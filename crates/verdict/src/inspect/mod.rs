@@ -402,7 +402,7 @@ pub fn services(view: &View, query: &str, offset: usize, limit: usize) -> Json {
             let eps = p.endpoints().get(name).map(Vec::as_slice).unwrap_or(&[]);
             by_service.entry(&name.service).or_default().push(json!({
                 "family": family,
-                "port": name.port,
+                "port": name.port.as_str(),
                 "protocol": sp.protocol.to_string(),
                 "cluster_ip": sp.cluster_ip.to_string(),
                 "service_port": sp.port,
@@ -419,7 +419,7 @@ pub fn services(view: &View, query: &str, offset: usize, limit: usize) -> Json {
         .into_iter()
         .skip(offset)
         .take(limit)
-        .map(|(svc, ports)| json!({"namespace": svc.namespace, "name": svc.name, "ports": ports}))
+        .map(|(svc, ports)| json!({"namespace": svc.namespace.as_str(), "name": svc.name.as_str(), "ports": ports}))
         .collect();
     json!({"total": total, "offset": offset, "limit": limit, "items": items})
 }
@@ -649,7 +649,7 @@ pub fn explain(view: &View, svc: &NamespacedName, kernels: &[(IpFamily, Kernel)]
             }
             let local_ready = eps.iter().filter(|e| e.is_local && e.ready).count();
             port_docs.push(json!({
-                "port": name.port,
+                "port": name.port.as_str(),
                 "protocol": sp.protocol.to_string(),
                 "service_port": sp.port,
                 "entry_points": entry_points,
@@ -671,7 +671,7 @@ pub fn explain(view: &View, svc: &NamespacedName, kernels: &[(IpFamily, Kernel)]
         for q in quarantined {
             if !ports.iter().any(|(n, _)| *n == q) {
                 port_docs.push(json!({
-                    "port": q.port,
+                    "port": q.port.as_str(),
                     "protocol": q.protocol.to_string(),
                     "quarantined": p.quarantined().get(q),
                 }));
@@ -686,8 +686,8 @@ pub fn explain(view: &View, svc: &NamespacedName, kernels: &[(IpFamily, Kernel)]
         }));
     }
     json!({
-        "namespace": svc.namespace,
-        "name": svc.name,
+        "namespace": svc.namespace.as_str(),
+        "name": svc.name.as_str(),
         "found": !families.is_empty(),
         "families": families,
         "drift": {"missing": missing, "differs": differs, "extra": extra},
@@ -849,7 +849,7 @@ pub fn connections(
         .map(|(port, (n, stale, eps))| {
             json!({
                 "service": port.service.to_string(),
-                "port": port.port,
+                "port": port.port.as_str(),
                 "protocol": port.protocol.to_string(),
                 "flows": n,
                 "stale": stale,
