@@ -242,7 +242,8 @@ mod tests {
         assert!(std::ptr::eq(a.as_str(), b.as_str()));
         assert_eq!(a, "web");
         assert_eq!(a, String::from("web"));
-        assert!(Name::from("a") < Name::from("b"));
+        let (x, y) = (Name::from("a"), Name::from("b"));
+        assert!(x < y);
         assert_eq!(format!("{a} {a:?}"), "web \"web\"");
         // Maps keyed by names are searched by text.
         let m: std::collections::BTreeMap<Name, u8> = [(a, 1)].into();
