@@ -120,7 +120,9 @@ pub fn cmp_by_display(a: &Endpoint, b: &Endpoint) -> Ordering {
 /// Sorts endpoints by their Display strings (stable).
 pub fn sort_endpoints(endpoints: &mut [Endpoint]) {
     if !endpoints.is_sorted_by(|a, b| cmp_by_display(a, b) != Ordering::Greater) {
-        endpoints.sort_by(cmp_by_display);
+        // Each endpoint's text once, not twice per comparison: a service of
+        // 5,000 endpoints sorted 130,000 texts.
+        endpoints.sort_by_cached_key(ToString::to_string);
     }
 }
 

@@ -170,11 +170,6 @@ impl Transaction {
         self.push(Op::DeleteElement(set.to_owned(), key));
     }
 
-    /// The operations, consumed (to record what was applied without copying).
-    pub fn into_ops(self) -> Vec<Op> {
-        self.ops
-    }
-
     /// Makes room for `additional` more operations at once (a big sync
     /// knows how many it has; doubling as they come leaves up to half the
     /// room unused).

@@ -13,9 +13,6 @@ use verdict_nft::{Element, ElementValue, L4Proto, Value, Verdict, goto};
 use crate::config::ProxierConfig;
 use crate::layout::{self, DynChain, LOCAL_SLOT_OFFSET};
 
-/// A key of an element in one of our sets.
-pub type SetKey = (&'static str, Vec<Value>);
-
 /// Endpoints as address and port.
 pub type EndpointSet = BTreeSet<(IpAddr, u16)>;
 /// An affinity entry (address . protocol . port) and the endpoints an
