@@ -52,6 +52,17 @@ enum Source {
     Manifests,
 }
 
+impl Source {
+    /// How many Services verdict is given for size `n`: the manifests have
+    /// the small file's one more.
+    fn services(self, n: usize) -> usize {
+        match self {
+            Source::Api => n,
+            Source::Manifests => n + 1,
+        }
+    }
+}
+
 /// The objects as YAML in block style, as `kubectl get -o yaml` writes
 /// them (each a document of its own).
 fn yaml(objects: &[Value]) -> String {
@@ -245,14 +256,19 @@ fn usage(pid: u32) -> (f64, f64) {
     };
     // utime and stime are fields 14 and 15 of the line, 11 and 12 here.
     let cpu = (ticks(11) + ticks(12)) / 100.0;
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let rss = status
+    (cpu, status_mib(pid, "VmHWM:"))
+}
+
+/// A size line of a live process's `/proc/PID/status` (`VmHWM:`, the peak
+/// RSS; `VmRSS:`, the RSS now), in MiB.
+fn status_mib(pid: u32, field: &str) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
         .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
         .unwrap_or(0.0)
-        / 1024.0;
-    (cpu, rss)
+        / 1024.0
 }
 
 /// One row of the table.
@@ -452,15 +468,9 @@ fn kernel_matches(ns: &Netns, eps: &Endpoints, count: usize) -> Result<bool, Str
     Ok(true)
 }
 
-/// The resident set (MiB) of a live process now (`VmRSS`).
+/// The resident set (MiB) of a live process now.
 fn rss_now(pid: u32) -> f64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .unwrap_or(0.0)
-        / 1024.0
+    status_mib(pid, "VmRSS:")
 }
 
 /// Keeps the time and duration of an IPv4 sync's log line.
@@ -651,10 +661,7 @@ fn run_one(source: Source, shape: Shape, mode: Mode, p: &Programs) -> Result<Row
             )
         }
     };
-    let count = match feed {
-        Feed::Api(_) => n,
-        Feed::Files { .. } => n + 1,
-    };
+    let count = source.services(n);
     let prepared = t.elapsed();
     let started = Instant::now();
     let mut child = Command::new("ip")
@@ -941,10 +948,7 @@ pub fn daemon(args: &[String]) -> Result<(), String> {
                 r.programmed
             ),
         }
-        let expected = match source {
-            Source::Api => r.n,
-            Source::Manifests => r.n + 1,
-        };
+        let expected = source.services(r.n);
         if r.programmed != expected {
             return Err(format!(
                 "{} services were programmed, not {expected}",

@@ -492,52 +492,18 @@ fn one_in_thread(args: &[String]) -> Result<(), String> {
         } else {
             "iptables-nft-restore"
         };
-        let c0 = cpu_ms(UsageWho::RUSAGE_CHILDREN);
-        let t = Instant::now();
-        let peak = run_with_peak(
-            &["ip", "netns", "exec", nodei.name(), program],
-            &text,
-            program,
-        )?;
         put("ipt_variant", variant.clone());
-        put("ipt_load_wall_ms", format!("{:.1}", ms(t.elapsed())));
-        put(
-            "ipt_load_cpu_ms",
-            format!("{:.1}", cpu_ms(UsageWho::RUSAGE_CHILDREN) - c0),
-        );
-        put("ipt_peak_mib", format!("{peak:.1}"));
-        put(
-            "ipt_rules",
-            text.lines()
-                .filter(|l| l.starts_with("-A"))
-                .count()
-                .to_string(),
-        );
+        let load = load_layout(nodei.name(), &[program], &text)?;
+        load.put("ipt", &mut put);
+        put("ipt_rules", count_lines(&text, "-A"));
     }
 
     // kube-proxy's own nftables layout, loaded as knftables sends it.
     if let Some(nodeu) = &topo.nodeu {
         let text = workload::upstream_nftables(n, &eps);
-        let c0 = cpu_ms(UsageWho::RUSAGE_CHILDREN);
-        let t = Instant::now();
-        let peak = run_with_peak(
-            &["ip", "netns", "exec", nodeu.name(), "nft", "-f", "-"],
-            &text,
-            "nft",
-        )?;
-        put("up_load_wall_ms", format!("{:.1}", ms(t.elapsed())));
-        put(
-            "up_load_cpu_ms",
-            format!("{:.1}", cpu_ms(UsageWho::RUSAGE_CHILDREN) - c0),
-        );
-        put("up_peak_mib", format!("{peak:.1}"));
-        put(
-            "up_chains",
-            text.lines()
-                .filter(|l| l.starts_with("add chain"))
-                .count()
-                .to_string(),
-        );
+        let load = load_layout(nodeu.name(), &["nft", "-f", "-"], &text)?;
+        load.put("up", &mut put);
+        put("up_chains", count_lines(&text, "add chain"));
     }
 
     // Data plane.
@@ -595,6 +561,56 @@ fn one_in_thread(args: &[String]) -> Result<(), String> {
 /// Runs a command with `input` on stdin and returns its peak resident
 /// memory in MiB, sampled from /proc while it runs (only once the process
 /// has become `comm`, so the pre-exec copy of our own image is not counted).
+/// How loading a baseline layout went.
+struct Load {
+    wall_ms: f64,
+    cpu_ms: f64,
+    peak_mib: f64,
+}
+
+impl Load {
+    /// Records it under `prefix` (`PREFIX_load_wall_ms`, `PREFIX_load_cpu_ms`,
+    /// `PREFIX_peak_mib`, the keys the report reads).
+    fn put(&self, prefix: &str, put: &mut impl FnMut(&str, String)) {
+        put(
+            &format!("{prefix}_load_wall_ms"),
+            format!("{:.1}", self.wall_ms),
+        );
+        put(
+            &format!("{prefix}_load_cpu_ms"),
+            format!("{:.1}", self.cpu_ms),
+        );
+        put(
+            &format!("{prefix}_peak_mib"),
+            format!("{:.1}", self.peak_mib),
+        );
+    }
+}
+
+/// Loads a baseline layout's `text` with `argv` run in the namespace `ns`:
+/// the wall time, the loader's CPU time and its peak RSS.
+fn load_layout(ns: &str, argv: &[&str], text: &str) -> Result<Load, String> {
+    let program = argv.first().ok_or("empty command")?;
+    let mut full = vec!["ip", "netns", "exec", ns];
+    full.extend_from_slice(argv);
+    let c0 = cpu_ms(UsageWho::RUSAGE_CHILDREN);
+    let t = Instant::now();
+    let peak_mib = run_with_peak(&full, text, program)?;
+    Ok(Load {
+        wall_ms: ms(t.elapsed()),
+        cpu_ms: cpu_ms(UsageWho::RUSAGE_CHILDREN) - c0,
+        peak_mib,
+    })
+}
+
+/// How many lines of `text` start with `prefix`.
+fn count_lines(text: &str, prefix: &str) -> String {
+    text.lines()
+        .filter(|l| l.starts_with(prefix))
+        .count()
+        .to_string()
+}
+
 fn run_with_peak(argv: &[&str], input: &str, comm: &str) -> Result<f64, String> {
     let (program, rest) = argv.split_first().ok_or("empty command")?;
     let mut child = Command::new(program)

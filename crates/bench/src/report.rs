@@ -64,6 +64,35 @@ impl Run {
     }
 }
 
+/// The table of a baseline layout's loads, from the keys the benchmark
+/// wrote under `prefix` (`PREFIX_load_wall_ms`, `PREFIX_load_cpu_ms`,
+/// `PREFIX_peak_mib`), with what it counted (its key and column).
+fn load_table(
+    s: &mut String,
+    runs: &[Run],
+    prefix: &str,
+    (count_key, counted): (&str, &str),
+    peak: &str,
+) {
+    let _ = writeln!(s, "| services | {counted} | cold load (CPU) | {peak} |");
+    let _ = writeln!(s, "|---:|---:|---:|---:|");
+    let key = |k: &str| format!("{prefix}_{k}");
+    for r in runs
+        .iter()
+        .filter(|r| r.kv.contains_key(&key("load_wall_ms")))
+    {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} ({}) | {} MiB |",
+            r.get("size"),
+            r.get(count_key),
+            secs(r.num(&key("load_wall_ms"))),
+            secs(r.num(&key("load_cpu_ms"))),
+            r.get(&key("peak_mib"))
+        );
+    }
+}
+
 fn secs(ms: Option<f64>) -> String {
     match ms {
         Some(v) if v >= 1000.0 => format!("{:.2} s", v / 1000.0),
@@ -107,44 +136,20 @@ pub fn markdown(runs: &[Run], baseline: &Option<String>, upstream: Option<usize>
             s,
             "\nkube-proxy's iptables layout for the same services, loaded with `iptables-{variant}-restore` in the same run:\n"
         );
-        let _ = writeln!(s, "| services | nat rules | cold load (CPU) | peak RSS |");
-        let _ = writeln!(s, "|---:|---:|---:|---:|");
-        for r in runs
-            .iter()
-            .filter(|r| r.kv.contains_key("ipt_load_wall_ms"))
-        {
-            let _ = writeln!(
-                s,
-                "| {} | {} | {} ({}) | {} MiB |",
-                r.get("size"),
-                r.get("ipt_rules"),
-                secs(r.num("ipt_load_wall_ms")),
-                secs(r.num("ipt_load_cpu_ms")),
-                r.get("ipt_peak_mib")
-            );
-        }
+        load_table(&mut s, runs, "ipt", ("ipt_rules", "nat rules"), "peak RSS");
     }
     if let Some(max) = upstream {
         let _ = writeln!(
             s,
             "\nkube-proxy's nftables layout for the same services (a chain and an anonymous numgen map per service, a chain per endpoint), loaded with `nft -f` in the same run (sizes up to {max}):\n"
         );
-        let _ = writeln!(
-            s,
-            "| services | chains | cold load (CPU) | peak RSS of nft |"
+        load_table(
+            &mut s,
+            runs,
+            "up",
+            ("up_chains", "chains"),
+            "peak RSS of nft",
         );
-        let _ = writeln!(s, "|---:|---:|---:|---:|");
-        for r in runs.iter().filter(|r| r.kv.contains_key("up_load_wall_ms")) {
-            let _ = writeln!(
-                s,
-                "| {} | {} | {} ({}) | {} MiB |",
-                r.get("size"),
-                r.get("up_chains"),
-                secs(r.num("up_load_wall_ms")),
-                secs(r.num("up_load_cpu_ms")),
-                r.get("up_peak_mib")
-            );
-        }
     }
     let _ = writeln!(
         s,
