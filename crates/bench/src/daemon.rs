@@ -21,6 +21,9 @@
 //!   meanwhile, its RSS, and how soon after the last change the kernel
 //!   held exactly every service's current endpoints.
 //!
+//! - or, with `--inspect N`, N `verdict trace` and N `verdict explain`
+//!   commands against the running daemon, each answer checked.
+//!
 //! Big services: `--endpoints K` endpoints per service, cut into slices of
 //! `--slice-size` (100, the EndpointSlice controller's default). The
 //! kernel's endpoint map is checked against every service's endpoints
@@ -43,7 +46,7 @@ use verdict_e2e::netns::{Netns, Process, can_run, unique_prefix};
 use crate::workload::service_ip;
 use crate::{flag, pct, sizes};
 
-const USAGE: &str = "usage: verdict-bench daemon [--source api|manifests] [--protocol tcp|udp] [--sizes 1000,10000,30000] [--endpoints 2] [--slice-size 100] [--changes 20 | --churn 100 --duration 60] [--min-sync-period 0s] [--log DIR] [--under 'heaptrack -o FILE']";
+const USAGE: &str = "usage: verdict-bench daemon [--source api|manifests] [--protocol tcp|udp] [--sizes 1000,10000,30000] [--endpoints 2] [--slice-size 100] [--changes 20 | --churn 100 --duration 60 | --inspect 20] [--min-sync-period 0s] [--log DIR] [--under 'heaptrack -o FILE']";
 
 /// Where verdict reads the cluster from.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -302,6 +305,115 @@ enum Changes {
     },
     /// Sustained churn at a rate, not waited for.
     Churn(Churn),
+    /// `verdict trace` and `verdict explain` against the running daemon.
+    Inspect(Inspect),
+}
+
+/// What `verdict trace` and `verdict explain` took against the running
+/// daemon: the whole command (a process, its HTTP request, the daemon's
+/// answer), and the daemon's own kernel reads within it (ms).
+struct Inspect {
+    trace_p50: f64,
+    trace_p99: f64,
+    trace_read_p50: f64,
+    explain_p50: f64,
+    explain_p99: f64,
+    explain_read_p50: f64,
+    /// One `explain --full`, which reads the whole table.
+    full: f64,
+    /// RSS (MiB) before the first ask and after the last.
+    rss_before: f64,
+    rss_after: f64,
+}
+
+/// The daemon's metrics address in the benchmark's namespace, where the
+/// introspection API is served (`--inspect` only).
+const METRICS: &str = "127.0.0.1:10249";
+
+/// Asks the running daemon `asks` times what `verdict trace` and
+/// `verdict explain` say about a service, checking each answer against
+/// the service's endpoints.
+fn inspect(
+    ns: &Netns,
+    verdict: &Path,
+    eps: &Endpoints,
+    pid: u32,
+    asks: usize,
+    count: usize,
+) -> Result<Inspect, String> {
+    let verdict = verdict.to_str().ok_or("the verdict path is not UTF-8")?;
+    let ask = |args: &[&str]| -> Result<(f64, Value), String> {
+        let mut all = args.to_vec();
+        all.extend(["--server", METRICS, "-o", "json"]);
+        let t = Instant::now();
+        let out = ns
+            .exec(verdict, &all)
+            .map_err(|e| format!("verdict {}: {}", args.join(" "), e.0))?;
+        let took = t.elapsed().as_secs_f64() * 1000.0;
+        let doc: Value = serde_json::from_str(&out)
+            .map_err(|e| format!("verdict {}: {e}: {out}", args.join(" ")))?;
+        Ok((took, doc))
+    };
+    let rss_before = rss_now(pid);
+    let (mut trace, mut trace_read, mut explain, mut explain_read) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for q in 0..asks {
+        let i = (q * 7919 + 13) % count;
+        let dst = service_ip(30, i).to_string();
+        let (took, doc) = ask(&[
+            "trace",
+            "--from",
+            "pod",
+            "--src",
+            "10.255.0.5",
+            "--dst",
+            &dst,
+            "--proto",
+            "tcp",
+            "--dport",
+            "80",
+        ])?;
+        let mut want: Vec<String> = eps.of(i).iter().map(|a| format!("{a}:8080")).collect();
+        want.sort();
+        let mut got: Vec<String> = doc["outcomes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|o| o["output"].as_str().map(str::to_owned))
+            .collect();
+        got.sort();
+        if got != want || doc["read"] != "targeted" {
+            return Err(format!("trace of svc{i}: {got:?}, not {want:?}: {doc}"));
+        }
+        trace.push(took);
+        trace_read.push(doc["read_ms"].as_f64().unwrap_or(0.0));
+        let name = format!("bench/svc{i}");
+        let (took, doc) = ask(&["explain", &name])?;
+        let drift = &doc["drift"];
+        let listed = doc["families"][0]["ports"][0]["endpoints"]
+            .as_array()
+            .map_or(0, Vec::len);
+        if drift["missing"] != 0 || drift["differs"] != 0 || listed != eps.shape.k {
+            return Err(format!("explain {name}: {listed} endpoints, drift {drift}"));
+        }
+        explain.push(took);
+        explain_read.push(doc["families"][0]["read_ms"].as_f64().unwrap_or(0.0));
+    }
+    let (full, doc) = ask(&["explain", "bench/svc0", "--full"])?;
+    if doc["drift"]["extra"] != 0 {
+        return Err(format!("explain --full: {}", doc["drift"]));
+    }
+    Ok(Inspect {
+        trace_p50: pct(&mut trace.clone(), 0.50),
+        trace_p99: pct(&mut trace, 0.99),
+        trace_read_p50: pct(&mut trace_read, 0.50),
+        explain_p50: pct(&mut explain.clone(), 0.50),
+        explain_p99: pct(&mut explain, 0.99),
+        explain_read_p50: pct(&mut explain_read, 0.50),
+        full,
+        rss_before,
+        rss_after: rss_now(pid),
+    })
 }
 
 /// Sustained churn: what verdict kept up with.
@@ -584,6 +696,8 @@ enum Mode {
     Latency { changes: usize },
     /// `rate` changes a second for `secs` seconds.
     Churn { rate: usize, secs: usize },
+    /// `asks` traces and explains through the running daemon's API.
+    Inspect { asks: usize },
 }
 
 struct Programs<'a> {
@@ -683,7 +797,11 @@ fn run_one(source: Source, shape: Shape, mode: Mode, p: &Programs) -> Result<Row
             "--healthz-bind-address",
             "",
             "--metrics-bind-address",
-            "",
+            if matches!(mode, Mode::Inspect { .. }) {
+                METRICS
+            } else {
+                ""
+            },
         ])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -773,6 +891,9 @@ fn run_one(source: Source, shape: Shape, mode: Mode, p: &Programs) -> Result<Row
         Mode::Churn { rate, secs } => Changes::Churn(churn(
             &mut feed, &mut eps, &log, &ns, pid, rate, secs, count,
         )?),
+        Mode::Inspect { asks } => {
+            Changes::Inspect(inspect(&ns, p.verdict, &eps, pid, asks, count)?)
+        }
     };
     let (_, rss) = usage(pid);
     drop(group);
@@ -832,9 +953,17 @@ pub fn daemon(args: &[String]) -> Result<(), String> {
             "sizes must be 1..=200000, --endpoints 1..=10000 (at most 10,000,000 in all), --slice-size 1..=1000, --changes 1..=1000\n{USAGE}"
         ));
     }
-    let mode = match flag(args, "--churn") {
-        None => Mode::Latency { changes },
-        Some(_) => {
+    let mode = match (flag(args, "--churn"), flag(args, "--inspect")) {
+        (Some(_), Some(_)) => return Err(format!("--churn or --inspect, not both\n{USAGE}")),
+        (None, Some(_)) => {
+            let asks = num("--inspect", 20)?;
+            if asks == 0 || asks > 10_000 {
+                return Err(format!("--inspect 1..=10000\n{USAGE}"));
+            }
+            Mode::Inspect { asks }
+        }
+        (None, None) => Mode::Latency { changes },
+        (Some(_), None) => {
             let (rate, secs) = (num("--churn", 100)?, num("--duration", 60)?);
             if rate == 0 || rate > 1000 || secs == 0 || secs > 3600 {
                 return Err(format!(
@@ -847,7 +976,7 @@ pub fn daemon(args: &[String]) -> Result<(), String> {
     // kube-proxy's default, which churn is meant to be measured with; one
     // change at a time is measured without it.
     let min_sync_period = flag(args, "--min-sync-period").unwrap_or(match mode {
-        Mode::Latency { .. } => "0s",
+        Mode::Latency { .. } | Mode::Inspect { .. } => "0s",
         Mode::Churn { .. } => "1s",
     });
     // A profiler to run verdict under (its CPU and RSS columns are then
@@ -889,6 +1018,15 @@ pub fn daemon(args: &[String]) -> Result<(), String> {
                 "| services | {loaded} | first full sync (IPv4) | peak RSS at first sync | changes sent in | syncs during churn | gap between syncs p50 / max | sync p50 / p99 | RSS at start / most / end of churn | kernel exact after the last change | services programmed |"
             );
             println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+        }
+        Mode::Inspect { asks } => {
+            println!(
+                "### `verdict trace` and `verdict explain` against the verdict program {title}, {asks} of each (K = {k} endpoints in {slices_per} slice(s), {proto} services)\n"
+            );
+            println!(
+                "| services | first full sync (IPv4) | trace p50 / p99 | of which kernel reads p50 | explain p50 / p99 | of which kernel reads p50 | explain --full (whole table) | RSS before / after the asks |"
+            );
+            println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
         }
     }
     for n in sizes {
@@ -947,6 +1085,20 @@ pub fn daemon(args: &[String]) -> Result<(), String> {
                 c.converged.as_secs_f64(),
                 r.programmed
             ),
+            Changes::Inspect(q) => println!(
+                "| {} | {:.2} s | {:.1} / {:.1} ms | {:.2} ms | {:.1} / {:.1} ms | {:.2} ms | {:.0} ms | {:.0} / {:.0} MiB |",
+                r.n,
+                r.cold.as_secs_f64(),
+                q.trace_p50,
+                q.trace_p99,
+                q.trace_read_p50,
+                q.explain_p50,
+                q.explain_p99,
+                q.explain_read_p50,
+                q.full,
+                q.rss_before,
+                q.rss_after,
+            ),
         }
         let expected = source.services(r.n);
         if r.programmed != expected {
@@ -969,6 +1121,14 @@ pub fn daemon(args: &[String]) -> Result<(), String> {
              sent on time and not waited for; the syncs are verdict's IPv4 ones while they came. \
              \"Kernel exact\": from the last change to the kernel's endpoint map holding every \
              service's current endpoints and nothing else, read with `nft list map`."
+        ),
+        Mode::Inspect { .. } => println!(
+            "\nEach ask runs the verdict command (`trace --from pod … -o json`, `explain bench/svcI \
+             -o json`) against the daemon's metrics address, a different service each time; its time is \
+             the whole command's, process start included. The daemon reads the kernel's table without \
+             its elements, then looks up only the elements the packet meets or the Service owns; \
+             \"kernel reads\" is that part of its answer. Every trace must reach exactly the \
+             service's endpoints, every explain must find no drift."
         ),
     }
     Ok(())

@@ -13,9 +13,11 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 
 use verdict_e2e::netns::{Netns, can_run, unique_prefix};
+use verdict_nft::backend::find;
 use verdict_nft::{
     Backend, Chain, ChainType, CmpOp, DataType, DnatTarget, Element, ElementValue, Expr, Family,
-    Hook, L4Proto, NetlinkBackend, NftCli, Rule, Selector, Set, Transaction, Value, Verdict,
+    Found, Hook, L4Proto, NetlinkBackend, NftCli, Rule, Selector, Set, TableState, Transaction,
+    Value, Verdict,
 };
 
 const TABLE: &str = "agree";
@@ -78,6 +80,60 @@ fn element(s: usize, n: u8) -> (String, Element) {
         ),
     };
     (name, e)
+}
+
+/// The keys looked up in set `s` after each transaction: every pool
+/// element's key, and for the interval set, packets' points inside and
+/// outside its ranges.
+fn probes(s: usize) -> Vec<Vec<Value>> {
+    let mut keys: Vec<Vec<Value>> = (0..12).map(|n| element(s, n).1.key).collect();
+    if s == 2 {
+        for (to, from) in [
+            (1, "192.168.1.7"),
+            (1, "192.168.2.255"),
+            (1, "10.9.9.9"),
+            (2, "192.168.0.7"),
+        ] {
+            keys.push(vec![
+                addr(to),
+                Value::Proto(L4Proto::Tcp),
+                Value::Port(80),
+                Value::Addr(from.parse().unwrap()),
+            ]);
+        }
+    }
+    keys
+}
+
+/// What [`Backend::lookup`] must answer for `keys` in `set`, found in a
+/// whole table read back (`None`: no such set).
+fn expected(
+    table: Option<&TableState>,
+    set: &str,
+    keys: &[Vec<Value>],
+) -> Option<Vec<Option<Found>>> {
+    let s = table?.sets.get(set)?;
+    Some(
+        keys.iter()
+            .map(|k| {
+                find(s, k).map(|e| Found {
+                    element: e.clone(),
+                    counter: s.counters.get(&e.key).copied(),
+                })
+            })
+            .collect(),
+    )
+}
+
+/// A table as [`Backend::skeleton`] reads it: every set emptied.
+fn emptied(table: Option<TableState>) -> Option<TableState> {
+    table.map(|mut t| {
+        for s in t.sets.values_mut() {
+            s.elements.clear();
+            s.counters.clear();
+        }
+        t
+    })
 }
 
 fn rule(n: u8) -> Rule {
@@ -222,6 +278,7 @@ fn random_transactions_leave_both_backends_with_the_same_table() {
     });
     let strategy = proptest::collection::vec(proptest::collection::vec(choice(), 1..10), 1..6);
     let (committed, refused) = (std::cell::Cell::new(0usize), std::cell::Cell::new(0usize));
+    let lookups = std::cell::Cell::new(0usize);
     runner
         .run(&strategy, |batches| {
             let a = Netns::create(&format!("{}-agn", unique_prefix())).unwrap();
@@ -270,12 +327,40 @@ fn random_transactions_leave_both_backends_with_the_same_table() {
                 let by_nft_a = nft.table(Family::Ip, TABLE).unwrap();
                 let by_nft_b = readers.1.table(Family::Ip, TABLE).unwrap();
                 prop_assert_eq!(&by_nft_a, &by_nft_b, "through nft after\n{}", tx);
+                // The targeted reads over netlink answer what the whole
+                // table says: the skeleton is the table without elements,
+                // and each key finds the element the data path would.
+                let skeleton = readers.0.skeleton(Family::Ip, TABLE).unwrap();
+                prop_assert_eq!(
+                    &skeleton,
+                    &emptied(over_netlink_a.clone()),
+                    "skeleton after\n{}",
+                    tx
+                );
+                for (i, def) in sets().iter().enumerate() {
+                    let keys = probes(i);
+                    let want = expected(over_netlink_a.as_ref(), &def.name, &keys);
+                    let got = readers.0.lookup(Family::Ip, TABLE, &def.name, &keys);
+                    prop_assert_eq!(
+                        got.as_ref().ok(),
+                        want.as_ref(),
+                        "lookups in {} after\n{}\n{:?}",
+                        def.name,
+                        tx,
+                        got
+                    );
+                    lookups.set(lookups.get() + keys.len());
+                }
             }
             Ok(())
         })
         .unwrap();
     let (committed, refused) = (committed.get(), refused.get());
     println!("{committed} transactions committed and {refused} refused alike by both backends");
+    println!(
+        "{} keys looked up over netlink as the whole table says",
+        lookups.get()
+    );
     assert!(
         committed > 20 && refused > 20,
         "{committed} committed, {refused} refused"

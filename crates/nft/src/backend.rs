@@ -41,6 +41,71 @@ pub trait Backend {
     fn generation(&mut self) -> Result<Option<u32>, NftError> {
         Ok(None)
     }
+
+    /// One table without its elements: its chains with their rules and
+    /// its sets' definitions, every set empty. What a reader needs before
+    /// it [looks up](Backend::lookup) the few elements it wants; unlike
+    /// [`Backend::table`], its cost does not grow with the elements.
+    fn skeleton(&mut self, family: Family, name: &str) -> Result<Option<TableState>, NftError> {
+        Ok(self.table(family, name)?.map(|mut t| {
+            for s in t.sets.values_mut() {
+                s.elements.clear();
+                s.counters.clear();
+            }
+            t
+        }))
+    }
+
+    /// Looks each key up in one set as the data path does (in an interval
+    /// set, the element whose ranges hold the key), with the element's
+    /// counter where it has one; `None` for a key no element matches.
+    fn lookup(
+        &mut self,
+        family: Family,
+        table: &str,
+        set: &str,
+        keys: &[Vec<Value>],
+    ) -> Result<Vec<Option<Found>>, NftError> {
+        let t = self.table(family, table)?;
+        let t = t.ok_or_else(|| NftError::NotFound(format!("table {family} {table}")))?;
+        let s = t
+            .sets
+            .get(set)
+            .ok_or_else(|| NftError::NotFound(format!("set {family} {table} {set}")))?;
+        Ok(keys
+            .iter()
+            .map(|k| {
+                find(s, k).map(|e| Found {
+                    counter: s.counters.get(&e.key).copied(),
+                    element: e.clone(),
+                })
+            })
+            .collect())
+    }
+}
+
+/// An element a [lookup](Backend::lookup) found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Found {
+    /// The element (its key as the set holds it: a range, in an interval
+    /// set).
+    pub element: Element,
+    /// Its counter, if the set counts.
+    pub counter: Option<Counter>,
+}
+
+/// The element of `set` a packet's `key` matches: the element with that
+/// key, or in an interval set the one whose ranges hold it.
+pub fn find<'s>(set: &'s SetState, key: &[Value]) -> Option<&'s Element> {
+    if let Some(e) = set.elements.get(key) {
+        return Some(e);
+    }
+    if !set.set.interval {
+        return None;
+    }
+    set.elements
+        .values()
+        .find(|e| e.key.len() == key.len() && e.key.iter().zip(key).all(|(el, pk)| el.matches(pk)))
 }
 
 /// A backend chosen at run time is a backend.
@@ -68,6 +133,20 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
 
     fn generation(&mut self) -> Result<Option<u32>, NftError> {
         (**self).generation()
+    }
+
+    fn skeleton(&mut self, family: Family, name: &str) -> Result<Option<TableState>, NftError> {
+        (**self).skeleton(family, name)
+    }
+
+    fn lookup(
+        &mut self,
+        family: Family,
+        table: &str,
+        set: &str,
+        keys: &[Vec<Value>],
+    ) -> Result<Vec<Option<Found>>, NftError> {
+        (**self).lookup(family, table, set, keys)
     }
 }
 

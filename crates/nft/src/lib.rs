@@ -38,11 +38,13 @@ pub mod process;
 pub mod trace;
 pub mod tx;
 
-pub use backend::{Backend, ChainState, Counter, SetState, TableState};
+pub use backend::{Backend, ChainState, Counter, Found, SetState, TableState};
 pub use cli::NftCli;
 pub use error::NftError;
 pub use ir::*;
 pub use memory::{MemoryBackend, goto};
 pub use netlink::{NetlinkBackend, NetlinkConntrack};
-pub use trace::{Disposition, Packet, Trace, TraceLookup, TracePath, TraceStep, Tracer};
+pub use trace::{
+    Disposition, ElementSource, InTable, Packet, Trace, TraceLookup, TracePath, TraceStep, Tracer,
+};
 pub use tx::{Op, Transaction};

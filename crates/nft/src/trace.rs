@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::net::IpAddr;
 
-use crate::backend::{SetState, TableState};
+use crate::backend::{SetState, TableState, find};
 use crate::ir::{
     CmpOp, DnatTarget, Element, ElementValue, Expr, Family, FibAddr, Hook, KeyPart, L4Proto,
     Selector, Value, Verdict,
@@ -182,9 +182,27 @@ struct State {
     one_in: u64,
 }
 
+/// Where the tracer finds the elements a packet's keys match.
+pub trait ElementSource {
+    /// The element of `set` that each of `keys` matches (`set` as the
+    /// table defines it; its own elements are empty when they live
+    /// elsewhere, as in a table read without them).
+    fn find(&self, set: &SetState, keys: &[Vec<Value>]) -> Vec<Option<Element>>;
+}
+
+/// The elements are the ones the traced table holds.
+pub struct InTable;
+
+impl ElementSource for InTable {
+    fn find(&self, set: &SetState, keys: &[Vec<Value>]) -> Vec<Option<Element>> {
+        keys.iter().map(|k| find(set, k).cloned()).collect()
+    }
+}
+
 /// Traces packets through one table.
 pub struct Tracer<'a> {
     table: &'a TableState,
+    elements: &'a dyn ElementSource,
     family: Family,
     local: Vec<IpAddr>,
 }
@@ -193,8 +211,20 @@ impl<'a> Tracer<'a> {
     /// A tracer over `table`; `local_addrs` are the node's own addresses
     /// (what `fib … type local` and routing treat as local).
     pub fn new(table: &'a TableState, family: Family, local_addrs: &[IpAddr]) -> Tracer<'a> {
+        Tracer::with_elements(table, &InTable, family, local_addrs)
+    }
+
+    /// A tracer over `table`'s chains and set definitions that finds
+    /// elements in `elements` (a kernel looked up key by key, say).
+    pub fn with_elements(
+        table: &'a TableState,
+        elements: &'a dyn ElementSource,
+        family: Family,
+        local_addrs: &[IpAddr],
+    ) -> Tracer<'a> {
         Tracer {
             table,
+            elements,
             family,
             local: local_addrs.to_vec(),
         }
@@ -357,16 +387,18 @@ impl<'a> Tracer<'a> {
                     test(ok, st.clone())
                 })
                 .collect(),
-            Expr::Lookup { key, set, negate } => self
-                .keys(key, &st)
-                .into_iter()
-                .map(|k| {
-                    let found = self.set(set).and_then(|s| find(s, &k));
-                    let hit = found.is_some();
-                    let st = looked_up(st.clone(), set, k, found, 1);
-                    test(hit != *negate, st)
-                })
-                .collect(),
+            Expr::Lookup { key, set, negate } => {
+                let keys = self.keys(key, &st);
+                let found = self.lookup(set, &keys);
+                keys.into_iter()
+                    .zip(found)
+                    .map(|(k, found)| {
+                        let hit = found.is_some();
+                        let st = looked_up(st.clone(), set, k, found, 1);
+                        test(hit != *negate, st)
+                    })
+                    .collect()
+            }
             Expr::FibLocal(FibAddr::Saddr) => vec![test(self.is_local(st.src), st)],
             Expr::FibLocal(FibAddr::Daddr) => vec![test(self.is_local(st.dst), st)],
             Expr::IifName { name, negate } => {
@@ -393,11 +425,12 @@ impl<'a> Tracer<'a> {
                 let mut out = Vec::new();
                 let keys = self.keys(key, &st);
                 let forks = keys.len() as u64;
-                for k in keys {
-                    let found = self.set(map).and_then(|s| find(s, &k));
+                let found = self.lookup(map, &keys);
+                for (k, found) in keys.into_iter().zip(found) {
                     let shown = show_key(&k);
+                    let value = found.as_ref().and_then(|e| e.value.clone());
                     let s = looked_up(st.clone(), map, k, found, forks);
-                    match found.and_then(|e| e.value.as_ref()) {
+                    match &value {
                         Some(ElementValue::Verdict(v)) => {
                             let s = note(s, format!("{text}  [{shown} → {v}]"));
                             out.extend(self.verdict(v, s, depth));
@@ -422,9 +455,9 @@ impl<'a> Tracer<'a> {
                 let mut out = Vec::new();
                 let keys = self.keys(key, &st);
                 let forks = keys.len() as u64;
-                for k in keys {
-                    let found = self.set(map).and_then(|s| find(s, &k));
-                    let target = found.and_then(|e| match &e.value {
+                let found = self.lookup(map, &keys);
+                for (k, found) in keys.into_iter().zip(found) {
+                    let target = found.as_ref().and_then(|e| match &e.value {
                         Some(ElementValue::Data(d)) => match d.as_slice() {
                             [Value::Addr(a), Value::Port(p)] => Some((*a, *p)),
                             _ => None,
@@ -502,8 +535,13 @@ impl<'a> Tracer<'a> {
         }
     }
 
-    fn set(&self, name: &str) -> Option<&'a SetState> {
-        self.table.sets.get(name)
+    /// The element each key matches in the set `name` (none if the
+    /// table has no such set).
+    fn lookup(&self, name: &str, keys: &[Vec<Value>]) -> Vec<Option<Element>> {
+        match self.table.sets.get(name) {
+            Some(s) => self.elements.find(s, keys),
+            None => vec![None; keys.len()],
+        }
     }
 
     /// The possible values of a selector (several for numgen).
@@ -572,14 +610,14 @@ fn looked_up(
     mut st: State,
     set: &str,
     key: Vec<Value>,
-    found: Option<&Element>,
+    found: Option<Element>,
     forks: u64,
 ) -> State {
     st.one_in = st.one_in.saturating_mul(forks.max(1));
     st.lookups.push(TraceLookup {
         set: set.to_owned(),
         key,
-        found: found.cloned(),
+        found,
     });
     st
 }
@@ -598,19 +636,6 @@ fn finish(st: State, disposition: Disposition) -> TracePath {
 
 fn show_key(k: &[Value]) -> String {
     crate::ir::join(k.iter().map(|v| v.to_string()), " . ")
-}
-
-/// Finds the element matching a packet key (prefix fields match addresses).
-fn find<'s>(set: &'s SetState, key: &[Value]) -> Option<&'s Element> {
-    if let Some(e) = set.elements.get(key) {
-        return Some(e);
-    }
-    if !set.set.interval {
-        return None;
-    }
-    set.elements
-        .values()
-        .find(|e| e.key.len() == key.len() && e.key.iter().zip(key).all(|(el, pk)| el.matches(pk)))
 }
 
 #[cfg(test)]

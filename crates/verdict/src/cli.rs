@@ -288,6 +288,14 @@ const OPTIONS: &[OptSpec] = &[
         help: "trace --from node: also send one real packet with nftrace on and set the kernel's own trace beside verdict's",
         kube_proxy: false,
     },
+    OptSpec {
+        name: "full",
+        short: None,
+        opt: Opt::Inspect,
+        takes_value: false,
+        help: "explain: read the whole table, not only the Service's own elements, to also find elements that name the Service but that verdict does not want (seconds at 30,000 Services)",
+        kube_proxy: false,
+    },
     inspect("src", None, "trace: the source address"),
     inspect("sport", None, "trace: the source port"),
     inspect("dst", None, "trace: the destination address"),
@@ -576,8 +584,9 @@ Seeing into verdict (ask the running verdict's metrics address, or with
   verdict trace --from pod|node|external --src IP [--sport N] --dst IP --proto tcp|udp|sctp --dport N [--live]
                             walk a new connection's first packet through the kernel's table
                             (--live, from the node: and send one, traced by the kernel)
-  verdict explain NAMESPACE/NAME
+  verdict explain NAMESPACE/NAME [--full]
                             a Service's entry points, endpoints, kernel elements and drift
+                            (--full: read the whole table, to find unwanted elements too)
   verdict services [--search TEXT] [--limit N] [--offset N]
                             the Services and their endpoints
   verdict syncs             the last syncs and foreign changes to verdict's tables

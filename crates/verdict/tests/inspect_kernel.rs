@@ -162,6 +162,10 @@ fn trace_and_explain_answer_from_the_running_daemon_and_offline() {
     let took = t0.elapsed();
     println!("trace against the live table: {took:?}");
     assert_eq!(live["source"], "kernel", "{live:#}");
+    assert_eq!(
+        live["read"], "targeted",
+        "only what the packet meets is read"
+    );
     assert_eq!(live["service"], "demo/web:http");
     assert_eq!(
         outputs(&live),
@@ -272,7 +276,19 @@ fn trace_and_explain_answer_from_the_running_daemon_and_offline() {
     let doc = json(&bed, &["explain", "demo/web", "-o", "json"]);
     println!("explain against the live table: {:?}", t0.elapsed());
     assert_eq!(doc["drift"]["missing"], 0, "{doc:#}");
-    assert_eq!(doc["drift"]["extra"], 0, "{doc:#}");
+    assert_eq!(doc["drift"]["differs"], 0, "{doc:#}");
+    assert_eq!(doc["families"][0]["read"], "targeted", "{doc:#}");
+    assert!(
+        doc["drift"]["extra"].is_null(),
+        "a targeted read does not look for unwanted elements: {doc:#}"
+    );
+    let full = json(&bed, &["explain", "demo/web", "--full", "-o", "json"]);
+    assert_eq!(full["families"][0]["read"], "whole", "{full:#}");
+    assert_eq!(full["drift"]["extra"], 0, "{full:#}");
+    assert_eq!(
+        full["families"][0]["ports"][0]["elements"], doc["families"][0]["ports"][0]["elements"],
+        "the Service's elements read alike both ways"
+    );
     let eps = doc["families"][0]["ports"][0]["endpoints"]
         .as_array()
         .unwrap();

@@ -25,9 +25,9 @@ use std::collections::BTreeMap;
 
 use nix::errno::Errno;
 
-use crate::backend::{Backend, SetState, TableState};
+use crate::backend::{Backend, Found, SetState, TableState};
 use crate::error::NftError;
-use crate::ir::{Element, Family, Set};
+use crate::ir::{Element, Family, Set, Value};
 use crate::tx::{Op, Transaction};
 use objects::{Batch, kind, nfproto};
 use socket::{NFNL_MSG_BATCH_BEGIN, NLM_F_REQUEST, Reply, Socket};
@@ -98,6 +98,26 @@ impl NetlinkBackend {
             }
             Ok(())
         })
+    }
+
+    /// A table (with its elements, or without), read again while the
+    /// ruleset changed under the read.
+    fn consistent_read(
+        &mut self,
+        family: Family,
+        name: &str,
+        elements: bool,
+    ) -> Result<Option<TableState>, NftError> {
+        for _ in 0..READ_ATTEMPTS {
+            let before = self.read_generation()?;
+            let (table, interrupted) = self.read_table(family, name, elements)?;
+            if !interrupted && self.read_generation()? == before {
+                return Ok(table);
+            }
+        }
+        Err(NftError::Busy(format!(
+            "table {family} {name} kept changing while it was read"
+        )))
     }
 
     /// The ruleset's generation, which every commit changes.
@@ -199,7 +219,7 @@ impl NetlinkBackend {
         }
         self.socket.seq = end;
         self.socket.send(w.bytes())?;
-        let reply = self.socket.receive(false, end, |_, _| Ok(()))?;
+        let reply = self.socket.receive(false, end, end, |_, _, _| Ok(()))?;
         if let Some((seq, errno)) = reply.errors.first() {
             // The kernel undid the whole batch; what it knew of the sets
             // may be stale.
@@ -289,12 +309,14 @@ impl NetlinkBackend {
         Ok((objects::set_state(set, items), r.interrupted))
     }
 
-    /// One attempt at reading a table; `Ok(None)` inside means missing,
-    /// and the flag says whether it changed while being read.
+    /// One attempt at reading a table (its elements too, if `elements`);
+    /// `Ok(None)` inside means missing, and the flag says whether it
+    /// changed while being read.
     fn read_table(
         &mut self,
         family: Family,
         name: &str,
+        elements: bool,
     ) -> Result<(Option<TableState>, bool), NftError> {
         let mut comment = None;
         let mut found = false;
@@ -345,6 +367,14 @@ impl NetlinkBackend {
         let sets = self.read_sets(family, name)?;
         let mut states = Vec::new();
         for s in sets.values() {
+            if !elements {
+                states.push(SetState {
+                    set: s.clone(),
+                    elements: BTreeMap::new(),
+                    counters: BTreeMap::new(),
+                });
+                continue;
+            }
             let (state, intr) = self.read_elements(family, name, s)?;
             interrupted |= intr;
             states.push(state);
@@ -432,16 +462,66 @@ impl Backend for NetlinkBackend {
     }
 
     fn table(&mut self, family: Family, name: &str) -> Result<Option<TableState>, NftError> {
-        for _ in 0..READ_ATTEMPTS {
-            let before = self.read_generation()?;
-            let (table, interrupted) = self.read_table(family, name)?;
-            if !interrupted && self.read_generation()? == before {
-                return Ok(table);
+        self.consistent_read(family, name, true)
+    }
+
+    fn skeleton(&mut self, family: Family, name: &str) -> Result<Option<TableState>, NftError> {
+        self.consistent_read(family, name, false)
+    }
+
+    fn lookup(
+        &mut self,
+        family: Family,
+        table: &str,
+        set: &str,
+        keys: &[Vec<Value>],
+    ) -> Result<Vec<Option<Found>>, NftError> {
+        let key = (family, table.to_owned());
+        let def = match self.known.get(&key).and_then(|sets| sets.get(set)) {
+            Some(def) => def.clone(),
+            None => {
+                let sets = self.read_sets(family, table)?;
+                let def = sets.get(set).cloned();
+                self.known.insert(key, sets);
+                def.ok_or_else(|| NftError::NotFound(format!("set {family} {table} {set}")))?
             }
+        };
+        let mut found: Vec<Option<Found>> = vec![None; keys.len()];
+        let mut failed = None;
+        let refused = self.socket.requests(
+            kind(objects::GETSETELEM),
+            nfproto(family),
+            keys.len(),
+            |i, w| objects::lookup_request(w, table, &def, &keys[i]),
+            |i, k, a| {
+                if k & 0xff != u16::from(objects::NEWSETELEM) || failed.is_some() {
+                    return Ok(());
+                }
+                let mut items = objects::Items::new();
+                if let Some(list) = a.nested(3)
+                    && let Err(e) = objects::element_items(&def, list, &mut items)
+                {
+                    failed = Some(e);
+                }
+                if let (Some(slot), Some((element, counter))) = (found.get_mut(i), items.pop()) {
+                    *slot = Some(Found { element, counter });
+                }
+                Ok(())
+            },
+        )?;
+        if let Some(e) = failed {
+            return Err(e);
         }
-        Err(NftError::Busy(format!(
-            "table {family} {name} kept changing while it was read"
-        )))
+        match refused
+            .iter()
+            .find(|(_, errno)| Errno::from_raw(*errno) != Errno::ENOENT)
+        {
+            Some((_, errno)) => Err(refusal(
+                *errno,
+                &format!("looking up elements of set {family} {table} {set}"),
+            )),
+            None => Ok(found),
+        }
     }
 
     fn elements(

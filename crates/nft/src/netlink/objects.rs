@@ -537,6 +537,32 @@ impl Batch<'_> {
     }
 }
 
+/// The attributes of a get of the element matching `key` in `set` of
+/// `table`: in an interval set, the key is a point (its own end).
+pub(crate) fn lookup_request(
+    w: &mut Writer,
+    table: &str,
+    set: &Set,
+    key: &[Value],
+) -> Result<(), NftError> {
+    let too_big = |n| NftError::Invalid(format!("a key takes {n} bytes, over netlink's 64 KiB"));
+    w.str(1, table);
+    w.str(2, &set.name);
+    let list = w.open(3);
+    let e = w.open(1);
+    let k = w.open(1);
+    w.attr(NFTA_DATA_VALUE, &concat_bytes(key, false)?);
+    w.close(k).map_err(too_big)?;
+    if set.interval && set.key.len() > 1 {
+        let k = w.open(10);
+        w.attr(NFTA_DATA_VALUE, &concat_bytes(key, true)?);
+        w.close(k).map_err(too_big)?;
+    }
+    w.close(e).map_err(too_big)?;
+    w.close(list).map_err(too_big)?;
+    Ok(())
+}
+
 // ---- Reading a dump back.
 
 /// A table's comment from a `NEWTABLE` message.

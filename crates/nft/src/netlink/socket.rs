@@ -137,17 +137,20 @@ impl Socket {
 
     /// Reads replies until the answer to `last_seq` is complete (or, not
     /// waiting, until none are queued), handing every message that is not
-    /// an error or the end of a dump (type, attributes) to `each`. Waiting
-    /// is for a request's answer, and only its messages count; a batch's
+    /// an error or the end of a dump (sequence number, type, attributes)
+    /// to `each`. Waiting is for the answers to the requests `first_seq
+    /// ..= last_seq`, and only their messages count; a batch's
     /// replies are already queued when `send` returns, so those are read
     /// without waiting. An error from `each` is returned once the answer
     /// has been read to its end.
     pub(crate) fn receive(
         &mut self,
         wait: bool,
+        first_seq: u32,
         last_seq: u32,
-        mut each: impl FnMut(u16, Attrs<'_>) -> Result<(), NftError>,
+        mut each: impl FnMut(u32, u16, Attrs<'_>) -> Result<(), NftError>,
     ) -> Result<Reply, NftError> {
+        let ours = |seq: u32| seq.wrapping_sub(first_seq) <= last_seq.wrapping_sub(first_seq);
         let mut reply = Reply {
             errors: Vec::new(),
             interrupted: false,
@@ -172,7 +175,7 @@ impl Socket {
             };
             let mut finished = false;
             for m in messages(&self.buf[..n]) {
-                if wait && m.seq != last_seq {
+                if wait && !ours(m.seq) {
                     continue;
                 }
                 if m.flags & NLM_F_DUMP_INTR != 0 {
@@ -198,7 +201,7 @@ impl Socket {
                     NLMSG_DONE if wait && m.seq == last_seq => finished = true,
                     k if k >= NFNL_MSG_BATCH_BEGIN && failed.is_none() => {
                         if let Some((_, attrs)) = m.nfgen() {
-                            failed = each(k, attrs).err();
+                            failed = each(m.seq, k, attrs).err();
                         }
                     }
                     _ => {}
@@ -228,6 +231,43 @@ impl Socket {
         attrs(&mut w);
         w.end();
         self.send(w.bytes())?;
-        self.receive(true, seq, each)
+        let mut each = each;
+        self.receive(true, seq, seq, |_, k, a| each(k, a))
+    }
+
+    /// Sends `count` requests of one kind (gets, each acknowledged) in a
+    /// single send, `attrs` writing the attributes of each, and hands
+    /// every message of their answers to `each` with the index of the
+    /// request it answers. Returns the (index, errno) of every request the
+    /// kernel refused; the kernel answers each on its own, so one refusal
+    /// does not stop the others.
+    pub(crate) fn requests(
+        &mut self,
+        kind: u16,
+        family: u8,
+        count: usize,
+        mut attrs: impl FnMut(usize, &mut Writer) -> Result<(), NftError>,
+        mut each: impl FnMut(usize, u16, Attrs<'_>) -> Result<(), NftError>,
+    ) -> Result<Vec<(usize, i32)>, NftError> {
+        if count == 0 {
+            return Ok(Vec::new());
+        }
+        let first = self.seq.wrapping_add(1);
+        let mut w = Writer::new();
+        for i in 0..count {
+            self.seq = self.seq.wrapping_add(1);
+            w.begin(kind, NLM_F_REQUEST | NLM_F_ACK, self.seq, family, 0);
+            attrs(i, &mut w)?;
+            w.end();
+        }
+        let last = self.seq;
+        self.send(w.bytes())?;
+        let index = |seq: u32| seq.wrapping_sub(first) as usize;
+        let reply = self.receive(true, first, last, |seq, k, a| each(index(seq), k, a))?;
+        Ok(reply
+            .errors
+            .into_iter()
+            .map(|(seq, errno)| (index(seq), errno))
+            .collect())
     }
 }

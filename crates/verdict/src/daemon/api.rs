@@ -26,15 +26,18 @@ use verdict_admin::Response;
 use verdict_admin::http::{Handler, Request};
 use verdict_model::{IpFamily, NamespacedName};
 use verdict_nft::conntrack::Flow;
-use verdict_nft::{Backend, Family, MemoryBackend};
+use verdict_nft::{Family, MemoryBackend};
 
 use super::{Node, Source, lock};
 use crate::config::{NftablesBackend, Settings};
 use crate::inspect::counters::Snapshot;
-use crate::inspect::{self, BadRequest, Kernel, TraceRequest, View};
+use crate::inspect::{self, BadRequest, Kernel, Reading, TraceRequest, View};
 
-/// Reads one table back (family, name).
-pub type KernelReader = Arc<dyn Fn(Family, &str) -> Result<Kernel, String> + Send + Sync>;
+/// Reads one table back (family, name, how much of it).
+pub type KernelReader = Arc<ReadTable<'static>>;
+
+/// What reads one table back: (family, name, how much of it).
+pub type ReadTable<'a> = dyn Fn(Family, &str, Reading) -> Result<Kernel, String> + Send + Sync + 'a;
 
 /// The most flows `/connections` lists (the counts cover them all).
 const MAX_FLOWS: usize = 10_000;
@@ -48,15 +51,18 @@ const DEFAULT_PAGE: usize = 100;
 /// Reads tables from the kernel through the configured backend (a socket
 /// or an `nft` process per read, so readers never wait on the sync loop).
 pub fn kernel_reader(backend: NftablesBackend) -> KernelReader {
-    Arc::new(move |family, name| {
-        let t = Instant::now();
+    Arc::new(move |family, name, reading| {
         let mut kernel = backend.open().map_err(|e| e.to_string())?;
-        let table = kernel.table(family, name).map_err(|e| e.to_string())?;
-        Ok(Kernel {
-            table,
-            source: "kernel",
-            read: t.elapsed(),
-        })
+        // Only netlink looks an element up by its key; `nft` lists the
+        // whole set for any element, so through it the table is read
+        // whole, once.
+        match (reading, backend) {
+            (Reading::Targeted, NftablesBackend::Netlink) => {
+                Kernel::targeted(kernel, family, name, "kernel")
+            }
+            _ => Kernel::whole(&mut *kernel, family, name, "kernel"),
+        }
+        .map_err(|e| e.to_string())
     })
 }
 
@@ -113,7 +119,7 @@ fn conntrack_flows(backend: NftablesBackend, family: Family) -> Result<Vec<Flow>
 /// Answers one API request (`None`: not an API path).
 pub fn answer(
     node: &Mutex<Node>,
-    read: &(dyn Fn(Family, &str) -> Result<Kernel, String> + Send + Sync),
+    read: &ReadTable<'_>,
     flows: FlowReader,
     req: &Request,
 ) -> Option<(u16, Json)> {
@@ -130,17 +136,24 @@ pub fn answer(
             (c.family, c.nft_family(), c.table.clone())
         })
         .collect();
-    let read_family = |f: IpFamily| -> Result<Kernel, (u16, Json)> {
-        let (_, nf, name) = tables
-            .iter()
-            .find(|(x, _, _)| *x == f)
-            .ok_or_else(|| (404, json!({"error": "no proxier for this family"})))?;
-        read(*nf, name).map_err(|e| {
+    let table_of = |f: IpFamily| tables.iter().find(|(x, _, _)| *x == f);
+    let read_family = |f: IpFamily, reading: Reading| -> Result<Kernel, (u16, Json)> {
+        let (_, nf, name) =
+            table_of(f).ok_or_else(|| (404, json!({"error": "no proxier for this family"})))?;
+        read(*nf, name, reading).map_err(|e| {
             (
                 500,
                 json!({"error": format!("cannot read table {nf} {name}: {e}")}),
             )
         })
+    };
+    // An answer built while a lookup failed would show the kernel
+    // wrong: the failure is the answer.
+    let failed = |f: IpFamily, k: &Kernel| -> Option<(u16, Json)> {
+        let e = k.failed()?;
+        let what = table_of(f).map(|(_, nf, name)| format!("table {nf} {name}"));
+        let what = what.unwrap_or_else(|| "the table".into());
+        Some((500, json!({"error": format!("cannot read {what}: {e}")})))
     };
     let answer = match rest.trim_end_matches('/') {
         "" => json!({"paths": [
@@ -204,11 +217,27 @@ pub fn answer(
                 Ok(t) => t,
                 Err(e) => return Some(bad(e)),
             };
-            let kernel = match read_family(IpFamily::of(t.dst)) {
+            let family = IpFamily::of(t.dst);
+            let kernel = match read_family(family, Reading::Targeted) {
                 Ok(k) => k,
                 Err(e) => return Some(e),
             };
-            match inspect::trace(&view(&lock(node)), &t, &kernel) {
+            // The walk looks elements up in the kernel: without the
+            // node's lock, which only the answer's naming of owners takes.
+            let (cfg, local_ips) = {
+                let n = lock(node);
+                let v = view(&n);
+                (v.config(family).cloned(), v.local_ips.to_vec())
+            };
+            let Some(cfg) = cfg else {
+                return Some((404, json!({"error": "no proxier for this family"})));
+            };
+            let answer = inspect::walk(&cfg, &local_ips, &t, &kernel)
+                .and_then(|walked| inspect::traced(&view(&lock(node)), &t, &kernel, &walked));
+            if let Some(e) = failed(family, &kernel) {
+                return Some(e);
+            }
+            match answer {
                 Ok(j) => j,
                 Err(e) => return Some(bad(e)),
             }
@@ -216,7 +245,7 @@ pub fn answer(
         "/drift" => {
             let mut kernels = Vec::new();
             for (f, _, _) in &tables {
-                match read_family(*f) {
+                match read_family(*f, Reading::Whole) {
                     Ok(k) => kernels.push((*f, k)),
                     Err(e) => return Some(e),
                 }
@@ -260,14 +289,37 @@ pub fn answer(
                 })
                 .map(|p| p.config().family)
                 .collect();
+            // `full` reads the whole table, which also shows the
+            // elements naming the Service that verdict does not want.
+            let reading = match req.query_param("full").as_deref() {
+                None | Some("0" | "false") => Reading::Targeted,
+                Some("1" | "true" | "") => Reading::Whole,
+                Some(v) => {
+                    return Some(bad(BadRequest(format!("full {v:?}: give true or false"))));
+                }
+            };
             let mut kernels = Vec::new();
             for f in wanted {
-                match read_family(f) {
+                match read_family(f, reading) {
                     Ok(k) => kernels.push((f, k)),
                     Err(e) => return Some(e),
                 }
             }
+            // The Service's elements are looked up before the node is
+            // locked to build the answer, which then finds them read.
+            let wanted = inspect::explained_elements(&view(&lock(node)), &svc);
+            for (f, k) in &kernels {
+                let of_family: Vec<_> = wanted
+                    .iter()
+                    .filter(|(x, _, _)| x == f)
+                    .map(|(_, set, key)| (*set, key))
+                    .collect();
+                k.prefetch(of_family.into_iter());
+            }
             let doc = inspect::explain(&view(&lock(node)), &svc, &kernels);
+            if let Some(e) = kernels.iter().find_map(|(f, k)| failed(*f, k)) {
+                return Some(e);
+            }
             let code = if doc["found"] == true { 200 } else { 404 };
             return Some((code, doc));
         }
@@ -323,7 +375,7 @@ impl CounterCache {
             .collect();
         let read: Vec<Option<verdict_nft::TableState>> = tables
             .iter()
-            .map(|(f, name)| match (self.read)(*f, name) {
+            .map(|(f, name)| match (self.read)(*f, name, Reading::Whole) {
                 Ok(k) => k.table,
                 Err(e) => {
                     tracing::warn!(family = %f, error = %e, "cannot read the service counters");
@@ -368,14 +420,10 @@ pub fn offline(settings: &Settings, source: &Source) -> anyhow::Result<Offline> 
 impl Offline {
     /// Answers `target` (`/api/v1/…?…`) as the daemon would.
     pub fn get(&self, target: &str) -> (u16, Json) {
-        let read = |family: Family, name: &str| -> Result<Kernel, String> {
-            let t = Instant::now();
+        // The table is in memory: reading it whole costs nothing.
+        let read = |family: Family, name: &str, _: Reading| -> Result<Kernel, String> {
             let mut memory = self.memory.lock().unwrap_or_else(|e| e.into_inner());
-            Ok(Kernel {
-                table: memory.table(family, name).map_err(|e| e.to_string())?,
-                source: "memory",
-                read: t.elapsed(),
-            })
+            Kernel::whole(&mut *memory, family, name, "memory").map_err(|e| e.to_string())
         };
         let flows = |_: Family| -> Result<Vec<Flow>, String> {
             Err("offline (--manifests) there is no conntrack table to read".into())

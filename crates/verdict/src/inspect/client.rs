@@ -56,7 +56,15 @@ fn targets(cli: &Cli) -> anyhow::Result<Vec<String>> {
             let target = cli.target.as_deref().unwrap_or_default();
             match target.split_once('/') {
                 Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
-                    vec![format!("/api/v1/services/{}/{}", encode(ns), encode(name))]
+                    let full = cli
+                        .inspect_flag("full")
+                        .is_some_and(|v| crate::config::value::parse_bool(v) == Some(true));
+                    let query = if full { "?full=true" } else { "" };
+                    vec![format!(
+                        "/api/v1/services/{}/{}{query}",
+                        encode(ns),
+                        encode(name)
+                    )]
                 }
                 _ => bail!("verdict explain {target:?}: name the Service as NAMESPACE/NAME"),
             }

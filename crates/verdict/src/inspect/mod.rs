@@ -12,16 +12,20 @@ pub mod live;
 pub mod text;
 pub mod ui;
 
+use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::net::IpAddr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::{Value as Json, json};
 use verdict_model::{
     Endpoint, IpFamily, NamespacedName, NodeTopology, ServicePort, ServicePortName,
     categorize_endpoints,
 };
-use verdict_nft::{Disposition, Element, L4Proto, Packet, TableState, TracePath, Tracer, Value};
+use verdict_nft::{
+    Backend, Disposition, Element, ElementSource, Family, InTable, L4Proto, NftError, Packet,
+    SetState, TableState, TracePath, Tracer, Value,
+};
 use verdict_proxier::layout;
 use verdict_proxier::{LocalDetector, Proxier, ProxierConfig};
 
@@ -39,16 +43,195 @@ impl View<'_> {
     fn proxier(&self, family: IpFamily) -> Option<&Proxier> {
         self.proxiers.iter().find(|p| p.config().family == family)
     }
+
+    /// The configuration of a family's proxier.
+    pub fn config(&self, family: IpFamily) -> Option<&ProxierConfig> {
+        self.proxier(family).map(Proxier::config)
+    }
 }
 
-/// A table read back for an answer, and where from.
+/// A table read back for an answer, and where from: read whole, or
+/// (`lookups`) read without its elements, which are then looked up in
+/// the kernel key by key, so that an answer about one packet or one
+/// Service costs the same at any cluster size.
 pub struct Kernel {
     /// The table (`None`: the table does not exist).
     pub table: Option<TableState>,
+    /// Where the elements are when `table` was read without them.
+    pub lookups: Option<Lookups>,
     /// `"kernel"` or `"memory"` (offline).
     pub source: &'static str,
-    /// How long reading it took.
+    /// How long reading the table took (the lookups not included).
     pub read: Duration,
+}
+
+/// How much of a table an answer reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reading {
+    /// Every element (drift, counters, `explain --full`).
+    Whole,
+    /// The chains, rules and set definitions, then only the elements the
+    /// answer looks up (`trace`, `explain`).
+    Targeted,
+}
+
+/// What the kernel answered for each (set, key) asked.
+type Seen = BTreeMap<(String, Vec<Value>), Option<Element>>;
+
+/// Elements looked up key by key in the kernel, for a table read without
+/// them; each (set, key) is asked once.
+pub struct Lookups {
+    backend: RefCell<Box<dyn Backend + Send>>,
+    family: Family,
+    table: String,
+    seen: RefCell<Seen>,
+    took: Cell<Duration>,
+    failed: RefCell<Option<String>>,
+}
+
+impl Lookups {
+    /// Lookups in table `family` `table` through `backend`.
+    pub fn new(backend: Box<dyn Backend + Send>, family: Family, table: &str) -> Lookups {
+        Lookups {
+            backend: RefCell::new(backend),
+            family,
+            table: table.to_owned(),
+            seen: RefCell::new(BTreeMap::new()),
+            took: Cell::new(Duration::ZERO),
+            failed: RefCell::new(None),
+        }
+    }
+
+    /// The element of `set` each key matches. A kernel that cannot answer
+    /// finds nothing, and says why in [`Kernel::failed`].
+    fn get(&self, set: &str, keys: &[Vec<Value>]) -> Vec<Option<Element>> {
+        let mut seen = self.seen.borrow_mut();
+        let asked: Vec<Vec<Value>> = keys
+            .iter()
+            .filter(|k| !seen.contains_key(&(set.to_owned(), (*k).clone())))
+            .cloned()
+            .collect();
+        if !asked.is_empty() {
+            let t = Instant::now();
+            let answer = self
+                .backend
+                .borrow_mut()
+                .lookup(self.family, &self.table, set, &asked);
+            self.took.set(self.took.get() + t.elapsed());
+            match answer {
+                Ok(found) => {
+                    for (k, f) in asked.into_iter().zip(found) {
+                        seen.insert((set.to_owned(), k), f.map(|f| f.element));
+                    }
+                }
+                Err(e) => {
+                    self.failed
+                        .borrow_mut()
+                        .get_or_insert_with(|| format!("looking up elements of {set}: {e}"));
+                }
+            }
+        }
+        keys.iter()
+            .map(|k| seen.get(&(set.to_owned(), k.clone())).cloned().flatten())
+            .collect()
+    }
+}
+
+impl Kernel {
+    /// Reads table `family` `name` whole through `backend`.
+    pub fn whole(
+        backend: &mut dyn Backend,
+        family: Family,
+        name: &str,
+        source: &'static str,
+    ) -> Result<Kernel, NftError> {
+        let t = Instant::now();
+        let table = backend.table(family, name)?;
+        Ok(Kernel {
+            table,
+            lookups: None,
+            source,
+            read: t.elapsed(),
+        })
+    }
+
+    /// Reads table `family` `name` without its elements through
+    /// `backend`, which then looks up the elements an answer needs.
+    pub fn targeted(
+        mut backend: Box<dyn Backend + Send>,
+        family: Family,
+        name: &str,
+        source: &'static str,
+    ) -> Result<Kernel, NftError> {
+        let t = Instant::now();
+        let table = backend.skeleton(family, name)?;
+        Ok(Kernel {
+            table,
+            lookups: Some(Lookups::new(backend, family, name)),
+            source,
+            read: t.elapsed(),
+        })
+    }
+
+    /// Why a lookup failed, if one did (an answer built from a kernel that
+    /// could not answer must not be given).
+    pub fn failed(&self) -> Option<String> {
+        self.lookups
+            .as_ref()
+            .and_then(|l| l.failed.borrow().clone())
+    }
+
+    /// Milliseconds spent reading: the table, and the lookups since.
+    fn read_ms(&self) -> f64 {
+        let lookups = self
+            .lookups
+            .as_ref()
+            .map_or(Duration::ZERO, |l| l.took.get());
+        (self.read + lookups).as_secs_f64() * 1e3
+    }
+
+    /// How much of the kernel the answer read.
+    fn read_kind(&self) -> &'static str {
+        if self.lookups.is_some() {
+            "targeted"
+        } else {
+            "whole"
+        }
+    }
+
+    /// Looks up, set by set, the elements an answer will ask for one by
+    /// one (a targeted read asks the kernel once per set, not per key).
+    pub fn prefetch<'k>(&self, wanted: impl Iterator<Item = (&'k str, &'k Vec<Value>)>) {
+        let (Some(l), Some(t)) = (&self.lookups, &self.table) else {
+            return;
+        };
+        let mut by_set: BTreeMap<&str, Vec<Vec<Value>>> = BTreeMap::new();
+        for (set, key) in wanted {
+            by_set.entry(set).or_default().push(key.clone());
+        }
+        for (set, keys) in by_set {
+            if t.sets.contains_key(set) {
+                l.get(set, &keys);
+            }
+        }
+    }
+
+    /// The element of `set` with `key` (an interval set: holding it).
+    fn element(&self, set: &str, key: &[Value]) -> Option<Element> {
+        let s = self.table.as_ref()?.sets.get(set)?;
+        self.find(s, std::slice::from_ref(&key.to_vec()))
+            .pop()
+            .flatten()
+    }
+}
+
+impl ElementSource for Kernel {
+    fn find(&self, set: &SetState, keys: &[Vec<Value>]) -> Vec<Option<Element>> {
+        match &self.lookups {
+            None => InTable.find(set, keys),
+            Some(l) => l.get(&set.set.name, keys),
+        }
+    }
 }
 
 /// An answer that could not be given, as the API's 4xx body says it.
@@ -290,13 +473,26 @@ fn lookup_json(p: &Proxier, l: &verdict_nft::TraceLookup) -> Json {
 }
 
 /// `verdict trace`: every path the packet can take through the table,
-/// with the Service owning each element it met.
+/// with the Service owning each element it met (the daemon walks without
+/// the node's lock, then names the owners with it: [`walk`], [`traced`]).
+#[cfg(test)]
 pub fn trace(view: &View, req: &TraceRequest, kernel: &Kernel) -> Result<Json, BadRequest> {
-    let family = IpFamily::of(req.dst);
     let p = view
-        .proxier(family)
+        .proxier(IpFamily::of(req.dst))
         .ok_or_else(|| BadRequest(format!("no proxier for {}", req.dst)))?;
-    let cfg = p.config();
+    let t = walk(p.config(), view.local_ips, req, kernel)?;
+    traced(view, req, kernel, &t)
+}
+
+/// Walks the packet through the kernel's table: needs the family's
+/// configuration and the node's addresses, not the proxier, so that the
+/// kernel's lookups on the way need not hold the node.
+pub fn walk(
+    cfg: &ProxierConfig,
+    local_ips: &[IpAddr],
+    req: &TraceRequest,
+    kernel: &Kernel,
+) -> Result<verdict_nft::Trace, BadRequest> {
     let table = kernel.table.as_ref().ok_or_else(|| {
         BadRequest(format!(
             "table {} {} does not exist: verdict has not programmed this family",
@@ -304,14 +500,30 @@ pub fn trace(view: &View, req: &TraceRequest, kernel: &Kernel) -> Result<Json, B
             cfg.table
         ))
     })?;
+    Ok(
+        Tracer::with_elements(table, kernel, cfg.nft_family(), local_ips).trace(&Packet {
+            src: req.src,
+            dst: req.dst,
+            proto: req.proto,
+            dport: req.dport,
+            iif: input_interface(cfg, req.from),
+        }),
+    )
+}
+
+/// The answer to `verdict trace` for the paths [`walk`] found, with the
+/// Service owning each element the packet met.
+pub fn traced(
+    view: &View,
+    req: &TraceRequest,
+    kernel: &Kernel,
+    t: &verdict_nft::Trace,
+) -> Result<Json, BadRequest> {
+    let p = view
+        .proxier(IpFamily::of(req.dst))
+        .ok_or_else(|| BadRequest(format!("no proxier for {}", req.dst)))?;
+    let cfg = p.config();
     let iif = input_interface(cfg, req.from);
-    let t = Tracer::new(table, cfg.nft_family(), view.local_ips).trace(&Packet {
-        src: req.src,
-        dst: req.dst,
-        proto: req.proto,
-        dport: req.dport,
-        iif: iif.clone(),
-    });
     let paths: Vec<Json> = t
         .paths
         .iter()
@@ -369,7 +581,8 @@ pub fn trace(view: &View, req: &TraceRequest, kernel: &Kernel) -> Result<Json, B
         "family": cfg.nft_family().to_string(),
         "table": cfg.table,
         "source": kernel.source,
-        "read_ms": kernel.read.as_secs_f64() * 1e3,
+        "read": kernel.read_kind(),
+        "read_ms": kernel.read_ms(),
         "service": service,
         "outcomes": outcomes.into_iter().map(|((output, masq, reason), p)| json!({
             "output": output,
@@ -508,12 +721,30 @@ fn external_masquerade(sp: &ServicePort) -> &'static str {
     }
 }
 
+/// The elements `explain` checks in the kernel for `svc`: (family, set,
+/// key) of every element the Service programs itself.
+pub fn explained_elements(
+    view: &View,
+    svc: &NamespacedName,
+) -> Vec<(IpFamily, &'static str, Vec<Value>)> {
+    let mut out = Vec::new();
+    for p in view.proxiers {
+        for i in p.intent_of(svc) {
+            for e in i.elements.iter().filter(|e| e.programmed_for.is_none()) {
+                out.push((p.config().family, e.set, e.element.key.clone()));
+            }
+        }
+    }
+    out
+}
+
 /// `verdict explain`: one Service, entry point by entry point, endpoint
 /// by endpoint, with the elements it owns and whether the kernel holds
 /// them (`kernels`: per family, the table read back).
 pub fn explain(view: &View, svc: &NamespacedName, kernels: &[(IpFamily, Kernel)]) -> Json {
     let mut families = Vec::new();
     let (mut missing, mut differs, mut extra) = (0usize, 0usize, 0usize);
+    let mut extra_checked = true;
     for p in view.proxiers {
         let cfg = p.config();
         let ports: Vec<(&ServicePortName, &ServicePort)> = p
@@ -535,10 +766,26 @@ pub fn explain(view: &View, svc: &NamespacedName, kernels: &[(IpFamily, Kernel)]
             zone: cfg.node_zone.clone(),
         };
         let intents = p.intent_of(svc);
+        if let Some(k) = kernel {
+            k.prefetch(
+                intents
+                    .iter()
+                    .flat_map(|i| &i.elements)
+                    .filter(|e| e.programmed_for.is_none())
+                    .map(|e| (e.set, &e.element.key)),
+            );
+        }
+        // A table read whole shows the elements that name this Service
+        // but that verdict does not want; a targeted read cannot look for
+        // them.
+        let whole = kernel.is_some_and(|k| k.lookups.is_none());
+        if !whole {
+            extra_checked = false;
+        }
         // The kernel's elements by the comment naming their owner, read
         // once for every port of the Service.
         let mut commented: BTreeMap<&str, Vec<(&str, &Element)>> = BTreeMap::new();
-        for (set, s) in table.iter().flat_map(|t| &t.sets) {
+        for (set, s) in table.iter().filter(|_| whole).flat_map(|t| &t.sets) {
             for el in s.elements.values() {
                 if let Some(c) = el.comment.as_deref() {
                     commented.entry(c).or_default().push((set.as_str(), el));
@@ -596,15 +843,14 @@ pub fn explain(view: &View, svc: &NamespacedName, kernels: &[(IpFamily, Kernel)]
             let intent = intents.iter().find(|i| &i.port == *name);
             let mut elements = Vec::new();
             for e in intent.map(|i| i.elements.as_slice()).unwrap_or(&[]) {
-                let state = match (table, &e.programmed_for) {
+                let state = match (kernel.filter(|_| table.is_some()), &e.programmed_for) {
                     (_, Some(first)) => {
                         format!("shared: {first} claims it first, its element is programmed")
                     }
                     (None, _) => "unknown: the table was not read".to_owned(),
-                    (Some(t), None) => match t
-                        .sets
-                        .get(e.set)
-                        .and_then(|s| s.elements.get(&e.element.key))
+                    (Some(k), None) => match k
+                        .element(e.set, &e.element.key)
+                        .filter(|found| found.key == e.element.key)
                     {
                         None => {
                             missing += 1;
@@ -681,7 +927,8 @@ pub fn explain(view: &View, svc: &NamespacedName, kernels: &[(IpFamily, Kernel)]
             "family": cfg.nft_family().to_string(),
             "table": cfg.table,
             "source": kernel.map(|k| k.source),
-            "read_ms": kernel.map(|k| k.read.as_secs_f64() * 1e3),
+            "read": kernel.map(Kernel::read_kind),
+            "read_ms": kernel.map(Kernel::read_ms),
             "ports": port_docs,
         }));
     }
@@ -690,7 +937,11 @@ pub fn explain(view: &View, svc: &NamespacedName, kernels: &[(IpFamily, Kernel)]
         "name": svc.name.as_str(),
         "found": !families.is_empty(),
         "families": families,
-        "drift": {"missing": missing, "differs": differs, "extra": extra},
+        "drift": {
+            "missing": missing,
+            "differs": differs,
+            "extra": if extra_checked { json!(extra) } else { Json::Null },
+        },
     })
 }
 

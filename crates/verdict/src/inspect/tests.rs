@@ -65,6 +65,7 @@ fn node() -> (Vec<Proxier>, MemoryBackend) {
 fn kernel(nft: &MemoryBackend) -> Kernel {
     Kernel {
         table: nft.get(Family::Ip, "verdict").cloned(),
+        lookups: None,
         source: "memory",
         read: Duration::ZERO,
     }
@@ -462,4 +463,190 @@ fn connections_are_grouped_by_service_and_endpoint_and_stale_ones_flagged() {
         "{text}"
     );
     assert!(text.contains("STALE: the endpoint is gone"), "{text}");
+}
+
+/// A kernel that counts the keys it is asked for and can be made to fail.
+struct Asked {
+    inner: MemoryBackend,
+    keys: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    fail: bool,
+}
+
+impl Backend for Asked {
+    fn run(&mut self, tx: &verdict_nft::Transaction) -> Result<(), NftError> {
+        self.inner.run(tx)
+    }
+
+    fn check(&mut self, tx: &verdict_nft::Transaction) -> Result<(), NftError> {
+        self.inner.check(tx)
+    }
+
+    fn table(&mut self, family: Family, name: &str) -> Result<Option<TableState>, NftError> {
+        self.inner.table(family, name)
+    }
+
+    fn lookup(
+        &mut self,
+        family: Family,
+        table: &str,
+        set: &str,
+        keys: &[Vec<Value>],
+    ) -> Result<Vec<Option<verdict_nft::Found>>, NftError> {
+        self.keys
+            .fetch_add(keys.len(), std::sync::atomic::Ordering::SeqCst);
+        if self.fail {
+            return Err(NftError::Refused(
+                "netlink: No buffer space available".into(),
+            ));
+        }
+        self.inner.lookup(family, table, set, keys)
+    }
+}
+
+/// A targeted read of `nft`, and a count of the keys it asks for.
+fn targeted(
+    nft: &MemoryBackend,
+    fail: bool,
+) -> (Kernel, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    let keys = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let backend = Asked {
+        inner: nft.clone(),
+        keys: keys.clone(),
+        fail,
+    };
+    let k = Kernel::targeted(Box::new(backend), Family::Ip, "verdict", "kernel").unwrap();
+    (k, keys)
+}
+
+/// An answer without the fields that say how the kernel was read.
+fn answer_only(mut doc: Json) -> Json {
+    for k in ["read", "read_ms", "source"] {
+        doc.as_object_mut().unwrap().remove(k);
+    }
+    doc
+}
+
+#[test]
+fn a_targeted_read_traces_as_the_whole_table_does_and_asks_only_for_what_the_packet_meets() {
+    let (proxiers, nft) = node();
+    let local = local();
+    let view = View {
+        proxiers: &proxiers,
+        local_ips: &local,
+    };
+    let table = kernel(&nft).table.unwrap();
+    let (skeleton, _) = targeted(&nft, false);
+    let skel = skeleton.table.as_ref().unwrap();
+    assert!(
+        skel.sets.values().all(|s| s.elements.is_empty()),
+        "a targeted read holds no elements of its own"
+    );
+    assert_eq!(skel.chains, table.chains, "but every chain and rule");
+    let all: usize = table.sets.values().map(|s| s.elements.len()).sum();
+    for req in [
+        request(Origin::Pod, "10.1.2.3", "172.30.0.41", 80),
+        request(Origin::External, "203.0.113.9", "192.168.0.2", 3001),
+        request(Origin::Pod, "10.1.2.3", "172.30.0.43", 80),
+        request(Origin::Node, "192.168.0.2", "172.30.0.42", 80),
+        request(Origin::Pod, "10.1.2.3", "172.30.0.41", 9999),
+        request(Origin::External, "203.0.113.9", "5.6.7.8", 80),
+        request(Origin::External, "203.0.113.200", "5.6.7.8", 80),
+    ] {
+        let whole = trace(&view, &req, &kernel(&nft)).unwrap();
+        let (k, keys) = targeted(&nft, false);
+        let doc = trace(&view, &req, &k).unwrap();
+        assert_eq!(k.failed(), None);
+        assert_eq!(doc["read"], "targeted");
+        assert_eq!(whole["read"], "whole");
+        assert_eq!(answer_only(doc), answer_only(whole), "{req:?}");
+        let asked = keys.load(std::sync::atomic::Ordering::SeqCst);
+        assert!(
+            asked > 0 && asked < all,
+            "{req:?}: {asked} keys asked of {all} elements"
+        );
+    }
+    // A kernel that cannot answer is not taken for an empty one.
+    let (k, _) = targeted(&nft, true);
+    let _ = trace(
+        &view,
+        &request(Origin::Pod, "10.1.2.3", "172.30.0.41", 80),
+        &k,
+    );
+    let why = k.failed().expect("the failed lookup is reported");
+    assert!(why.contains("No buffer space"), "{why}");
+}
+
+#[test]
+fn a_targeted_explain_finds_missing_and_differing_elements_and_says_what_it_did_not_look_for() {
+    let (proxiers, mut nft) = node();
+    let local = local();
+    let view = View {
+        proxiers: &proxiers,
+        local_ips: &local,
+    };
+    let web = NamespacedName::new("ns", "web");
+    let (k, keys) = targeted(&nft, false);
+    let doc = explain(&view, &web, &[(IpFamily::V4, k)]);
+    assert_eq!(
+        doc["drift"],
+        json!({"missing": 0, "differs": 0, "extra": null}),
+        "{doc:#}"
+    );
+    assert_eq!(doc["families"][0]["read"], "targeted");
+    let whole = explain(&view, &web, &[(IpFamily::V4, kernel(&nft))]);
+    assert_eq!(
+        doc["families"][0]["ports"], whole["families"][0]["ports"],
+        "element by element, the answer is the whole table's"
+    );
+    let wanted = doc["families"][0]["ports"][0]["elements"]
+        .as_array()
+        .unwrap()
+        .len();
+    let asked = keys.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(asked <= wanted, "{asked} keys asked for {wanted} elements");
+
+    // One element goes, one changes its verdict.
+    let key = |port| {
+        vec![
+            Value::Addr(ip("172.30.0.41")),
+            Value::Proto(L4Proto::Tcp),
+            Value::Port(port),
+        ]
+    };
+    let mut tx = verdict_nft::Transaction::new(Family::Ip, "verdict");
+    tx.delete_element(layout::SERVICE_IPS, key(80));
+    nft.run(&tx).unwrap();
+    let before = kernel(&nft);
+    let sets = &before.table.as_ref().unwrap().sets;
+    let (set, el) = sets
+        .iter()
+        .filter(|(n, _)| *n != layout::SERVICE_IPS)
+        .flat_map(|(n, s)| s.elements.values().map(move |e| (n.clone(), e.clone())))
+        .find(|(_, e)| {
+            e.comment.as_deref() == Some("ns/web:p80")
+                && matches!(e.value, Some(ElementValue::Verdict(_)))
+        })
+        .expect("a verdict element of ns/web");
+    let mut tx = verdict_nft::Transaction::new(Family::Ip, "verdict");
+    tx.delete_element(&set, el.key.clone());
+    tx.add_element(
+        &set,
+        Element::map(el.key.clone(), ElementValue::Verdict(Verdict::Accept))
+            .with_comment("ns/web:p80".to_owned()),
+    );
+    nft.run(&tx).unwrap();
+    let (k, _) = targeted(&nft, false);
+    let doc = explain(&view, &web, &[(IpFamily::V4, k)]);
+    assert_eq!(
+        doc["drift"],
+        json!({"missing": 1, "differs": 1, "extra": null}),
+        "{doc:#}"
+    );
+    let text = text::explain(&doc);
+    assert!(
+        text.contains("drift: 1 missing, 1 differing") && text.contains("--full"),
+        "{text}"
+    );
+    let whole = explain(&view, &web, &[(IpFamily::V4, kernel(&nft))]);
+    assert_eq!(whole["drift"]["extra"], 0, "{whole:#}");
 }

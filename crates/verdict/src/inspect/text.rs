@@ -34,8 +34,13 @@ fn origin(from: &str) -> &str {
 fn source(doc: &Json) -> String {
     match s(&doc["source"]) {
         "kernel" => format!(
-            "read back from the kernel in {:.1} ms",
-            doc["read_ms"].as_f64().unwrap_or(0.0)
+            "read back from the kernel in {:.1} ms{}",
+            doc["read_ms"].as_f64().unwrap_or(0.0),
+            if doc["read"] == "targeted" {
+                ", the elements the packet met only"
+            } else {
+                ""
+            }
         ),
         "memory" => "built in memory from the manifests (offline)".into(),
         other => other.to_owned(),
@@ -180,8 +185,13 @@ pub fn explain(doc: &Json) -> String {
     for fam in doc["families"].as_array().into_iter().flatten() {
         let src = match fam["source"].as_str() {
             Some("kernel") => format!(
-                "kernel read back in {:.1} ms",
-                fam["read_ms"].as_f64().unwrap_or(0.0)
+                "kernel read back in {:.1} ms{}",
+                fam["read_ms"].as_f64().unwrap_or(0.0),
+                if fam["read"] == "targeted" {
+                    ", the Service's elements only"
+                } else {
+                    ""
+                }
             ),
             Some(other) => other.to_owned(),
             None => "kernel not read".into(),
@@ -311,7 +321,20 @@ pub fn explain(doc: &Json) -> String {
     }
     let d = &doc["drift"];
     let n = |k: &str| d[k].as_u64().unwrap_or(0);
-    if n("missing") + n("differs") + n("extra") == 0 {
+    let unchecked = d["extra"].is_null();
+    if unchecked && n("missing") + n("differs") == 0 {
+        let _ = writeln!(
+            out,
+            "\ndrift: none in the elements verdict intends for this Service (elements it does not want are looked for with --full, which reads the whole table)"
+        );
+    } else if unchecked {
+        let _ = writeln!(
+            out,
+            "\ndrift: {} missing, {} differing (the next full sync repairs it; one runs at once after a foreign change; --full also looks for unwanted elements)",
+            n("missing"),
+            n("differs"),
+        );
+    } else if n("missing") + n("differs") + n("extra") == 0 {
         let _ = writeln!(
             out,
             "\ndrift: none (the kernel holds what verdict intends for this Service)"
