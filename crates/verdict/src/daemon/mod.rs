@@ -31,10 +31,12 @@ use crate::schedule::{self, Due, Schedule, Why};
 mod api;
 mod family;
 mod feed;
+mod outcome;
 mod watchers;
 pub use api::offline;
 use family::{FamilyExtras, clean_stale_udp, sync_health_checks};
 use feed::{Feed, PLAN_LIST_TIMEOUT};
+use outcome::{After, HealthChange};
 use watchers::{Foreign, watch_addresses, watch_foreign_changes};
 
 /// Where Services, EndpointSlices and the Node come from: `--manifests`
@@ -603,110 +605,70 @@ impl Node {
             if full {
                 p.force_full_sync();
             }
-            let r = match p.sync(backend, now) {
-                Ok(r) => r,
-                Err(e) => {
-                    self.history.sync(SyncRecord {
-                        at: started,
-                        family: family.to_string(),
-                        full,
-                        trigger,
-                        took: t.elapsed(),
-                        operations: 0,
-                        services: 0,
-                        sample: Vec::new(),
-                        quarantined: 0,
-                        error: Some(e.to_string()),
-                    });
-                    let counter = match e {
-                        verdict_proxier::ProxierError::Cleanup(_) => m::NFTABLES_CLEANUP_FAILURES,
-                        _ => m::NFTABLES_SYNC_FAILURES,
-                    };
-                    record(metrics, |x| x.add(counter, &fam, 1.0));
-                    if let Ok(mut h) = self.health.lock() {
-                        h.broken(health_family(family), started);
-                    }
-                    failed.push(format!("syncing the {family} table: {e}"));
-                    continue;
-                }
-            };
-            report_quarantine(metrics, self.events.as_ref(), &label, &r);
-            let elapsed = t.elapsed().as_secs_f64();
-            let synced_at = SystemTime::now();
-            record(metrics, |x| {
-                x.observe(m::SYNC_DURATION, &fam, elapsed);
-                let kind = if r.full {
-                    m::SYNC_FULL_DURATION
-                } else {
-                    m::SYNC_PARTIAL_DURATION
-                };
-                x.observe(kind, &fam, elapsed);
-                x.set(m::LAST_SYNC, &fam, unix_seconds(synced_at));
-                x.set(
-                    m::NO_LOCAL_ENDPOINTS,
-                    &[fam[0], "internal"],
-                    r.no_local_endpoints_internal as f64,
-                );
-                x.set(
-                    m::NO_LOCAL_ENDPOINTS,
-                    &[fam[0], "external"],
-                    r.no_local_endpoints_external as f64,
-                );
-                // Network programming latency: from the change's trigger
-                // time (EndpointSlice annotation) to now.
-                for t in r.last_change_trigger_times.values().flatten() {
-                    if let Some(at) = verdict_admin::time::parse_rfc3339(t)
-                        && let Ok(d) = synced_at.duration_since(at)
-                    {
-                        x.observe(m::NETWORK_PROGRAMMING, &fam, d.as_secs_f64());
-                    }
-                }
-            });
-            tracing::debug!(
-                %family,
-                full = r.full,
-                operations = r.operations,
-                elapsed = ?t.elapsed(),
-                services = r.updated_services.len(),
-                "synced"
-            );
-            let (services, sample) =
-                history::sample(r.updated_services.iter().map(ToString::to_string));
-            self.history.sync(SyncRecord {
-                at: started,
-                family: family.to_string(),
-                full: r.full,
-                trigger: if r.full && !full {
-                    "hourly full sync"
-                } else {
-                    trigger
-                },
+            let result = p.sync(backend, now);
+            let family_name = family.to_string();
+            let outcome = outcome::decide(&outcome::Finished {
+                family: &family_name,
+                label: &label,
+                requested_full: full,
+                trigger,
+                started,
                 took: t.elapsed(),
-                operations: r.operations,
-                services,
-                sample,
-                quarantined: r.quarantined.len(),
-                error: None,
+                ended: SystemTime::now(),
+                result: result.as_ref(),
+                udp_pending: extras.udp.pending(),
             });
-            if let Ok(mut h) = self.health.lock() {
-                h.updated(health_family(family), SystemTime::now());
-                h.repaired(health_family(family), started);
+            if let Ok(r) = &result {
+                report_quarantine(metrics, self.events.as_ref(), &label, r);
             }
+            record(metrics, |x| {
+                for change in &outcome.metrics {
+                    change.apply(x);
+                }
+            });
+            if let Ok(r) = &result {
+                tracing::debug!(
+                    %family,
+                    full = r.full,
+                    operations = r.operations,
+                    elapsed = ?outcome.record.took,
+                    services = r.updated_services.len(),
+                    "synced"
+                );
+            }
+            self.history.sync(outcome.record);
+            if let Ok(mut h) = self.health.lock() {
+                match outcome.health {
+                    HealthChange::Updated { at, started } => {
+                        h.updated(health_family(family), at);
+                        h.repaired(health_family(family), started);
+                    }
+                    HealthChange::Broken { since } => h.broken(health_family(family), since),
+                }
+            }
+            if let Some(why) = outcome.failure {
+                failed.push(why);
+            }
+            let Ok(r) = result else {
+                continue;
+            };
             let Some(ct) = self.live.as_mut() else {
                 continue;
             };
             // After a partial sync, only the services it touched are
             // looked at again: O(changed), as the sync itself.
             let t = Instant::now();
-            if r.full {
-                extras.udp.touched_all(p.service_ports());
-            } else {
-                extras.udp.touched(&r.updated_services);
-            }
-            if !r.full && r.updated_services.is_empty() && extras.udp.pending() == 0 {
-                continue;
-            }
-            let touched = (!r.full).then_some(&r.updated_services);
+            let touched = match outcome.after {
+                After::Nothing => continue,
+                After::All => {
+                    extras.udp.touched_all(p.service_ports());
+                    None
+                }
+                After::Touched => {
+                    extras.udp.touched(&r.updated_services);
+                    Some(&r.updated_services)
+                }
+            };
             sync_health_checks(
                 extras,
                 p,
