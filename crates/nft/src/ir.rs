@@ -593,6 +593,13 @@ pub enum Selector {
     /// `ct original proto-dst`: the destination port before NAT (needs a
     /// `meta l4proto` match earlier in the rule).
     CtOriginalDport,
+    /// `ct reply ip saddr`: the source of the connection's replies, which
+    /// after DNAT is the endpoint.
+    CtReplySaddr,
+    /// `ct reply proto-src`: the source port of the replies (the
+    /// endpoint's port after DNAT; needs a `meta l4proto` match earlier in
+    /// the rule).
+    CtReplySport,
     /// `numgen random mod N offset O`: a random number in `[O, O+N)`.
     Numgen {
         /// Modulus (> 0).
@@ -611,6 +618,8 @@ impl Selector {
             Selector::Dport => "th dport".into(),
             Selector::CtOriginalDaddr => format!("ct original {family} daddr"),
             Selector::CtOriginalDport => "ct original proto-dst".into(),
+            Selector::CtReplySaddr => format!("ct reply {family} saddr"),
+            Selector::CtReplySport => "ct reply proto-src".into(),
             Selector::Numgen { modulus, offset: 0 } => format!("numgen random mod {modulus}"),
             Selector::Numgen { modulus, offset } => {
                 format!("numgen random mod {modulus} offset {offset}")

@@ -553,6 +553,9 @@ impl<'a> Tracer<'a> {
             Selector::Dport => vec![Value::Port(st.dport)],
             Selector::CtOriginalDaddr => vec![Value::Addr(st.orig_dst)],
             Selector::CtOriginalDport => vec![Value::Port(st.orig_dport)],
+            // After DNAT the replies come from the endpoint.
+            Selector::CtReplySaddr => vec![Value::Addr(st.dnat.map_or(st.orig_dst, |(a, _)| a))],
+            Selector::CtReplySport => vec![Value::Port(st.dnat.map_or(st.orig_dport, |(_, p)| p))],
             Selector::Numgen { modulus, offset } => (0..modulus.min(MAX_FORK))
                 .map(|i| Value::Int(offset.saturating_add(i)))
                 .collect(),

@@ -107,7 +107,9 @@ pub struct ProxierConfig {
     /// family rather than fail every sync of the table.
     pub session_affinity: bool,
     /// Whether the service and endpoint maps count each element's packets
-    /// (new connections): verdict's per-service counters.
+    /// (new connections), and `service-traffic` the packets and bytes of
+    /// every connection per entry and endpoint: verdict's per-service
+    /// counters.
     pub counters: bool,
 }
 

@@ -52,6 +52,9 @@ pub const CLUSTER_IPS_CHECK: &str = "cluster-ips-check";
 pub const REJECT_CHAIN: &str = "reject-chain";
 /// Records session affinity after DNAT.
 pub const AFFINITY_RECORD: &str = "affinity-record";
+/// Counts every packet of a Service's connections, in both directions, in
+/// the element of its entry and endpoint (with [`ProxierConfig::counters`]).
+pub const COUNT_TRAFFIC: &str = "count-traffic";
 
 // === sets and maps ===
 /// Every proxied ClusterIP.
@@ -89,6 +92,11 @@ pub fn service_endpoints(p: L4Proto) -> &'static str {
         L4Proto::Sctp => SERVICE_ENDPOINTS_SCTP,
     }
 }
+/// Entry address . protocol . port . endpoint address . port, one element
+/// per entry and endpoint, counting the packets and bytes of their
+/// connections (looked up by [`COUNT_TRAFFIC`] with the connection's
+/// original destination and its replies' source).
+pub const SERVICE_TRAFFIC: &str = "service-traffic";
 /// Client . entry address . protocol . port → endpoint (dynamic).
 pub const AFFINITY: &str = "affinity";
 /// Entry address . protocol . port → affinity-timeout-T chain.
@@ -100,6 +108,47 @@ pub const LOCAL_SLOT_OFFSET: u32 = 1 << 24;
 pub const AFFINITY_SIZE: u32 = 1 << 20;
 /// Table comment.
 pub const TABLE_COMMENT: &str = "rules for verdict, the kube-proxy replacement";
+
+/// The base chains and fixed regular chains, by name ([`fixed_chains`]
+/// writes them).
+pub const FIXED_CHAINS: [&str; 17] = [
+    FILTER_PREROUTING_PRE_DNAT,
+    FILTER_OUTPUT_PRE_DNAT,
+    FILTER_INPUT,
+    FILTER_FORWARD,
+    FILTER_OUTPUT,
+    NAT_PREROUTING,
+    NAT_OUTPUT,
+    NAT_POSTROUTING,
+    SERVICES,
+    MASQUERADING,
+    FIREWALL_CHECK,
+    SERVICE_ENDPOINTS_CHECK,
+    NODEPORT_ENDPOINTS_CHECK,
+    CLUSTER_IPS_CHECK,
+    REJECT_CHAIN,
+    AFFINITY_RECORD,
+    COUNT_TRAFFIC,
+];
+
+/// Every set and map, by name ([`sets`] defines them).
+pub const SETS: [&str; 15] = [
+    CLUSTER_IPS,
+    NODEPORT_IPS,
+    SERVICE_IPS,
+    SERVICE_NODEPORTS,
+    NO_ENDPOINT_SERVICES,
+    NO_ENDPOINT_NODEPORTS,
+    FIREWALL_IPS,
+    FIREWALL_ALLOW,
+    HAIRPIN_CONNECTIONS,
+    SERVICE_ENDPOINTS_TCP,
+    SERVICE_ENDPOINTS_UDP,
+    SERVICE_ENDPOINTS_SCTP,
+    AFFINITY,
+    AFFINITY_SERVICES,
+    SERVICE_TRAFFIC,
+];
 
 /// The shared chains created on demand. Their names carry their parameters,
 /// so a restarted proxier recognises them in the kernel.
@@ -315,6 +364,17 @@ pub fn fixed_chains(cfg: &ProxierConfig) -> Vec<ChainWithRules> {
         ])
     };
     let base = |n: &str, t: ChainType, h: Hook, p: i32| Chain::base(n, t, h, p);
+    // Every packet of a DNATed connection, new or not, is counted first:
+    // the filter hooks see both directions of routed, delivered and
+    // locally sent traffic.
+    let counted = |rules: Vec<Rule>| {
+        let mut all = Vec::new();
+        if cfg.counters {
+            all.push(Rule::new(vec![Expr::CtStatusDnat, jump(COUNT_TRAFFIC)]));
+        }
+        all.extend(rules);
+        all
+    };
 
     let mut chains = vec![
         (
@@ -337,27 +397,27 @@ pub fn fixed_chains(cfg: &ProxierConfig) -> Vec<ChainWithRules> {
         ),
         (
             base(FILTER_INPUT, ChainType::Filter, Hook::Input, 0),
-            vec![
+            counted(vec![
                 new_jump(NODEPORT_ENDPOINTS_CHECK),
                 new_jump(SERVICE_ENDPOINTS_CHECK),
                 affinity_jump(),
-            ],
+            ]),
         ),
         (
             base(FILTER_FORWARD, ChainType::Filter, Hook::Forward, 0),
-            vec![
+            counted(vec![
                 new_jump(SERVICE_ENDPOINTS_CHECK),
                 new_jump(CLUSTER_IPS_CHECK),
                 affinity_jump(),
-            ],
+            ]),
         ),
         (
             base(FILTER_OUTPUT, ChainType::Filter, Hook::Output, 0),
-            vec![
+            counted(vec![
                 new_jump(SERVICE_ENDPOINTS_CHECK),
                 new_jump(CLUSTER_IPS_CHECK),
                 affinity_jump(),
-            ],
+            ]),
         ),
         (
             base(NAT_PREROUTING, ChainType::Nat, Hook::Prerouting, -100),
@@ -532,6 +592,32 @@ pub fn fixed_chains(cfg: &ProxierConfig) -> Vec<ChainWithRules> {
             })
             .collect(),
     ));
+    // meta l4proto tcp ct original ip daddr . meta l4proto . ct original proto-dst . ct reply ip saddr . ct reply proto-src @service-traffic return
+    chains.push((
+        Chain::regular(COUNT_TRAFFIC).with_comment(
+            "counts the packets and bytes of Service connections per entry and endpoint",
+        ),
+        L4Proto::ALL
+            .iter()
+            .map(|p| {
+                Rule::new(vec![
+                    proto_is(*p),
+                    Expr::Lookup {
+                        key: vec![
+                            Selector::CtOriginalDaddr,
+                            Selector::L4Proto,
+                            Selector::CtOriginalDport,
+                            Selector::CtReplySaddr,
+                            Selector::CtReplySport,
+                        ],
+                        set: SERVICE_TRAFFIC.into(),
+                        negate: false,
+                    },
+                    Expr::Verdict(Verdict::Return),
+                ])
+            })
+            .collect(),
+    ));
     let _ = family;
     chains
 }
@@ -541,7 +627,7 @@ pub fn fixed_chains(cfg: &ProxierConfig) -> Vec<ChainWithRules> {
 /// a connection's first packet, so these count new connections per
 /// service entry, per endpoint, per reject or drop for want of endpoints,
 /// and per firewalled destination.
-pub const COUNTED: [&str; 8] = [
+pub const COUNTED: [&str; 9] = [
     SERVICE_IPS,
     SERVICE_NODEPORTS,
     NO_ENDPOINT_SERVICES,
@@ -550,6 +636,7 @@ pub const COUNTED: [&str; 8] = [
     SERVICE_ENDPOINTS_TCP,
     SERVICE_ENDPOINTS_UDP,
     SERVICE_ENDPOINTS_SCTP,
+    SERVICE_TRAFFIC,
 ];
 
 /// Every set and map of the table.
@@ -604,8 +691,14 @@ pub fn sets(cfg: &ProxierConfig) -> Vec<Set> {
         Set::map(AFFINITY, affinity_key, vec![addr, DataType::InetService])
             .with_timeout(10800, AFFINITY_SIZE)
             .with_comment("ClientIP session affinity"),
-        Set::map(AFFINITY_SERVICES, svc, vec![DataType::Verdict])
+        Set::map(AFFINITY_SERVICES, svc.clone(), vec![DataType::Verdict])
             .with_comment("entries of services with ClientIP session affinity"),
+        counted(Set::set(SERVICE_TRAFFIC, {
+            let mut k = svc;
+            k.extend([addr, DataType::InetService]);
+            k
+        }))
+        .with_comment("packets and bytes of Service connections per entry and endpoint"),
     ];
     for p in L4Proto::ALL {
         let port = DataType::PortOf(p);
@@ -653,7 +746,18 @@ mod tests {
     #[test]
     fn chain_and_set_counts_are_fixed() {
         let cfg = ProxierConfig::new(verdict_model::IpFamily::V4, "n");
-        assert_eq!(fixed_chains(&cfg).len(), 16);
-        assert_eq!(sets(&cfg).len(), 14);
+        let mut chains: Vec<String> = fixed_chains(&cfg)
+            .into_iter()
+            .map(|(c, _)| c.name)
+            .collect();
+        let mut names: Vec<&str> = FIXED_CHAINS.to_vec();
+        chains.sort();
+        names.sort();
+        assert_eq!(chains, names, "FIXED_CHAINS names what fixed_chains writes");
+        let mut set_names: Vec<String> = sets(&cfg).into_iter().map(|s| s.name).collect();
+        let mut names: Vec<&str> = SETS.to_vec();
+        set_names.sort();
+        names.sort();
+        assert_eq!(set_names, names, "SETS names what sets defines");
     }
 }

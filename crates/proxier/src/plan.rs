@@ -50,6 +50,11 @@ struct Builder {
     name: String,
     proto: L4Proto,
     port: u16,
+    /// Whether each entry and endpoint gets a `service-traffic` element.
+    counted: bool,
+    /// The (entry, endpoint) pairs given one so far (an endpoint can be in
+    /// an entry's cluster list and its local list).
+    traffic: BTreeSet<(Vec<Value>, (IpAddr, u16))>,
     out: Contribution,
 }
 
@@ -96,6 +101,11 @@ impl Builder {
             key.push(Value::Int(offset + i as u32));
             let v = ElementValue::Data(vec![Value::Addr(ep.ip), Value::Port(ep.port)]);
             self.push(map, Element::map(key, v));
+            if self.counted && self.traffic.insert((entry.to_vec(), (ep.ip, ep.port))) {
+                let mut key = entry.to_vec();
+                key.extend([Value::Addr(ep.ip), Value::Port(ep.port)]);
+                self.push(layout::SERVICE_TRAFFIC, Element::key(key));
+            }
         }
     }
 }
@@ -116,6 +126,8 @@ pub fn contribution(
         name: sp.name.to_string(),
         proto: l4(sp.protocol),
         port: sp.port,
+        counted: cfg.counters,
+        traffic: BTreeSet::new(),
         out: Contribution::default(),
     };
     let set = |eps: &[&Endpoint]| eps.iter().map(|e| (e.ip, e.port)).collect::<BTreeSet<_>>();

@@ -1186,45 +1186,10 @@ fn isolate<B: Backend + ?Sized>(
 }
 
 fn is_fixed_chain(name: &str) -> bool {
-    [
-        layout::FILTER_PREROUTING_PRE_DNAT,
-        layout::FILTER_OUTPUT_PRE_DNAT,
-        layout::FILTER_INPUT,
-        layout::FILTER_FORWARD,
-        layout::FILTER_OUTPUT,
-        layout::NAT_PREROUTING,
-        layout::NAT_OUTPUT,
-        layout::NAT_POSTROUTING,
-        layout::SERVICES,
-        layout::MASQUERADING,
-        layout::FIREWALL_CHECK,
-        layout::SERVICE_ENDPOINTS_CHECK,
-        layout::NODEPORT_ENDPOINTS_CHECK,
-        layout::CLUSTER_IPS_CHECK,
-        layout::REJECT_CHAIN,
-        layout::AFFINITY_RECORD,
-    ]
-    .contains(&name)
+    layout::FIXED_CHAINS.contains(&name)
 }
 
 /// Our static name for a set, if it is one of ours.
 fn static_set_name(name: &str) -> Option<&'static str> {
-    [
-        layout::CLUSTER_IPS,
-        layout::NODEPORT_IPS,
-        layout::SERVICE_IPS,
-        layout::SERVICE_NODEPORTS,
-        layout::NO_ENDPOINT_SERVICES,
-        layout::NO_ENDPOINT_NODEPORTS,
-        layout::FIREWALL_IPS,
-        layout::FIREWALL_ALLOW,
-        layout::HAIRPIN_CONNECTIONS,
-        layout::SERVICE_ENDPOINTS_TCP,
-        layout::SERVICE_ENDPOINTS_UDP,
-        layout::SERVICE_ENDPOINTS_SCTP,
-        layout::AFFINITY,
-        layout::AFFINITY_SERVICES,
-    ]
-    .into_iter()
-    .find(|n| *n == name)
+    layout::SETS.into_iter().find(|n| *n == name)
 }

@@ -48,17 +48,18 @@ fn partial_syncs_emit_only_what_changed() {
     assert!(r.full);
     assert_eq!(chains(&fx), ["endpoints-1"]);
 
-    // Add a service with one endpoint: cluster-ips, service-ips and one
-    // service-endpoints slot. The shared chain endpoints-1 already exists.
+    // Add a service with one endpoint: cluster-ips, service-ips, one
+    // service-endpoints slot and its service-traffic counter. The shared
+    // chain endpoints-1 already exists.
     one_ep(&mut fx, "ns3", "svc3", "172.30.0.43", 80, &["10.0.3.1"]);
     let r = fx.sync();
     assert!(!r.full);
-    assert_eq!(r.operations, 3, "add service");
+    assert_eq!(r.operations, 4, "add service");
 
-    // Delete a service: its three elements go.
+    // Delete a service: its four elements go.
     fx.delete_service("ns2", "svc2")
         .delete_slice("ns2", "svc2-1");
-    assert_eq!(fx.sync().operations, 3, "delete service");
+    assert_eq!(fx.sync().operations, 4, "delete service");
 
     // A service without endpoints: cluster-ips + no-endpoint-services.
     one_ep(&mut fx, "ns4", "svc4", "172.30.0.44", 80, &[]);
@@ -68,17 +69,19 @@ fn partial_syncs_emit_only_what_changed() {
             .contains("172.30.0.44 . tcp . 80 comment \"ns4/svc4:p80\" : goto reject-chain")
     );
 
-    // It gets an endpoint: no-endpoint element out, dispatch and slot in.
+    // It gets an endpoint: no-endpoint element out, dispatch, slot and
+    // counter in.
     one_ep(&mut fx, "ns4", "svc4", "172.30.0.44", 80, &["10.0.4.1"]);
-    assert_eq!(fx.sync().operations, 3, "first endpoint");
+    assert_eq!(fx.sync().operations, 4, "first endpoint");
 
-    // Replace svc3's endpoint: one slot changes value (delete + add).
+    // Replace svc3's endpoint: one slot changes value (delete + add), and
+    // the old endpoint's counter gives way to the new one's.
     one_ep(&mut fx, "ns3", "svc3", "172.30.0.43", 80, &["10.0.3.2"]);
-    assert_eq!(fx.sync().operations, 2, "endpoint replaced");
+    assert_eq!(fx.sync().operations, 4, "endpoint replaced");
 
     // A second endpoint: the dispatch moves to endpoints-2 (delete + add),
-    // slot 1 is added, and the new shared chain endpoints-2 is created
-    // (add chain + 6 rules).
+    // slot 1 and its counter are added, and the new shared chain
+    // endpoints-2 is created (add chain + 6 rules).
     one_ep(
         &mut fx,
         "ns3",
@@ -87,13 +90,14 @@ fn partial_syncs_emit_only_what_changed() {
         80,
         &["10.0.3.2", "10.0.3.3"],
     );
-    assert_eq!(fx.sync().operations, 2 + 1 + 7, "second endpoint");
+    assert_eq!(fx.sync().operations, 2 + 2 + 7, "second endpoint");
     assert_eq!(chains(&fx), ["endpoints-1", "endpoints-2"]);
 
-    // Scale to zero: dispatch and both slots out, reject in; endpoints-2
-    // is no longer used, so it is flushed (and deleted later).
+    // Scale to zero: dispatch, both slots and their counters out, reject
+    // in; endpoints-2 is no longer used, so it is flushed (and deleted
+    // later).
     one_ep(&mut fx, "ns3", "svc3", "172.30.0.43", 80, &[]);
-    assert_eq!(fx.sync().operations, 3 + 1 + 1, "scale to zero");
+    assert_eq!(fx.sync().operations, 5 + 1 + 1, "scale to zero");
 
     // Back at once: the chain, emptied but not yet deleted, is refilled
     // (add + 6 rules; it is already empty), plus the elements.
@@ -106,7 +110,7 @@ fn partial_syncs_emit_only_what_changed() {
         &["10.0.3.2", "10.0.3.3"],
     );
     let r = fx.sync();
-    assert_eq!(r.operations, 4 + 7, "scale back");
+    assert_eq!(r.operations, 6 + 7, "scale back");
     assert_eq!(r.stale_chains_deleted, 0);
 
     // Nothing changed: nothing is sent.
@@ -118,7 +122,7 @@ fn partial_syncs_emit_only_what_changed() {
     // Scale down to one endpoint: endpoints-2 goes stale again, and is
     // deleted by a separate transaction once it has been empty long enough.
     one_ep(&mut fx, "ns3", "svc3", "172.30.0.43", 80, &["10.0.3.2"]);
-    assert_eq!(fx.sync().operations, 2 + 1 + 1, "scale down");
+    assert_eq!(fx.sync().operations, 2 + 2 + 1, "scale down");
     fx.advance(REMOVE_STALE_CHAINS_AFTER / 2);
     assert_eq!(fx.sync().stale_chains_deleted, 0, "too early");
     fx.advance(REMOVE_STALE_CHAINS_AFTER);
@@ -407,9 +411,9 @@ fn shared_chains_do_not_grow_with_services() {
     }
     fx.sync();
     let t = fx.nft.get(Family::Ip, "verdict").unwrap();
-    // 16 fixed chains + endpoints-1..3; 14 sets and maps, whatever the size.
-    assert_eq!(t.chains.len(), 16 + 3);
-    assert_eq!(t.sets.len(), 14);
+    // 17 fixed chains + endpoints-1..3; 15 sets and maps, whatever the size.
+    assert_eq!(t.chains.len(), 17 + 3);
+    assert_eq!(t.sets.len(), 15);
     assert_eq!(t.sets["service-ips"].elements.len(), 300);
     assert_eq!(
         t.sets["service-endpoints-tcp"].elements.len(),

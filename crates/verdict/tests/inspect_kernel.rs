@@ -64,6 +64,24 @@ metadata: {name: empty, namespace: demo}
 spec:
   clusterIP: 172.30.0.43
   ports: [{name: http, port: 80, protocol: TCP}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: dns, namespace: demo}
+spec:
+  clusterIP: 172.30.0.44
+  ports: [{name: dns, port: 53, protocol: UDP}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: dns-1
+  namespace: demo
+  labels: {kubernetes.io/service-name: dns}
+addressType: IPv4
+ports: [{name: dns, port: 53, protocol: UDP}]
+endpoints:
+- {addresses: [10.180.0.1], nodeName: test-node}
 ";
 
 /// The node's flags, for the daemon and for the offline commands.
@@ -127,7 +145,8 @@ const TRACE_POD: [&str; 11] = [
 fn node_running_verdict(tag: &str) -> Option<(TestBed, Process, String)> {
     let mut bed = bed()?;
     for pod in ["10.180.0.1", "10.180.0.2", "10.180.0.3"] {
-        bed.add_pod(ip(pod), Placement::Local, &[80], &[]).unwrap();
+        bed.add_pod(ip(pod), Placement::Local, &[80], &[53])
+            .unwrap();
     }
     bed.add_pod(ip("10.0.0.2"), Placement::Local, &[], &[])
         .unwrap();
@@ -218,6 +237,72 @@ fn trace_and_explain_answer_from_the_running_daemon_and_offline() {
         "verdict_service_dropped_total{ip_family=\"IPv4\",namespace=\"demo\",service=\"lb\",port=\"http\",reason=\"source-ranges\"}",
     );
     assert!(dropped >= Some(1.0), "{metrics}");
+
+    // Every packet of those connections, both ways, in packets and bytes.
+    let traffic = |name: &str, labels: &str| sample(&metrics, &format!("{name}{{{labels}}}"));
+    let packets = traffic(
+        "verdict_service_packets_total",
+        &format!("{base},entry=\"ClusterIP\",address=\"172.30.0.41\""),
+    )
+    .unwrap_or_else(|| panic!("no packet counter: {metrics}"));
+    let bytes = traffic(
+        "verdict_service_bytes_total",
+        &format!("{base},entry=\"ClusterIP\",address=\"172.30.0.41\""),
+    )
+    .unwrap_or(0.0);
+    // A TCP connection that carries a request and an answer is at least
+    // 3 packets each way (handshake, data, close); 40-byte headers each.
+    assert!(
+        packets >= 6.0 * cluster_ip,
+        "{packets} packets for {cluster_ip} connections"
+    );
+    assert!(
+        bytes >= 40.0 * packets,
+        "{bytes} bytes in {packets} packets"
+    );
+    let endpoint_packets: f64 = ["10.180.0.1:80", "10.180.0.2:80"]
+        .iter()
+        .map(|e| {
+            traffic(
+                "verdict_endpoint_packets_total",
+                &format!("{base},endpoint=\"{e}\""),
+            )
+            .unwrap_or(0.0)
+        })
+        .sum();
+    assert_eq!(
+        endpoint_packets, packets,
+        "every packet went to one endpoint"
+    );
+    // UDP: each exchange is one datagram there and one back.
+    for sport in 40001..=40005 {
+        let answer = bed.connect_from(ip("10.0.0.2"), sport, ip("172.30.0.44"), "udp", 53, 1000);
+        assert!(
+            answer.is_ok_and(|a| a.contains("10.180.0.1")),
+            "udp exchange"
+        );
+    }
+    std::thread::sleep(Duration::from_secs(6)); // past the counters' cache
+    let metrics = http_on(&bed, 10249, "/metrics");
+    let dns = "ip_family=\"IPv4\",namespace=\"demo\",service=\"dns\",port=\"dns\"";
+    assert_eq!(
+        sample(
+            &metrics,
+            &format!(
+                "verdict_service_packets_total{{{dns},entry=\"ClusterIP\",address=\"172.30.0.44\"}}"
+            )
+        ),
+        Some(10.0),
+        "5 exchanges, one datagram each way: {metrics}"
+    );
+    assert_eq!(
+        sample(
+            &metrics,
+            &format!("verdict_endpoint_packets_total{{{dns},endpoint=\"10.180.0.1:53\"}}")
+        ),
+        Some(10.0),
+        "{metrics}"
+    );
 
     // The drop and the reject say why, naming the Service.
     let mut blocked = vec!["trace", "--from", "external", "--src", "203.0.113.130"];
@@ -312,7 +397,7 @@ fn trace_and_explain_answer_from_the_running_daemon_and_offline() {
 
     // services and syncs.
     let list = json(&bed, &["services", "-o", "json", "--search", "demo/"]);
-    assert_eq!(list["total"], 3, "{list:#}");
+    assert_eq!(list["total"], 4, "{list:#}");
     let syncs = text(&bed, &["syncs"]);
     assert!(syncs.contains("first sync"), "{syncs}");
 

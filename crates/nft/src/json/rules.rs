@@ -148,6 +148,10 @@ impl<'a> RuleParser<'a> {
                 Ok(Selector::CtOriginalDaddr)
             }
             ("ct", _, _, "proto-dst", "original") => Ok(Selector::CtOriginalDport),
+            ("ct", _, _, key, "reply") if key == format!("{fam} saddr") => {
+                Ok(Selector::CtReplySaddr)
+            }
+            ("ct", _, _, "proto-src", "reply") => Ok(Selector::CtReplySport),
             ("numgen", _, _, _, _) => {
                 if field("mode") != "random" {
                     return Err("only numgen random is supported".into());
@@ -251,11 +255,14 @@ impl<'a> RuleParser<'a> {
             _ => return Err(format!("operator {op} is not supported here")),
         };
         let value = match selector {
-            Selector::Saddr | Selector::Daddr | Selector::CtOriginalDaddr => {
-                constant(self.family.addr_type(), right, false)?
-            }
+            Selector::Saddr
+            | Selector::Daddr
+            | Selector::CtOriginalDaddr
+            | Selector::CtReplySaddr => constant(self.family.addr_type(), right, false)?,
             Selector::L4Proto => Value::Proto(proto(right)?),
-            Selector::Dport | Selector::CtOriginalDport => Value::Port(port(right)?),
+            Selector::Dport | Selector::CtOriginalDport | Selector::CtReplySport => {
+                Value::Port(port(right)?)
+            }
             Selector::Numgen { .. } => Value::Int(u32_of(right)?),
         };
         Ok(Expr::Cmp {
@@ -404,6 +411,8 @@ impl<'a> RuleParser<'a> {
             _ if s == format!("{fam} daddr") => Selector::Daddr,
             _ if s == format!("ct original {fam} daddr") => Selector::CtOriginalDaddr,
             "ct original proto-dst" => Selector::CtOriginalDport,
+            _ if s == format!("ct reply {fam} saddr") => Selector::CtReplySaddr,
+            "ct reply proto-src" => Selector::CtReplySport,
             "meta l4proto" => Selector::L4Proto,
             "th dport" => Selector::Dport,
             _ => {

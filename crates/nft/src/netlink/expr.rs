@@ -43,10 +43,14 @@ const META_L4PROTO: u32 = 16;
 
 const CT_STATE: u32 = 0;
 const CT_STATUS: u32 = 2;
+const CT_PROTO_SRC: u32 = 11;
 const CT_PROTO_DST: u32 = 12;
+const CT_SRC_IP: u32 = 19;
 const CT_DST_IP: u32 = 20;
+const CT_SRC_IP6: u32 = 21;
 const CT_DST_IP6: u32 = 22;
 const CT_DIR_ORIGINAL: u8 = 0;
+const CT_DIR_REPLY: u8 = 1;
 /// `NF_CT_STATE_BIT(IP_CT_NEW)`.
 const CT_STATE_NEW: u32 = 8;
 /// `IPS_DST_NAT`.
@@ -113,9 +117,11 @@ fn addr_len(family: Family) -> usize {
 /// Bytes a selector loads.
 pub(crate) fn selector_len(family: Family, s: Selector) -> usize {
     match s {
-        Selector::Saddr | Selector::Daddr | Selector::CtOriginalDaddr => addr_len(family),
+        Selector::Saddr | Selector::Daddr | Selector::CtOriginalDaddr | Selector::CtReplySaddr => {
+            addr_len(family)
+        }
         Selector::L4Proto => 1,
-        Selector::Dport | Selector::CtOriginalDport => 2,
+        Selector::Dport | Selector::CtOriginalDport | Selector::CtReplySport => 2,
         Selector::Numgen { .. } => 4,
     }
 }
@@ -255,6 +261,14 @@ impl Encoder<'_> {
                 self.ct_load(r, key, Some(CT_DIR_ORIGINAL))
             }
             Selector::CtOriginalDport => self.ct_load(r, CT_PROTO_DST, Some(CT_DIR_ORIGINAL)),
+            Selector::CtReplySaddr => {
+                let key = match fam {
+                    Family::Ip => CT_SRC_IP,
+                    Family::Ip6 => CT_SRC_IP6,
+                };
+                self.ct_load(r, key, Some(CT_DIR_REPLY))
+            }
+            Selector::CtReplySport => self.ct_load(r, CT_PROTO_SRC, Some(CT_DIR_REPLY)),
             Selector::Numgen { modulus, offset } => self.kernel("numgen", |w| {
                 w.u32_be(1, r);
                 w.u32_be(2, modulus);
@@ -575,9 +589,13 @@ pub(crate) fn read_verdict(a: Attrs<'_>) -> Result<Verdict, NftError> {
 /// The type of the value a selector reads.
 pub(crate) fn selector_type(family: Family, s: Selector) -> DataType {
     match s {
-        Selector::Saddr | Selector::Daddr | Selector::CtOriginalDaddr => family.addr_type(),
+        Selector::Saddr | Selector::Daddr | Selector::CtOriginalDaddr | Selector::CtReplySaddr => {
+            family.addr_type()
+        }
         Selector::L4Proto => DataType::InetProto,
-        Selector::Dport | Selector::CtOriginalDport => DataType::InetService,
+        Selector::Dport | Selector::CtOriginalDport | Selector::CtReplySport => {
+            DataType::InetService
+        }
         Selector::Numgen { .. } => DataType::Numgen,
     }
 }
@@ -821,6 +839,11 @@ impl Decoder<'_> {
                     (CT_PROTO_DST, Some(CT_DIR_ORIGINAL), _) => {
                         Held::Field(Selector::CtOriginalDport, 2)
                     }
+                    (CT_SRC_IP, Some(CT_DIR_REPLY), Family::Ip)
+                    | (CT_SRC_IP6, Some(CT_DIR_REPLY), Family::Ip6) => {
+                        Held::Field(Selector::CtReplySaddr, addr_len(fam))
+                    }
+                    (CT_PROTO_SRC, Some(CT_DIR_REPLY), _) => Held::Field(Selector::CtReplySport, 2),
                     _ => return Err(NftError::Parse(format!("ct key {key} direction {dir:?}"))),
                 };
                 self.regs.insert(w, held);

@@ -39,6 +39,17 @@ fn sets(family: Family) -> BTreeMap<String, Set> {
             vec![DataType::InetProto, DataType::InetService],
             vec![DataType::Verdict],
         ),
+        Set::set(
+            "traffic",
+            vec![
+                a,
+                DataType::InetProto,
+                DataType::InetService,
+                a,
+                DataType::InetService,
+            ],
+        )
+        .with_counters(),
     ]
     .into_iter()
     .map(|s| (s.name.clone(), s))
@@ -283,6 +294,27 @@ fn rules(family: Family) -> Vec<Rule> {
                 set: "vmap".into(),
                 negate: false,
             },
+        ]),
+        // Per-connection traffic: the entry before DNAT and the endpoint
+        // the replies come from.
+        Rule::new(vec![
+            Cmp {
+                selector: Selector::L4Proto,
+                op: CmpOp::Eq,
+                value: Value::Proto(L4Proto::Sctp),
+            },
+            Lookup {
+                key: vec![
+                    Selector::CtOriginalDaddr,
+                    Selector::L4Proto,
+                    Selector::CtOriginalDport,
+                    Selector::CtReplySaddr,
+                    Selector::CtReplySport,
+                ],
+                set: "traffic".into(),
+                negate: false,
+            },
+            Verdict(crate::ir::Verdict::Return),
         ]),
         Rule::new(vec![
             Cmp {

@@ -7,6 +7,14 @@
 //! `service-ips` the connections `loadBalancerSourceRanges` dropped. No
 //! set or map is added for them: the number of sets stays fixed.
 //!
+//!
+//! Packets and bytes are counted apart, in `service-traffic`: the filter
+//! chains send every packet of a DNATed connection, in both directions,
+//! to a lookup of its original destination and its replies' source, which
+//! finds one element per entry and endpoint. One set, whatever the
+//! cluster size; one element per entry and endpoint, as many as the
+//! endpoint maps hold.
+//!
 //! A counter starts again from zero when its element is replaced (an
 //! endpoint moves to another slot, a Service is re-created), which
 //! Prometheus reads as a counter reset.
@@ -28,6 +36,14 @@ pub const ENDPOINT_CONNECTIONS: &str = "verdict_endpoint_connections_total";
 pub const SERVICE_REJECTED: &str = "verdict_service_rejected_total";
 /// Connections dropped, by reason.
 pub const SERVICE_DROPPED: &str = "verdict_service_dropped_total";
+/// Packets of a Service port's connections, both ways, per entry point.
+pub const SERVICE_PACKETS: &str = "verdict_service_packets_total";
+/// Their bytes.
+pub const SERVICE_BYTES: &str = "verdict_service_bytes_total";
+/// Packets of the connections sent to an endpoint, both ways.
+pub const ENDPOINT_PACKETS: &str = "verdict_endpoint_packets_total";
+/// Their bytes.
+pub const ENDPOINT_BYTES: &str = "verdict_endpoint_bytes_total";
 
 type Labels = Vec<(&'static str, String)>;
 
@@ -67,6 +83,18 @@ fn entry_kind(sp: Option<&ServicePort>, addr: IpAddr) -> &'static str {
         Some(sp) if sp.cluster_ip == addr => "ClusterIP",
         Some(sp) if sp.load_balancer_vips.contains(&addr) => "LoadBalancer",
         Some(sp) if sp.external_ips.contains(&addr) => "ExternalIP",
+        _ => "unknown",
+    }
+}
+
+/// The entry point of a `service-traffic` key's address and port: a
+/// Service address, or a node address with the NodePort.
+fn traffic_entry(sp: Option<&ServicePort>, addr: IpAddr, port: u16) -> &'static str {
+    match sp {
+        Some(sp) if port == sp.port && entry_kind(Some(sp), addr) != "unknown" => {
+            entry_kind(Some(sp), addr)
+        }
+        Some(sp) if sp.node_port == Some(port) => "NodePort",
         _ => "unknown",
     }
 }
@@ -148,6 +176,32 @@ fn collect(p: &Proxier, t: &TableState, out: &mut Families) {
             }
         }
     }
+    // Packets and bytes, per entry point and per endpoint.
+    for (key, c) in counters(layout::SERVICE_TRAFFIC).into_iter().flatten() {
+        let Some(port) = owner(p, layout::SERVICE_TRAFFIC, key, t) else {
+            continue;
+        };
+        let [
+            Value::Addr(entry),
+            _,
+            Value::Port(entry_port),
+            Value::Addr(ep),
+            Value::Port(ep_port),
+        ] = key.as_slice()
+        else {
+            continue;
+        };
+        let sp = p.service_ports().get(&port);
+        let mut l = port_labels(family, &port);
+        l.push(("entry", traffic_entry(sp, *entry, *entry_port).into()));
+        l.push(("address", entry.to_string()));
+        out.add(SERVICE_PACKETS, l.clone(), c.packets);
+        out.add(SERVICE_BYTES, l, c.bytes);
+        let mut l = port_labels(family, &port);
+        l.push(("endpoint", super::show_addr(*ep, *ep_port)));
+        out.add(ENDPOINT_PACKETS, l.clone(), c.packets);
+        out.add(ENDPOINT_BYTES, l, c.bytes);
+    }
     // Firewalled destinations: what did not reach `service-ips` was dropped.
     let accepted = counters(layout::SERVICE_IPS);
     for (key, c) in counters(layout::FIREWALL_IPS).into_iter().flatten() {
@@ -197,6 +251,18 @@ impl Snapshot {
             SERVICE_REJECTED => {
                 "New connections rejected because the Service port has no usable endpoint"
             }
+            SERVICE_PACKETS => {
+                "Packets of a Service port's connections, both directions, per entry point, counted by the kernel"
+            }
+            SERVICE_BYTES => {
+                "Bytes of a Service port's connections, both directions, per entry point, counted by the kernel"
+            }
+            ENDPOINT_PACKETS => {
+                "Packets of the connections sent to an endpoint of a Service port, both directions, counted by the kernel"
+            }
+            ENDPOINT_BYTES => {
+                "Bytes of the connections sent to an endpoint of a Service port, both directions, counted by the kernel"
+            }
             _ => {
                 "New connections dropped: no local endpoint with a Local traffic policy, or a source outside loadBalancerSourceRanges"
             }
@@ -243,12 +309,14 @@ impl Snapshot {
             }
             return json!({"service": format!("{ns}/{name}"), "series": series});
         }
-        let mut totals: BTreeMap<String, [u64; 3]> = BTreeMap::new();
+        let mut totals: BTreeMap<String, [u64; 5]> = BTreeMap::new();
         for (family, s) in &self.families.0 {
             let slot = match *family {
                 SERVICE_CONNECTIONS => 0,
                 SERVICE_REJECTED => 1,
                 SERVICE_DROPPED => 2,
+                SERVICE_PACKETS => 3,
+                SERVICE_BYTES => 4,
                 _ => continue,
             };
             for (labels, v) in s {
@@ -262,7 +330,11 @@ impl Snapshot {
         }
         let services: serde_json::Map<String, Json> = totals
             .into_iter()
-            .map(|(k, [c, r, d])| (k, json!({"connections": c, "rejected": r, "dropped": d})))
+            .map(|(k, [c, r, d, packets, bytes])| {
+                let doc = json!({"connections": c, "rejected": r, "dropped": d,
+                                 "packets": packets, "bytes": bytes});
+                (k, doc)
+            })
             .collect();
         json!({"services": services})
     }
@@ -353,6 +425,18 @@ mod tests {
             vec![a("172.30.0.43"), tcp, Value::Port(80)],
             5,
         );
+        // Every packet of those connections, both ways: 60 bytes each.
+        for (entry, ep, n) in [
+            ("172.30.0.41", "10.180.0.1", 40),
+            ("172.30.0.41", "10.180.0.2", 30),
+            ("5.6.7.8", "10.180.0.2", 20),
+        ] {
+            count(
+                layout::SERVICE_TRAFFIC,
+                vec![a(entry), tcp, Value::Port(80), a(ep), Value::Port(80)],
+                n,
+            );
+        }
         let text = Snapshot::of(&[(&p, Some(&t))]).exposition();
         let has = |line: &str| assert!(text.lines().any(|l| l == line), "{line}\n{text}");
         let base = "ip_family=\"IPv4\",namespace=\"ns\",service=\"web\",port=\"http\"";
@@ -374,6 +458,18 @@ mod tests {
         has(
             "verdict_service_rejected_total{ip_family=\"IPv4\",namespace=\"ns\",service=\"empty\",port=\"http\"} 5",
         );
+        has(&format!(
+            "verdict_service_packets_total{{{base},entry=\"ClusterIP\",address=\"172.30.0.41\"}} 70"
+        ));
+        has(&format!(
+            "verdict_service_bytes_total{{{base},entry=\"LoadBalancer\",address=\"5.6.7.8\"}} 1200"
+        ));
+        has(&format!(
+            "verdict_endpoint_packets_total{{{base},endpoint=\"10.180.0.2:80\"}} 50"
+        ));
+        has(&format!(
+            "verdict_endpoint_bytes_total{{{base},endpoint=\"10.180.0.1:80\"}} 2400"
+        ));
         assert!(text.contains("# TYPE verdict_service_connections_total counter"));
         assert_eq!(
             Snapshot::of(&[(&p, None)]).exposition(),
@@ -384,6 +480,8 @@ mod tests {
         let all = snap.json(None);
         assert_eq!(all["services"]["ns/web"]["connections"], 10);
         assert_eq!(all["services"]["ns/web"]["dropped"], 2);
+        assert_eq!(all["services"]["ns/web"]["packets"], 90);
+        assert_eq!(all["services"]["ns/web"]["bytes"], 5400);
         assert_eq!(all["services"]["ns/empty"]["rejected"], 5);
         let one = snap.json(Some(("ns", "web")));
         let series = one["series"].as_array().unwrap();
@@ -391,5 +489,19 @@ mod tests {
             && s["endpoint"] == "10.180.0.2:80"
             && s["value"] == 6));
         assert!(series.iter().all(|s| s["service"] == "web"));
+
+        // A NodePort's traffic is keyed by the node's address and the
+        // NodePort.
+        let (_, web) = p
+            .service_ports()
+            .iter()
+            .find(|(k, _)| k.service.name.as_str() == "web")
+            .unwrap();
+        let mut np = web.clone();
+        np.node_port = Some(30080);
+        let node: IpAddr = "192.168.0.2".parse().unwrap();
+        assert_eq!(traffic_entry(Some(&np), node, 30080), "NodePort");
+        assert_eq!(traffic_entry(Some(&np), np.cluster_ip, 80), "ClusterIP");
+        assert_eq!(traffic_entry(Some(&np), node, 80), "unknown");
     }
 }

@@ -51,6 +51,11 @@ pub struct LiveTrace {
 pub fn parse(lines: &[String], family: &str, table: &str) -> LiveTrace {
     let mut id: Option<&str> = None;
     let mut out = LiveTrace::default();
+    // A packet enters each base chain once. The kernel derives a trace
+    // id from the packet's buffer, so a later packet of the connection
+    // can carry the first one's id: its entering a chain again ends the
+    // first packet's trace.
+    let mut entered: Vec<(&str, &str, &str)> = Vec::new();
     for line in lines {
         let mut w = line.split_whitespace();
         if w.next() != Some("trace") || w.next() != Some("id") {
@@ -69,6 +74,10 @@ pub fn parse(lines: &[String], family: &str, table: &str) -> LiveTrace {
         };
         let rest: Vec<&str> = w.collect();
         if kind == "packet:" {
+            if entered.contains(&(fam, tab, chain)) {
+                break;
+            }
+            entered.push((fam, tab, chain));
             for pair in rest.windows(3) {
                 if (pair[0] == "ip" || pair[0] == "ip6") && pair[1] == "daddr" {
                     let d = pair[2].to_owned();
@@ -274,7 +283,9 @@ trace id 1a2b3c4d ip verdict services rule ip daddr . meta l4proto . th dport vm
 trace id 1a2b3c4d ip verdict endpoints-2 rule meta l4proto tcp dnat ip addr . port to ip daddr . tcp dport . numgen random mod 2 map @service-endpoints-tcp (verdict accept)
 trace id 1a2b3c4d ip verdict filter-output packet: oif "eth0" ip saddr 192.168.0.2 ip daddr 10.180.0.2 tcp sport 41234 tcp dport 80
 trace id 1a2b3c4d ip verdict filter-output rule ct state new jump service-endpoints-check (verdict jump service-endpoints-check)
-trace id 9f9f9f9f ip verdict services rule something else (verdict accept)"#;
+trace id 9f9f9f9f ip verdict services rule something else (verdict accept)
+trace id 1a2b3c4d ip verdict filter-output packet: oif "eth0" ip saddr 192.168.0.2 ip daddr 10.180.0.2 tcp sport 41234 tcp dport 80 tcp flags == ack
+trace id 1a2b3c4d ip verdict filter-output rule ct status dnat jump count-traffic (verdict jump count-traffic)"#;
 
     #[test]
     fn the_kernels_trace_is_read_for_the_first_packet_only() {

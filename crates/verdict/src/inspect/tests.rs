@@ -128,6 +128,25 @@ fn a_trace_names_the_service_each_element_belongs_to_and_the_odds() {
         .find(|l| l["set"] == "service-endpoints-tcp" && l["found"] == true)
         .expect("an endpoint slot was looked up");
     assert_eq!(slot["service"], "ns/web:p80");
+    // Its packets are counted in the element of its entry and endpoint.
+    let counted = doc["paths"][0]["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|s| s["lookups"].as_array().unwrap())
+        .find(|l| l["set"] == "service-traffic")
+        .expect("the packet's traffic was looked up");
+    assert_eq!(counted["found"], true, "{counted}");
+    assert_eq!(counted["service"], "ns/web:p80");
+    let dnat = doc["paths"][0]["dnat"].as_str().unwrap().replace(':', " . ");
+    assert!(
+        counted["key"]
+            .as_str()
+            .unwrap()
+            .starts_with("172.30.0.41 . tcp . 80 . ")
+            && counted["key"].as_str().unwrap().ends_with(&dnat),
+        "the entry, then the endpoint it was sent to: {counted}"
+    );
     let hooks: Vec<&str> = doc["paths"][0]["steps"]
         .as_array()
         .unwrap()
