@@ -254,7 +254,7 @@ const OPTIONS: &[OptSpec] = &[
         short: None,
         opt: Opt::ServiceCounters,
         takes_value: false,
-        help: "Count new connections, rejects and drops per Service entry and endpoint in the kernel's maps, exported as verdict_service_* and verdict_endpoint_* on /metrics (--service-counters=false turns them off)",
+        help: "Count new connections, rejects and drops per Service entry and endpoint in the kernel's maps, and the packets and bytes of every connection per entry and endpoint, exported as verdict_service_* and verdict_endpoint_* on /metrics (--service-counters=false turns them off)",
         kube_proxy: false,
     },
     OptSpec {

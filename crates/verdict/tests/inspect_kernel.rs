@@ -715,6 +715,14 @@ fn the_web_view_shows_services_endpoints_and_counters_in_a_real_browser() {
         .and_then(|n| n.trim().parse().ok())
         .unwrap_or_else(|| panic!("no connection count in {row}"));
     assert!(connections >= 30, "{connections}: {row}");
+    // And its traffic: every byte of those connections, both ways.
+    let bytes: u64 = row
+        .split("data-bytes=\"")
+        .nth(1)
+        .and_then(|c| c.split('"').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no byte count in {row}"));
+    assert!(bytes >= 30 * 6 * 40, "{bytes} bytes: {row}");
 
     let page = browse(&bed, &browser, &format!("{ui}#/service/demo/web"), None);
     for ep in ["10.180.0.1:80", "10.180.0.2:80", "10.180.0.3:80"] {
@@ -724,6 +732,14 @@ fn the_web_view_shows_services_endpoints_and_counters_in_a_real_browser() {
         );
     }
     assert!(page.contains("no drift"), "{page}");
+    let endpoint_bytes: u64 = page
+        .split("data-endpoint=\"10.180.0.1:80\"")
+        .nth(1)
+        .and_then(|r| r.split("data-bytes=\"").nth(1))
+        .and_then(|c| c.split('"').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no byte count for 10.180.0.1:80 in {page}"));
+    assert!(endpoint_bytes > 0, "{page}");
     assert!(page.contains("id=\"rate-chart\""), "{page}");
     assert!(
         page.contains("unused while a ready endpoint exists"),
