@@ -46,7 +46,7 @@ use verdict_e2e::netns::{Netns, Process, can_run, unique_prefix};
 use crate::workload::service_ip;
 use crate::{flag, pct, sizes};
 
-const USAGE: &str = "usage: verdict-bench daemon [--source api|manifests] [--protocol tcp|udp] [--sizes 1000,10000,30000] [--endpoints 2] [--slice-size 100] [--changes 20 | --churn 100 --duration 60 | --inspect 20] [--min-sync-period 0s] [--log DIR] [--under 'heaptrack -o FILE']";
+const USAGE: &str = "usage: verdict-bench daemon [--source api|manifests] [--protocol tcp|udp] [--sizes 1000,10000,30000] [--endpoints 2] [--slice-size 100] [--changes 20 | --churn 100 --duration 60 | --inspect 20] [--min-sync-period 0s] [--log DIR] [--under 'heaptrack -o FILE'] [--verdict-flags '--service-counters=false']";
 
 /// Where verdict reads the cluster from.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -705,6 +705,8 @@ struct Programs<'a> {
     apiserver: &'a Path,
     log_to: Option<&'a Path>,
     under: &'a [&'a str],
+    /// More flags for verdict (`--verdict-flags`).
+    extra: &'a [&'a str],
     min_sync_period: &'a str,
 }
 
@@ -783,6 +785,7 @@ fn run_one(source: Source, shape: Shape, mode: Mode, p: &Programs) -> Result<Row
         .args(p.under)
         .arg(p.verdict)
         .args(&source_args)
+        .args(p.extra)
         .args([
             "--hostname-override",
             "bench-node",
@@ -983,6 +986,9 @@ pub fn daemon(args: &[String]) -> Result<(), String> {
     // the wrapper's, not verdict's).
     let under: Vec<&str> =
         flag(args, "--under").map_or(Vec::new(), |u| u.split_whitespace().collect());
+    // More of verdict's own flags (`--service-counters=false`, say).
+    let extra: Vec<&str> =
+        flag(args, "--verdict-flags").map_or(Vec::new(), |u| u.split_whitespace().collect());
     let verdict = sibling("verdict")?;
     let apiserver = sibling("verdict-e2e-apiserver")?;
     let (title, prepared, loaded, change) = match source {
@@ -1042,6 +1048,7 @@ pub fn daemon(args: &[String]) -> Result<(), String> {
             apiserver: &apiserver,
             log_to: log_to.as_deref(),
             under: &under,
+            extra: &extra,
             min_sync_period,
         };
         let r = run_one(source, shape, mode, &programs)?;
