@@ -138,7 +138,10 @@ fn a_trace_names_the_service_each_element_belongs_to_and_the_odds() {
         .expect("the packet's traffic was looked up");
     assert_eq!(counted["found"], true, "{counted}");
     assert_eq!(counted["service"], "ns/web:p80");
-    let dnat = doc["paths"][0]["dnat"].as_str().unwrap().replace(':', " . ");
+    let dnat = doc["paths"][0]["dnat"]
+        .as_str()
+        .unwrap()
+        .replace(':', " . ");
     assert!(
         counted["key"]
             .as_str()
