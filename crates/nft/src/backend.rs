@@ -165,13 +165,23 @@ pub(crate) fn set_elements(
     Ok(s.elements.values().cloned().collect())
 }
 
-/// A chain and its rules.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A chain and its rules. Two are equal when their definitions and rules
+/// are: counters move with every packet.
+#[derive(Clone, Debug, Eq)]
 pub struct ChainState {
     /// Definition.
     pub chain: Chain,
     /// Rules in order.
     pub rules: Vec<Rule>,
+    /// What the `counter` of each counting rule says, by the rule's index,
+    /// as read back from the kernel (empty in memory).
+    pub counters: BTreeMap<usize, Counter>,
+}
+
+impl PartialEq for ChainState {
+    fn eq(&self, other: &ChainState) -> bool {
+        self.chain == other.chain && self.rules == other.rules
+    }
 }
 
 /// A set or map and its elements. Two are equal when their definitions

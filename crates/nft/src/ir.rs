@@ -727,6 +727,10 @@ pub enum Expr {
     },
     /// `reject`.
     Reject,
+    /// `counter`: counts the packets and bytes that reach it (read back
+    /// into [`ChainState::counters`](crate::ChainState::counters), not
+    /// into the rule, so that a rule compares equal whatever it counted).
+    Counter,
     /// `masquerade fully-random`.
     Masquerade,
     /// DNAT (the rule must match `meta l4proto` first).
@@ -807,6 +811,7 @@ impl Expr {
             Expr::Verdict(v) => v.to_string(),
             Expr::Vmap { key, map } => format!("{} vmap @{map}", keys(key)),
             Expr::Reject => "reject".into(),
+            Expr::Counter => "counter".into(),
             Expr::Masquerade => "masquerade fully-random".into(),
             Expr::Dnat(DnatTarget::Addr(IpAddr::V4(a), port)) => format!("dnat to {a}:{port}"),
             Expr::Dnat(DnatTarget::Addr(IpAddr::V6(a), port)) => format!("dnat to [{a}]:{port}"),

@@ -166,6 +166,7 @@ impl TableState {
                         ChainState {
                             chain: chain.clone(),
                             rules: Vec::new(),
+                            counters: BTreeMap::new(),
                         },
                     );
                     Ok(())

@@ -109,6 +109,13 @@ pub const AFFINITY_SIZE: u32 = 1 << 20;
 /// Table comment.
 pub const TABLE_COMMENT: &str = "rules for verdict, the kube-proxy replacement";
 
+/// The comment of the rule rejecting traffic to ports of ClusterIPs that
+/// no Service has (kube-proxy's).
+pub const INVALID_PORT_COMMENT: &str = "Reject traffic to invalid ports of ClusterIPs";
+/// The comment of the rules dropping traffic to addresses of the service
+/// CIDRs that no Service has (kube-proxy's).
+pub const UNALLOCATED_COMMENT: &str = "Drop traffic to unallocated ClusterIPs";
+
 /// The base chains and fixed regular chains, by name ([`fixed_chains`]
 /// writes them).
 pub const FIXED_CHAINS: [&str; 17] = [
@@ -540,8 +547,17 @@ pub fn fixed_chains(cfg: &ProxierConfig) -> Vec<ChainWithRules> {
         ])],
     ));
 
+    // With the counters, each rule counts what it rejects or drops (for
+    // the whole node: the port or address is one no Service has).
+    let count = |mut exprs: Vec<Expr>| {
+        if cfg.counters {
+            let at = exprs.len() - 1;
+            exprs.insert(at, Expr::Counter);
+        }
+        Rule::new(exprs)
+    };
     let mut cluster_ips_check = vec![
-        Rule::new(vec![
+        count(vec![
             Expr::Lookup {
                 key: vec![Selector::Daddr],
                 set: CLUSTER_IPS.into(),
@@ -549,11 +565,11 @@ pub fn fixed_chains(cfg: &ProxierConfig) -> Vec<ChainWithRules> {
             },
             Expr::Reject,
         ])
-        .with_comment("Reject traffic to invalid ports of ClusterIPs"),
+        .with_comment(INVALID_PORT_COMMENT),
     ];
     for cidr in &cfg.service_cidrs {
         cluster_ips_check.push(
-            Rule::new(vec![
+            count(vec![
                 Expr::Cmp {
                     selector: Selector::Daddr,
                     op: CmpOp::Eq,
@@ -561,7 +577,7 @@ pub fn fixed_chains(cfg: &ProxierConfig) -> Vec<ChainWithRules> {
                 },
                 Expr::Verdict(Verdict::Drop),
             ])
-            .with_comment("Drop traffic to unallocated ClusterIPs"),
+            .with_comment(UNALLOCATED_COMMENT),
         );
     }
     chains.push((Chain::regular(CLUSTER_IPS_CHECK), cluster_ips_check));

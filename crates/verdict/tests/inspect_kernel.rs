@@ -203,6 +203,8 @@ fn trace_and_explain_answer_from_the_running_daemon_and_offline() {
 
     // The kernel counted them, per entry point and per endpoint.
     let _ = bed.connect(ip("10.0.0.2"), ip("172.30.0.43"), "tcp", 80, 500);
+    // A port the ClusterIP's Service does not have is rejected, and counted.
+    let _ = bed.connect(ip("10.0.0.2"), ip("172.30.0.41"), "tcp", 81, 500);
     let _ = bed.connect(ip("203.0.113.130"), ip("198.51.100.42"), "tcp", 80, 300);
     std::thread::sleep(Duration::from_secs(6)); // past the counters' cache
     let metrics = http_on(&bed, 10249, "/metrics");
@@ -237,6 +239,11 @@ fn trace_and_explain_answer_from_the_running_daemon_and_offline() {
         "verdict_service_dropped_total{ip_family=\"IPv4\",namespace=\"demo\",service=\"lb\",port=\"http\",reason=\"source-ranges\"}",
     );
     assert!(dropped >= Some(1.0), "{metrics}");
+    let invalid_port = sample(
+        &metrics,
+        "verdict_cluster_ip_rejected_total{ip_family=\"IPv4\"}",
+    );
+    assert!(invalid_port >= Some(1.0), "{metrics}");
 
     // Every packet of those connections, both ways, in packets and bytes.
     let traffic = |name: &str, labels: &str| sample(&metrics, &format!("{name}{{{labels}}}"));

@@ -94,6 +94,7 @@ pub fn parse_table(json: &str, family: Family, name: &str) -> Result<TableState,
                     ChainState {
                         chain,
                         rules: Vec::new(),
+                        counters: BTreeMap::new(),
                     },
                 );
             }
@@ -119,14 +120,16 @@ pub fn parse_table(json: &str, family: Family, name: &str) -> Result<TableState,
 
     for body in rule_objs {
         let chain = str_field(body, "chain").map_err(|m| err(format!("rule: {m}")))?;
-        let rule = RuleParser::new(family, &sets)
+        let (rule, counter) = RuleParser::new(family, &sets)
             .parse(body)
             .map_err(|m| err(format!("chain {chain}: {m}")))?;
-        chains
+        let c = chains
             .get_mut(chain)
-            .ok_or_else(|| err(format!("rule in unknown chain {chain}")))?
-            .rules
-            .push(rule);
+            .ok_or_else(|| err(format!("rule in unknown chain {chain}")))?;
+        if let Some(counter) = counter {
+            c.counters.insert(c.rules.len(), counter);
+        }
+        c.rules.push(rule);
     }
 
     Ok(TableState {
@@ -942,12 +945,34 @@ mod tests {
     }
 
     #[test]
+    fn a_rules_counter_is_read_beside_the_rule() {
+        let t = parse_table(
+            &table_with_rule(r#"{"counter": {"packets": 7, "bytes": 420}}, {"drop": null}"#),
+            Family::Ip,
+            "verdict",
+        )
+        .unwrap();
+        let c = &t.chains["c"];
+        assert_eq!(
+            c.rules[0].exprs,
+            [Expr::Counter, Expr::Verdict(Verdict::Drop)]
+        );
+        assert_eq!(
+            c.counters.get(&0),
+            Some(&crate::backend::Counter {
+                packets: 7,
+                bytes: 420
+            })
+        );
+        let mut other = c.clone();
+        other.counters.clear();
+        assert_eq!(*c, other, "what a rule counted is not what it is");
+    }
+
+    #[test]
     fn unknown_expressions_are_errors() {
         for (expr, why) in [
-            (
-                r#"{"counter": {"packets": 0, "bytes": 0}}"#,
-                "unsupported expression",
-            ),
+            (r#"{"log": null}"#, "unsupported expression"),
             (
                 r#"{"vmap": {"key": {"meta": {"key": "l4proto"}}, "data": {"set": [["tcp", {"accept": null}]]}}}"#,
                 "anonymous",

@@ -25,6 +25,8 @@ pub(super) struct RuleParser<'a> {
     /// A protocol nft folded into a `tcp|udp|sctp dport` selector, and where
     /// in the rule it was first read.
     folded: Option<(L4Proto, usize)>,
+    /// What the rule's `counter` says.
+    counter: Option<crate::backend::Counter>,
 }
 
 impl<'a> RuleParser<'a> {
@@ -34,10 +36,15 @@ impl<'a> RuleParser<'a> {
             sets,
             exprs: Vec::new(),
             folded: None,
+            counter: None,
         }
     }
 
-    pub(super) fn parse(mut self, o: &Obj) -> Result<Rule, String> {
+    /// The rule, and what its `counter` says if it has one.
+    pub(super) fn parse(
+        mut self,
+        o: &Obj,
+    ) -> Result<(Rule, Option<crate::backend::Counter>), String> {
         let list = o
             .get("expr")
             .and_then(Json::as_array)
@@ -74,10 +81,11 @@ impl<'a> RuleParser<'a> {
                 );
             }
         }
-        Ok(Rule {
+        let rule = Rule {
             exprs,
             comment: o.get("comment").and_then(Json::as_str).map(str::to_owned),
-        })
+        };
+        Ok((rule, self.counter))
     }
 
     /// Records that a `tcp|udp|sctp dport` selector stands for
@@ -115,6 +123,14 @@ impl<'a> RuleParser<'a> {
                 Ok(Expr::Vmap { key, map })
             }
             "reject" => reject(v),
+            "counter" => {
+                let n = |k: &str| v.get(k).and_then(Json::as_u64).unwrap_or(0);
+                self.counter = Some(crate::backend::Counter {
+                    packets: n("packets"),
+                    bytes: n("bytes"),
+                });
+                Ok(Expr::Counter)
+            }
             "masquerade" => masquerade(v),
             "dnat" => self.dnat(v.as_object().ok_or("dnat is not an object")?),
             "set" | "map" => self.update_json(k, v.as_object().ok_or("not an object")?),

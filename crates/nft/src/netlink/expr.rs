@@ -450,6 +450,10 @@ impl Encoder<'_> {
                     w.u8(2, code);
                 })
             }
+            Expr::Counter => self.kernel("counter", |w| {
+                w.u64_be(1, 0);
+                w.u64_be(2, 0);
+            }),
             Expr::Masquerade => self.kernel("masq", |w| w.u32_be(1, NAT_RANDOM_FULLY)),
             Expr::Dnat(DnatTarget::Addr(addr, port)) => {
                 if Family::of(*addr) != self.family {
@@ -676,16 +680,27 @@ enum Held {
 pub(crate) type SetLookup<'a> = &'a dyn Fn(&str) -> Option<&'a crate::ir::Set>;
 
 /// Reads a rule's expressions (`NFTA_RULE_EXPRESSIONS`' contents).
+#[cfg(test)]
 pub(crate) fn decode(
     family: Family,
     list: Attrs<'_>,
     sets: SetLookup<'_>,
 ) -> Result<Vec<Expr>, NftError> {
+    decode_counted(family, list, sets).map(|(exprs, _)| exprs)
+}
+
+/// A rule's expressions, and what its `counter` says if it has one.
+pub(crate) fn decode_counted(
+    family: Family,
+    list: Attrs<'_>,
+    sets: SetLookup<'_>,
+) -> Result<(Vec<Expr>, Option<crate::backend::Counter>), NftError> {
     let mut d = Decoder {
         family,
         regs: std::collections::HashMap::new(),
         out: Vec::new(),
         sets,
+        counter: None,
     };
     for (kind, elem) in list.iter() {
         if kind != NFTA_LIST_ELEM {
@@ -699,7 +714,7 @@ pub(crate) fn decode(
         d.expr(name, data)
             .map_err(|e| e.context(&format!("{name} expression")))?;
     }
-    Ok(d.out)
+    Ok((d.out, d.counter))
 }
 
 struct Decoder<'a> {
@@ -707,6 +722,7 @@ struct Decoder<'a> {
     regs: std::collections::HashMap<u32, Held>,
     out: Vec<Expr>,
     sets: SetLookup<'a>,
+    counter: Option<crate::backend::Counter>,
 }
 
 fn need<T>(v: Option<T>, what: &str) -> Result<T, NftError> {
@@ -976,6 +992,13 @@ impl Decoder<'_> {
                     )));
                 }
                 self.out.push(Expr::Reject);
+            }
+            "counter" => {
+                self.counter = Some(crate::backend::Counter {
+                    bytes: a.u64_be(1).unwrap_or(0),
+                    packets: a.u64_be(2).unwrap_or(0),
+                });
+                self.out.push(Expr::Counter);
             }
             "dynset" => {
                 let set_name = need(a.str(1), "set")?.to_owned();

@@ -828,20 +828,33 @@ fn element_counter(e: Attrs<'_>) -> Option<Counter> {
 }
 
 /// A rule from a `NEWRULE` message: its chain and the rule.
+#[cfg(test)]
 pub(crate) fn rule(
     family: Family,
     a: Attrs<'_>,
     sets: expr::SetLookup<'_>,
 ) -> Result<(String, Rule), NftError> {
+    rule_counted(family, a, sets).map(|(chain, r, _)| (chain, r))
+}
+
+/// A rule read back: its chain, the rule, and what its `counter` says.
+pub(crate) type ReadRule = (String, Rule, Option<Counter>);
+
+/// A rule from a `NEWRULE` message, with what its `counter` says.
+pub(crate) fn rule_counted(
+    family: Family,
+    a: Attrs<'_>,
+    sets: expr::SetLookup<'_>,
+) -> Result<ReadRule, NftError> {
     let chain = a
         .str(2)
         .ok_or_else(|| NftError::Parse("a rule without a chain".into()))?
         .to_owned();
-    let exprs = expr::decode(family, a.nested(4).unwrap_or(Attrs(&[])), sets)
+    let (exprs, counter) = expr::decode_counted(family, a.nested(4).unwrap_or(Attrs(&[])), sets)
         .map_err(|e| e.context(&format!("a rule in chain {chain}")))?;
     let mut r = Rule::new(exprs);
     r.comment = a.get(7).and_then(|u| udata::string(u, UDATA_COMMENT));
-    Ok((chain, r))
+    Ok((chain, r, counter))
 }
 
 /// Assembles a table from what was read.
@@ -849,7 +862,7 @@ pub(crate) fn table(
     comment: Option<String>,
     chains: Vec<Chain>,
     sets: Vec<SetState>,
-    rules: Vec<(String, Rule)>,
+    rules: Vec<ReadRule>,
 ) -> Result<TableState, NftError> {
     let mut t = TableState {
         comment,
@@ -861,18 +874,22 @@ pub(crate) fn table(
             ChainState {
                 chain: c,
                 rules: Vec::new(),
+                counters: BTreeMap::new(),
             },
         );
     }
     for s in sets {
         t.sets.insert(s.set.name.clone(), s);
     }
-    for (chain, r) in rules {
-        t.chains
+    for (chain, r, counter) in rules {
+        let c = t
+            .chains
             .get_mut(&chain)
-            .ok_or_else(|| NftError::Parse(format!("a rule in unknown chain {chain}")))?
-            .rules
-            .push(r);
+            .ok_or_else(|| NftError::Parse(format!("a rule in unknown chain {chain}")))?;
+        if let Some(counter) = counter {
+            c.counters.insert(c.rules.len(), counter);
+        }
+        c.rules.push(r);
     }
     Ok(t)
 }

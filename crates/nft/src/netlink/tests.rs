@@ -295,6 +295,17 @@ fn rules(family: Family) -> Vec<Rule> {
                 negate: false,
             },
         ]),
+        // A rule that counts what it rejects.
+        Rule::new(vec![
+            Lookup {
+                key: vec![Selector::Daddr],
+                set: "ips".into(),
+                negate: false,
+            },
+            crate::ir::Expr::Counter,
+            Reject,
+        ])
+        .with_comment("counted"),
         // Per-connection traffic: the entry before DNAT and the endpoint
         // the replies come from.
         Rule::new(vec![
@@ -533,16 +544,16 @@ fn long_element_lists_are_split_below_netlink_s_attribute_limit() {
 
 #[test]
 fn foreign_expressions_are_refused() {
-    // `counter` in a rule, and a payload write: neither is verdict's.
+    // `log` in a rule: not verdict's.
     let mut w = Writer::new();
     let n = w.open(1);
-    w.str(1, "counter");
+    w.str(1, "log");
     let d = w.open(2);
     w.close(d).unwrap();
     w.close(n).unwrap();
     let lookup = |_: &str| None;
     let e = expr::decode(Family::Ip, Attrs(w.bytes()), &lookup).unwrap_err();
-    assert!(e.to_string().contains("counter"), "{e}");
+    assert!(e.to_string().contains("log"), "{e}");
 }
 
 proptest! {

@@ -44,6 +44,11 @@ pub const SERVICE_BYTES: &str = "verdict_service_bytes_total";
 pub const ENDPOINT_PACKETS: &str = "verdict_endpoint_packets_total";
 /// Their bytes.
 pub const ENDPOINT_BYTES: &str = "verdict_endpoint_bytes_total";
+/// New connections to a ClusterIP on a port no Service has, rejected.
+pub const CLUSTER_IP_REJECTED: &str = "verdict_cluster_ip_rejected_total";
+/// New connections to an address of the service CIDRs that no Service
+/// has, dropped.
+pub const CLUSTER_IP_DROPPED: &str = "verdict_cluster_ip_dropped_total";
 
 type Labels = Vec<(&'static str, String)>;
 
@@ -202,6 +207,22 @@ fn collect(p: &Proxier, t: &TableState, out: &mut Families) {
         out.add(ENDPOINT_PACKETS, l.clone(), c.packets);
         out.add(ENDPOINT_BYTES, l, c.bytes);
     }
+    // What cluster-ips-check rejects and drops belongs to no Service: the
+    // rules' own counters, for the node.
+    if let Some(c) = t.chains.get(layout::CLUSTER_IPS_CHECK) {
+        for (i, counter) in &c.counters {
+            let name = match c.rules.get(*i).and_then(|r| r.comment.as_deref()) {
+                Some(layout::INVALID_PORT_COMMENT) => CLUSTER_IP_REJECTED,
+                Some(layout::UNALLOCATED_COMMENT) => CLUSTER_IP_DROPPED,
+                _ => continue,
+            };
+            out.add(
+                name,
+                vec![("ip_family", family.to_owned())],
+                counter.packets,
+            );
+        }
+    }
     // Firewalled destinations: what did not reach `service-ips` was dropped.
     let accepted = counters(layout::SERVICE_IPS);
     for (key, c) in counters(layout::FIREWALL_IPS).into_iter().flatten() {
@@ -262,6 +283,12 @@ impl Snapshot {
             }
             ENDPOINT_BYTES => {
                 "Bytes of the connections sent to an endpoint of a Service port, both directions, counted by the kernel"
+            }
+            CLUSTER_IP_REJECTED => {
+                "New connections to a ClusterIP on a port no Service has, rejected, counted by the kernel"
+            }
+            CLUSTER_IP_DROPPED => {
+                "New connections to an address of the service CIDRs that no Service has, dropped, counted by the kernel"
             }
             _ => {
                 "New connections dropped: no local endpoint with a Local traffic policy, or a source outside loadBalancerSourceRanges"
@@ -437,7 +464,34 @@ mod tests {
                 n,
             );
         }
+        // Rejected at a port no Service has, dropped at an unallocated
+        // address: the node's, not a Service's.
+        let check = t.chains.get_mut(layout::CLUSTER_IPS_CHECK).unwrap();
+        let at = |comment: &str| {
+            check
+                .rules
+                .iter()
+                .position(|r| r.comment.as_deref() == Some(comment))
+        };
+        let reject = at(layout::INVALID_PORT_COMMENT).expect("the invalid-port rule");
+        assert!(
+            check.rules[reject]
+                .exprs
+                .contains(&verdict_nft::Expr::Counter)
+        );
+        check.counters.insert(
+            reject,
+            Counter {
+                packets: 9,
+                bytes: 540,
+            },
+        );
         let text = Snapshot::of(&[(&p, Some(&t))]).exposition();
+        assert!(
+            text.lines()
+                .any(|l| l == "verdict_cluster_ip_rejected_total{ip_family=\"IPv4\"} 9"),
+            "{text}"
+        );
         let has = |line: &str| assert!(text.lines().any(|l| l == line), "{line}\n{text}");
         let base = "ip_family=\"IPv4\",namespace=\"ns\",service=\"web\",port=\"http\"";
         has(&format!(
