@@ -225,7 +225,7 @@ impl TableState {
             Op::AddElement(set, element) => {
                 let s = self
                     .sets
-                    .get(set)
+                    .get(set.as_ref())
                     .ok_or_else(|| NftError::NotFound(format!("set {set}")))?;
                 self.check_element(s, element)?;
                 let s = self.set_mut(set)?;
@@ -247,14 +247,15 @@ impl TableState {
                         "element {old} of {set} exists with a different value"
                     ))),
                     None => {
-                        s.elements.insert(element.key.clone(), element.clone());
+                        s.elements
+                            .insert(element.key.clone(), Element::clone(element));
                         Ok(())
                     }
                 }
             }
             Op::DeleteElement(set, key) => {
                 let s = self.set_mut(set)?;
-                if s.elements.remove(key).is_none() {
+                if s.elements.remove(key.as_ref()).is_none() {
                     return Err(NftError::NotFound(format!(
                         "element {} of {set}",
                         crate::ir::join(key.iter().map(|v| v.to_string()), " . ")
@@ -544,7 +545,7 @@ mod tests {
             ),
             (Op::FlushChain("nope".into()), "chain nope"),
             (
-                Op::DeleteElement("service-ips".into(), vec![Value::Port(1)]),
+                Op::DeleteElement("service-ips".into(), vec![Value::Port(1)].into()),
                 "element",
             ),
             (

@@ -3,12 +3,19 @@
 //! returned when the transaction is run (as knftables does), so callers can
 //! write straight-line code.
 
+use std::borrow::Cow;
 use std::fmt::{self, Display, Formatter};
+use std::sync::Arc;
 
 use crate::error::NftError;
 use crate::ir::{
     COMMENT_LENGTH_MAX, Chain, Element, Family, NAME_LENGTH_MAX, Rule, Set, Value, quote,
 };
+
+/// A set's name in an element operation: borrowed when it is one of the
+/// program's own names, so that a sync of 200,000 elements does not copy
+/// the name 200,000 times.
+pub type SetName = Cow<'static, str>;
 
 /// One operation of a transaction.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -33,10 +40,10 @@ pub enum Op {
     DeleteSet(String),
     /// `add rule`: append a rule to a chain.
     AddRule(String, Rule),
-    /// `add element`.
-    AddElement(String, Element),
+    /// `add element` (the element shared with whoever built it).
+    AddElement(SetName, Arc<Element>),
     /// `delete element`: the key must exist.
-    DeleteElement(String, Vec<Value>),
+    DeleteElement(SetName, Arc<[Value]>),
 }
 
 /// A batch of operations on one table, applied atomically by a backend.
@@ -162,12 +169,27 @@ impl Transaction {
 
     /// Adds an element.
     pub fn add_element(&mut self, set: &str, element: Element) {
-        self.push(Op::AddElement(set.to_owned(), element));
+        self.push(Op::AddElement(
+            Cow::Owned(set.to_owned()),
+            Arc::new(element),
+        ));
+    }
+
+    /// Adds an element that the caller keeps too, to a set with a static
+    /// name: neither is copied.
+    pub fn add_shared_element(&mut self, set: &'static str, element: Arc<Element>) {
+        self.push(Op::AddElement(Cow::Borrowed(set), element));
     }
 
     /// Deletes an element by key.
     pub fn delete_element(&mut self, set: &str, key: Vec<Value>) {
-        self.push(Op::DeleteElement(set.to_owned(), key));
+        self.push(Op::DeleteElement(Cow::Owned(set.to_owned()), key.into()));
+    }
+
+    /// Deletes an element by a key the caller keeps too, from a set with a
+    /// static name: neither is copied.
+    pub fn delete_shared_element(&mut self, set: &'static str, key: Arc<[Value]>) {
+        self.push(Op::DeleteElement(Cow::Borrowed(set), key));
     }
 
     /// Makes room for `additional` more operations at once (a big sync

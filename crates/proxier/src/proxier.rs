@@ -690,13 +690,14 @@ impl Proxier {
             }
         }
         tx.reserve(deletes.len() + adds.len());
+        // The transaction shares the keys and elements this proxier keeps.
         for (set, key) in &deletes {
-            tx.delete_element(set, key.to_vec());
+            tx.delete_shared_element(set, key.clone());
         }
         let mut owners: Vec<Option<Owner>> = vec![None; tx.len()];
         owners.reserve_exact(adds.len());
         for a in &adds {
-            tx.add_element(a.set, Element::clone(&a.element));
+            tx.add_shared_element(a.set, a.element.clone());
             owners.push(a.owner.clone());
         }
 

@@ -836,7 +836,7 @@ mod tests {
         let t = fixture("clusterip-ipv6");
         assert_eq!(
             t.chains["cluster-ips-check"].rules[1].render(Family::Ip6),
-            "ip6 daddr fd00:10:96::/112 drop comment \"Drop traffic to unallocated ClusterIPs\""
+            "ip6 daddr fd00:10:96::/112 counter drop comment \"Drop traffic to unallocated ClusterIPs\""
         );
         let t = fixture("detector-prefix");
         let found = t.chains.values().flat_map(|c| &c.rules).any(|r| {

@@ -491,7 +491,7 @@ impl Batch<'_> {
                 self.w.str(2, set);
                 list = Some(self.w.open(3));
             }
-            let (key, element) = match op {
+            let (key, element): (&[Value], Option<&Element>) = match op {
                 Op::AddElement(_, e) => (&e.key, Some(e)),
                 Op::DeleteElement(_, k) => (k, None),
                 _ => continue,
