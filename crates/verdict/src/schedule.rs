@@ -35,6 +35,19 @@ pub fn resync_unneeded(
     listening && synced.is_some() && synced == now && since_full < max_quiet
 }
 
+/// Whether someone else may have committed to the ruleset while verdict
+/// was not listening: the generation was `before` when verdict began,
+/// verdict committed `ours` transactions, and it is `after` now that
+/// verdict listens. Each commit moves the generation on by one, so
+/// anything but `before + ours` means another commit (or a generation
+/// that cannot be read: assume one).
+pub fn missed_commits(before: Option<u32>, ours: u32, after: Option<u32>) -> bool {
+    match (before, after) {
+        (Some(b), Some(a)) => a != b.wrapping_add(ours),
+        _ => true,
+    }
+}
+
 /// Quiet time after a foreign change before the repair: a firewall reload
 /// arrives as several commits in a row.
 pub const DEBOUNCE: Duration = Duration::from_millis(100);
@@ -223,6 +236,18 @@ impl Schedule {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn commits_missed_while_not_listening_are_told_from_verdicts_own() {
+        // Two commits of verdict's own (one per family), nobody else's.
+        assert!(!missed_commits(Some(10), 2, Some(12)));
+        // Someone committed too.
+        assert!(missed_commits(Some(10), 2, Some(13)));
+        assert!(missed_commits(Some(10), 2, Some(11)));
+        // Unknown generations: assume the worst.
+        assert!(missed_commits(None, 2, Some(12)));
+        assert!(missed_commits(Some(10), 2, None));
+    }
 
     #[test]
     fn a_resync_left_out_keeps_waiting_changes() {

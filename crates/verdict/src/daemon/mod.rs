@@ -37,7 +37,7 @@ pub use api::offline;
 use family::{FamilyExtras, clean_stale_udp, sync_health_checks};
 use feed::{Feed, PLAN_LIST_TIMEOUT};
 use outcome::{After, HealthChange};
-use watchers::{Foreign, watch_addresses, watch_foreign_changes};
+use watchers::{Foreign, our_tables, watch_addresses, watch_foreign_changes};
 
 /// Where Services, EndpointSlices and the Node come from: `--manifests`
 /// if given, else the Kubernetes API (kubeconfig, `--master`, or the
@@ -924,13 +924,28 @@ pub fn run(settings: &Settings, source: &Source, verbosity: &Verbosity) -> anyho
         action: "StartKubeProxy",
         note: format!("Starting verdict {}.", crate::version::BUILD.git_version),
     });
-    let mut nft = settings.nftables_backend.open().context("nftables")?;
+    let mut nft = Committing {
+        inner: settings.nftables_backend.open().context("nftables")?,
+        commits: 0,
+    };
     tracing::info!(backend = %settings.nftables_backend, node = %node.name, "starting");
-    node.probe(nft.as_mut()).context("startup check")?;
+    node.probe(&mut nft).context("startup check")?;
     tracing::info!("nftables dry run passed: the kernel accepts verdict's ruleset");
     crate::setup::apply(settings)?;
     node.live = Some(settings.nftables_backend.conntrack().context("conntrack")?);
-    let foreign = watch_foreign_changes(&node.proxiers);
+    // The kernel announces every element of every commit to whoever
+    // listens, and at 30,000 Services the first sync's announcements cost
+    // the commit about as much as the elements themselves. So verdict
+    // starts listening once its first full sync is in, and then asks the
+    // ruleset's generation whether anyone committed in between. A backend
+    // that cannot tell the generation (`nft`) listens from the start.
+    let tables = our_tables(&node.proxiers);
+    let mut foreign = None;
+    let mut listening = false;
+    if nft.generation().ok().flatten().is_none() {
+        foreign = watch_foreign_changes(tables.clone());
+        listening = true;
+    }
     let min_sync_period = node.settings.min_sync_period;
     let sync_period = node.settings.sync_period;
     let (health, metrics) = (node.health.clone(), node.metrics.clone());
@@ -1090,7 +1105,26 @@ pub fn run(settings: &Settings, source: &Source, verbosity: &Verbosity) -> anyho
             }
         }
         let trigger = why.map_or("change", Why::as_str);
+        let (before, commits) = if listening {
+            (None, nft.commits)
+        } else {
+            (nft.generation().ok().flatten(), nft.commits)
+        };
         let result = lock(&node).sync(&mut nft, now, full, trigger);
+        if !listening && full && result.is_ok() {
+            foreign = watch_foreign_changes(tables.clone());
+            listening = true;
+            let after = nft.generation().ok().flatten();
+            if foreign.is_some() && schedule::missed_commits(before, nft.commits - commits, after) {
+                tracing::info!(
+                    ?before,
+                    ?after,
+                    ours = nft.commits - commits,
+                    "the ruleset changed while verdict was not yet listening: repairing"
+                );
+                schedule.foreign(Instant::now());
+            }
+        }
         synced_generation = match &result {
             Ok(()) => nft.generation().ok().flatten(),
             Err(_) => None,
@@ -1109,11 +1143,52 @@ pub fn run(settings: &Settings, source: &Source, verbosity: &Verbosity) -> anyho
         // starts in one.
         if leftovers_pending && full && result.is_ok() {
             leftovers_pending = false;
-            for problem in crate::leftovers::cleanup(source.keep_kube_proxy_nftables, nft.as_mut())
-            {
+            for problem in crate::leftovers::cleanup(source.keep_kube_proxy_nftables, &mut nft) {
                 tracing::warn!(%problem, "cleaning up kube-proxy's leftovers");
             }
         }
+    }
+}
+
+/// The kernel backend of `run`, counting the transactions it commits: each
+/// moves the ruleset's generation on by one.
+struct Committing {
+    inner: Box<dyn Backend + Send>,
+    commits: u32,
+}
+
+impl Backend for Committing {
+    fn run(&mut self, tx: &Transaction) -> Result<(), verdict_nft::NftError> {
+        let r = self.inner.run(tx);
+        if r.is_ok() && !tx.is_empty() {
+            self.commits = self.commits.wrapping_add(1);
+        }
+        r
+    }
+
+    fn check(&mut self, tx: &Transaction) -> Result<(), verdict_nft::NftError> {
+        self.inner.check(tx)
+    }
+
+    fn table(
+        &mut self,
+        family: Family,
+        name: &str,
+    ) -> Result<Option<verdict_nft::TableState>, verdict_nft::NftError> {
+        self.inner.table(family, name)
+    }
+
+    fn elements(
+        &mut self,
+        family: Family,
+        table: &str,
+        set: &str,
+    ) -> Result<Vec<verdict_nft::Element>, verdict_nft::NftError> {
+        self.inner.elements(family, table, set)
+    }
+
+    fn generation(&mut self) -> Result<Option<u32>, verdict_nft::NftError> {
+        self.inner.generation()
     }
 }
 

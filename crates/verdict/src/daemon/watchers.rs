@@ -48,13 +48,10 @@ pub(super) enum Foreign {
     Overflow,
 }
 
-/// Starts the thread that listens to the kernel's ruleset announcements
-/// and passes on the commits of other processes that touched verdict's
-/// tables. `None` if the kernel does not let us listen (then only the
-/// periodic resync repairs).
-pub(super) fn watch_foreign_changes(proxiers: &[Proxier]) -> Option<Receiver<Foreign>> {
-    use verdict_nft::monitor::{Event, Monitor};
-    let ours: Vec<(&'static str, String)> = proxiers
+/// The (family, table) names of verdict's tables, as the ruleset
+/// monitor names them.
+pub(super) fn our_tables(proxiers: &[Proxier]) -> Vec<(&'static str, String)> {
+    proxiers
         .iter()
         .map(|p| {
             let fam = match p.config().nft_family() {
@@ -63,7 +60,17 @@ pub(super) fn watch_foreign_changes(proxiers: &[Proxier]) -> Option<Receiver<For
             };
             (fam, p.config().table.clone())
         })
-        .collect();
+        .collect()
+}
+
+/// Starts the thread that listens to the kernel's ruleset announcements
+/// and passes on the commits of other processes that touched verdict's
+/// tables. `None` if the kernel does not let us listen (then only the
+/// periodic resync repairs).
+pub(super) fn watch_foreign_changes(
+    ours: Vec<(&'static str, String)>,
+) -> Option<Receiver<Foreign>> {
+    use verdict_nft::monitor::{Event, Monitor};
     let mut monitor = match Monitor::open() {
         Ok(m) => m,
         Err(e) => {
