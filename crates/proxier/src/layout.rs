@@ -551,7 +551,8 @@ pub fn fixed_chains(cfg: &ProxierConfig) -> Vec<ChainWithRules> {
     // the whole node: the port or address is one no Service has).
     let count = |mut exprs: Vec<Expr>| {
         if cfg.counters {
-            let at = exprs.len() - 1;
+            // Before the verdict, the rule's last expression.
+            let at = exprs.len().saturating_sub(1);
             exprs.insert(at, Expr::Counter);
         }
         Rule::new(exprs)

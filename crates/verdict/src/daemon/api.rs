@@ -15,8 +15,9 @@
 //! | `/api/v1/connections?service=&limit=` | the DNATed connections in conntrack, by Service and endpoint, stale ones flagged |
 //! | `/ui` | the web view, a page of its own that reads the API |
 //!
-//! The node is locked only to build an answer; the kernel is read before,
-//! without the lock, so a slow read never holds a sync back.
+//! The node is locked only to build an answer; the kernel is read and its
+//! elements looked up without the lock, so a slow read never holds a sync
+//! back.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
