@@ -679,18 +679,9 @@ enum Held {
 /// What the reader needs to know of a set: its definition.
 pub(crate) type SetLookup<'a> = &'a dyn Fn(&str) -> Option<&'a crate::ir::Set>;
 
-/// Reads a rule's expressions (`NFTA_RULE_EXPRESSIONS`' contents).
-#[cfg(test)]
+/// Reads a rule's expressions (`NFTA_RULE_EXPRESSIONS`' contents), and
+/// what its `counter` says if it has one.
 pub(crate) fn decode(
-    family: Family,
-    list: Attrs<'_>,
-    sets: SetLookup<'_>,
-) -> Result<Vec<Expr>, NftError> {
-    decode_counted(family, list, sets).map(|(exprs, _)| exprs)
-}
-
-/// A rule's expressions, and what its `counter` says if it has one.
-pub(crate) fn decode_counted(
     family: Family,
     list: Attrs<'_>,
     sets: SetLookup<'_>,

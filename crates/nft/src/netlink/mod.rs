@@ -388,7 +388,7 @@ impl NetlinkBackend {
             |w| w.str(1, name),
             |m, a| {
                 if m == objects::NEWRULE && a.str(1) == Some(name) && failed.is_none() {
-                    match objects::rule_counted(family, a, &lookup) {
+                    match objects::rule(family, a, &lookup) {
                         Ok(r) => rules.push(r),
                         Err(e) => failed = Some(e),
                     }

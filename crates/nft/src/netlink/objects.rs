@@ -315,9 +315,7 @@ impl Batch<'_> {
     }
 
     fn close(&mut self, at: usize, what: &str) -> Result<(), NftError> {
-        self.w.close(at).map_err(|n| {
-            NftError::Invalid(format!("{what} takes {n} bytes, over netlink's 64 KiB"))
-        })
+        self.w.close(at).map_err(|n| too_big(what, n))
     }
 
     /// Writes operation `i`. Element operations are written by
@@ -497,14 +495,7 @@ impl Batch<'_> {
                 _ => continue,
             };
             let e = self.w.open(1);
-            let k = self.w.open(1);
-            self.w.attr(NFTA_DATA_VALUE, &concat_bytes(key, false)?);
-            self.close(k, "a key")?;
-            if interval {
-                let k = self.w.open(10);
-                self.w.attr(NFTA_DATA_VALUE, &concat_bytes(key, true)?);
-                self.close(k, "a key")?;
-            }
+            element_key(self.w, key, interval)?;
             if let Some(el) = element {
                 match &el.value {
                     Some(ElementValue::Verdict(v)) => {
@@ -545,22 +536,34 @@ pub(crate) fn lookup_request(
     set: &Set,
     key: &[Value],
 ) -> Result<(), NftError> {
-    let too_big = |n| NftError::Invalid(format!("a key takes {n} bytes, over netlink's 64 KiB"));
     w.str(1, table);
     w.str(2, &set.name);
     let list = w.open(3);
     let e = w.open(1);
+    element_key(w, key, set.interval && set.key.len() > 1)?;
+    w.close(e).map_err(|n| too_big("an element", n))?;
+    w.close(list).map_err(|n| too_big("an element list", n))?;
+    Ok(())
+}
+
+/// An element's key attributes: the key, and for an interval
+/// concatenation its end (a point is its own end; a prefix ends at its
+/// last address).
+fn element_key(w: &mut Writer, key: &[Value], interval: bool) -> Result<(), NftError> {
     let k = w.open(1);
     w.attr(NFTA_DATA_VALUE, &concat_bytes(key, false)?);
-    w.close(k).map_err(too_big)?;
-    if set.interval && set.key.len() > 1 {
+    w.close(k).map_err(|n| too_big("a key", n))?;
+    if interval {
         let k = w.open(10);
         w.attr(NFTA_DATA_VALUE, &concat_bytes(key, true)?);
-        w.close(k).map_err(too_big)?;
+        w.close(k).map_err(|n| too_big("a key", n))?;
     }
-    w.close(e).map_err(too_big)?;
-    w.close(list).map_err(too_big)?;
     Ok(())
+}
+
+/// What a nested attribute over netlink's 64 KiB limit is refused with.
+fn too_big(what: &str, n: usize) -> NftError {
+    NftError::Invalid(format!("{what} takes {n} bytes, over netlink's 64 KiB"))
 }
 
 // ---- Reading a dump back.
@@ -827,21 +830,12 @@ fn element_counter(e: Attrs<'_>) -> Option<Counter> {
     e.nested(11)?.iter().find_map(|(_, x)| counter_of(Attrs(x)))
 }
 
-/// A rule from a `NEWRULE` message: its chain and the rule.
-#[cfg(test)]
-pub(crate) fn rule(
-    family: Family,
-    a: Attrs<'_>,
-    sets: expr::SetLookup<'_>,
-) -> Result<(String, Rule), NftError> {
-    rule_counted(family, a, sets).map(|(chain, r, _)| (chain, r))
-}
-
 /// A rule read back: its chain, the rule, and what its `counter` says.
 pub(crate) type ReadRule = (String, Rule, Option<Counter>);
 
-/// A rule from a `NEWRULE` message, with what its `counter` says.
-pub(crate) fn rule_counted(
+/// A rule from a `NEWRULE` message: its chain, the rule, and what its
+/// `counter` says.
+pub(crate) fn rule(
     family: Family,
     a: Attrs<'_>,
     sets: expr::SetLookup<'_>,
@@ -850,7 +844,7 @@ pub(crate) fn rule_counted(
         .str(2)
         .ok_or_else(|| NftError::Parse("a rule without a chain".into()))?
         .to_owned();
-    let (exprs, counter) = expr::decode_counted(family, a.nested(4).unwrap_or(Attrs(&[])), sets)
+    let (exprs, counter) = expr::decode(family, a.nested(4).unwrap_or(Attrs(&[])), sets)
         .map_err(|e| e.context(&format!("a rule in chain {chain}")))?;
     let mut r = Rule::new(exprs);
     r.comment = a.get(7).and_then(|u| udata::string(u, UDATA_COMMENT));

@@ -388,7 +388,7 @@ fn every_expression_kind_round_trips() {
         let got: Vec<Rule> = messages(&bytes)
             .map(|m| {
                 let (_, a) = m.nfgen().unwrap();
-                let (chain, r) = objects::rule(family, a, &lookup).unwrap();
+                let (chain, r, _) = objects::rule(family, a, &lookup).unwrap();
                 assert_eq!(chain, "c");
                 r
             })

@@ -309,14 +309,7 @@ pub fn answer(
             // The Service's elements are looked up before the node is
             // locked to build the answer, which then finds them read.
             let wanted = inspect::explained_elements(&view(&lock(node)), &svc);
-            for (f, k) in &kernels {
-                let of_family: Vec<_> = wanted
-                    .iter()
-                    .filter(|(x, _, _)| x == f)
-                    .map(|(_, set, key)| (*set, key))
-                    .collect();
-                k.prefetch(of_family.into_iter());
-            }
+            inspect::prefetch_explained(&wanted, &kernels);
             let doc = inspect::explain(&view(&lock(node)), &svc, &kernels);
             if let Some(e) = kernels.iter().find_map(|(f, k)| failed(*f, k)) {
                 return Some(e);

@@ -1190,6 +1190,24 @@ impl Backend for Committing {
     fn generation(&mut self) -> Result<Option<u32>, verdict_nft::NftError> {
         self.inner.generation()
     }
+
+    fn skeleton(
+        &mut self,
+        family: Family,
+        name: &str,
+    ) -> Result<Option<verdict_nft::TableState>, verdict_nft::NftError> {
+        self.inner.skeleton(family, name)
+    }
+
+    fn lookup(
+        &mut self,
+        family: Family,
+        table: &str,
+        set: &str,
+        keys: &[Vec<verdict_nft::Value>],
+    ) -> Result<Vec<Option<verdict_nft::Found>>, verdict_nft::NftError> {
+        self.inner.lookup(family, table, set, keys)
+    }
 }
 
 /// The API source `run` would use, for `verdict doctor`'s questions.

@@ -95,11 +95,10 @@ fn entry_kind(sp: Option<&ServicePort>, addr: IpAddr) -> &'static str {
 /// The entry point of a `service-traffic` key's address and port: a
 /// Service address, or a node address with the NodePort.
 fn traffic_entry(sp: Option<&ServicePort>, addr: IpAddr, port: u16) -> &'static str {
-    match sp {
-        Some(sp) if port == sp.port && entry_kind(Some(sp), addr) != "unknown" => {
-            entry_kind(Some(sp), addr)
-        }
-        Some(sp) if sp.node_port == Some(port) => "NodePort",
+    let Some(sp) = sp else { return "unknown" };
+    match entry_kind(Some(sp), addr) {
+        kind if port == sp.port && kind != "unknown" => kind,
+        _ if sp.node_port == Some(port) => "NodePort",
         _ => "unknown",
     }
 }

@@ -201,7 +201,7 @@ impl Kernel {
 
     /// Looks up, set by set, the elements an answer will ask for one by
     /// one (a targeted read asks the kernel once per set, not per key).
-    pub fn prefetch<'k>(&self, wanted: impl Iterator<Item = (&'k str, &'k Vec<Value>)>) {
+    fn prefetch<'k>(&self, wanted: impl Iterator<Item = (&'k str, &'k Vec<Value>)>) {
         let (Some(l), Some(t)) = (&self.lookups, &self.table) else {
             return;
         };
@@ -738,6 +738,23 @@ pub fn explained_elements(
     out
 }
 
+/// Looks up, set by set, the elements `explain` will check (`wanted`, from
+/// [`explained_elements`]), so that `explain`, which runs under the
+/// node's lock, finds them read; a table read whole needs nothing.
+pub fn prefetch_explained(
+    wanted: &[(IpFamily, &'static str, Vec<Value>)],
+    kernels: &[(IpFamily, Kernel)],
+) {
+    for (f, k) in kernels {
+        k.prefetch(
+            wanted
+                .iter()
+                .filter(|(x, _, _)| x == f)
+                .map(|(_, set, key)| (*set, key)),
+        );
+    }
+}
+
 /// `verdict explain`: one Service, entry point by entry point, endpoint
 /// by endpoint, with the elements it owns and whether the kernel holds
 /// them (`kernels`: per family, the table read back).
@@ -766,15 +783,6 @@ pub fn explain(view: &View, svc: &NamespacedName, kernels: &[(IpFamily, Kernel)]
             zone: cfg.node_zone.clone(),
         };
         let intents = p.intent_of(svc);
-        if let Some(k) = kernel {
-            k.prefetch(
-                intents
-                    .iter()
-                    .flat_map(|i| &i.elements)
-                    .filter(|e| e.programmed_for.is_none())
-                    .map(|e| (e.set, &e.element.key)),
-            );
-        }
         // A table read whole shows the elements that name this Service
         // but that verdict does not want; a targeted read cannot look for
         // them.

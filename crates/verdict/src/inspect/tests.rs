@@ -608,7 +608,9 @@ fn a_targeted_explain_finds_missing_and_differing_elements_and_says_what_it_did_
     };
     let web = NamespacedName::new("ns", "web");
     let (k, keys) = targeted(&nft, false);
-    let doc = explain(&view, &web, &[(IpFamily::V4, k)]);
+    let kernels = [(IpFamily::V4, k)];
+    prefetch_explained(&explained_elements(&view, &web), &kernels);
+    let doc = explain(&view, &web, &kernels);
     assert_eq!(
         doc["drift"],
         json!({"missing": 0, "differs": 0, "extra": null}),
@@ -658,7 +660,9 @@ fn a_targeted_explain_finds_missing_and_differing_elements_and_says_what_it_did_
     );
     nft.run(&tx).unwrap();
     let (k, _) = targeted(&nft, false);
-    let doc = explain(&view, &web, &[(IpFamily::V4, k)]);
+    let kernels = [(IpFamily::V4, k)];
+    prefetch_explained(&explained_elements(&view, &web), &kernels);
+    let doc = explain(&view, &web, &kernels);
     assert_eq!(
         doc["drift"],
         json!({"missing": 1, "differs": 1, "extra": null}),
