@@ -23,7 +23,7 @@ use crate::{Timed, flag, max_rss_mib, ms, pct, run_with_peak, sizes};
 const BACKENDS: [&str; 2] = ["nft", "netlink"];
 
 /// The rows of the table: key, label, unit.
-const ROWS: [(&str, &str); 14] = [
+const ROWS: [(&str, &str); 15] = [
     ("cold_ms", "cold full sync to kernel (ms)"),
     ("cold_backend_ms", "  of which the backend (ms)"),
     (
@@ -41,6 +41,10 @@ const ROWS: [(&str, &str); 14] = [
     (
         "flush_repair_ms",
         "`nft flush ruleset` → table restored (ms)",
+    ),
+    (
+        "flush_repair_nocounters_ms",
+        "  the same, `--service-counters=false` (ms)",
     ),
     ("peak_self_mib", "peak RSS of the proxier process (MiB)"),
     ("peak_nft_mib", "peak RSS of nft for the cold sync (MiB)"),
@@ -231,6 +235,17 @@ fn backend_one_in_thread(args: &[String]) -> Result<(), String> {
         .map_err(|e| format!("sync without counters: {e}"))?;
     put("cold_nocounters_ms", ms(t.elapsed()));
     put("cold_nocounters_backend_ms", ms(be.spent - spent));
+    verdict_proxier::proxier::settle_allocator();
+
+    // And the repair of a flush without them.
+    ns.exec("nft", &["flush", "ruleset"])
+        .map_err(|e| e.to_string())?;
+    let t = Instant::now();
+    proxier.force_full_sync();
+    proxier
+        .sync(&mut be, now())
+        .map_err(|e| format!("repair without counters: {e}"))?;
+    put("flush_repair_nocounters_ms", ms(t.elapsed()));
 
     put("peak_self_mib", max_rss_mib(UsageWho::RUSAGE_SELF));
     if which == "nft" {

@@ -22,7 +22,10 @@
 //!   held exactly every service's current endpoints.
 //!
 //! - or, with `--inspect N`, N `verdict trace` and N `verdict explain`
-//!   commands against the running daemon, each answer checked.
+//!   commands against the running daemon, each answer checked;
+//! - or, with `--heal N`, N foreign `nft flush ruleset`s, each timed from
+//!   the flush to verdict's repair of each family, and the kernel's
+//!   endpoint map checked against every service's endpoints after each.
 //!
 //! Big services: `--endpoints K` endpoints per service, cut into slices of
 //! `--slice-size` (100, the EndpointSlice controller's default). The
@@ -46,7 +49,7 @@ use verdict_e2e::netns::{Netns, Process, can_run, unique_prefix};
 use crate::workload::service_ip;
 use crate::{flag, pct, sizes};
 
-const USAGE: &str = "usage: verdict-bench daemon [--source api|manifests] [--protocol tcp|udp] [--sizes 1000,10000,30000] [--endpoints 2] [--slice-size 100] [--changes 20 | --churn 100 --duration 60 | --inspect 20] [--min-sync-period 0s] [--log DIR] [--under 'heaptrack -o FILE'] [--verdict-flags '--service-counters=false']";
+const USAGE: &str = "usage: verdict-bench daemon [--source api|manifests] [--protocol tcp|udp] [--sizes 1000,10000,30000] [--endpoints 2] [--slice-size 100] [--changes 20 | --churn 100 --duration 60 | --inspect 20 | --heal 10] [--min-sync-period 0s] [--log DIR] [--under 'heaptrack -o FILE'] [--verdict-flags '--service-counters=false']";
 
 /// Where verdict reads the cluster from.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -307,6 +310,14 @@ enum Changes {
     Churn(Churn),
     /// `verdict trace` and `verdict explain` against the running daemon.
     Inspect(Inspect),
+    /// Foreign flushes repaired: from the flush to each family synced
+    /// again (ms).
+    Heal {
+        ip_p50: f64,
+        ip_max: f64,
+        both_p50: f64,
+        both_max: f64,
+    },
 }
 
 /// What `verdict trace` and `verdict explain` took against the running
@@ -698,6 +709,8 @@ enum Mode {
     Churn { rate: usize, secs: usize },
     /// `asks` traces and explains through the running daemon's API.
     Inspect { asks: usize },
+    /// `flushes` foreign `nft flush ruleset`s, each repaired.
+    Heal { flushes: usize },
 }
 
 struct Programs<'a> {
@@ -897,6 +910,33 @@ fn run_one(source: Source, shape: Shape, mode: Mode, p: &Programs) -> Result<Row
         Mode::Inspect { asks } => {
             Changes::Inspect(inspect(&ns, p.verdict, &eps, pid, asks, count)?)
         }
+        Mode::Heal { flushes } => {
+            let (mut ip, mut both) = (Vec::new(), Vec::new());
+            for _ in 0..flushes {
+                // Repairs closer than a second apart back off.
+                std::thread::sleep(Duration::from_secs(2));
+                let t = Instant::now();
+                ns.exec("nft", &["flush", "ruleset"]).map_err(|e| e.0)?;
+                let within = Duration::from_secs(120);
+                log.wait(&["another process changed verdict's tables"], within)?;
+                let v4 = log.wait(&["\"synced\"", "family=\"ip\"", "full=true"], within)?;
+                let v6 = log.wait(&["\"synced\"", "family=\"ip6\"", "full=true"], within)?;
+                ip.push(v4.saturating_duration_since(t).as_secs_f64() * 1000.0);
+                both.push(v4.max(v6).saturating_duration_since(t).as_secs_f64() * 1000.0);
+                if !kernel_matches(&ns, &eps, count)? {
+                    return Err(
+                        "after a repair, the kernel does not hold every service's endpoints".into(),
+                    );
+                }
+            }
+            let max = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
+            Changes::Heal {
+                ip_p50: pct(&mut ip.clone(), 0.5),
+                ip_max: max(&ip),
+                both_p50: pct(&mut both.clone(), 0.5),
+                both_max: max(&both),
+            }
+        }
     };
     let (_, rss) = usage(pid);
     drop(group);
@@ -956,7 +996,22 @@ pub fn daemon(args: &[String]) -> Result<(), String> {
             "sizes must be 1..=200000, --endpoints 1..=10000 (at most 10,000,000 in all), --slice-size 1..=1000, --changes 1..=1000\n{USAGE}"
         ));
     }
+    let heal = flag(args, "--heal");
     let mode = match (flag(args, "--churn"), flag(args, "--inspect")) {
+        _ if heal.is_some()
+            && (flag(args, "--churn").is_some() || flag(args, "--inspect").is_some()) =>
+        {
+            return Err(format!(
+                "--heal, --churn or --inspect, one of them\n{USAGE}"
+            ));
+        }
+        _ if heal.is_some() => {
+            let flushes = num("--heal", 10)?;
+            if flushes == 0 || flushes > 1000 {
+                return Err(format!("--heal 1..=1000\n{USAGE}"));
+            }
+            Mode::Heal { flushes }
+        }
         (Some(_), Some(_)) => return Err(format!("--churn or --inspect, not both\n{USAGE}")),
         (None, Some(_)) => {
             let asks = num("--inspect", 20)?;
@@ -979,7 +1034,7 @@ pub fn daemon(args: &[String]) -> Result<(), String> {
     // kube-proxy's default, which churn is meant to be measured with; one
     // change at a time is measured without it.
     let min_sync_period = flag(args, "--min-sync-period").unwrap_or(match mode {
-        Mode::Latency { .. } | Mode::Inspect { .. } => "0s",
+        Mode::Latency { .. } | Mode::Inspect { .. } | Mode::Heal { .. } => "0s",
         Mode::Churn { .. } => "1s",
     });
     // A profiler to run verdict under (its CPU and RSS columns are then
@@ -1033,6 +1088,15 @@ pub fn daemon(args: &[String]) -> Result<(), String> {
                 "| services | first full sync (IPv4) | trace p50 / p99 | of which kernel reads p50 | explain p50 / p99 | of which kernel reads p50 | explain --full (whole table) | RSS before / after the asks |"
             );
             println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
+        }
+        Mode::Heal { flushes } => {
+            println!(
+                "### Foreign `nft flush ruleset` repaired by the verdict program {title}, {flushes} flushes (K = {k} endpoints in {slices_per} slice(s), {proto} services)\n"
+            );
+            println!(
+                "| services | first full sync (IPv4) | flush → IPv4 table repaired p50 / max | flush → both families repaired p50 / max | peak RSS |"
+            );
+            println!("|---:|---:|---:|---:|---:|");
         }
     }
     for n in sizes {
@@ -1106,6 +1170,21 @@ pub fn daemon(args: &[String]) -> Result<(), String> {
                 q.rss_before,
                 q.rss_after,
             ),
+            Changes::Heal {
+                ip_p50,
+                ip_max,
+                both_p50,
+                both_max,
+            } => println!(
+                "| {} | {:.2} s | {:.0} / {:.0} ms | {:.0} / {:.0} ms | {:.0} MiB |",
+                r.n,
+                r.cold.as_secs_f64(),
+                ip_p50,
+                ip_max,
+                both_p50,
+                both_max,
+                r.rss,
+            ),
         }
         let expected = source.services(r.n);
         if r.programmed != expected {
@@ -1136,6 +1215,12 @@ pub fn daemon(args: &[String]) -> Result<(), String> {
              its elements, then looks up only the elements the packet meets or the Service owns; \
              \"kernel reads\" is that part of its answer. Every trace must reach exactly the \
              service's endpoints, every explain must find no drift."
+        ),
+        Mode::Heal { .. } => println!(
+            "\nEach flush is `nft flush ruleset` in verdict's namespace, 2 s after the last repair \
+             (closer ones back off); the time runs from just before it to verdict's log line of each \
+             family's full sync, which includes its 100 ms wait for the announcements to go quiet. \
+             After each repair the kernel's endpoint map must hold every service's endpoints."
         ),
     }
     Ok(())

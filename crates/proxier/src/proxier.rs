@@ -44,6 +44,11 @@ pub struct SyncResult {
     pub no_local_endpoints_internal: usize,
     /// Service ports with externalTrafficPolicy Local and no local endpoint.
     pub no_local_endpoints_external: usize,
+    /// Service ports whose contributions this sync computed or withdrew:
+    /// every port when it rebuilt them all, else only those of the
+    /// services that changed. A full sync that only repairs the kernel
+    /// computes none.
+    pub recomputed_ports: usize,
     /// Services touched by this sync.
     pub updated_services: BTreeSet<NamespacedName>,
     /// Trigger times of the endpoint changes this sync programmed.
@@ -194,6 +199,11 @@ pub struct Proxier {
     /// until they change.
     quarantined: BTreeMap<ServicePortName, String>,
     need_full_sync: bool,
+    /// Every contribution must be computed again, not only those of the
+    /// services that changed: on the first sync, after a change of
+    /// configuration, hourly, and after a sync that failed before it had
+    /// computed the changes it had taken from the trackers.
+    need_rebuild: bool,
     last_full_sync: Option<Instant>,
 }
 
@@ -218,6 +228,7 @@ impl Proxier {
             no_local: (0, 0),
             quarantined: BTreeMap::new(),
             need_full_sync: true,
+            need_rebuild: true,
             last_full_sync: None,
         })
     }
@@ -242,6 +253,7 @@ impl Proxier {
         }
         self.cfg = cfg;
         self.need_full_sync = true;
+        self.need_rebuild = true;
         // What the backend refused may fit the new configuration.
         self.quarantined.clear();
         Ok(())
@@ -353,9 +365,21 @@ impl Proxier {
         self.service_changes.take_errors()
     }
 
-    /// Forces the next sync to be a full one.
+    /// Forces the next sync to be a full one: the table is read back and
+    /// every element compared with what it should hold, so whatever else
+    /// changed the table is repaired. What each service port should
+    /// program is known already and is not computed again (see
+    /// [`Proxier::force_rebuild`]).
     pub fn force_full_sync(&mut self) {
         self.need_full_sync = true;
+    }
+
+    /// Forces the next sync to be a full one that also computes every
+    /// service port's contribution from scratch, as the first sync and the
+    /// hourly one do.
+    pub fn force_rebuild(&mut self) {
+        self.need_full_sync = true;
+        self.need_rebuild = true;
     }
 
     /// Programs the kernel. `now` drives stale-chain ageing and the hourly
@@ -365,10 +389,11 @@ impl Proxier {
         backend: &mut B,
         now: Instant,
     ) -> Result<SyncResult, ProxierError> {
-        let full = self.need_full_sync
-            || self
-                .last_full_sync
-                .is_none_or(|t| now.saturating_duration_since(t) >= FULL_SYNC_PERIOD);
+        let hourly = self
+            .last_full_sync
+            .is_none_or(|t| now.saturating_duration_since(t) >= FULL_SYNC_PERIOD);
+        self.need_rebuild |= hourly;
+        let full = self.need_full_sync || self.need_rebuild;
         let svc = self.service_changes.apply(&mut self.services);
         let eps = self.endpoint_changes.apply(&mut self.endpoints);
         let mut result = SyncResult {
@@ -392,7 +417,8 @@ impl Proxier {
         let stale_before = self.stale_chains.clone();
         let mut rounds = 0;
         let outcome = loop {
-            let failure = match self.sync_inner(backend, now, result.full, &mut result) {
+            let rebuild = self.need_rebuild;
+            let failure = match self.sync_inner(backend, now, result.full, rebuild, &mut result) {
                 Ok(()) => break Ok(()),
                 Err(f) => f,
             };
@@ -447,10 +473,14 @@ impl Proxier {
         backend: &mut B,
         now: Instant,
         full: bool,
+        rebuild: bool,
         result: &mut SyncResult,
     ) -> Result<(), Failure> {
         let family = self.cfg.nft_family();
         let table = self.cfg.table.clone();
+        // The trackers' changes are taken: should this attempt fail before
+        // it has computed them, the next sync must compute everything.
+        self.need_rebuild |= !result.updated_services.is_empty();
         result.stale_chains_deleted += self.delete_stale_chains(backend, now)?;
         if full {
             // Affinity entries left by an earlier run (or from before a
@@ -476,10 +506,11 @@ impl Proxier {
         };
 
         // Recompute the contributions of the service ports that changed.
-        // On a full sync every contribution is dropped and rebuilt below,
-        // so the ports are the services' (in order, without a set to
-        // sort them into).
-        let ports: Vec<ServicePortName> = if full {
+        // On a rebuild every contribution is dropped and computed again
+        // below, so the ports are the services' (in order, without a set
+        // to sort them into). A full sync that is not a rebuild (a repair,
+        // a periodic check) diffs every key but computes only what changed.
+        let ports: Vec<ServicePortName> = if rebuild {
             self.services.keys().cloned().collect()
         } else {
             // Only the ports of the services that changed: a range per service.
@@ -508,7 +539,7 @@ impl Proxier {
         // A full sync diffs every key anyway; a partial one only the keys
         // the recomputed ports touched.
         let mut touched: Option<BTreeSet<SetKey>> = (!full).then(BTreeSet::new);
-        if full {
+        if rebuild {
             // Every port is recomputed: start from nothing rather than
             // withdraw each one. A key many services share (a hairpin entry
             // of an endpoint they all use) keeps its owners in a sorted
@@ -536,6 +567,8 @@ impl Proxier {
                 self.contributions.insert(port.clone(), stored);
             }
         }
+        self.need_rebuild = false;
+        result.recomputed_ports = ports.len();
         result.no_local_endpoints_internal = self.no_local.0;
         result.no_local_endpoints_external = self.no_local.1;
 

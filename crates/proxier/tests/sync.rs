@@ -154,6 +154,118 @@ fn a_full_sync_of_an_unchanged_cluster_changes_nothing() {
     assert_eq!(fx.dump(), dump);
 }
 
+#[test]
+fn a_repair_programs_what_is_known_without_computing_it_again() {
+    let mut fx = Fixture::new(IpFamily::V4);
+    one_ep(&mut fx, "ns1", "svc1", "172.30.0.41", 80, &["10.0.1.1"]);
+    one_ep(&mut fx, "ns2", "svc2", "172.30.0.42", 80, &["10.0.2.1"]);
+    let first = fx.sync();
+    assert_eq!(
+        first.recomputed_ports, 2,
+        "the first sync computes every port"
+    );
+    let dump = fx.dump();
+
+    // Someone deletes the table: the full sync that follows puts it back
+    // from what the proxier knows, computing no contribution.
+    let mut wipe = Transaction::new(Family::Ip, "verdict");
+    wipe.delete_table();
+    fx.nft.run(&wipe).unwrap();
+    fx.proxier.force_full_sync();
+    let r = fx.sync();
+    assert!(r.full);
+    assert_eq!(r.recomputed_ports, 0);
+    assert!(r.operations > 0);
+    assert_eq!(fx.dump(), dump);
+
+    // A change during a repair is computed, and only it.
+    one_ep(&mut fx, "ns2", "svc2", "172.30.0.42", 80, &["10.0.2.2"]);
+    fx.proxier.force_full_sync();
+    let r = fx.sync();
+    assert!(r.full);
+    assert_eq!(r.recomputed_ports, 1);
+    let mut fresh = Fixture::new(IpFamily::V4);
+    one_ep(&mut fresh, "ns1", "svc1", "172.30.0.41", 80, &["10.0.1.1"]);
+    one_ep(&mut fresh, "ns2", "svc2", "172.30.0.42", 80, &["10.0.2.2"]);
+    fresh.sync();
+    assert_eq!(fx.dump(), fresh.dump());
+
+    // A new configuration, a forced rebuild and the hourly sync compute
+    // every port again.
+    let cfg = fx.proxier.config().clone();
+    fx.proxier.set_config(cfg).unwrap();
+    assert_eq!(fx.sync().recomputed_ports, 2);
+    fx.proxier.force_rebuild();
+    assert_eq!(fx.sync().recomputed_ports, 2);
+    fx.advance(verdict_proxier::FULL_SYNC_PERIOD);
+    let r = fx.sync();
+    assert!(r.full);
+    assert_eq!(r.recomputed_ports, 2);
+    assert_eq!(fx.dump(), fresh.dump());
+}
+
+/// A backend whose next read of the table fails.
+struct ReadFails {
+    inner: MemoryBackend,
+    fail_read: bool,
+}
+
+impl Backend for ReadFails {
+    fn run(&mut self, tx: &Transaction) -> Result<(), NftError> {
+        self.inner.run(tx)
+    }
+
+    fn check(&mut self, tx: &Transaction) -> Result<(), NftError> {
+        self.inner.check(tx)
+    }
+
+    fn table(&mut self, family: Family, name: &str) -> Result<Option<TableState>, NftError> {
+        if std::mem::take(&mut self.fail_read) {
+            return Err(NftError::Refused("injected read failure".into()));
+        }
+        self.inner.table(family, name)
+    }
+}
+
+#[test]
+fn changes_taken_by_a_sync_that_failed_before_computing_them_are_not_lost() {
+    let mut p = Proxier::new(upstream_config(IpFamily::V4)).unwrap();
+    let mut nft = ReadFails {
+        inner: MemoryBackend::new(),
+        fail_read: false,
+    };
+    let t0 = std::time::Instant::now();
+    p.on_service(
+        None,
+        Some(
+            &svc("ns1", "svc1")
+                .cluster_ip("172.30.0.41")
+                .port("p80", TCP, 80, 0),
+        ),
+    );
+    p.sync(&mut nft, t0).unwrap();
+
+    // The endpoints arrive with a full sync whose read-back fails: the
+    // sync takes them from the tracker, then fails before computing them.
+    let s = slice("ns1", "svc1", "svc1-1")
+        .port("p80", TCP, 80)
+        .ep("10.0.1.1", "");
+    p.on_endpoint_slice(&s, false);
+    p.force_full_sync();
+    nft.fail_read = true;
+    assert!(p.sync(&mut nft, t0).is_err());
+    assert_eq!(p.pending_endpoint_changes(), 0, "the change was taken");
+
+    // The next sync computes everything again, the lost change with it.
+    let r = p.sync(&mut nft, t0).unwrap();
+    assert!(r.full);
+    assert_eq!(r.recomputed_ports, 1);
+    let mut fresh = Fixture::new(IpFamily::V4);
+    one_ep(&mut fresh, "ns1", "svc1", "172.30.0.41", 80, &["10.0.1.1"]);
+    fresh.sync();
+    assert_eq!(nft.inner.dump(Family::Ip, "verdict"), fresh.dump());
+}
+
 /// A backend that refuses the next transaction.
 struct Flaky {
     inner: MemoryBackend,
