@@ -201,14 +201,19 @@ fn backend_one_in_thread(args: &[String]) -> Result<(), String> {
     put("full_resync_ops", r.operations as f64);
     verdict_proxier::proxier::settle_allocator();
 
-    ns.exec("nft", &["flush", "ruleset"])
-        .map_err(|e| e.to_string())?;
-    let t = Instant::now();
-    proxier.force_full_sync();
-    proxier
-        .sync(&mut be, now())
-        .map_err(|e| format!("repair: {e}"))?;
-    put("flush_repair_ms", ms(t.elapsed()));
+    // Someone flushes the ruleset; the full sync that follows repairs it.
+    let repair = |proxier: &mut Proxier,
+                  be: &mut Timed<Box<dyn Backend>>,
+                  at: Instant|
+     -> Result<f64, String> {
+        ns.exec("nft", &["flush", "ruleset"])
+            .map_err(|e| e.to_string())?;
+        let t = Instant::now();
+        proxier.force_full_sync();
+        proxier.sync(be, at).map_err(|e| format!("repair: {e}"))?;
+        Ok(ms(t.elapsed()))
+    };
+    put("flush_repair_ms", repair(&mut proxier, &mut be, now())?);
     let back = be
         .inner
         .table(Family::Ip, "verdict")
@@ -238,14 +243,10 @@ fn backend_one_in_thread(args: &[String]) -> Result<(), String> {
     verdict_proxier::proxier::settle_allocator();
 
     // And the repair of a flush without them.
-    ns.exec("nft", &["flush", "ruleset"])
-        .map_err(|e| e.to_string())?;
-    let t = Instant::now();
-    proxier.force_full_sync();
-    proxier
-        .sync(&mut be, now())
-        .map_err(|e| format!("repair without counters: {e}"))?;
-    put("flush_repair_nocounters_ms", ms(t.elapsed()));
+    put(
+        "flush_repair_nocounters_ms",
+        repair(&mut proxier, &mut be, now())?,
+    );
 
     put("peak_self_mib", max_rss_mib(UsageWho::RUSAGE_SELF));
     if which == "nft" {

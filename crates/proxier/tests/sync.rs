@@ -204,34 +204,12 @@ fn a_repair_programs_what_is_known_without_computing_it_again() {
     assert_eq!(fx.dump(), fresh.dump());
 }
 
-/// A backend whose next read of the table fails.
-struct ReadFails {
-    inner: MemoryBackend,
-    fail_read: bool,
-}
-
-impl Backend for ReadFails {
-    fn run(&mut self, tx: &Transaction) -> Result<(), NftError> {
-        self.inner.run(tx)
-    }
-
-    fn check(&mut self, tx: &Transaction) -> Result<(), NftError> {
-        self.inner.check(tx)
-    }
-
-    fn table(&mut self, family: Family, name: &str) -> Result<Option<TableState>, NftError> {
-        if std::mem::take(&mut self.fail_read) {
-            return Err(NftError::Refused("injected read failure".into()));
-        }
-        self.inner.table(family, name)
-    }
-}
-
 #[test]
 fn changes_taken_by_a_sync_that_failed_before_computing_them_are_not_lost() {
     let mut p = Proxier::new(upstream_config(IpFamily::V4)).unwrap();
-    let mut nft = ReadFails {
+    let mut nft = Flaky {
         inner: MemoryBackend::new(),
+        fail_next: false,
         fail_read: false,
     };
     let t0 = std::time::Instant::now();
@@ -266,10 +244,12 @@ fn changes_taken_by_a_sync_that_failed_before_computing_them_are_not_lost() {
     assert_eq!(nft.inner.dump(Family::Ip, "verdict"), fresh.dump());
 }
 
-/// A backend that refuses the next transaction.
+/// A backend that refuses the next transaction (`fail_next`), or fails
+/// the next read of the table (`fail_read`).
 struct Flaky {
     inner: MemoryBackend,
     fail_next: bool,
+    fail_read: bool,
 }
 
 impl Backend for Flaky {
@@ -285,6 +265,9 @@ impl Backend for Flaky {
     }
 
     fn table(&mut self, family: Family, name: &str) -> Result<Option<TableState>, NftError> {
+        if std::mem::take(&mut self.fail_read) {
+            return Err(NftError::Refused("injected read failure".into()));
+        }
         self.inner.table(family, name)
     }
 }
@@ -295,6 +278,7 @@ fn a_failed_partial_sync_is_retried_in_full_in_the_same_sync() {
     let mut nft = Flaky {
         inner: MemoryBackend::new(),
         fail_next: false,
+        fail_read: false,
     };
     let t0 = std::time::Instant::now();
     p.on_service(
