@@ -678,7 +678,7 @@ fn churn(
         sending,
         syncs: during,
         gap_p50: pct(&mut gaps.clone(), 0.50),
-        gap_max: gaps.iter().copied().fold(0.0, f64::max),
+        gap_max: crate::peak(&gaps),
         sync_p50: pct(&mut took.clone(), 0.50),
         sync_p99: pct(&mut took, 0.99),
         rss_start,
@@ -901,7 +901,7 @@ fn run_one(source: Source, shape: Shape, mode: Mode, p: &Programs) -> Result<Row
                 p50: pct(&mut times.clone(), 0.50),
                 p99: pct(&mut times, 0.99),
                 after_p50: pct(&mut after.clone(), 0.50),
-                after_max: after.iter().copied().fold(0.0, f64::max),
+                after_max: crate::peak(&after),
             }
         }
         Mode::Churn { rate, secs } => Changes::Churn(churn(
@@ -929,12 +929,11 @@ fn run_one(source: Source, shape: Shape, mode: Mode, p: &Programs) -> Result<Row
                     );
                 }
             }
-            let max = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
             Changes::Heal {
                 ip_p50: pct(&mut ip.clone(), 0.5),
-                ip_max: max(&ip),
+                ip_max: crate::peak(&ip),
                 both_p50: pct(&mut both.clone(), 0.5),
-                both_max: max(&both),
+                both_max: crate::peak(&both),
             }
         }
     };
@@ -996,32 +995,14 @@ pub fn daemon(args: &[String]) -> Result<(), String> {
             "sizes must be 1..=200000, --endpoints 1..=10000 (at most 10,000,000 in all), --slice-size 1..=1000, --changes 1..=1000\n{USAGE}"
         ));
     }
-    let heal = flag(args, "--heal");
-    let mode = match (flag(args, "--churn"), flag(args, "--inspect")) {
-        _ if heal.is_some()
-            && (flag(args, "--churn").is_some() || flag(args, "--inspect").is_some()) =>
-        {
-            return Err(format!(
-                "--heal, --churn or --inspect, one of them\n{USAGE}"
-            ));
-        }
-        _ if heal.is_some() => {
-            let flushes = num("--heal", 10)?;
-            if flushes == 0 || flushes > 1000 {
-                return Err(format!("--heal 1..=1000\n{USAGE}"));
-            }
-            Mode::Heal { flushes }
-        }
-        (Some(_), Some(_)) => return Err(format!("--churn or --inspect, not both\n{USAGE}")),
-        (None, Some(_)) => {
-            let asks = num("--inspect", 20)?;
-            if asks == 0 || asks > 10_000 {
-                return Err(format!("--inspect 1..=10000\n{USAGE}"));
-            }
-            Mode::Inspect { asks }
-        }
-        (None, None) => Mode::Latency { changes },
-        (Some(_), None) => {
+    let modes = (
+        flag(args, "--churn"),
+        flag(args, "--inspect"),
+        flag(args, "--heal"),
+    );
+    let mode = match modes {
+        (None, None, None) => Mode::Latency { changes },
+        (Some(_), None, None) => {
             let (rate, secs) = (num("--churn", 100)?, num("--duration", 60)?);
             if rate == 0 || rate > 1000 || secs == 0 || secs > 3600 {
                 return Err(format!(
@@ -1029,6 +1010,25 @@ pub fn daemon(args: &[String]) -> Result<(), String> {
                 ));
             }
             Mode::Churn { rate, secs }
+        }
+        (None, Some(_), None) => {
+            let asks = num("--inspect", 20)?;
+            if asks == 0 || asks > 10_000 {
+                return Err(format!("--inspect 1..=10000\n{USAGE}"));
+            }
+            Mode::Inspect { asks }
+        }
+        (None, None, Some(_)) => {
+            let flushes = num("--heal", 10)?;
+            if flushes == 0 || flushes > 1000 {
+                return Err(format!("--heal 1..=1000\n{USAGE}"));
+            }
+            Mode::Heal { flushes }
+        }
+        _ => {
+            return Err(format!(
+                "--churn, --inspect or --heal, one of them\n{USAGE}"
+            ));
         }
     };
     // kube-proxy's default, which churn is meant to be measured with; one

@@ -345,6 +345,11 @@ fn pct(v: &mut [f64], q: f64) -> f64 {
     probe::quantile(v, q)
 }
 
+/// The largest of some non-negative figures (0 for none).
+fn peak(v: &[f64]) -> f64 {
+    v.iter().copied().fold(0.0, f64::max)
+}
+
 /// One size, in its own process: prints `key value` lines.
 fn one(args: &[String]) -> Result<(), String> {
     on_own_thread(args, one_in_thread)

@@ -204,8 +204,9 @@ fn a_repair_programs_what_is_known_without_computing_it_again() {
     assert_eq!(fx.dump(), fresh.dump());
 }
 
-#[test]
-fn changes_taken_by_a_sync_that_failed_before_computing_them_are_not_lost() {
+/// A proxier over a [`Flaky`] backend that has synced `ns1/svc1`, which
+/// has no endpoints yet.
+fn svc1_without_endpoints() -> (Proxier, Flaky, std::time::Instant) {
     let mut p = Proxier::new(upstream_config(IpFamily::V4)).unwrap();
     let mut nft = Flaky {
         inner: MemoryBackend::new(),
@@ -222,13 +223,31 @@ fn changes_taken_by_a_sync_that_failed_before_computing_them_are_not_lost() {
         ),
     );
     p.sync(&mut nft, t0).unwrap();
+    (p, nft, t0)
+}
+
+/// `ns1/svc1`'s one endpoint.
+fn svc1_slice() -> verdict_model::EndpointSlice {
+    slice("ns1", "svc1", "svc1-1")
+        .port("p80", TCP, 80)
+        .ep("10.0.1.1", "")
+}
+
+/// The table a fresh proxier programs for `ns1/svc1` with that endpoint.
+fn svc1_with_endpoint_cold() -> String {
+    let mut fresh = Fixture::new(IpFamily::V4);
+    one_ep(&mut fresh, "ns1", "svc1", "172.30.0.41", 80, &["10.0.1.1"]);
+    fresh.sync();
+    fresh.dump()
+}
+
+#[test]
+fn changes_taken_by_a_sync_that_failed_before_computing_them_are_not_lost() {
+    let (mut p, mut nft, t0) = svc1_without_endpoints();
 
     // The endpoints arrive with a full sync whose read-back fails: the
     // sync takes them from the tracker, then fails before computing them.
-    let s = slice("ns1", "svc1", "svc1-1")
-        .port("p80", TCP, 80)
-        .ep("10.0.1.1", "");
-    p.on_endpoint_slice(&s, false);
+    p.on_endpoint_slice(&svc1_slice(), false);
     p.force_full_sync();
     nft.fail_read = true;
     assert!(p.sync(&mut nft, t0).is_err());
@@ -238,10 +257,10 @@ fn changes_taken_by_a_sync_that_failed_before_computing_them_are_not_lost() {
     let r = p.sync(&mut nft, t0).unwrap();
     assert!(r.full);
     assert_eq!(r.recomputed_ports, 1);
-    let mut fresh = Fixture::new(IpFamily::V4);
-    one_ep(&mut fresh, "ns1", "svc1", "172.30.0.41", 80, &["10.0.1.1"]);
-    fresh.sync();
-    assert_eq!(nft.inner.dump(Family::Ip, "verdict"), fresh.dump());
+    assert_eq!(
+        nft.inner.dump(Family::Ip, "verdict"),
+        svc1_with_endpoint_cold()
+    );
 }
 
 /// A backend that refuses the next transaction (`fail_next`), or fails
@@ -274,37 +293,19 @@ impl Backend for Flaky {
 
 #[test]
 fn a_failed_partial_sync_is_retried_in_full_in_the_same_sync() {
-    let mut p = Proxier::new(upstream_config(IpFamily::V4)).unwrap();
-    let mut nft = Flaky {
-        inner: MemoryBackend::new(),
-        fail_next: false,
-        fail_read: false,
-    };
-    let t0 = std::time::Instant::now();
-    p.on_service(
-        None,
-        Some(
-            &svc("ns1", "svc1")
-                .cluster_ip("172.30.0.41")
-                .port("p80", TCP, 80, 0),
-        ),
-    );
-    p.sync(&mut nft, t0).unwrap();
+    let (mut p, mut nft, t0) = svc1_without_endpoints();
 
-    let s = slice("ns1", "svc1", "svc1-1")
-        .port("p80", TCP, 80)
-        .ep("10.0.1.1", "");
-    p.on_endpoint_slice(&s, false);
+    p.on_endpoint_slice(&svc1_slice(), false);
     // A refusal no dry run reproduces is nobody's fault: the sync reads
     // the table back and tries again in full, at once.
     nft.fail_next = true;
     let r = p.sync(&mut nft, t0).unwrap();
     assert!(r.full, "retried as a full sync");
     assert!(r.quarantined.is_empty(), "{:?}", r.quarantined);
-    let mut fresh = Fixture::new(IpFamily::V4);
-    one_ep(&mut fresh, "ns1", "svc1", "172.30.0.41", 80, &["10.0.1.1"]);
-    fresh.sync();
-    assert_eq!(nft.inner.dump(Family::Ip, "verdict"), fresh.dump());
+    assert_eq!(
+        nft.inner.dump(Family::Ip, "verdict"),
+        svc1_with_endpoint_cold()
+    );
 }
 
 /// A backend that always refuses: the sync fails, and the next one is full.
