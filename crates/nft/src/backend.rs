@@ -176,6 +176,9 @@ pub struct ChainState {
     /// What the `counter` of each counting rule says, by the rule's index,
     /// as read back from the kernel (empty in memory).
     pub counters: BTreeMap<usize, Counter>,
+    /// The kernel's handle of each rule, in order, as read back over
+    /// netlink (empty otherwise): what a packet trace names a rule by.
+    pub handles: Vec<u64>,
 }
 
 impl PartialEq for ChainState {
@@ -258,5 +261,155 @@ impl TableState {
         }
         out.push_str(&tx.to_string());
         out
+    }
+}
+
+/// A backend that counts the transactions it commits: each moves the
+/// ruleset's generation on by one, so the count tells verdict's own
+/// commits from others' between two readings of the generation.
+#[derive(Debug)]
+pub struct Counting<B> {
+    inner: B,
+    commits: u32,
+}
+
+impl<B: Backend> Counting<B> {
+    /// Counts what `inner` commits.
+    pub fn new(inner: B) -> Counting<B> {
+        Counting { inner, commits: 0 }
+    }
+
+    /// Non-empty transactions committed so far (wrapping, as the
+    /// generation does).
+    pub fn commits(&self) -> u32 {
+        self.commits
+    }
+
+    /// The backend counted.
+    pub fn inner_mut(&mut self) -> &mut B {
+        &mut self.inner
+    }
+}
+
+impl<B: Backend> Backend for Counting<B> {
+    fn run(&mut self, tx: &Transaction) -> Result<(), NftError> {
+        let r = self.inner.run(tx);
+        if r.is_ok() && !tx.is_empty() {
+            self.commits = self.commits.wrapping_add(1);
+        }
+        r
+    }
+
+    fn check(&mut self, tx: &Transaction) -> Result<(), NftError> {
+        self.inner.check(tx)
+    }
+
+    fn table(&mut self, family: Family, name: &str) -> Result<Option<TableState>, NftError> {
+        self.inner.table(family, name)
+    }
+
+    fn elements(
+        &mut self,
+        family: Family,
+        table: &str,
+        set: &str,
+    ) -> Result<Vec<Element>, NftError> {
+        self.inner.elements(family, table, set)
+    }
+
+    fn generation(&mut self) -> Result<Option<u32>, NftError> {
+        self.inner.generation()
+    }
+
+    fn skeleton(&mut self, family: Family, name: &str) -> Result<Option<TableState>, NftError> {
+        self.inner.skeleton(family, name)
+    }
+
+    fn lookup(
+        &mut self,
+        family: Family,
+        table: &str,
+        set: &str,
+        keys: &[Vec<Value>],
+    ) -> Result<Vec<Option<Found>>, NftError> {
+        self.inner.lookup(family, table, set, keys)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Records which of its own methods was called; every default of the
+    /// trait is overridden, so a method a wrapper fails to forward shows
+    /// up as a default reaching `table` instead.
+    #[derive(Default)]
+    struct Recorder(Vec<&'static str>);
+
+    impl Backend for Recorder {
+        fn run(&mut self, _: &Transaction) -> Result<(), NftError> {
+            self.0.push("run");
+            Ok(())
+        }
+        fn check(&mut self, _: &Transaction) -> Result<(), NftError> {
+            self.0.push("check");
+            Ok(())
+        }
+        fn table(&mut self, _: Family, _: &str) -> Result<Option<TableState>, NftError> {
+            self.0.push("table");
+            Ok(None)
+        }
+        fn elements(&mut self, _: Family, _: &str, _: &str) -> Result<Vec<Element>, NftError> {
+            self.0.push("elements");
+            Ok(Vec::new())
+        }
+        fn generation(&mut self) -> Result<Option<u32>, NftError> {
+            self.0.push("generation");
+            Ok(Some(1))
+        }
+        fn skeleton(&mut self, _: Family, _: &str) -> Result<Option<TableState>, NftError> {
+            self.0.push("skeleton");
+            Ok(None)
+        }
+        fn lookup(
+            &mut self,
+            _: Family,
+            _: &str,
+            _: &str,
+            keys: &[Vec<Value>],
+        ) -> Result<Vec<Option<Found>>, NftError> {
+            self.0.push("lookup");
+            Ok(vec![None; keys.len()])
+        }
+    }
+
+    #[test]
+    fn counting_forwards_every_method_and_counts_only_commits() {
+        let mut c = Counting::new(Recorder::default());
+        let mut tx = Transaction::new(Family::Ip, "t");
+        c.run(&tx).unwrap();
+        assert_eq!(c.commits(), 0, "an empty transaction commits nothing");
+        tx.add_table(None);
+        c.run(&tx).unwrap();
+        c.check(&tx).unwrap();
+        c.table(Family::Ip, "t").unwrap();
+        c.elements(Family::Ip, "t", "s").unwrap();
+        c.generation().unwrap();
+        c.skeleton(Family::Ip, "t").unwrap();
+        c.lookup(Family::Ip, "t", "s", &[vec![]]).unwrap();
+        assert_eq!(c.commits(), 1);
+        assert_eq!(
+            c.inner_mut().0,
+            [
+                "run",
+                "run",
+                "check",
+                "table",
+                "elements",
+                "generation",
+                "skeleton",
+                "lookup"
+            ]
+        );
     }
 }

@@ -716,6 +716,9 @@ pub enum Expr {
     MarkOr(u32),
     /// `meta mark set meta mark ^ BITS`.
     MarkXor(u32),
+    /// `meta nftrace set 1`: the kernel reports every rule the packet
+    /// meets from here on (`verdict trace --live` marks its probe so).
+    NftraceOn,
     /// A verdict.
     Verdict(Verdict),
     /// `KEY vmap @MAP`.
@@ -808,6 +811,7 @@ impl Expr {
             ),
             Expr::MarkOr(bits) => format!("meta mark set meta mark | {bits:#010x}"),
             Expr::MarkXor(bits) => format!("meta mark set meta mark ^ {bits:#010x}"),
+            Expr::NftraceOn => "meta nftrace set 1".into(),
             Expr::Verdict(v) => v.to_string(),
             Expr::Vmap { key, map } => format!("{} vmap @{map}", keys(key)),
             Expr::Reject => "reject".into(),

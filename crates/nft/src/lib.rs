@@ -17,12 +17,15 @@
 //!   ctnetlink.
 //! - [`cli`]: [`NftCli`], the kernel backend that runs the `nft` program.
 //! - [`json`]: reads `nft -j list table` back into the IR.
-//! - [`addresses`]: the node's addresses, and announcements of their
-//!   changes.
-//! - [`conntrack`]: the [`conntrack::Conntrack`] trait and `ConntrackCli`,
-//!   which runs the `conntrack` program.
+//! - [`kind`]: [`BackendKind`], which kernel backend to open (and its
+//!   conntrack), and what it can do.
+//! - [`addresses`]: the node's addresses over rtnetlink, announcements of
+//!   their changes, and deleting a link.
+//! - [`conntrack`]: the [`conntrack::Conntrack`] trait, its types and
+//!   `ConntrackCli`, which runs the `conntrack` program.
 //! - [`monitor`]: the kernel's announcements of ruleset changes (the
 //!   netlink group `nft monitor` reads), to notice other processes' edits.
+//! - [`nftrace`]: the kernel's packet traces (`nft monitor trace`).
 
 pub mod addresses;
 pub mod backend;
@@ -31,17 +34,20 @@ pub mod conntrack;
 pub mod error;
 pub mod ir;
 pub mod json;
+pub mod kind;
 pub mod memory;
 pub mod monitor;
 pub mod netlink;
+pub mod nftrace;
 pub mod process;
 pub mod trace;
 pub mod tx;
 
-pub use backend::{Backend, ChainState, Counter, Found, SetState, TableState};
+pub use backend::{Backend, ChainState, Counter, Counting, Found, SetState, TableState};
 pub use cli::NftCli;
 pub use error::NftError;
 pub use ir::*;
+pub use kind::BackendKind;
 pub use memory::{MemoryBackend, goto};
 pub use netlink::{NetlinkBackend, NetlinkConntrack};
 pub use trace::{

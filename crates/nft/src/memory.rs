@@ -167,6 +167,7 @@ impl TableState {
                             chain: chain.clone(),
                             rules: Vec::new(),
                             counters: BTreeMap::new(),
+                            handles: Vec::new(),
                         },
                     );
                     Ok(())

@@ -8,21 +8,13 @@
 //! [`Monitor`] reads the socket; [`Decoder`] turns its bytes into
 //! [`Event`]s and holds no socket, so it is tested without a kernel.
 
-use std::os::fd::{AsRawFd, OwnedFd};
-
-use nix::errno::Errno;
-use nix::sys::socket::{
-    AddressFamily, NetlinkAddr, SockFlag, SockProtocol, SockType, bind, recv, setsockopt, socket,
-    sockopt,
-};
+use crate::netlink::socket::{Datagram, NLMSG_OVERRUN, Protocol, Socket};
+use crate::netlink::wire::messages;
 
 /// `NFNLGRP_NFTABLES`: the group `nft monitor` joins.
 const GROUP_NFTABLES: u32 = 7;
 /// `NFNL_SUBSYS_NFTABLES`, the high byte of every message type here.
 const SUBSYS_NFTABLES: u16 = 10;
-/// `NLMSG_ERROR`, `NLMSG_DONE`, `NLMSG_OVERRUN`.
-const NLMSG_ERROR: u16 = 2;
-const NLMSG_OVERRUN: u16 = 4;
 /// `NFT_MSG_NEWGEN`: closes each committed transaction.
 const MSG_NEWGEN: u8 = 15;
 /// The most the kernel may queue on the socket. A cold sync of 30,000
@@ -115,31 +107,27 @@ pub struct Decoder {
 impl Decoder {
     /// Decodes one datagram (one or more netlink messages). Changes are
     /// held until the "new generation" message that closes their commit.
-    pub fn feed(&mut self, mut buf: &[u8], out: &mut Vec<Event>) {
-        while buf.len() >= 16 {
-            let len = u32::from_ne_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
-            let kind = u16::from_ne_bytes([buf[4], buf[5]]);
-            if len < 16 || len > buf.len() {
-                return;
-            }
-            let body = &buf[16..len];
-            buf = &buf[align(len).min(buf.len())..];
-            if kind == NLMSG_OVERRUN {
+    pub fn feed(&mut self, buf: &[u8], out: &mut Vec<Event>) {
+        for m in messages(buf) {
+            if m.kind == NLMSG_OVERRUN {
                 self.pending.clear();
                 out.push(Event::Overflow);
                 continue;
             }
-            if kind == NLMSG_ERROR || kind >> 8 != SUBSYS_NFTABLES || body.len() < 4 {
+            if m.kind >> 8 != SUBSYS_NFTABLES {
                 continue;
             }
-            let family = family_name(body[0]);
-            let attrs = Attrs(&body[4..]);
-            let msg = (kind & 0xff) as u8;
+            let Some((nfproto, attrs)) = m.nfgen() else {
+                continue;
+            };
+            let family = family_name(nfproto);
+            let string = |k: u16| attrs.str(k).map(str::to_owned);
+            let msg = (m.kind & 0xff) as u8;
             if msg == MSG_NEWGEN {
                 out.push(Event::Commit {
                     generation: attrs.u32_be(1).unwrap_or(0),
                     pid: attrs.u32_be(2).unwrap_or(0),
-                    process: attrs.string(3).unwrap_or_default(),
+                    process: string(3).unwrap_or_default(),
                     changes: std::mem::take(&mut self.pending),
                 });
                 continue;
@@ -150,11 +138,11 @@ impl Decoder {
             // Attribute 1 is the table for every object kind; the object's
             // own name is 3 for a chain, 2 (the chain) for a rule and 2 for
             // a set, its elements, a stateful object or a flowtable.
-            let table = attrs.string(1).unwrap_or_default();
+            let table = string(1).unwrap_or_default();
             let name = match object {
                 Object::Table => None,
-                Object::Chain => attrs.string(3),
-                _ => attrs.string(2),
+                Object::Chain => string(3),
+                _ => string(2),
             };
             let change = Change {
                 added,
@@ -177,34 +165,18 @@ impl Decoder {
 /// namespace.
 #[derive(Debug)]
 pub struct Monitor {
-    fd: OwnedFd,
-    buf: Vec<u8>,
+    socket: Socket,
     decoder: Decoder,
     ready: std::collections::VecDeque<Event>,
 }
 
 impl Monitor {
     /// Joins the group. Needs CAP_NET_ADMIN for the larger receive buffer;
-    /// without it, the default buffer is kept.
+    /// without it, the default buffer is kept (overflows are still
+    /// reported).
     pub fn open() -> std::io::Result<Monitor> {
-        let fd = socket(
-            AddressFamily::Netlink,
-            SockType::Raw,
-            SockFlag::SOCK_CLOEXEC,
-            SockProtocol::NetlinkNetFilter,
-        )?;
-        bind(
-            fd.as_raw_fd(),
-            &NetlinkAddr::new(0, 1 << (GROUP_NFTABLES - 1)),
-        )?;
-        if setsockopt(&fd, sockopt::RcvBufForce, &RECV_BUFFER).is_err() {
-            // Unprivileged: the kernel's default applies; overflows are
-            // still reported.
-            let _ = setsockopt(&fd, sockopt::RcvBuf, &RECV_BUFFER);
-        }
         Ok(Monitor {
-            fd,
-            buf: vec![0; 1 << 16],
+            socket: Socket::listen(Protocol::NetFilter, 1 << (GROUP_NFTABLES - 1), RECV_BUFFER)?,
             decoder: Decoder::default(),
             ready: std::collections::VecDeque::new(),
         })
@@ -213,12 +185,7 @@ impl Monitor {
     /// Makes [`Monitor::next_event`] give up after `timeout` with an error
     /// of kind `WouldBlock` (`None`: wait forever).
     pub fn set_timeout(&self, timeout: Option<std::time::Duration>) -> std::io::Result<()> {
-        let tv = nix::sys::time::TimeVal::new(
-            timeout.map_or(0, |t| t.as_secs() as nix::libc::time_t),
-            timeout.map_or(0, |t| t.subsec_micros() as nix::libc::suseconds_t),
-        );
-        setsockopt(&self.fd, sockopt::ReceiveTimeout, &tv)?;
-        Ok(())
+        self.socket.set_timeout(timeout)
     }
 
     /// Waits for the next event.
@@ -227,30 +194,20 @@ impl Monitor {
             if let Some(e) = self.ready.pop_front() {
                 return Ok(e);
             }
-            match recv(
-                self.fd.as_raw_fd(),
-                &mut self.buf,
-                nix::sys::socket::MsgFlags::empty(),
-            ) {
-                Ok(n) => {
+            match self.socket.next_datagram()? {
+                Datagram::Messages(buf) => {
                     let mut out = Vec::new();
-                    self.decoder.feed(&self.buf[..n], &mut out);
+                    self.decoder.feed(buf, &mut out);
                     self.ready.extend(out);
                 }
                 // The buffer overflowed: what was lost is unknown.
-                Err(Errno::ENOBUFS) => {
+                Datagram::Overflow => {
                     self.decoder = Decoder::default();
                     return Ok(Event::Overflow);
                 }
-                Err(Errno::EINTR) => {}
-                Err(e) => return Err(e.into()),
             }
         }
     }
-}
-
-fn align(n: usize) -> usize {
-    (n + 3) & !3
 }
 
 fn classify(msg: u8) -> Option<(Object, bool)> {
@@ -284,39 +241,6 @@ fn family_name(nfproto: u8) -> &'static str {
         7 => "bridge",
         10 => "ip6",
         _ => "other",
-    }
-}
-
-/// Top-level netlink attributes (`nlattr`: length, type, value, padding).
-struct Attrs<'a>(&'a [u8]);
-
-impl<'a> Attrs<'a> {
-    fn get(&self, want: u16) -> Option<&'a [u8]> {
-        let mut b = self.0;
-        while b.len() >= 4 {
-            let len = u16::from_ne_bytes([b[0], b[1]]) as usize;
-            // The top bits flag nesting and byte order.
-            let kind = u16::from_ne_bytes([b[2], b[3]]) & 0x3fff;
-            if len < 4 || len > b.len() {
-                return None;
-            }
-            if kind == want {
-                return Some(&b[4..len]);
-            }
-            b = &b[align(len).min(b.len())..];
-        }
-        None
-    }
-
-    fn string(&self, want: u16) -> Option<String> {
-        let v = self.get(want)?;
-        let v = v.split(|&c| c == 0).next().unwrap_or_default();
-        Some(String::from_utf8_lossy(v).into_owned())
-    }
-
-    fn u32_be(&self, want: u16) -> Option<u32> {
-        let v = self.get(want)?;
-        Some(u32::from_be_bytes(v.get(..4)?.try_into().ok()?))
     }
 }
 

@@ -137,22 +137,19 @@ pub struct BaseChain {
     pub priority: i64,
 }
 
-/// The base chains of `nft -j list chains` output.
-pub fn base_chains(json: &str) -> Vec<BaseChain> {
-    let doc: Json = serde_json::from_str(json).unwrap_or(Json::Null);
-    doc["nftables"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|o| {
-            let c = o.get("chain")?;
+/// The base chains of the ruleset, as netlink lists them.
+pub fn base_chains(chains: &[verdict_nft::netlink::ChainInfo]) -> Vec<BaseChain> {
+    chains
+        .iter()
+        .filter_map(|c| {
+            let (kind, hook, priority) = c.base.as_ref()?;
             Some(BaseChain {
-                family: c["family"].as_str()?.to_owned(),
-                table: c["table"].as_str()?.to_owned(),
-                name: c["name"].as_str()?.to_owned(),
-                kind: c["type"].as_str()?.to_owned(),
-                hook: c["hook"].as_str()?.to_owned(),
-                priority: c["prio"].as_i64()?,
+                family: c.family.to_owned(),
+                table: c.table.clone(),
+                name: c.name.clone(),
+                kind: kind.clone(),
+                hook: (*hook).to_owned(),
+                priority: i64::from(*priority),
             })
         })
         .collect()
@@ -252,11 +249,11 @@ pub fn other_nat_chains(chains: &[BaseChain], our_table: &str) -> Check {
     }
 }
 
-/// kube-proxy's own nftables tables (`nft list tables` output).
-pub fn kube_proxy_tables(listing: &str) -> Check {
-    let present: Vec<String> = crate::leftovers::tables(listing)
-        .into_iter()
-        .filter(|t| crate::leftovers::KUBE_PROXY_TABLES.contains(t))
+/// kube-proxy's own nftables tables, among the ruleset's (family, name).
+pub fn kube_proxy_tables(tables: &[(&str, String)]) -> Check {
+    let present: Vec<String> = tables
+        .iter()
+        .filter(|(f, n)| crate::leftovers::KUBE_PROXY_TABLES.contains(&(*f, n.as_str())))
         .map(|(family, name)| format!("table {family} {name}"))
         .collect();
     if present.is_empty() {
@@ -273,10 +270,26 @@ pub fn kube_proxy_tables(listing: &str) -> Check {
     }
 }
 
-/// kube-proxy's iptables and IPVS chains, per iptables front-end (save
-/// output of each).
-pub fn kube_proxy_chains(dumps: &[(&str, String)]) -> Check {
+/// kube-proxy's iptables and IPVS chains: in the tables iptables-nft
+/// keeps (from the ruleset's chains), and per legacy front-end (the
+/// save output of each).
+pub fn kube_proxy_chains(
+    chains: &[verdict_nft::netlink::ChainInfo],
+    dumps: &[(&str, String)],
+) -> Check {
     let mut found = Vec::new();
+    let mut nft: std::collections::BTreeMap<(&str, &str), usize> = Default::default();
+    for c in chains {
+        if (c.family == "ip" || c.family == "ip6")
+            && crate::leftovers::IPTABLES_NFT_TABLES.contains(&c.table.as_str())
+            && crate::leftovers::owned(&c.name)
+        {
+            *nft.entry((c.family, c.table.as_str())).or_default() += 1;
+        }
+    }
+    for ((family, table), n) in nft {
+        found.push(format!("{n} in iptables-nft ({family} {table})"));
+    }
     for (tool, dump) in dumps {
         if let Some(script) = crate::leftovers::removal_script(dump) {
             let n = script.lines().filter(|l| l.starts_with("-X ")).count();
@@ -515,10 +528,12 @@ pub fn checks(cli: &Cli, settings: &Settings, source: &Source) -> Vec<Check> {
             .trim()
     ))
     .unwrap_or_default();
-    let nft_works = program("nft", &["list", "tables"]).is_ok();
-    let chains = program("nft", &["-j", "list", "chains"])
-        .map(|j| base_chains(&j))
-        .unwrap_or_default();
+    // The ruleset over netlink: no program is needed.
+    let ruleset =
+        verdict_nft::NetlinkBackend::new().and_then(|mut nl| Ok((nl.tables()?, nl.chains()?)));
+    let nft_works = ruleset.is_ok();
+    let all_chains = ruleset.as_ref().map(|(_, c)| c.clone()).unwrap_or_default();
+    let chains = base_chains(&all_chains);
     let nat_works = chains.iter().any(|c| c.kind == "nat");
     out.extend(modules(&read("/proc/modules").unwrap_or_default(), |m| {
         // Built in, or shown working: nft answers, conntrack has a table.
@@ -530,23 +545,25 @@ pub fn checks(cli: &Cli, settings: &Settings, source: &Source) -> Vec<Check> {
                 && std::path::Path::new("/proc/sys/net/netfilter/nf_conntrack_max").exists())
     }));
     out.push(capability(&read("/proc/self/status").unwrap_or_default()));
-    match program("nft", &["list", "tables"]) {
-        Ok(l) => out.push(kube_proxy_tables(&l)),
-        Err(e) => out.push(check("nft", Status::Fail, e, Some("install nftables"))),
+    match &ruleset {
+        Ok((tables, _)) => out.push(kube_proxy_tables(tables)),
+        Err(e) => out.push(check(
+            "nftables",
+            Status::Fail,
+            format!("cannot read the ruleset over netlink: {e}"),
+            Some("load nf_tables, and run with CAP_NET_ADMIN"),
+        )),
     }
     if nft_works {
         out.push(other_nat_chains(&chains, "verdict"));
     }
-    let dumps: Vec<(&str, String)> = [
-        "iptables-legacy-save",
-        "ip6tables-legacy-save",
-        "iptables-nft-save",
-        "ip6tables-nft-save",
-    ]
-    .into_iter()
-    .filter_map(|t| program(t, &[]).ok().map(|d| (t, d)))
-    .collect();
-    out.push(kube_proxy_chains(&dumps));
+    // Legacy iptables has no netlink interface: its front-ends, where
+    // they are installed.
+    let dumps: Vec<(&str, String)> = ["iptables-legacy-save", "ip6tables-legacy-save"]
+        .into_iter()
+        .filter_map(|t| program(t, &[]).ok().map(|d| (t, d)))
+        .collect();
+    out.push(kube_proxy_chains(&all_chains, &dumps));
     out.push(sysctl(
         "net.ipv4.ip_forward",
         read("/proc/sys/net/ipv4/ip_forward").as_deref(),
@@ -705,14 +722,43 @@ mod tests {
 
     #[test]
     fn other_nat_chains_say_which_runs_first() {
-        let json = r#"{"nftables": [{"metainfo": {}},
-          {"chain": {"family": "ip", "table": "verdict", "name": "nat-prerouting", "type": "nat", "hook": "prerouting", "prio": -100}},
-          {"chain": {"family": "ip", "table": "verdict", "name": "services"}},
-          {"chain": {"family": "inet", "table": "firewalld", "name": "nat_PREROUTING", "type": "nat", "hook": "prerouting", "prio": -90}},
-          {"chain": {"family": "ip", "table": "kube-proxy", "name": "nat-prerouting", "type": "nat", "hook": "prerouting", "prio": -100}},
-          {"chain": {"family": "ip", "table": "cali", "name": "cali-PREROUTING", "type": "nat", "hook": "prerouting", "prio": -110}},
-          {"chain": {"family": "ip", "table": "x", "name": "f", "type": "filter", "hook": "input", "prio": 0}}]}"#;
-        let chains = base_chains(json);
+        let chain = |family, table: &str, name: &str, base: Option<(&str, &'static str, i32)>| {
+            verdict_nft::netlink::ChainInfo {
+                family,
+                table: table.into(),
+                name: name.into(),
+                base: base.map(|(k, h, p)| (k.to_owned(), h, p)),
+            }
+        };
+        let listed = [
+            chain(
+                "ip",
+                "verdict",
+                "nat-prerouting",
+                Some(("nat", "prerouting", -100)),
+            ),
+            chain("ip", "verdict", "services", None),
+            chain(
+                "inet",
+                "firewalld",
+                "nat_PREROUTING",
+                Some(("nat", "prerouting", -90)),
+            ),
+            chain(
+                "ip",
+                "kube-proxy",
+                "nat-prerouting",
+                Some(("nat", "prerouting", -100)),
+            ),
+            chain(
+                "ip",
+                "cali",
+                "cali-PREROUTING",
+                Some(("nat", "prerouting", -110)),
+            ),
+            chain("ip", "x", "f", Some(("filter", "input", 0))),
+        ];
+        let chains = base_chains(&listed);
         assert_eq!(chains.len(), 5, "regular chains are not base chains");
         let c = other_nat_chains(&chains, "verdict");
         assert_eq!(c.status, Status::Warn);
@@ -740,21 +786,45 @@ mod tests {
 
     #[test]
     fn kube_proxy_leftovers_are_warned_about() {
+        let t = |f: &'static str, n: &str| (f, n.to_owned());
         assert_eq!(
-            kube_proxy_tables("table ip verdict\ntable ip6 verdict\n").status,
+            kube_proxy_tables(&[t("ip", "verdict"), t("ip6", "verdict")]).status,
             Status::Pass
         );
-        let t = kube_proxy_tables("table ip verdict\ntable ip kube-proxy\n");
-        assert_eq!(t.status, Status::Warn);
-        assert!(t.detail.contains("table ip kube-proxy"));
-        let save = "*nat\n:PREROUTING ACCEPT [0:0]\n:KUBE-SERVICES - [0:0]\n:KUBE-SVC-ABC - [0:0]\n-A PREROUTING -j KUBE-SERVICES\nCOMMIT\n";
-        let c = kube_proxy_chains(&[
-            ("iptables-nft-save", save.into()),
-            ("iptables-legacy-save", "*nat\nCOMMIT\n".into()),
+        let k = kube_proxy_tables(&[
+            t("ip", "verdict"),
+            t("ip", "kube-proxy"),
+            t("inet", "kube-proxy"),
         ]);
+        assert_eq!(k.status, Status::Warn);
+        assert_eq!(k.detail, "present: table ip kube-proxy");
+        let save = "*nat\n:PREROUTING ACCEPT [0:0]\n:KUBE-SERVICES - [0:0]\n:KUBE-SVC-ABC - [0:0]\n-A PREROUTING -j KUBE-SERVICES\nCOMMIT\n";
+        let c = kube_proxy_chains(
+            &[],
+            &[
+                ("iptables-legacy-save", save.into()),
+                ("ip6tables-legacy-save", "*nat\nCOMMIT\n".into()),
+            ],
+        );
         assert_eq!(c.status, Status::Warn);
-        assert_eq!(c.detail, "2 in iptables-nft-save");
-        assert_eq!(kube_proxy_chains(&[]).status, Status::Pass);
+        assert_eq!(c.detail, "2 in iptables-legacy-save");
+        let chain = |table: &str, name: &str| verdict_nft::netlink::ChainInfo {
+            family: "ip",
+            table: table.into(),
+            name: name.into(),
+            base: None,
+        };
+        let nft = [
+            chain("nat", "KUBE-SERVICES"),
+            chain("nat", "KUBE-SEP-X"),
+            chain("filter", "KUBE-FIREWALL"),
+            chain("kube-proxy", "KUBE-SERVICES"),
+        ];
+        assert_eq!(
+            kube_proxy_chains(&nft, &[]).detail,
+            "2 in iptables-nft (ip nat)"
+        );
+        assert_eq!(kube_proxy_chains(&[], &[]).status, Status::Pass);
     }
 
     #[test]

@@ -6,8 +6,12 @@
 //!   flushed and deleted, after the rules of other chains that jump to
 //!   them. Only those: kubelet's `KUBE-*` chains, and other programs'
 //!   (kube-router's `KUBE-ROUTER-*`, `KUBE-NWPLCY-*`, `KUBE-POD-FW-*`, as on
-//!   k3s), stay;
-//! - the `kube-ipvs0` dummy device of IPVS mode is deleted;
+//!   k3s), stay. iptables-nft keeps its chains as nf_tables chains, which
+//!   are removed over netlink, so no program is needed; the legacy
+//!   backend has no netlink interface, and its chains are removed through
+//!   `iptables-legacy-save`/`-restore` where they are installed (where
+//!   legacy tables are in use and they are not, that is reported);
+//! - the `kube-ipvs0` dummy device of IPVS mode is deleted (rtnetlink);
 //! - IPVS virtual servers are cleared with `ipvsadm -C` when the kernel
 //!   has any (IPVS mode owned them all, as in kube-proxy), and IPVS mode's
 //!   ipsets are destroyed when `ipset` is installed;
@@ -83,16 +87,27 @@ fn ipvs_set(name: &str) -> bool {
     IPVS_SETS.contains(&v4.as_str())
 }
 
-/// The iptables front-ends whose state is cleaned: (save, restore).
-const IPTABLES: [(&str, &str); 4] = [
-    ("iptables-legacy-save", "iptables-legacy-restore"),
-    ("ip6tables-legacy-save", "ip6tables-legacy-restore"),
-    ("iptables-nft-save", "iptables-nft-restore"),
-    ("ip6tables-nft-save", "ip6tables-nft-restore"),
+/// The legacy iptables front-ends, (save, restore), and the file that
+/// lists the legacy tables in use in their family.
+const IPTABLES_LEGACY: [(&str, &str, &str); 2] = [
+    (
+        "iptables-legacy-save",
+        "iptables-legacy-restore",
+        "/proc/net/ip_tables_names",
+    ),
+    (
+        "ip6tables-legacy-save",
+        "ip6tables-legacy-restore",
+        "/proc/net/ip6_tables_names",
+    ),
 ];
 
+/// The nf_tables tables iptables-nft keeps its chains in, in families
+/// `ip` and `ip6`.
+pub const IPTABLES_NFT_TABLES: [&str; 5] = ["filter", "nat", "mangle", "raw", "security"];
+
 /// Whether kube-proxy owns a chain of this name.
-fn owned(chain: &str) -> bool {
+pub fn owned(chain: &str) -> bool {
     OWNED_CHAINS.contains(&chain) || OWNED_PREFIXES.iter().any(|p| chain.starts_with(p))
 }
 
@@ -181,15 +196,39 @@ pub(crate) fn run(
 /// kube-proxy's nftables table, in each family it uses.
 pub const KUBE_PROXY_TABLES: [(&str, &str); 2] = [("ip", "kube-proxy"), ("ip6", "kube-proxy")];
 
-/// The tables of `nft list tables` output, as (family, name).
-pub(crate) fn tables(listing: &str) -> Vec<(&str, &str)> {
-    listing
+/// The legacy iptables tables in use, from `/proc/net/ip{,6}_tables_names`
+/// (empty where the legacy modules are not loaded).
+pub fn legacy_tables_in_use(names: &str) -> Vec<&str> {
+    names
         .lines()
-        .filter_map(|l| {
-            let mut w = l.split_whitespace();
-            (w.next() == Some("table")).then(|| (w.next().unwrap_or(""), w.next().unwrap_or("")))
-        })
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
         .collect()
+}
+
+/// Removes kube-proxy's chains from the tables iptables-nft keeps, over
+/// netlink. Returns the problems met.
+fn remove_iptables_nft_chains() -> Vec<String> {
+    let mut nl = match verdict_nft::NetlinkBackend::new() {
+        Ok(nl) => nl,
+        Err(e) => return vec![format!("iptables-nft chains: {e}")],
+    };
+    let mut problems = Vec::new();
+    for family in ["ip", "ip6"] {
+        for table in IPTABLES_NFT_TABLES {
+            match nl.remove_chains(family, table, owned) {
+                Ok(removed) if !removed.is_empty() => tracing::info!(
+                    family,
+                    table,
+                    chains = removed.len(),
+                    "removed kube-proxy's iptables-nft chains"
+                ),
+                Ok(_) => {}
+                Err(e) => problems.push(format!("iptables-nft {family} {table}: {e}")),
+            }
+        }
+    }
+    problems
 }
 
 /// Deletes kube-proxy's nftables tables through the backend (deleting a
@@ -230,10 +269,22 @@ pub fn cleanup(keep_nftables: bool, backend: &mut dyn verdict_nft::Backend) -> V
     } else {
         problems.extend(remove_kube_proxy_tables(backend));
     }
-    for (save, restore) in IPTABLES {
+    problems.extend(remove_iptables_nft_chains());
+    for (save, restore, in_use) in IPTABLES_LEGACY {
         let dump = match run(save, &[], None) {
             Ok(Some(d)) => d,
-            Ok(None) => continue, // this front-end is not installed
+            Ok(None) => {
+                let names = std::fs::read_to_string(in_use).unwrap_or_default();
+                let tables = legacy_tables_in_use(&names);
+                if !tables.is_empty() {
+                    problems.push(format!(
+                        "legacy iptables tables are in use ({}) and {save} is not installed: \
+                         kube-proxy's legacy chains, if any, stay (run verdict cleanup from an image with iptables)",
+                        tables.join(", ")
+                    ));
+                }
+                continue;
+            }
             Err(e) => {
                 problems.push(e);
                 continue;
@@ -253,11 +304,10 @@ pub fn cleanup(keep_nftables: bool, backend: &mut dyn verdict_nft::Backend) -> V
         }
     }
 
-    if std::path::Path::new("/sys/class/net/kube-ipvs0").exists() {
-        match run("ip", &["link", "del", "kube-ipvs0"], None) {
-            Ok(_) => tracing::info!("deleted the kube-ipvs0 device of IPVS mode"),
-            Err(e) => problems.push(e),
-        }
+    match verdict_nft::addresses::delete_link("kube-ipvs0") {
+        Ok(true) => tracing::info!("deleted the kube-ipvs0 device of IPVS mode"),
+        Ok(false) => {}
+        Err(e) => problems.push(e.to_string()),
     }
 
     // /proc/net/ip_vs exists only while IPVS is loaded; lines after the two
@@ -348,12 +398,9 @@ COMMIT
     }
 
     #[test]
-    fn finds_kube_proxys_tables() {
-        let listing =
-            "table inet filter\ntable ip kube-proxy\ntable ip6 kube-proxy\ntable ip verdict\n";
-        let t = tables(listing);
-        assert!(KUBE_PROXY_TABLES.iter().all(|k| t.contains(k)), "{t:?}");
-        assert!(!t.contains(&("inet", "kube-proxy")));
+    fn legacy_tables_in_use_are_read_from_proc() {
+        assert_eq!(legacy_tables_in_use("nat\nfilter\n\n"), ["nat", "filter"]);
+        assert!(legacy_tables_in_use("").is_empty());
     }
 
     #[test]

@@ -95,6 +95,7 @@ pub fn parse_table(json: &str, family: Family, name: &str) -> Result<TableState,
                         chain,
                         rules: Vec::new(),
                         counters: BTreeMap::new(),
+                        handles: Vec::new(),
                     },
                 );
             }

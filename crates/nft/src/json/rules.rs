@@ -501,6 +501,15 @@ fn is_mark(j: &Json) -> bool {
 
 /// `meta mark set meta mark | N` / `^ N`.
 fn mangle(v: &Json) -> Result<Expr, String> {
+    let nftrace = v
+        .get("key")
+        .and_then(|k| k.get("meta"))
+        .and_then(|m| m.get("key"))
+        .and_then(Json::as_str)
+        == Some("nftrace");
+    if nftrace && v.get("value").and_then(Json::as_u64) == Some(1) {
+        return Ok(Expr::NftraceOn);
+    }
     if !v.get("key").is_some_and(is_mark) {
         return Err("only meta mark can be set".into());
     }

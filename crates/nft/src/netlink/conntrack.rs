@@ -222,7 +222,7 @@ impl NetlinkConntrack {
     /// A socket in the caller's network namespace.
     pub fn new() -> Result<NetlinkConntrack, ConntrackError> {
         Ok(NetlinkConntrack {
-            socket: Socket::open().map_err(|e| ConntrackError::Missing(e.to_string()))?,
+            socket: Socket::open().map_err(|e| ConntrackError::Unavailable(e.to_string()))?,
             udp: Vec::new(),
         })
     }
@@ -230,7 +230,8 @@ impl NetlinkConntrack {
     /// A socket in the named network namespace.
     pub fn in_netns(name: &str) -> Result<NetlinkConntrack, ConntrackError> {
         Ok(NetlinkConntrack {
-            socket: Socket::in_netns(name).map_err(|e| ConntrackError::Missing(e.to_string()))?,
+            socket: Socket::in_netns(name)
+                .map_err(|e| ConntrackError::Unavailable(e.to_string()))?,
             udp: Vec::new(),
         })
     }

@@ -40,6 +40,7 @@ const PAYLOAD_TRANSPORT: u32 = 2;
 const META_MARK: u32 = 3;
 const META_IIFNAME: u32 = 6;
 const META_L4PROTO: u32 = 16;
+const META_NFTRACE: u32 = 12;
 
 const CT_STATE: u32 = 0;
 const CT_STATUS: u32 = 2;
@@ -435,6 +436,14 @@ impl Encoder<'_> {
             }
             Expr::MarkOr(bits) => self.mark_set(!bits, *bits),
             Expr::MarkXor(bits) => self.mark_set(u32::MAX, *bits),
+            Expr::NftraceOn => {
+                // As nft writes it: the one byte of the 1-bit field.
+                self.immediate_value(NFT_REG_1, &[1])?;
+                self.kernel("meta", |w| {
+                    w.u32_be(2, META_NFTRACE);
+                    w.u32_be(3, NFT_REG_1);
+                })
+            }
             Expr::Verdict(v) => self.verdict(v),
             Expr::Vmap { key, map } => {
                 self.load_key(&Self::fields(key), 0, false)?;
@@ -801,6 +810,12 @@ impl Decoder<'_> {
                 if let Some(sreg) = a.u32_be(3) {
                     let w =
                         word(sreg).ok_or_else(|| NftError::Parse(format!("register {sreg}")))?;
+                    if key == META_NFTRACE
+                        && matches!(self.held(w)?, Held::Const(v) if v.first() == Some(&1))
+                    {
+                        self.out.push(Expr::NftraceOn);
+                        return Ok(());
+                    }
                     if key != META_MARK {
                         return Err(NftError::Parse(format!("meta set of key {key}")));
                     }

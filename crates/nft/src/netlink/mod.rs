@@ -16,10 +16,12 @@
 mod conntrack;
 mod expr;
 mod objects;
-mod socket;
-mod wire;
+mod ruleset;
+pub(crate) mod socket;
+pub(crate) mod wire;
 
 pub use conntrack::NetlinkConntrack;
+pub use ruleset::{ChainInfo, family_name, nfproto_of};
 
 use std::collections::BTreeMap;
 
@@ -33,7 +35,7 @@ use objects::{Batch, kind, nfproto};
 use socket::{NFNL_MSG_BATCH_BEGIN, NLM_F_REQUEST, Reply, Socket};
 use wire::{Attrs, Writer};
 
-const NFNL_MSG_BATCH_END: u16 = 17;
+pub(crate) const NFNL_MSG_BATCH_END: u16 = 17;
 /// Reads of a table retried when it changed while being read.
 const READ_ATTEMPTS: usize = 5;
 
@@ -48,7 +50,7 @@ pub struct NetlinkBackend {
 }
 
 /// The typed error for an errno the kernel returned for `what`.
-fn refusal(errno: i32, what: &str) -> NftError {
+pub(crate) fn refusal(errno: i32, what: &str) -> NftError {
     let e = Errno::from_raw(errno);
     let msg = format!("{what}: {}", e.desc());
     match e {

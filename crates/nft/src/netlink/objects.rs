@@ -25,10 +25,10 @@ pub(crate) const GETTABLE: u8 = 1;
 const DELTABLE: u8 = 2;
 pub(crate) const NEWCHAIN: u8 = 3;
 pub(crate) const GETCHAIN: u8 = 4;
-const DELCHAIN: u8 = 5;
+pub(crate) const DELCHAIN: u8 = 5;
 pub(crate) const NEWRULE: u8 = 6;
 pub(crate) const GETRULE: u8 = 7;
-const DELRULE: u8 = 8;
+pub(crate) const DELRULE: u8 = 8;
 pub(crate) const NEWSET: u8 = 9;
 pub(crate) const GETSET: u8 = 10;
 const DELSET: u8 = 11;
@@ -830,8 +830,9 @@ fn element_counter(e: Attrs<'_>) -> Option<Counter> {
     e.nested(11)?.iter().find_map(|(_, x)| counter_of(Attrs(x)))
 }
 
-/// A rule read back: its chain, the rule, and what its `counter` says.
-pub(crate) type ReadRule = (String, Rule, Option<Counter>);
+/// A rule read back: its chain, the rule, what its `counter` says, and
+/// its handle.
+pub(crate) type ReadRule = (String, Rule, Option<Counter>, u64);
 
 /// A rule from a `NEWRULE` message: its chain, the rule, and what its
 /// `counter` says.
@@ -848,7 +849,7 @@ pub(crate) fn rule(
         .map_err(|e| e.context(&format!("a rule in chain {chain}")))?;
     let mut r = Rule::new(exprs);
     r.comment = a.get(7).and_then(|u| udata::string(u, UDATA_COMMENT));
-    Ok((chain, r, counter))
+    Ok((chain, r, counter, a.u64_be(3).unwrap_or(0)))
 }
 
 /// Assembles a table from what was read.
@@ -869,13 +870,14 @@ pub(crate) fn table(
                 chain: c,
                 rules: Vec::new(),
                 counters: BTreeMap::new(),
+                handles: Vec::new(),
             },
         );
     }
     for s in sets {
         t.sets.insert(s.set.name.clone(), s);
     }
-    for (chain, r, counter) in rules {
+    for (chain, r, counter, handle) in rules {
         let c = t
             .chains
             .get_mut(&chain)
@@ -884,6 +886,7 @@ pub(crate) fn table(
             c.counters.insert(c.rules.len(), counter);
         }
         c.rules.push(r);
+        c.handles.push(handle);
     }
     Ok(t)
 }

@@ -1,8 +1,11 @@
-//! The netfilter netlink socket that the nf_tables backend and the
-//! conntrack client share: one request and its answer at a time, a batch
-//! in a single send.
+//! The one netlink socket type: nf_tables and ctnetlink requests (the
+//! netfilter protocol), the node's addresses and links (rtnetlink), and
+//! the multicast groups verdict listens to (ruleset announcements, packet
+//! traces, address changes). One request and its answer at a time, a
+//! batch in a single send; a listener reads whole datagrams.
 
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::time::Duration;
 
 use nix::errno::Errno;
 use nix::sys::socket::{
@@ -10,15 +13,17 @@ use nix::sys::socket::{
     setsockopt, socket, sockopt,
 };
 
-use super::wire::{Attrs, Writer, messages};
+use super::wire::{Attrs, Message, Writer, messages};
 use crate::error::NftError;
 
 pub(crate) const NLM_F_REQUEST: u16 = 0x1;
 const NLMSG_ERROR: u16 = 2;
 const NLMSG_DONE: u16 = 3;
+/// `NLMSG_OVERRUN`: announcements were lost.
+pub(crate) const NLMSG_OVERRUN: u16 = 4;
 pub(crate) const NFNL_MSG_BATCH_BEGIN: u16 = 16;
-const NLM_F_ACK: u16 = 0x4;
-const NLM_F_DUMP: u16 = 0x300;
+pub(crate) const NLM_F_ACK: u16 = 0x4;
+pub(crate) const NLM_F_DUMP: u16 = 0x300;
 const NLM_F_DUMP_INTR: u16 = 0x10;
 /// The receive buffer: large enough for the errors of a failed batch (each
 /// echoes its message) and for dump datagrams.
@@ -26,12 +31,48 @@ const RECV_BUFFER: usize = 16 << 20;
 /// Bytes read per `recv`: more than the kernel puts in one dump datagram.
 const DATAGRAM_MAX: usize = 1 << 20;
 
+/// Which netlink protocol a socket speaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Protocol {
+    /// nfnetlink: nf_tables, ctnetlink, their groups.
+    NetFilter,
+    /// rtnetlink: addresses and links, their groups.
+    Route,
+}
+
+impl Protocol {
+    fn sock(self) -> SockProtocol {
+        match self {
+            Protocol::NetFilter => SockProtocol::NetlinkNetFilter,
+            Protocol::Route => SockProtocol::NetlinkRoute,
+        }
+    }
+
+    /// The bytes of the family header that follows every netlink header
+    /// of this protocol in a request (`nfgenmsg`; `ifaddrmsg`, the largest
+    /// rtnetlink request header verdict sends, is written by the caller).
+    fn header_len(self) -> usize {
+        match self {
+            Protocol::NetFilter => 4,
+            Protocol::Route => 0,
+        }
+    }
+}
+
 /// One answer to a request: the messages of a dump, or of a batch's errors.
 pub(crate) struct Reply {
     /// (sequence number, errno) of every error the kernel reported.
     pub(crate) errors: Vec<(u32, i32)>,
     /// The dump was interrupted by a change: read again.
     pub(crate) interrupted: bool,
+}
+
+/// What a listener read.
+pub(crate) enum Datagram<'a> {
+    /// The messages of one datagram.
+    Messages(&'a [u8]),
+    /// The kernel dropped messages: the socket's buffer was full.
+    Overflow,
 }
 
 pub(crate) fn io(e: Errno) -> NftError {
@@ -43,25 +84,28 @@ pub(crate) fn io(e: Errno) -> NftError {
     }
 }
 
-fn open_socket() -> Result<OwnedFd, NftError> {
+/// A netlink socket of `protocol`, bound to `groups`, with a receive
+/// buffer of `buffer` bytes (forced where the caller may, else as large
+/// as the kernel lets an unprivileged process ask for).
+fn open_socket(protocol: Protocol, groups: u32, buffer: usize) -> Result<OwnedFd, Errno> {
     let fd = socket(
         AddressFamily::Netlink,
         SockType::Raw,
         SockFlag::SOCK_CLOEXEC,
-        SockProtocol::NetlinkNetFilter,
-    )
-    .map_err(io)?;
-    bind(fd.as_raw_fd(), &NetlinkAddr::new(0, 0)).map_err(io)?;
-    if setsockopt(&fd, sockopt::RcvBufForce, &RECV_BUFFER).is_err() {
-        let _ = setsockopt(&fd, sockopt::RcvBuf, &RECV_BUFFER);
+        protocol.sock(),
+    )?;
+    bind(fd.as_raw_fd(), &NetlinkAddr::new(0, groups))?;
+    if setsockopt(&fd, sockopt::RcvBufForce, &buffer).is_err() {
+        let _ = setsockopt(&fd, sockopt::RcvBuf, &buffer);
     }
     Ok(fd)
 }
 
-/// A netfilter netlink socket in one network namespace.
+/// A netlink socket in one network namespace.
 #[derive(Debug)]
 pub(crate) struct Socket {
     fd: OwnedFd,
+    protocol: Protocol,
     /// The last sequence number used.
     pub(crate) seq: u32,
     buf: Vec<u8>,
@@ -69,14 +113,33 @@ pub(crate) struct Socket {
 }
 
 impl Socket {
-    /// A socket in the caller's network namespace.
+    /// A netfilter socket in the caller's network namespace.
     pub(crate) fn open() -> Result<Socket, NftError> {
-        Ok(Socket::with(open_socket()?))
+        Socket::open_protocol(Protocol::NetFilter)
     }
 
-    /// A socket in the named network namespace (`/run/netns/NAME`, as
-    /// `ip netns` keeps them). The socket is opened by a thread that joins
-    /// the namespace; the caller's thread stays where it is.
+    /// A socket of `protocol` for requests, in the caller's namespace.
+    pub(crate) fn open_protocol(protocol: Protocol) -> Result<Socket, NftError> {
+        let fd = open_socket(protocol, 0, RECV_BUFFER).map_err(io)?;
+        Ok(Socket::with(fd, protocol, DATAGRAM_MAX))
+    }
+
+    /// A socket that listens to the multicast `groups` of `protocol`
+    /// (a bit mask: group N is bit N-1), with a receive buffer of
+    /// `buffer` bytes.
+    pub(crate) fn listen(
+        protocol: Protocol,
+        groups: u32,
+        buffer: usize,
+    ) -> std::io::Result<Socket> {
+        let fd = open_socket(protocol, groups, buffer)?;
+        Ok(Socket::with(fd, protocol, 1 << 16))
+    }
+
+    /// A netfilter socket in the named network namespace
+    /// (`/run/netns/NAME`, as `ip netns` keeps them). The socket is opened
+    /// by a thread that joins the namespace; the caller's thread stays
+    /// where it is.
     pub(crate) fn in_netns(name: &str) -> Result<Socket, NftError> {
         let path = format!("/run/netns/{name}");
         let fd = std::thread::scope(|s| {
@@ -85,20 +148,44 @@ impl Socket {
                     .map_err(|e| NftError::Refused(format!("{path}: {e}")))?;
                 nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET)
                     .map_err(|e| NftError::Refused(format!("joining {path}: {}", e.desc())))?;
-                open_socket()
+                open_socket(Protocol::NetFilter, 0, RECV_BUFFER).map_err(io)
             })
             .join()
             .map_err(|_| NftError::Refused("the thread opening the socket panicked".into()))?
         })?;
-        Ok(Socket::with(fd))
+        Ok(Socket::with(fd, Protocol::NetFilter, DATAGRAM_MAX))
     }
 
-    fn with(fd: OwnedFd) -> Socket {
+    fn with(fd: OwnedFd, protocol: Protocol, datagram: usize) -> Socket {
         Socket {
             fd,
+            protocol,
             seq: 0,
-            buf: vec![0; DATAGRAM_MAX],
+            buf: vec![0; datagram],
             send_buffer: 0,
+        }
+    }
+
+    /// Makes [`Socket::next_datagram`] give up after `timeout` with an
+    /// error of kind `WouldBlock` (`None`: wait forever).
+    pub(crate) fn set_timeout(&self, timeout: Option<Duration>) -> std::io::Result<()> {
+        let tv = nix::sys::time::TimeVal::new(
+            timeout.map_or(0, |t| t.as_secs() as nix::libc::time_t),
+            timeout.map_or(0, |t| t.subsec_micros() as nix::libc::suseconds_t),
+        );
+        setsockopt(&self.fd, sockopt::ReceiveTimeout, &tv)?;
+        Ok(())
+    }
+
+    /// Waits for the next datagram of a listening socket.
+    pub(crate) fn next_datagram(&mut self) -> std::io::Result<Datagram<'_>> {
+        loop {
+            match recv(self.fd.as_raw_fd(), &mut self.buf, MsgFlags::empty()) {
+                Ok(n) => return Ok(Datagram::Messages(&self.buf[..n])),
+                Err(Errno::ENOBUFS) => return Ok(Datagram::Overflow),
+                Err(Errno::EINTR) => {}
+                Err(e) => return Err(e.into()),
+            }
         }
     }
 
@@ -137,18 +224,17 @@ impl Socket {
 
     /// Reads replies until the answer to `last_seq` is complete (or, not
     /// waiting, until none are queued), handing every message that is not
-    /// an error or the end of a dump (sequence number, type, attributes)
-    /// to `each`. Waiting is for the answers to the requests `first_seq
-    /// ..= last_seq`, and only their messages count; a batch's
-    /// replies are already queued when `send` returns, so those are read
-    /// without waiting. An error from `each` is returned once the answer
-    /// has been read to its end.
-    pub(crate) fn receive(
+    /// an error or the end of a dump to `each`. Waiting is for the answers
+    /// to the requests `first_seq ..= last_seq`, and only their messages
+    /// count; a batch's replies are already queued when `send` returns, so
+    /// those are read without waiting. An error from `each` is returned
+    /// once the answer has been read to its end.
+    pub(crate) fn receive_messages(
         &mut self,
         wait: bool,
         first_seq: u32,
         last_seq: u32,
-        mut each: impl FnMut(u32, u16, Attrs<'_>) -> Result<(), NftError>,
+        mut each: impl FnMut(&Message<'_>) -> Result<(), NftError>,
     ) -> Result<Reply, NftError> {
         let ours = |seq: u32| seq.wrapping_sub(first_seq) <= last_seq.wrapping_sub(first_seq);
         let mut reply = Reply {
@@ -200,9 +286,7 @@ impl Socket {
                     }
                     NLMSG_DONE if wait && m.seq == last_seq => finished = true,
                     k if k >= NFNL_MSG_BATCH_BEGIN && failed.is_none() => {
-                        if let Some((_, attrs)) = m.nfgen() {
-                            failed = each(m.seq, k, attrs).err();
-                        }
+                        failed = each(&m).err();
                     }
                     _ => {}
                 }
@@ -213,8 +297,23 @@ impl Socket {
         }
     }
 
-    /// Sends one request (a dump, or a get with an acknowledgement) and
-    /// hands each message of the answer to `each`.
+    /// [`Socket::receive_messages`] for nfnetlink: each message's sequence
+    /// number, type and the attributes after its `nfgenmsg`.
+    pub(crate) fn receive(
+        &mut self,
+        wait: bool,
+        first_seq: u32,
+        last_seq: u32,
+        mut each: impl FnMut(u32, u16, Attrs<'_>) -> Result<(), NftError>,
+    ) -> Result<Reply, NftError> {
+        self.receive_messages(wait, first_seq, last_seq, |m| match m.nfgen() {
+            Some((_, attrs)) => each(m.seq, m.kind, attrs),
+            None => Ok(()),
+        })
+    }
+
+    /// Sends one nfnetlink request (a dump, or a get with an
+    /// acknowledgement) and hands each message of the answer to `each`.
     pub(crate) fn request(
         &mut self,
         kind: u16,
@@ -223,6 +322,7 @@ impl Socket {
         attrs: impl FnOnce(&mut Writer),
         each: impl FnMut(u16, Attrs<'_>) -> Result<(), NftError>,
     ) -> Result<Reply, NftError> {
+        debug_assert_eq!(self.protocol.header_len(), 4);
         self.seq = self.seq.wrapping_add(1);
         let seq = self.seq;
         let mut w = Writer::new();
@@ -233,6 +333,26 @@ impl Socket {
         self.send(w.bytes())?;
         let mut each = each;
         self.receive(true, seq, seq, |_, k, a| each(k, a))
+    }
+
+    /// Sends one request of any protocol: `body` writes what follows the
+    /// netlink header (the protocol's own header, then attributes); each
+    /// message of the answer goes to `each`.
+    pub(crate) fn request_raw(
+        &mut self,
+        kind: u16,
+        flags: u16,
+        body: impl FnOnce(&mut Writer),
+        each: impl FnMut(&Message<'_>) -> Result<(), NftError>,
+    ) -> Result<Reply, NftError> {
+        self.seq = self.seq.wrapping_add(1);
+        let seq = self.seq;
+        let mut w = Writer::new();
+        w.begin_raw(kind, NLM_F_REQUEST | flags, seq);
+        body(&mut w);
+        w.end();
+        self.send(w.bytes())?;
+        self.receive_messages(true, seq, seq, each)
     }
 
     /// Sends `count` requests of one kind (gets, each acknowledged) in a

@@ -306,6 +306,15 @@ fn rules(family: Family) -> Vec<Rule> {
             Reject,
         ])
         .with_comment("counted"),
+        // The probe `trace --live` marks.
+        Rule::new(vec![
+            Cmp {
+                selector: Selector::L4Proto,
+                op: CmpOp::Eq,
+                value: Value::Proto(L4Proto::Tcp),
+            },
+            crate::ir::Expr::NftraceOn,
+        ]),
         // Per-connection traffic: the entry before DNAT and the endpoint
         // the replies come from.
         Rule::new(vec![
@@ -388,7 +397,7 @@ fn every_expression_kind_round_trips() {
         let got: Vec<Rule> = messages(&bytes)
             .map(|m| {
                 let (_, a) = m.nfgen().unwrap();
-                let (chain, r, _) = objects::rule(family, a, &lookup).unwrap();
+                let (chain, r, _, _) = objects::rule(family, a, &lookup).unwrap();
                 assert_eq!(chain, "c");
                 r
             })

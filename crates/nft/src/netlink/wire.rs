@@ -54,6 +54,26 @@ impl Writer {
         self.msg = Some(start);
     }
 
+    /// Starts a message with the netlink header alone: the caller writes
+    /// its protocol's own header (rtnetlink's `ifaddrmsg`, say) with
+    /// [`Writer::raw`].
+    pub(crate) fn begin_raw(&mut self, kind: u16, flags: u16, seq: u32) {
+        self.end();
+        let start = self.buf.len();
+        self.buf.extend_from_slice(&0u32.to_ne_bytes());
+        self.buf.extend_from_slice(&kind.to_ne_bytes());
+        self.buf.extend_from_slice(&flags.to_ne_bytes());
+        self.buf.extend_from_slice(&seq.to_ne_bytes());
+        self.buf.extend_from_slice(&0u32.to_ne_bytes());
+        self.msg = Some(start);
+    }
+
+    /// Bytes written as they are (a protocol header; keep it aligned).
+    pub(crate) fn raw(&mut self, bytes: &[u8]) {
+        self.buf.extend_from_slice(bytes);
+        self.pad();
+    }
+
     /// Closes the open message, writing its length.
     pub(crate) fn end(&mut self) {
         if let Some(start) = self.msg.take() {

@@ -209,58 +209,9 @@ pub struct Settings {
     cluster_cidrs: Vec<ipnet::IpNet>,
 }
 
-/// How verdict reaches nftables (`--nftables-backend`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum NftablesBackend {
-    /// nf_tables messages on a netlink socket: no program runs.
-    #[default]
-    Netlink,
-    /// The `nft` program, once per transaction and read-back.
-    Nft,
-}
-
-impl std::str::FromStr for NftablesBackend {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<NftablesBackend, String> {
-        match s {
-            "netlink" => Ok(NftablesBackend::Netlink),
-            "nft" => Ok(NftablesBackend::Nft),
-            other => Err(format!("--nftables-backend {other:?}: use netlink or nft")),
-        }
-    }
-}
-
-impl std::fmt::Display for NftablesBackend {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            NftablesBackend::Netlink => "netlink",
-            NftablesBackend::Nft => "nft",
-        })
-    }
-}
-
-impl NftablesBackend {
-    /// Opens the backend in this process's network namespace.
-    pub fn open(self) -> Result<Box<dyn verdict_nft::Backend + Send>, verdict_nft::NftError> {
-        Ok(match self {
-            NftablesBackend::Netlink => Box::new(verdict_nft::NetlinkBackend::new()?),
-            NftablesBackend::Nft => Box::new(verdict_nft::NftCli::new()?),
-        })
-    }
-
-    /// The conntrack table, the same way: ctnetlink with the netlink
-    /// backend, the `conntrack` program with nft.
-    pub fn conntrack(
-        self,
-    ) -> Result<Box<dyn verdict_nft::conntrack::Conntrack>, verdict_nft::conntrack::ConntrackError>
-    {
-        Ok(match self {
-            NftablesBackend::Netlink => Box::new(verdict_nft::NetlinkConntrack::new()?),
-            NftablesBackend::Nft => Box::new(verdict_nft::conntrack::ConntrackCli::new()),
-        })
-    }
-}
+/// How verdict reaches nftables (`--nftables-backend`): the nft crate's
+/// [`verdict_nft::BackendKind`].
+pub use verdict_nft::BackendKind as NftablesBackend;
 
 impl std::default::Default for Settings {
     fn default() -> Settings {

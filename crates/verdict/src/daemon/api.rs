@@ -57,11 +57,10 @@ pub fn kernel_reader(backend: NftablesBackend) -> KernelReader {
         // Only netlink looks an element up by its key; `nft` lists the
         // whole set for any element, so through it the table is read
         // whole, once.
-        match (reading, backend) {
-            (Reading::Targeted, NftablesBackend::Netlink) => {
-                Kernel::targeted(kernel, family, name, "kernel")
-            }
-            _ => Kernel::whole(&mut *kernel, family, name, "kernel"),
+        if reading == Reading::Targeted && backend.looks_up_keys() {
+            Kernel::targeted(kernel, family, name, "kernel")
+        } else {
+            Kernel::whole(&mut *kernel, family, name, "kernel")
         }
         .map_err(|e| e.to_string())
     })

@@ -100,7 +100,7 @@ fn node_name(settings: &Settings) -> String {
 /// every pod interface adds one.
 fn local_addresses() -> anyhow::Result<Vec<IpAddr>> {
     let mut ips = verdict_nft::addresses::local_addresses()
-        .context("listing the node's addresses (ip -j addr show)")?;
+        .context("listing the node's addresses (RTM_GETADDR)")?;
     ips.retain(|ip| !matches!(ip, IpAddr::V6(v6) if (v6.segments()[0] & 0xffc0) == 0xfe80));
     ips.sort();
     ips.dedup();
@@ -924,10 +924,7 @@ pub fn run(settings: &Settings, source: &Source, verbosity: &Verbosity) -> anyho
         action: "StartKubeProxy",
         note: format!("Starting verdict {}.", crate::version::BUILD.git_version),
     });
-    let mut nft = Committing {
-        inner: settings.nftables_backend.open().context("nftables")?,
-        commits: 0,
-    };
+    let mut nft = verdict_nft::Counting::new(settings.nftables_backend.open().context("nftables")?);
     tracing::info!(backend = %settings.nftables_backend, node = %node.name, "starting");
     node.probe(&mut nft).context("startup check")?;
     tracing::info!("nftables dry run passed: the kernel accepts verdict's ruleset");
@@ -1106,20 +1103,21 @@ pub fn run(settings: &Settings, source: &Source, verbosity: &Verbosity) -> anyho
         }
         let trigger = why.map_or("change", Why::as_str);
         let (before, commits) = if listening {
-            (None, nft.commits)
+            (None, nft.commits())
         } else {
-            (nft.generation().ok().flatten(), nft.commits)
+            (nft.generation().ok().flatten(), nft.commits())
         };
         let result = lock(&node).sync(&mut nft, now, full, trigger);
         if !listening && full && result.is_ok() {
             foreign = watch_foreign_changes(tables.clone());
             listening = true;
             let after = nft.generation().ok().flatten();
-            if foreign.is_some() && schedule::missed_commits(before, nft.commits - commits, after) {
+            let ours = nft.commits().wrapping_sub(commits);
+            if foreign.is_some() && schedule::missed_commits(before, ours, after) {
                 tracing::info!(
                     ?before,
                     ?after,
-                    ours = nft.commits - commits,
+                    ours,
                     "the ruleset changed while verdict was not yet listening: repairing"
                 );
                 schedule.foreign(Instant::now());
@@ -1147,66 +1145,6 @@ pub fn run(settings: &Settings, source: &Source, verbosity: &Verbosity) -> anyho
                 tracing::warn!(%problem, "cleaning up kube-proxy's leftovers");
             }
         }
-    }
-}
-
-/// The kernel backend of `run`, counting the transactions it commits: each
-/// moves the ruleset's generation on by one.
-struct Committing {
-    inner: Box<dyn Backend + Send>,
-    commits: u32,
-}
-
-impl Backend for Committing {
-    fn run(&mut self, tx: &Transaction) -> Result<(), verdict_nft::NftError> {
-        let r = self.inner.run(tx);
-        if r.is_ok() && !tx.is_empty() {
-            self.commits = self.commits.wrapping_add(1);
-        }
-        r
-    }
-
-    fn check(&mut self, tx: &Transaction) -> Result<(), verdict_nft::NftError> {
-        self.inner.check(tx)
-    }
-
-    fn table(
-        &mut self,
-        family: Family,
-        name: &str,
-    ) -> Result<Option<verdict_nft::TableState>, verdict_nft::NftError> {
-        self.inner.table(family, name)
-    }
-
-    fn elements(
-        &mut self,
-        family: Family,
-        table: &str,
-        set: &str,
-    ) -> Result<Vec<verdict_nft::Element>, verdict_nft::NftError> {
-        self.inner.elements(family, table, set)
-    }
-
-    fn generation(&mut self) -> Result<Option<u32>, verdict_nft::NftError> {
-        self.inner.generation()
-    }
-
-    fn skeleton(
-        &mut self,
-        family: Family,
-        name: &str,
-    ) -> Result<Option<verdict_nft::TableState>, verdict_nft::NftError> {
-        self.inner.skeleton(family, name)
-    }
-
-    fn lookup(
-        &mut self,
-        family: Family,
-        table: &str,
-        set: &str,
-        keys: &[Vec<verdict_nft::Value>],
-    ) -> Result<Vec<Option<verdict_nft::Found>>, verdict_nft::NftError> {
-        self.inner.lookup(family, table, set, keys)
     }
 }
 

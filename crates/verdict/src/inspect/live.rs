@@ -1,21 +1,25 @@
 //! `verdict trace --live`: one real packet, traced by the kernel itself.
 //! For packets the node can originate (`--from node`): a table of its own,
 //! `verdict-trace`, sets `nftrace` on the first packet to the destination
-//! in the output hook before any other chain (priority -400); `nft monitor
-//! trace` reports every chain and rule the packet meets; verdict's own
+//! in the output hook before any other chain (priority -400); the
+//! kernel's trace group (what `nft monitor trace` reads, here over
+//! netlink) reports every chain and rule the packet meets, each rule by
+//! its handle, which names it in verdict's table read back; verdict's own
 //! table is not touched. The kernel's path is then set beside the typed
 //! tracer's: the chains of verdict's table in order, and where the packet
-//! went.
+//! went. No program is run.
 
-use std::io::{BufRead as _, BufReader};
+use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr, TcpStream, UdpSocket};
-use std::process::{Command, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use serde_json::{Value as Json, json};
-use verdict_nft::L4Proto;
+use verdict_nft::nftrace::{TraceEvent, TraceKind, TraceMonitor};
+use verdict_nft::{
+    Backend, Chain, ChainType, CmpOp, Expr, Family, Hook, L4Proto, NetlinkBackend, Rule, Selector,
+    TableState, Transaction, Value,
+};
 
 use super::TraceRequest;
 
@@ -24,14 +28,14 @@ const TABLE: &str = "verdict-trace";
 /// How long the kernel's trace is read after the packet is sent.
 const LISTEN: Duration = Duration::from_millis(700);
 
-/// One line of `nft monitor trace` about a rule of verdict's table.
+/// One rule of verdict's table the traced packet matched.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LiveStep {
     /// The chain.
     pub chain: String,
     /// The rule, as nft prints it (without the handle).
     pub rule: String,
-    /// `(verdict …)`, if printed.
+    /// `verdict …`, if the kernel reported one.
     pub verdict: Option<String>,
 }
 
@@ -47,74 +51,68 @@ pub struct LiveTrace {
     pub dports: Vec<u16>,
 }
 
-/// Reads `nft monitor trace` lines: the first trace id's steps in `table`.
-pub fn parse(lines: &[String], family: &str, table: &str) -> LiveTrace {
-    let mut id: Option<&str> = None;
+/// The rules of a table by chain and handle, as nft prints them.
+pub fn rules_by_handle(family: Family, table: &TableState) -> BTreeMap<(String, u64), String> {
+    let mut out = BTreeMap::new();
+    for (name, c) in &table.chains {
+        for (rule, handle) in c.rules.iter().zip(&c.handles) {
+            out.insert((name.clone(), *handle), rule.render(family));
+        }
+    }
+    out
+}
+
+/// The first trace id's steps in `table` of `family`, each rule named by
+/// `rules` (chain, handle → text).
+pub fn read_events(
+    events: &[TraceEvent],
+    family: &str,
+    table: &str,
+    rules: &BTreeMap<(String, u64), String>,
+) -> LiveTrace {
+    let mut id: Option<u32> = None;
     let mut out = LiveTrace::default();
     // A packet enters each base chain once. The kernel derives a trace
     // id from the packet's buffer, so a later packet of the connection
     // can carry the first one's id: its entering a chain again ends the
     // first packet's trace.
     let mut entered: Vec<(&str, &str, &str)> = Vec::new();
-    for line in lines {
-        let mut w = line.split_whitespace();
-        if w.next() != Some("trace") || w.next() != Some("id") {
-            continue;
-        }
-        let Some(this) = w.next() else { continue };
+    for e in events {
         match id {
-            None => id = Some(this),
-            Some(first) if first != this => continue,
+            None => id = Some(e.id),
+            Some(first) if first != e.id => continue,
             Some(_) => {}
         }
-        let (Some(fam), Some(tab), Some(chain), Some(kind)) =
-            (w.next(), w.next(), w.next(), w.next())
-        else {
-            continue;
-        };
-        let rest: Vec<&str> = w.collect();
-        if kind == "packet:" {
-            if entered.contains(&(fam, tab, chain)) {
+        if let Some(h) = &e.headers {
+            let at = (e.family, e.table.as_str(), e.chain.as_str());
+            if entered.contains(&at) {
                 break;
             }
-            entered.push((fam, tab, chain));
-            for pair in rest.windows(3) {
-                if (pair[0] == "ip" || pair[0] == "ip6") && pair[1] == "daddr" {
-                    let d = pair[2].to_owned();
-                    if out.daddrs.last() != Some(&d) {
-                        out.daddrs.push(d);
-                    }
-                }
-                if (pair[0] == "tcp" || pair[0] == "udp" || pair[0] == "sctp")
-                    && pair[1] == "dport"
-                    && let Ok(p) = pair[2].parse::<u16>()
-                    && out.dports.last() != Some(&p)
-                {
-                    out.dports.push(p);
-                }
+            entered.push(at);
+            let d = h.daddr.to_string();
+            if out.daddrs.last() != Some(&d) {
+                out.daddrs.push(d);
             }
+            if let Some(p) = h.dport
+                && out.dports.last() != Some(&p)
+            {
+                out.dports.push(p);
+            }
+        }
+        let TraceKind::Rule(handle) = e.kind else {
+            continue;
+        };
+        if e.family != family || e.table != table {
             continue;
         }
-        if kind != "rule" || fam != family || tab != table {
-            continue;
-        }
-        let text = rest.join(" ");
-        let (rule, verdict) = match text.rfind(" (verdict ") {
-            Some(i) => (
-                text[..i].to_owned(),
-                Some(text[i + 2..].trim_end_matches(')').to_owned()),
-            ),
-            None => (text.clone(), None),
-        };
-        // nft prints `… comment "…"` and may add `handle N`: keep the rule.
-        let rule = match rule.find(" handle ") {
-            Some(i) if rule[i + 8..].chars().all(|c| c.is_ascii_digit()) => rule[..i].to_owned(),
-            _ => rule,
-        };
+        let rule = rules
+            .get(&(e.chain.clone(), handle))
+            .cloned()
+            .unwrap_or_else(|| format!("(rule handle {handle}, not in the table read back)"));
         out.steps.push(LiveStep {
-            chain: chain.to_owned(),
+            chain: e.chain.clone(),
             rule,
-            verdict,
+            verdict: e.verdict.as_ref().map(|v| format!("verdict {v}")),
         });
     }
     out
@@ -182,60 +180,81 @@ pub fn compare(typed: &Json, live: &LiveTrace) -> Json {
     })
 }
 
-fn nft(args: &[&str], stdin: Option<&str>) -> anyhow::Result<()> {
-    let out = verdict_nft::process::run("nft", args, stdin).context("running nft")?;
-    if !out.status.success() {
-        bail!(
-            "nft {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(())
+/// The marking table: in the output hook before any other chain, the
+/// first packet to the destination gets `nftrace`.
+fn marking_table(req: &TraceRequest, family: Family, proto: L4Proto) -> Transaction {
+    let mut tx = Transaction::new(family, TABLE);
+    tx.add_table(Some(
+        "verdict trace --live: marks one probe packet for nftrace",
+    ));
+    tx.add_chain(Chain::base("output", ChainType::Filter, Hook::Output, -400));
+    tx.add_rule(
+        "output",
+        Rule::new(vec![
+            Expr::Cmp {
+                selector: Selector::Daddr,
+                op: CmpOp::Eq,
+                value: Value::Addr(req.dst),
+            },
+            Expr::Cmp {
+                selector: Selector::L4Proto,
+                op: CmpOp::Eq,
+                value: Value::Proto(proto),
+            },
+            Expr::Cmp {
+                selector: Selector::Dport,
+                op: CmpOp::Eq,
+                value: Value::Port(req.dport),
+            },
+            Expr::NftraceOn,
+        ]),
+    );
+    tx
 }
 
 /// Deletes the marking table when dropped, whatever happened.
-struct MarkTable(&'static str);
+struct MarkTable<'a>(&'a mut NetlinkBackend, Family);
 
-impl Drop for MarkTable {
+impl Drop for MarkTable<'_> {
     fn drop(&mut self) {
-        let _ = nft(&["delete", "table", self.0, TABLE], None);
+        let mut tx = Transaction::new(self.1, TABLE);
+        tx.delete_table();
+        let _ = self.0.run(&tx);
     }
 }
 
 /// Sends one packet of `req` from this node with nftrace on, and returns
 /// the kernel's trace of it.
 pub fn run(req: &TraceRequest) -> anyhow::Result<LiveTrace> {
-    let family = if req.dst.is_ipv4() { "ip" } else { "ip6" };
+    let family = if req.dst.is_ipv4() {
+        Family::Ip
+    } else {
+        Family::Ip6
+    };
     let proto = match req.proto {
-        L4Proto::Tcp => "tcp",
-        L4Proto::Udp => "udp",
+        L4Proto::Tcp => L4Proto::Tcp,
+        L4Proto::Udp => L4Proto::Udp,
         L4Proto::Sctp => bail!("--live sends TCP or UDP packets, not SCTP"),
     };
-    let _ = nft(&["delete", "table", family, TABLE], None);
-    let script = format!(
-        "table {family} {TABLE} {{\n  comment \"verdict trace --live: marks one probe packet for nftrace\"\n  chain output {{\n    type filter hook output priority -400; policy accept;\n    {family} daddr {} {proto} dport {} meta nftrace set 1\n  }}\n}}\n",
-        req.dst, req.dport
-    );
-    let mut monitor = Command::new("nft")
-        .args(["monitor", "trace"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .context("running nft monitor trace")?;
-    let stdout = monitor.stdout.take().context("nft monitor has no output")?;
-    let (tx, rx) = mpsc::channel::<String>();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
+    let mut nl = NetlinkBackend::new().context("nftables over netlink")?;
+    // What verdict's table holds, to name the rules the kernel reports by
+    // their handles.
+    let rules = match nl
+        .skeleton(family, "verdict")
+        .context("reading verdict's table")?
+    {
+        Some(t) => rules_by_handle(family, &t),
+        None => {
+            bail!("table {family} verdict does not exist: verdict has not programmed this family")
         }
-    });
-    nft(&["-f", "-"], Some(&script)).context("adding the marking table")?;
-    let _mark = MarkTable(family);
-    // nft monitor subscribes as it starts; give it a moment.
-    std::thread::sleep(Duration::from_millis(200));
+    };
+    let mut stale = Transaction::new(family, TABLE);
+    stale.delete_table();
+    let _ = nl.run(&stale);
+    let mut monitor = TraceMonitor::open().context("joining the kernel's trace group")?;
+    nl.run(&marking_table(req, family, proto))
+        .context("adding the marking table")?;
+    let mark = MarkTable(&mut nl, family);
     let dst = SocketAddr::new(req.dst, req.dport);
     match req.proto {
         L4Proto::Udp => {
@@ -253,44 +272,117 @@ pub fn run(req: &TraceRequest) -> anyhow::Result<LiveTrace> {
         }
     }
     let deadline = Instant::now() + LISTEN;
-    let mut lines = Vec::new();
+    let mut events = Vec::new();
     while let Some(left) = deadline.checked_duration_since(Instant::now()) {
-        match rx.recv_timeout(left) {
-            Ok(l) => lines.push(l),
-            Err(_) => break,
+        match monitor.next(left).context("reading the kernel's trace")? {
+            Some(more) => events.extend(more),
+            None => break,
         }
     }
-    let _ = monitor.kill();
-    let _ = monitor.wait();
-    Ok(parse(&lines, family, "verdict"))
+    drop(mark);
+    Ok(read_events(&events, &family.to_string(), "verdict", &rules))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    const MONITOR: &str = r#"trace id 1a2b3c4d ip verdict-trace output packet: oif "eth0" ip saddr 192.168.0.2 ip daddr 172.30.0.41 ip dscp cs0 ip ecn not-ect ip ttl 64 ip id 1 ip length 60 tcp sport 41234 tcp dport 80 tcp flags == syn tcp window 64240
-trace id 1a2b3c4d ip verdict-trace output rule ip daddr 172.30.0.41 tcp dport 80 meta nftrace set 1 (verdict continue)
-trace id 1a2b3c4d ip verdict-trace output verdict continue
-trace id 1a2b3c4d ip verdict-trace output policy accept
-trace id 1a2b3c4d ip verdict filter-output-pre-dnat packet: oif "eth0" ip saddr 192.168.0.2 ip daddr 172.30.0.41 tcp sport 41234 tcp dport 80
-trace id 1a2b3c4d ip verdict filter-output-pre-dnat rule ct state new jump firewall-check (verdict jump firewall-check)
-trace id 1a2b3c4d ip verdict firewall-check verdict continue
-trace id 1a2b3c4d ip verdict filter-output-pre-dnat verdict continue
-trace id 1a2b3c4d ip verdict nat-output packet: oif "eth0" ip saddr 192.168.0.2 ip daddr 172.30.0.41 tcp sport 41234 tcp dport 80
-trace id 1a2b3c4d ip verdict nat-output rule jump services (verdict jump services)
-trace id 1a2b3c4d ip verdict services rule ip daddr . meta l4proto . th dport vmap @service-ips (verdict goto endpoints-2)
-trace id 1a2b3c4d ip verdict endpoints-2 rule meta l4proto tcp dnat ip addr . port to ip daddr . tcp dport . numgen random mod 2 map @service-endpoints-tcp (verdict accept)
-trace id 1a2b3c4d ip verdict filter-output packet: oif "eth0" ip saddr 192.168.0.2 ip daddr 10.180.0.2 tcp sport 41234 tcp dport 80
-trace id 1a2b3c4d ip verdict filter-output rule ct state new jump service-endpoints-check (verdict jump service-endpoints-check)
-trace id 9f9f9f9f ip verdict services rule something else (verdict accept)
-trace id 1a2b3c4d ip verdict filter-output packet: oif "eth0" ip saddr 192.168.0.2 ip daddr 10.180.0.2 tcp sport 41234 tcp dport 80 tcp flags == ack
-trace id 1a2b3c4d ip verdict filter-output rule ct status dnat jump count-traffic (verdict jump count-traffic)"#;
+    use verdict_nft::nftrace::Headers;
+
+    fn event(
+        id: u32,
+        table: &str,
+        chain: &str,
+        kind: TraceKind,
+        verdict: Option<&str>,
+        to: Option<(&str, u16)>,
+    ) -> TraceEvent {
+        TraceEvent {
+            id,
+            family: "ip",
+            table: table.into(),
+            chain: chain.into(),
+            kind,
+            verdict: verdict.map(str::to_owned),
+            headers: to.map(|(a, p)| Headers {
+                daddr: a.parse().unwrap(),
+                proto: 6,
+                dport: Some(p),
+            }),
+        }
+    }
+
+    /// As the kernel reports a connect to a ClusterIP, and then the
+    /// connection's next packet under the same id.
+    fn monitor() -> Vec<TraceEvent> {
+        use TraceKind::{Policy, Return, Rule};
+        let v = "verdict";
+        vec![
+            event(
+                1,
+                "verdict-trace",
+                "output",
+                Rule(2),
+                Some("continue"),
+                Some(("172.30.0.41", 80)),
+            ),
+            event(1, "verdict-trace", "output", Policy, Some("accept"), None),
+            event(
+                1,
+                v,
+                "filter-output-pre-dnat",
+                Rule(5),
+                Some("jump firewall-check"),
+                Some(("172.30.0.41", 80)),
+            ),
+            event(1, v, "firewall-check", Return, Some("continue"), None),
+            event(
+                1,
+                v,
+                "nat-output",
+                Rule(9),
+                Some("jump services"),
+                Some(("172.30.0.41", 80)),
+            ),
+            event(1, v, "services", Rule(11), Some("goto endpoints-2"), None),
+            event(1, v, "endpoints-2", Rule(20), Some("accept"), None),
+            event(
+                1,
+                v,
+                "filter-output",
+                Rule(7),
+                Some("jump service-endpoints-check"),
+                Some(("10.180.0.2", 80)),
+            ),
+            event(9, v, "services", Rule(11), Some("accept"), None),
+            event(
+                1,
+                v,
+                "filter-output",
+                Rule(8),
+                Some("jump count-traffic"),
+                Some(("10.180.0.2", 80)),
+            ),
+        ]
+    }
+
+    fn rules() -> BTreeMap<(String, u64), String> {
+        [
+            ("nat-output", 9, "jump services"),
+            (
+                "services",
+                11,
+                "ip daddr . meta l4proto . th dport vmap @service-ips",
+            ),
+        ]
+        .into_iter()
+        .map(|(c, h, r)| ((c.to_owned(), h), r.to_owned()))
+        .collect()
+    }
 
     #[test]
     fn the_kernels_trace_is_read_for_the_first_packet_only() {
-        let lines: Vec<String> = MONITOR.lines().map(str::to_owned).collect();
-        let t = parse(&lines, "ip", "verdict");
+        let t = read_events(&monitor(), "ip", "verdict", &rules());
         let chains: Vec<&str> = t.steps.iter().map(|s| s.chain.as_str()).collect();
         assert_eq!(
             chains,
@@ -307,14 +399,38 @@ trace id 1a2b3c4d ip verdict filter-output rule ct status dnat jump count-traffi
             Some("verdict goto endpoints-2")
         );
         assert_eq!(t.steps[1].rule, "jump services");
+        assert_eq!(
+            t.steps[0].rule,
+            "(rule handle 5, not in the table read back)"
+        );
         assert_eq!(t.daddrs, ["172.30.0.41", "10.180.0.2"]);
         assert_eq!(t.dports, [80]);
     }
 
     #[test]
+    fn the_marking_table_marks_only_the_probe() {
+        let req = TraceRequest {
+            from: super::super::Origin::Node,
+            src: "10.0.0.1".parse().unwrap(),
+            sport: None,
+            dst: "172.30.0.41".parse().unwrap(),
+            proto: L4Proto::Tcp,
+            dport: 80,
+        };
+        let script = marking_table(&req, Family::Ip, L4Proto::Tcp).to_string();
+        assert!(
+            script.contains("type filter hook output priority -400"),
+            "{script}"
+        );
+        assert!(
+            script.contains("ip daddr 172.30.0.41 meta l4proto tcp th dport 80 meta nftrace set 1"),
+            "{script}"
+        );
+    }
+
+    #[test]
     fn the_paths_agree_when_the_chains_and_the_dnat_do() {
-        let lines: Vec<String> = MONITOR.lines().map(str::to_owned).collect();
-        let live = parse(&lines, "ip", "verdict");
+        let live = read_events(&monitor(), "ip", "verdict", &rules());
         let step = |c: &str| json!({"chain": c});
         let typed = json!({"paths": [
             {"dnat": "10.180.0.1:80", "steps": [step("filter-output-pre-dnat"), step("nat-output"), step("services"), step("endpoints-2"), step("filter-output")]},
