@@ -35,7 +35,42 @@ pub enum Command {
     Doctor,
 }
 
+/// Every command, in the order `--help` lists them.
+pub const COMMANDS: [Command; 10] = [
+    Command::Run,
+    Command::Plan,
+    Command::Cleanup,
+    Command::Version,
+    Command::Trace,
+    Command::Explain,
+    Command::Services,
+    Command::Syncs,
+    Command::Connections,
+    Command::Doctor,
+];
+
+/// The command of that name.
+fn command_named(name: &str) -> Option<Command> {
+    COMMANDS.into_iter().find(|c| c.name() == name)
+}
+
 impl Command {
+    /// Its name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Command::Run => "run",
+            Command::Plan => "plan",
+            Command::Cleanup => "cleanup",
+            Command::Version => "version",
+            Command::Trace => "trace",
+            Command::Explain => "explain",
+            Command::Services => "services",
+            Command::Syncs => "syncs",
+            Command::Connections => "connections",
+            Command::Doctor => "doctor",
+        }
+    }
+
     /// The introspection commands: clients of the daemon's API, or offline
     /// with `--manifests`.
     pub fn inspects(self) -> bool {
@@ -158,7 +193,20 @@ struct OptSpec {
     help: &'static str,
     /// kube-proxy has it (verdict's own flags are marked in `--help`).
     kube_proxy: bool,
+    /// The commands the flag belongs to (empty: `run`'s, which `plan`,
+    /// `cleanup` and `doctor` take too).
+    commands: &'static [Command],
 }
+
+/// They and `doctor`, which asks the API for the drift.
+const ASKING: &[Command] = &[
+    Command::Trace,
+    Command::Explain,
+    Command::Services,
+    Command::Syncs,
+    Command::Connections,
+    Command::Doctor,
+];
 
 const OPTIONS: &[OptSpec] = &[
     OptSpec {
@@ -168,6 +216,7 @@ const OPTIONS: &[OptSpec] = &[
         takes_value: true,
         help: "KubeProxyConfiguration file (kubeproxy.config.k8s.io/v1alpha1); it wins over the other flags but --hostname-override, --master and the logging flags",
         kube_proxy: true,
+        commands: &[],
     },
     OptSpec {
         name: "write-config-to",
@@ -176,6 +225,7 @@ const OPTIONS: &[OptSpec] = &[
         takes_value: true,
         help: "Write the effective configuration to this file, and exit",
         kube_proxy: true,
+        commands: &[],
     },
     OptSpec {
         name: "cleanup",
@@ -184,6 +234,7 @@ const OPTIONS: &[OptSpec] = &[
         takes_value: false,
         help: "Remove verdict's tables and kube-proxy's iptables, IPVS and nftables state, and exit",
         kube_proxy: true,
+        commands: &[],
     },
     OptSpec {
         name: "init-only",
@@ -192,6 +243,7 @@ const OPTIONS: &[OptSpec] = &[
         takes_value: false,
         help: "Apply the privileged settings (conntrack sysctls, OOM score), and exit",
         kube_proxy: true,
+        commands: &[],
     },
     OptSpec {
         name: "master",
@@ -200,6 +252,7 @@ const OPTIONS: &[OptSpec] = &[
         takes_value: true,
         help: "The API server's address (overrides the kubeconfig's)",
         kube_proxy: true,
+        commands: &[],
     },
     OptSpec {
         name: "healthz-port",
@@ -208,6 +261,7 @@ const OPTIONS: &[OptSpec] = &[
         takes_value: true,
         help: "Deprecated: the port of an --healthz-bind-address given without one (0 disables)",
         kube_proxy: true,
+        commands: &[],
     },
     OptSpec {
         name: "metrics-port",
@@ -216,6 +270,7 @@ const OPTIONS: &[OptSpec] = &[
         takes_value: true,
         help: "Deprecated: the port of a --metrics-bind-address given without one (0 disables)",
         kube_proxy: true,
+        commands: &[],
     },
     OptSpec {
         name: "help",
@@ -224,6 +279,7 @@ const OPTIONS: &[OptSpec] = &[
         takes_value: false,
         help: "Print this help",
         kube_proxy: true,
+        commands: &[],
     },
     OptSpec {
         name: "version",
@@ -232,6 +288,7 @@ const OPTIONS: &[OptSpec] = &[
         takes_value: false,
         help: "Print the version (--version=raw: every build detail)",
         kube_proxy: true,
+        commands: &[],
     },
     OptSpec {
         name: "manifests",
@@ -240,6 +297,7 @@ const OPTIONS: &[OptSpec] = &[
         takes_value: true,
         help: "Read Services, EndpointSlices, Nodes and ServiceCIDRs from this YAML file or directory instead of the API server, and follow its changes",
         kube_proxy: false,
+        commands: &[],
     },
     OptSpec {
         name: "keep-kube-proxy-nftables",
@@ -248,6 +306,7 @@ const OPTIONS: &[OptSpec] = &[
         takes_value: false,
         help: "Leave kube-proxy's own nftables tables (ip/ip6 kube-proxy) in place at start and in cleanup",
         kube_proxy: false,
+        commands: &[],
     },
     OptSpec {
         name: "service-counters",
@@ -256,6 +315,7 @@ const OPTIONS: &[OptSpec] = &[
         takes_value: false,
         help: "Count new connections, rejects and drops per Service entry and endpoint in the kernel's maps, and the packets and bytes of every connection per entry and endpoint, exported as verdict_service_* and verdict_endpoint_* on /metrics (--service-counters=false turns them off)",
         kube_proxy: false,
+        commands: &[],
     },
     OptSpec {
         name: "nftables-backend",
@@ -264,20 +324,24 @@ const OPTIONS: &[OptSpec] = &[
         takes_value: true,
         help: "How verdict programs nftables: netlink (the default: nf_tables messages on a netlink socket, no program needed) or nft (runs the nft program for every transaction and read-back)",
         kube_proxy: false,
+        commands: &[],
     },
     inspect(
         "server",
         None,
-        "trace, explain, services, syncs: the daemon's metrics address (default: this node's --metrics-bind-address, on loopback)",
+        ASKING,
+        "trace, explain, services, syncs, connections, doctor: the daemon's metrics address (default: this node's --metrics-bind-address, on loopback)",
     ),
     inspect(
         "output",
         Some('o'),
-        "trace, explain, services, syncs: text (the default) or json",
+        ASKING,
+        "trace, explain, services, syncs, connections, doctor: text (the default) or json",
     ),
     inspect(
         "from",
         None,
+        &[Command::Trace],
         "trace: where the packet comes from: pod, node or external",
     ),
     OptSpec {
@@ -287,6 +351,7 @@ const OPTIONS: &[OptSpec] = &[
         takes_value: false,
         help: "trace --from node: also send one real packet with nftrace on and set the kernel's own trace beside verdict's",
         kube_proxy: false,
+        commands: &[Command::Trace],
     },
     OptSpec {
         name: "full",
@@ -295,27 +360,50 @@ const OPTIONS: &[OptSpec] = &[
         takes_value: false,
         help: "explain: read the whole table, not only the Service's own elements, to also find elements that name the Service but that verdict does not want (seconds at 30,000 Services)",
         kube_proxy: false,
+        commands: &[Command::Explain],
     },
-    inspect("src", None, "trace: the source address"),
-    inspect("sport", None, "trace: the source port"),
-    inspect("dst", None, "trace: the destination address"),
-    inspect("proto", None, "trace: tcp, udp or sctp"),
-    inspect("dport", None, "trace: the destination port"),
+    inspect("src", None, &[Command::Trace], "trace: the source address"),
+    inspect("sport", None, &[Command::Trace], "trace: the source port"),
+    inspect(
+        "dst",
+        None,
+        &[Command::Trace],
+        "trace: the destination address",
+    ),
+    inspect("proto", None, &[Command::Trace], "trace: tcp, udp or sctp"),
+    inspect(
+        "dport",
+        None,
+        &[Command::Trace],
+        "trace: the destination port",
+    ),
     inspect(
         "search",
         None,
+        &[Command::Services],
         "services: only Services whose namespace/name contains this",
     ),
     inspect(
         "limit",
         None,
+        &[Command::Services],
         "services: how many Services to list (default 100, at most 1000)",
     ),
-    inspect("offset", None, "services: how many Services to skip"),
+    inspect(
+        "offset",
+        None,
+        &[Command::Services],
+        "services: how many Services to skip",
+    ),
 ];
 
 /// A flag of the introspection commands (verdict's own; takes a value).
-const fn inspect(name: &'static str, short: Option<char>, help: &'static str) -> OptSpec {
+const fn inspect(
+    name: &'static str,
+    short: Option<char>,
+    commands: &'static [Command],
+    help: &'static str,
+) -> OptSpec {
     OptSpec {
         name,
         short,
@@ -323,6 +411,7 @@ const fn inspect(name: &'static str, short: Option<char>, help: &'static str) ->
         takes_value: true,
         help,
         kube_proxy: false,
+        commands,
     }
 }
 
@@ -481,7 +570,7 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, UsageError>
         }
     }
     if let [cmd, target] = positional.as_slice()
-        && (cmd == "explain" || cmd == "connections")
+        && (cmd == "explain" || cmd == "connections" || cmd == "help")
     {
         cli.target = Some(target.clone());
         positional.truncate(1);
@@ -489,21 +578,18 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, UsageError>
     let subcommand = match positional.as_slice() {
         [] => None,
         [one] => Some(match one.as_str() {
-            "run" => Command::Run,
-            "plan" => Command::Plan,
-            "cleanup" => Command::Cleanup,
-            "version" => Command::Version,
-            "trace" => Command::Trace,
-            "explain" => Command::Explain,
-            "services" => Command::Services,
-            "syncs" => Command::Syncs,
-            "connections" => Command::Connections,
-            "doctor" => Command::Doctor,
+            // `verdict help CMD` is `verdict CMD --help`.
             "help" => {
                 cli.help = true;
-                Command::Run
+                match cli.target.take() {
+                    None => Command::Run,
+                    Some(cmd) => command_named(&cmd).ok_or_else(|| {
+                        UsageError(format!("verdict help {cmd:?}: no such command"))
+                    })?,
+                }
             }
-            other => return Err(UsageError(format!("unknown command {other:?}"))),
+            other => command_named(other)
+                .ok_or_else(|| UsageError(format!("unknown command {other:?}")))?,
         }),
         more => {
             return Err(UsageError(format!(
@@ -513,17 +599,27 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, UsageError>
         }
     };
     cli.command = subcommand.unwrap_or(Command::Run);
+    if cli.help {
+        return Ok(cli);
+    }
     if cli.command == Command::Explain && cli.target.is_none() {
         return Err(UsageError(
             "verdict explain needs a Service: verdict explain NAMESPACE/NAME".into(),
         ));
     }
-    if let Some((flag, _)) = cli.inspect.first()
-        && !cli.command.inspects()
-    {
-        return Err(UsageError(format!(
-            "--{flag} belongs to trace, explain, services and syncs"
-        )));
+    for (flag, _) in &cli.inspect {
+        let owners = OPTIONS
+            .iter()
+            .find(|o| o.name == *flag)
+            .map_or(&[][..], |o| o.commands);
+        if !owners.contains(&cli.command) {
+            let names: Vec<&str> = owners.iter().map(|c| c.name()).collect();
+            return Err(UsageError(format!(
+                "--{flag} belongs to verdict {}, not verdict {}",
+                names.join(", "),
+                cli.command.name()
+            )));
+        }
     }
     // kube-proxy's "do this and exit" flags belong to `run`.
     if !matches!(subcommand, None | Some(Command::Run)) {
@@ -568,6 +664,127 @@ fn default_text(s: &Setting) -> Option<String> {
     Some(l.text())
 }
 
+/// What `verdict CMD --help` (and `verdict help CMD`) says of a command
+/// other than `run`: a summary, the usage line, more, and its own flags.
+struct CommandHelp {
+    command: Command,
+    summary: &'static str,
+    usage: &'static str,
+    more: &'static str,
+}
+
+const SOURCE_NOTE: &str =
+    "Asks the running verdict at --server (default: this node's --metrics-bind-address, on
+loopback), or, with --manifests, builds the node in memory from the files, offline.";
+
+const COMMAND_HELP: &[CommandHelp] = &[
+    CommandHelp {
+        command: Command::Plan,
+        summary: "print the nftables script verdict run would program, and change nothing",
+        usage: "verdict plan [flags of verdict run]",
+        more: "Takes every flag of verdict run (verdict --help) and reads the same source: the
+API server, or --manifests. Without the privilege to dry-run the ruleset, the
+script assumes every kernel feature works.",
+    },
+    CommandHelp {
+        command: Command::Cleanup,
+        summary: "remove verdict's tables and kube-proxy's iptables, IPVS and nftables state, and exit",
+        usage: "verdict cleanup [--keep-kube-proxy-nftables] [flags of verdict run]",
+        more: "The same as verdict --cleanup. Takes every flag of verdict run (verdict --help).",
+    },
+    CommandHelp {
+        command: Command::Version,
+        summary: "print the version",
+        usage: "verdict version",
+        more: "verdict --version=raw prints every build detail.",
+    },
+    CommandHelp {
+        command: Command::Trace,
+        summary: "walk a new connection's first packet through the kernel's table: every path it can take, its odds, the Service and endpoint each element belongs to, and why it ended as it did",
+        usage: "verdict trace --from pod|node|external --src IP [--sport N] --dst IP --proto tcp|udp|sctp --dport N [--live] [-o json]",
+        more: SOURCE_NOTE,
+    },
+    CommandHelp {
+        command: Command::Explain,
+        summary: "everything about one Service: its entry points, endpoints and their categories, the kernel's elements, and drift",
+        usage: "verdict explain NAMESPACE/NAME [--full] [-o json]",
+        more: SOURCE_NOTE,
+    },
+    CommandHelp {
+        command: Command::Services,
+        summary: "the Services verdict proxies, with their endpoints",
+        usage: "verdict services [--search TEXT] [--limit N] [--offset N] [-o json]",
+        more: SOURCE_NOTE,
+    },
+    CommandHelp {
+        command: Command::Syncs,
+        summary: "the last syncs and the last foreign changes to verdict's tables",
+        usage: "verdict syncs [-o json]",
+        more: SOURCE_NOTE,
+    },
+    CommandHelp {
+        command: Command::Connections,
+        summary: "the kernel's connections by Service and endpoint, stale ones flagged",
+        usage: "verdict connections [NAMESPACE/NAME] [-o json]",
+        more:
+            "Asks the running verdict at --server (default: this node's --metrics-bind-address, on
+loopback); offline there is no conntrack table to read.",
+    },
+    CommandHelp {
+        command: Command::Doctor,
+        summary: "check this node for what breaks Services: kernel, capabilities, conflicting rules, kube-proxy's leftovers, sysctls, conntrack, the API server and RBAC, drift",
+        usage: "verdict doctor [-o json] [--server HOST:PORT] [flags of verdict run]",
+        more: "Exits 1 when any check fails. Takes every flag of verdict run (verdict --help).",
+    },
+];
+
+/// `verdict CMD --help`: `run`'s is the whole page ([`help`]).
+pub fn help_for(command: Command) -> String {
+    let Some(h) = COMMAND_HELP.iter().find(|h| h.command == command) else {
+        return help();
+    };
+    let mut out = format!(
+        "verdict {}: {}.\n\nUsage:\n  {}\n\n{}\n",
+        command.name(),
+        h.summary,
+        h.usage,
+        h.more
+    );
+    let own: Vec<&OptSpec> = OPTIONS
+        .iter()
+        .filter(|o| o.commands.contains(&command))
+        .chain(
+            OPTIONS
+                .iter()
+                .filter(|o| o.opt == Opt::Manifests && command.inspects() || o.opt == Opt::Help),
+        )
+        .collect();
+    out.push_str("\nFlags:\n");
+    let rows: Vec<(String, &str)> = own
+        .iter()
+        .map(|o| {
+            let name = match o.short {
+                Some(c) => format!("-{c}, --{}", o.name),
+                None => format!("    --{}", o.name),
+            };
+            let name = if o.takes_value {
+                format!("{name} string")
+            } else {
+                name
+            };
+            (name, o.help)
+        })
+        .collect();
+    let width = rows.iter().map(|(n, _)| n.len()).max().unwrap_or(0);
+    for (name, text) in rows {
+        out.push_str(&format!("  {name:width$}  {text}\n"));
+    }
+    out.push_str(
+        "\nExit codes: 0 success; 1 runtime failure, or an unknown Service; 2 invalid flags or values.\n",
+    );
+    out
+}
+
 /// `--help`.
 pub fn help() -> String {
     let mut out = String::from(
@@ -599,7 +816,9 @@ Flags are kube-proxy's, in its grammar (--flag=value or --flag value). Flags
 kube-proxy ignores in nftables mode are accepted with a warning. With
 --config the file wins over the other configuration flags.
 
-Exit codes: 0 success; 1 runtime failure; 2 invalid flags or configuration.
+Exit codes: 0 success; 1 runtime failure, or an unknown Service; 2 invalid
+flags, values or configuration. verdict help CMD (or verdict CMD --help)
+describes one command.
 Environment: KUBE_PROXY_NFTABLES_SKIP_KERNEL_VERSION_CHECK skips the kernel
 version check, as in kube-proxy.
 

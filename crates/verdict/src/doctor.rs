@@ -671,12 +671,18 @@ pub fn text(checks: &[Check]) -> String {
 }
 
 /// `verdict doctor`: prints the checks; fails if any check failed.
-pub fn run(cli: &Cli, settings: &Settings, source: &Source) -> anyhow::Result<()> {
+pub fn run(
+    output: crate::inspect::client::Output,
+    cli: &Cli,
+    settings: &Settings,
+    source: &Source,
+) -> anyhow::Result<()> {
     let all = checks(cli, settings, source);
-    match cli.inspect_flag("output").unwrap_or("text") {
-        "json" => println!("{}", serde_json::to_string_pretty(&json(&all))?),
-        "text" => print!("{}", text(&all)),
-        other => anyhow::bail!("-o {other}: must be text or json"),
+    match output {
+        crate::inspect::client::Output::Json => {
+            println!("{}", serde_json::to_string_pretty(&json(&all))?)
+        }
+        crate::inspect::client::Output::Text => print!("{}", text(&all)),
     }
     let failed = all.iter().filter(|c| c.status == Status::Fail).count();
     anyhow::ensure!(failed == 0, "{failed} checks failed");

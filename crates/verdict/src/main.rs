@@ -36,9 +36,24 @@ fn main() -> ExitCode {
         }
     };
     if cli.help {
-        print!("{}", cli::help());
+        print!("{}", cli::help_for(cli.command));
         return ExitCode::SUCCESS;
     }
+    // What an introspection command asks is checked before anything runs.
+    let query = if cli.command.inspects() {
+        match inspect::client::query(&cli) {
+            Ok(q) => Some(q),
+            Err(e) => {
+                eprintln!(
+                    "verdict: {e}\nRun 'verdict help {}' for usage.",
+                    cli.command.name()
+                );
+                return ExitCode::from(EXIT_CONFIG);
+            }
+        }
+    } else {
+        None
+    };
     let b = version::BUILD;
     match cli.version {
         Some(Version::Raw) => {
@@ -130,8 +145,18 @@ fn main() -> ExitCode {
         | Command::Explain
         | Command::Services
         | Command::Syncs
-        | Command::Connections => inspect::client::run(&cli, &settings, &source),
-        Command::Doctor => doctor::run(&cli, &settings, &source),
+        | Command::Connections => match &query {
+            Some(q) => inspect::client::run(q, &cli, &settings, &source),
+            None => Ok(()),
+        },
+        Command::Doctor => doctor::run(
+            query
+                .as_ref()
+                .map_or(inspect::client::Output::Text, |q| q.output),
+            &cli,
+            &settings,
+            &source,
+        ),
         Command::Version => Ok(()),
     };
     match result {

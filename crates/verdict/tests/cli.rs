@@ -183,3 +183,166 @@ fn usage_errors_exit_2_and_version_works_anywhere() {
     ]);
     assert_eq!(out.status.code(), Some(2), "not a kube-proxy flag");
 }
+
+/// An exit code and what was printed on stdout and stderr.
+type Exit = (Option<i32>, String, String);
+
+/// Runs verdict and returns its exit code and what it printed, both ways.
+fn exit(args: &[&str]) -> Exit {
+    let out = verdict(args);
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn every_invalid_flag_or_value_exits_2_before_anything_runs() {
+    let trace = |extra: &[&str]| {
+        let mut a = vec![
+            "trace",
+            "--from",
+            "pod",
+            "--src",
+            "10.0.0.2",
+            "--dst",
+            "10.96.0.10",
+            "--proto",
+            "tcp",
+            "--dport",
+            "80",
+        ];
+        a.extend_from_slice(extra);
+        exit(&a)
+    };
+    // Each would otherwise try to reach a daemon on 127.0.0.1:1 and fail
+    // with 1: exit 2 shows the value was refused first.
+    let cases: Vec<(&str, Exit)> = vec![
+        (
+            "dport",
+            trace(&["--dport", "http", "--server", "127.0.0.1:1"]),
+        ),
+        (
+            "proto",
+            trace(&["--proto", "icmp", "--server", "127.0.0.1:1"]),
+        ),
+        ("src", trace(&["--src", "pod-a", "--server", "127.0.0.1:1"])),
+        ("live", trace(&["--live", "--server", "127.0.0.1:1"])),
+        (
+            "live=maybe",
+            trace(&["--live=maybe", "--server", "127.0.0.1:1"]),
+        ),
+        (
+            "-o",
+            exit(&["services", "-o", "yaml", "--server", "127.0.0.1:1"]),
+        ),
+        (
+            "limit",
+            exit(&["services", "--limit", "ten", "--server", "127.0.0.1:1"]),
+        ),
+        (
+            "offset",
+            exit(&["services", "--offset=-1", "--server", "127.0.0.1:1"]),
+        ),
+        (
+            "explain",
+            exit(&["explain", "shop", "--server", "127.0.0.1:1"]),
+        ),
+        (
+            "full",
+            exit(&[
+                "explain",
+                "shop/web",
+                "--full=often",
+                "--server",
+                "127.0.0.1:1",
+            ]),
+        ),
+        (
+            "connections",
+            exit(&["connections", "a/b/c", "--server", "127.0.0.1:1"]),
+        ),
+        (
+            "another command's flag",
+            exit(&["services", "--dport", "80"]),
+        ),
+        ("run's own", exit(&["run", "--search", "web"])),
+        ("doctor -o", exit(&["doctor", "-o", "yaml"])),
+        (
+            "a setting",
+            exit(&["plan", "--masquerade-bit=99", "--manifests", "/nonexistent"]),
+        ),
+        ("backend", exit(&["plan", "--nftables-backend=iptables"])),
+        ("command", exit(&["frobnicate"])),
+        ("help of nothing", exit(&["help", "frobnicate"])),
+    ];
+    for (what, (code, _, err)) in &cases {
+        assert_eq!(*code, Some(2), "{what}: {err}");
+        assert!(err.starts_with("verdict: "), "{what}: {err}");
+    }
+    let (_, _, err) = &cases[0].1;
+    assert!(err.contains("dport \"http\" is not a port"), "{err}");
+    assert!(err.contains("verdict help trace"), "{err}");
+    let (_, _, err) = &cases[11].1;
+    assert!(
+        err.contains("--dport belongs to verdict trace, not verdict services"),
+        "{err}"
+    );
+}
+
+#[test]
+fn runtime_failures_and_unknown_services_exit_1() {
+    let (code, _, err) = exit(&["services", "--server", "127.0.0.1:1"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("cannot reach verdict at 127.0.0.1:1"), "{err}");
+    let offline = ["--manifests", &example(), "--hostname-override", "node-a"];
+    let (code, out, err) = exit(&[&["explain", "default/no-such-service"][..], &offline].concat());
+    assert_eq!(code, Some(1), "{err}");
+    assert!(out.contains("not known"), "the answer is printed: {out}");
+    let (code, _, err) =
+        exit(&[&["connections", "default/no-such-service"][..], &offline].concat());
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("no Service default/no-such-service is known to verdict"),
+        "{err}"
+    );
+    let (code, _, err) = exit(&[&["services"][..], &offline].concat());
+    assert_eq!(code, Some(0), "{err}");
+}
+
+#[test]
+fn each_command_has_its_own_help() {
+    let (code, global, _) = exit(&["--help"]);
+    assert_eq!(code, Some(0));
+    assert!(global.contains("--masquerade-all"), "{global}");
+    assert_eq!(exit(&["help"]).1, global);
+    assert_eq!(
+        exit(&["run", "--help"]).1,
+        global,
+        "run's flags are the page"
+    );
+    for (cmd, has, hasnt) in [
+        ("trace", "--dport string", "--search"),
+        ("explain", "--full", "--dport"),
+        ("services", "--limit string", "--full"),
+        ("syncs", "-o, --output string", "--limit"),
+        ("connections", "NAMESPACE/NAME", "--limit"),
+        ("doctor", "Exits 1 when any check fails", "--dport"),
+        ("plan", "Takes every flag of verdict run", "--dport"),
+        ("cleanup", "--keep-kube-proxy-nftables", "--dport"),
+        ("version", "--version=raw", "--dport"),
+    ] {
+        let (code, page, err) = exit(&["help", cmd]);
+        assert_eq!(code, Some(0), "{cmd}: {err}");
+        assert!(
+            page.starts_with(&format!("verdict {cmd}: ")),
+            "{cmd}: {page}"
+        );
+        assert!(page.contains(has), "{cmd} lacks {has}: {page}");
+        assert!(!page.contains(hasnt), "{cmd} has {hasnt}: {page}");
+        assert!(!page.contains("--masquerade-all"), "{cmd}: the global page");
+        assert_eq!(exit(&[cmd, "--help"]).1, page, "{cmd} --help");
+        assert_eq!(exit(&[cmd, "-h"]).1, page, "{cmd} -h");
+    }
+}

@@ -527,20 +527,20 @@ fn the_commands_say_what_is_wrong() {
     assert_eq!(code, Some(2));
     assert!(err.contains("verdict explain needs a Service"), "{err}");
     let (code, err) = run(&["trace", "--from", "pod", "--src", "10.0.0.1"]);
-    assert_eq!(code, Some(1));
+    assert_eq!(code, Some(2), "a missing value is a usage error");
     assert_eq!(
-        err, "verdict: verdict trace: missing proto\n",
-        "one line, no log noise"
+        err, "verdict: verdict trace: missing proto\nRun 'verdict help trace' for usage.\n",
+        "no log noise"
     );
     let (code, err) = run(&["run", "--dst", "10.0.0.1"]);
     assert_eq!(code, Some(2));
-    assert!(err.contains("--dst belongs to trace"), "{err}");
+    assert!(err.contains("--dst belongs to verdict trace"), "{err}");
     // Nobody listens there.
     let (code, err) = run(&["services", "--server", "127.0.0.1:9"]);
     assert_eq!(code, Some(1));
     assert!(err.contains("cannot reach verdict at 127.0.0.1:9"), "{err}");
     let (code, err) = run(&["explain", "demo", "--server", "127.0.0.1:9"]);
-    assert_eq!(code, Some(1));
+    assert_eq!(code, Some(2));
     assert!(err.contains("name the Service as NAMESPACE/NAME"), "{err}");
 }
 

@@ -192,6 +192,19 @@ pub fn answer(
                     }
                 },
             };
+            if let Some(svc) = &service
+                && !lock(node).proxiers.iter().any(|p| {
+                    p.service_ports()
+                        .range(verdict_model::ServicePortName::first_of(svc)..)
+                        .next()
+                        .is_some_and(|(k, _)| k.service == *svc)
+                })
+            {
+                return Some((
+                    404,
+                    json!({"error": format!("no Service {svc} is known to verdict")}),
+                ));
+            }
             let limit = match req.query_param("limit").map(|v| v.parse::<usize>()) {
                 None => DEFAULT_FLOWS,
                 Some(Ok(n)) => n.min(MAX_FLOWS),

@@ -13,7 +13,7 @@ use serde_json::Value as Json;
 
 use super::TraceRequest;
 use super::text;
-use crate::cli::{Cli, Command};
+use crate::cli::{Cli, Command, UsageError};
 use crate::config::Settings;
 use crate::daemon::{Source, offline};
 
@@ -25,9 +25,82 @@ const ANSWER_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// How the answer is printed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Output {
+pub enum Output {
+    /// For a terminal.
     Text,
+    /// The API's answer as it is.
     Json,
+}
+
+/// What an introspection command asks, checked before anything runs: a
+/// flag with a value it cannot take is a usage error (exit 2).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Query {
+    /// How the answer is printed.
+    pub output: Output,
+    /// The API paths asked for.
+    pub targets: Vec<String>,
+    /// `trace --live`: the packet to send and trace.
+    pub live: Option<TraceRequest>,
+}
+
+/// A boolean introspection flag (`--live`, `--full`).
+fn flag_bool(cli: &Cli, name: &str) -> Result<bool, UsageError> {
+    match cli.inspect_flag(name) {
+        None => Ok(false),
+        Some(v) => crate::config::value::parse_bool(v).ok_or_else(|| {
+            UsageError(format!(
+                "invalid argument {v:?} for --{name}: must be true or false"
+            ))
+        }),
+    }
+}
+
+/// Reads and checks what the command asks.
+pub fn query(cli: &Cli) -> Result<Query, UsageError> {
+    let output = match cli.inspect_flag("output").unwrap_or("text") {
+        "text" => Output::Text,
+        "json" => Output::Json,
+        other => return Err(UsageError(format!("-o {other:?}: must be text or json"))),
+    };
+    let live = if cli.command == Command::Trace && flag_bool(cli, "live")? {
+        let req = trace_request(cli)?;
+        if req.from != super::Origin::Node {
+            return Err(UsageError(
+                "verdict trace --live sends the packet from this node: use --from node".into(),
+            ));
+        }
+        Some(req)
+    } else {
+        None
+    };
+    let targets = if cli.command == Command::Doctor {
+        Vec::new()
+    } else {
+        targets(cli)?
+    };
+    Ok(Query {
+        output,
+        targets,
+        live,
+    })
+}
+
+fn trace_request(cli: &Cli) -> Result<TraceRequest, UsageError> {
+    TraceRequest::parse(|k| cli.inspect_flag(k).map(str::to_owned))
+        .map_err(|e| UsageError(format!("verdict trace: {e}")))
+}
+
+/// `NAMESPACE/NAME`, or why not.
+fn service_name<'a>(command: &str, target: &'a str) -> Result<(&'a str, &'a str), UsageError> {
+    match target.split_once('/') {
+        Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
+            Ok((ns, name))
+        }
+        _ => Err(UsageError(format!(
+            "verdict {command} {target:?}: name the Service as NAMESPACE/NAME"
+        ))),
+    }
 }
 
 /// Encodes a query value.
@@ -45,35 +118,34 @@ fn encode(v: &str) -> String {
 }
 
 /// The API paths a command asks for.
-fn targets(cli: &Cli) -> anyhow::Result<Vec<String>> {
+fn targets(cli: &Cli) -> Result<Vec<String>, UsageError> {
     Ok(match cli.command {
-        Command::Trace => {
-            let req = TraceRequest::parse(|k| cli.inspect_flag(k).map(str::to_owned))
-                .map_err(|e| anyhow::anyhow!("verdict trace: {e}"))?;
-            vec![format!("/api/v1/trace?{}", req.query())]
-        }
+        Command::Trace => vec![format!("/api/v1/trace?{}", trace_request(cli)?.query())],
         Command::Explain => {
             let target = cli.target.as_deref().unwrap_or_default();
-            match target.split_once('/') {
-                Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
-                    let full = cli
-                        .inspect_flag("full")
-                        .is_some_and(|v| crate::config::value::parse_bool(v) == Some(true));
-                    let query = if full { "?full=true" } else { "" };
-                    vec![format!(
-                        "/api/v1/services/{}/{}{query}",
-                        encode(ns),
-                        encode(name)
-                    )]
-                }
-                _ => bail!("verdict explain {target:?}: name the Service as NAMESPACE/NAME"),
-            }
+            let (ns, name) = service_name("explain", target)?;
+            let query = if flag_bool(cli, "full")? {
+                "?full=true"
+            } else {
+                ""
+            };
+            vec![format!(
+                "/api/v1/services/{}/{}{query}",
+                encode(ns),
+                encode(name)
+            )]
         }
         Command::Services => {
             let mut q = Vec::new();
-            for (flag, key) in [("search", "q"), ("limit", "limit"), ("offset", "offset")] {
+            if let Some(v) = cli.inspect_flag("search") {
+                q.push(format!("q={}", encode(v)));
+            }
+            for flag in ["limit", "offset"] {
                 if let Some(v) = cli.inspect_flag(flag) {
-                    q.push(format!("{key}={}", encode(v)));
+                    let n: usize = v.parse().map_err(|_| {
+                        UsageError(format!("invalid argument {v:?} for --{flag}: not a number"))
+                    })?;
+                    q.push(format!("{flag}={n}"));
                 }
             }
             vec![format!("/api/v1/services?{}", q.join("&"))]
@@ -81,15 +153,17 @@ fn targets(cli: &Cli) -> anyhow::Result<Vec<String>> {
         Command::Syncs => vec!["/api/v1/syncs".into(), "/api/v1/foreign".into()],
         Command::Connections => match cli.target.as_deref() {
             None => vec!["/api/v1/connections".into()],
-            Some(t)
-                if t.split_once('/')
-                    .is_some_and(|(a, b)| !a.is_empty() && !b.is_empty()) =>
-            {
+            Some(t) => {
+                service_name("connections", t)?;
                 vec![format!("/api/v1/connections?service={}", encode(t))]
             }
-            Some(t) => bail!("verdict connections {t:?}: name the Service as NAMESPACE/NAME"),
         },
-        other => bail!("{other:?} is not an introspection command"),
+        other => {
+            return Err(UsageError(format!(
+                "verdict {} asks the API nothing",
+                other.name()
+            )));
+        }
     })
 }
 
@@ -149,13 +223,8 @@ pub fn get(addr: SocketAddr, target: &str) -> anyhow::Result<(u16, Json)> {
 }
 
 /// Runs an introspection command; the text or JSON goes to stdout.
-pub fn run(cli: &Cli, settings: &Settings, source: &Source) -> anyhow::Result<()> {
-    let output = match cli.inspect_flag("output").unwrap_or("text") {
-        "text" => Output::Text,
-        "json" => Output::Json,
-        other => bail!("-o {other}: must be text or json"),
-    };
-    let targets = targets(cli)?;
+pub fn run(query: &Query, cli: &Cli, settings: &Settings, source: &Source) -> anyhow::Result<()> {
+    let (output, targets) = (query.output, &query.targets);
     let answers: Vec<(u16, Json)> = if source.manifests.is_some() {
         let node = offline(settings, source)?;
         targets.iter().map(|t| node.get(t)).collect()
@@ -166,24 +235,16 @@ pub fn run(cli: &Cli, settings: &Settings, source: &Source) -> anyhow::Result<()
             .map(|t| get(addr, t))
             .collect::<anyhow::Result<_>>()?
     };
-    let live = cli.command == Command::Trace
-        && cli
-            .inspect_flag("live")
-            .is_some_and(|v| crate::config::value::parse_bool(v) == Some(true));
     let mut answers = answers;
-    if live {
-        let req = TraceRequest::parse(|k| cli.inspect_flag(k).map(str::to_owned))
-            .map_err(|e| anyhow::anyhow!("verdict trace: {e}"))?;
-        if req.from != super::Origin::Node {
-            bail!("verdict trace --live sends the packet from this node: use --from node");
-        }
-        let kernel = super::live::run(&req).context("the live trace")?;
+    if let Some(req) = &query.live {
+        let kernel = super::live::run(req).context("the live trace")?;
         if let Some((200, doc)) = answers.first_mut() {
             doc["live"] = super::live::compare(doc, &kernel);
         }
     }
     let mut failed = None;
     for (code, doc) in &answers {
+        // An unknown Service is an answer, printed, and then a failure.
         let explained_404 =
             cli.command == Command::Explain && *code == 404 && doc.get("found").is_some();
         if *code != 200 && !explained_404 {
