@@ -1,24 +1,53 @@
-//! A small HTTP/1.1 server: one thread accepts, each request is answered
-//! on a thread of its own (up to [`MAX_IN_FLIGHT`]; beyond that on the
-//! accepting thread) and the connection closed. Enough for probes,
-//! scrapers, the debug endpoints and the introspection API, where a slow
-//! answer (a trace reading the kernel) must not hold a probe back;
-//! nothing here blocks the sync loop. Every method reaches the
-//! handler, as with Go's handlers; a HEAD answer has no body.
+//! The admin HTTP server: hyper's HTTP/1.1, on a small tokio runtime of
+//! its own, for probes, scrapers, the debug endpoints, the introspection
+//! API and the service health-check node ports. Built so that no client
+//! can starve another:
+//! - a request's headers must arrive within [`HEADER_TIMEOUT`] and its
+//!   body within [`BODY_TIMEOUT`], or the connection is closed: a client
+//!   that sends a byte every few seconds holds a connection for seconds,
+//!   not forever;
+//! - at most [`MAX_CONNECTIONS`] connections per server are open; one more
+//!   is closed at once rather than queued;
+//! - the *fast* routes (health) are answered on the runtime's own threads
+//!   as soon as their request is read, and must not block; every other
+//!   route runs on a pool of blocking threads, [`MAX_SLOW_IN_FLIGHT`] at
+//!   once per server, so a 30,000-Service scrape or a trace that reads the
+//!   kernel never holds a probe back.
+//!
+//! Every method reaches the handler, as with Go's handlers; a HEAD answer
+//! has no body.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::sync::Semaphore;
 
 use crate::health::Response;
 
-/// Requests answered at once on threads of their own.
-pub const MAX_IN_FLIGHT: usize = 16;
-
+/// Open connections per server at most.
+pub const MAX_CONNECTIONS: usize = 4096;
+/// How long a request's headers may take to arrive.
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a request's body may take to arrive.
+pub const BODY_TIMEOUT: Duration = Duration::from_secs(10);
+/// Requests of the slow routes answered at once per server; more wait.
+pub const MAX_SLOW_IN_FLIGHT: usize = 16;
+/// How long a request of a slow route waits for its turn before it is
+/// answered 503.
+pub const SLOW_QUEUE_WAIT: Duration = Duration::from_secs(30);
 /// The largest request body read (`PUT /debug/flags/v` sends a number).
 const MAX_BODY: usize = 64 * 1024;
+/// Worker threads of the runtime every server shares: they only read
+/// requests, answer the fast routes and write answers.
+const WORKERS: usize = 2;
 
 /// A request, as the handler sees it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -75,38 +104,261 @@ impl Request {
 /// Answers a request; `None` is 404.
 pub type Handler = Arc<dyn Fn(&Request) -> Option<Response> + Send + Sync>;
 
-/// Binds `addr` and serves `handler` on a background thread. Returns the
-/// bound address (useful with port 0).
-pub fn serve(addr: SocketAddr, handler: Handler) -> std::io::Result<SocketAddr> {
-    let listener = TcpListener::bind(addr)?;
-    let bound = listener.local_addr()?;
-    std::thread::Builder::new()
-        .name(format!("http-{bound}"))
-        .spawn(move || {
-            let in_flight = Arc::new(AtomicUsize::new(0));
-            for stream in listener.incoming().flatten() {
-                let busy = in_flight.fetch_add(1, Ordering::AcqRel) >= MAX_IN_FLIGHT;
-                let (h, n) = (handler.clone(), in_flight.clone());
-                let work = move || {
-                    if let Err(e) = answer(stream, &h) {
-                        tracing::debug!(error = %e, "http request");
-                    }
-                    n.fetch_sub(1, Ordering::AcqRel);
-                };
-                if busy {
-                    work();
-                } else if let Err(e) = std::thread::Builder::new()
-                    .name(format!("http-{bound}-request"))
-                    .spawn(work)
-                {
-                    // The closure (and the connection) is gone with the
-                    // failed spawn: count it out.
-                    in_flight.fetch_sub(1, Ordering::AcqRel);
-                    tracing::debug!(error = %e, "http request thread");
-                }
-            }
-        })?;
+/// What one server answers: the fast routes first, then the slow ones.
+#[derive(Clone, Default)]
+pub struct Routes {
+    fast: Option<Handler>,
+    slow: Option<Handler>,
+}
+
+impl Routes {
+    /// Routes answered on the server's own threads as soon as the request
+    /// is read. The handler must not block: health, taken from state a
+    /// lock guards for a moment at most.
+    pub fn fast(handler: Handler) -> Routes {
+        Routes {
+            fast: Some(handler),
+            slow: None,
+        }
+    }
+
+    /// Routes answered on the blocking pool.
+    pub fn slow(handler: Handler) -> Routes {
+        Routes {
+            fast: None,
+            slow: Some(handler),
+        }
+    }
+
+    /// These routes, and `handler` for what the fast ones do not answer.
+    pub fn then_slow(mut self, handler: Handler) -> Routes {
+        self.slow = Some(handler);
+        self
+    }
+}
+
+/// The runtime every admin server runs on, started on first use.
+fn runtime() -> std::io::Result<&'static tokio::runtime::Runtime> {
+    static RUNTIME: OnceLock<Result<tokio::runtime::Runtime, String>> = OnceLock::new();
+    RUNTIME
+        .get_or_init(|| {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(WORKERS)
+                .thread_name("admin-http")
+                .enable_io()
+                .enable_time()
+                .build()
+                .map_err(|e| e.to_string())
+        })
+        .as_ref()
+        .map_err(|e| std::io::Error::other(format!("the admin server's runtime: {e}")))
+}
+
+/// One server's routes and limits.
+struct Server {
+    routes: Routes,
+    connections: Arc<Semaphore>,
+    slow: Arc<Semaphore>,
+}
+
+/// Binds `addr` and serves `routes` in the background. Returns the bound
+/// address (useful with port 0).
+pub fn serve(addr: SocketAddr, routes: Routes) -> std::io::Result<SocketAddr> {
+    let (bound, _task) = start(addr, routes)?;
     Ok(bound)
+}
+
+/// Stops its server when dropped: the port is closed at once; requests
+/// being answered finish.
+#[derive(Debug)]
+pub struct Stopper(tokio::task::AbortHandle);
+
+impl Drop for Stopper {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Binds `addr` and serves `routes` until the returned [`Stopper`] is
+/// dropped.
+pub fn serve_until_dropped(
+    addr: SocketAddr,
+    routes: Routes,
+) -> std::io::Result<(SocketAddr, Stopper)> {
+    let (bound, task) = start(addr, routes)?;
+    Ok((bound, Stopper(task)))
+}
+
+fn start(
+    addr: SocketAddr,
+    routes: Routes,
+) -> std::io::Result<(SocketAddr, tokio::task::AbortHandle)> {
+    let rt = runtime()?;
+    let listener = std::net::TcpListener::bind(addr)?;
+    let bound = listener.local_addr()?;
+    listener.set_nonblocking(true)?;
+    let listener = {
+        let _entered = rt.enter();
+        tokio::net::TcpListener::from_std(listener)?
+    };
+    let server = Arc::new(Server {
+        routes,
+        connections: Arc::new(Semaphore::new(MAX_CONNECTIONS)),
+        slow: Arc::new(Semaphore::new(MAX_SLOW_IN_FLIGHT)),
+    });
+    let task = rt.spawn(accept(listener, server));
+    Ok((bound, task.abort_handle()))
+}
+
+/// Accepts connections for as long as the task lives.
+async fn accept(listener: tokio::net::TcpListener, server: Arc<Server>) {
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // Out of file descriptors, say: try again shortly rather
+                // than spin.
+                tracing::debug!(error = %e, "http accept");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        // Over the cap, the connection is closed at once: queued, it
+        // would hold a file descriptor and delay whoever comes next.
+        let Ok(permit) = server.connections.clone().try_acquire_owned() else {
+            drop(stream);
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let server = server.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |req| answer(server.clone(), req));
+            // Headers go out in Go's canonical case, as kube-proxy writes
+            // them (`X-Load-Balancing-Endpoint-Weight`).
+            let conn = http1::Builder::new()
+                .title_case_headers(true)
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT)
+                .serve_connection(TokioIo::new(stream), service);
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "http connection");
+            }
+            drop(permit);
+        });
+    }
+}
+
+/// The request as the handler sees it; `Err` is the answer to give
+/// instead (a body too slow or too large).
+async fn read(req: hyper::Request<Incoming>) -> Result<Request, Response> {
+    let (parts, body) = req.into_parts();
+    let headers: Vec<(String, String)> = parts
+        .headers
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.as_str().to_owned(),
+                String::from_utf8_lossy(v.as_bytes()).into_owned(),
+            )
+        })
+        .collect();
+    let body =
+        match tokio::time::timeout(BODY_TIMEOUT, Limited::new(body, MAX_BODY).collect()).await {
+            Ok(Ok(b)) => b.to_bytes().to_vec(),
+            Ok(Err(_)) => {
+                return Err(Response::text(
+                    413,
+                    "request body too large or broken\n".into(),
+                    "text/plain; charset=utf-8",
+                ));
+            }
+            Err(_) => {
+                return Err(Response::text(
+                    408,
+                    "request body too slow\n".into(),
+                    "text/plain; charset=utf-8",
+                ));
+            }
+        };
+    Ok(Request {
+        method: parts.method.as_str().to_owned(),
+        path: parts.uri.path().to_owned(),
+        query: parts.uri.query().unwrap_or("").to_owned(),
+        headers,
+        body,
+    })
+}
+
+async fn answer(
+    server: Arc<Server>,
+    req: hyper::Request<Incoming>,
+) -> Result<hyper::Response<Full<Bytes>>, Infallible> {
+    let request = match read(req).await {
+        Ok(r) => r,
+        Err(r) => return Ok(to_hyper(r)),
+    };
+    if let Some(fast) = &server.routes.fast
+        && let Some(r) = fast(&request)
+    {
+        return Ok(to_hyper(r));
+    }
+    let Some(slow) = server.routes.slow.clone() else {
+        return Ok(to_hyper(not_found()));
+    };
+    let permit =
+        match tokio::time::timeout(SLOW_QUEUE_WAIT, server.slow.clone().acquire_owned()).await {
+            Ok(Ok(p)) => p,
+            _ => {
+                return Ok(to_hyper(Response::text(
+                    503,
+                    "too many requests in flight; try again\n".into(),
+                    "text/plain; charset=utf-8",
+                )));
+            }
+        };
+    let answered = tokio::task::spawn_blocking(move || {
+        let _permit = permit;
+        slow(&request)
+    })
+    .await;
+    Ok(to_hyper(match answered {
+        Ok(Some(r)) => r,
+        Ok(None) => not_found(),
+        Err(_) => Response::text(
+            500,
+            "the handler failed\n".into(),
+            "text/plain; charset=utf-8",
+        ),
+    }))
+}
+
+fn not_found() -> Response {
+    Response::text(
+        404,
+        "404 page not found\n".into(),
+        "text/plain; charset=utf-8",
+    )
+}
+
+fn to_hyper(r: Response) -> hyper::Response<Full<Bytes>> {
+    let mut out = hyper::Response::new(Full::new(Bytes::from(r.body)));
+    *out.status_mut() =
+        hyper::StatusCode::from_u16(r.code).unwrap_or(hyper::StatusCode::INTERNAL_SERVER_ERROR);
+    let h = out.headers_mut();
+    let mut put = |k: &str, v: &str| {
+        if let (Ok(k), Ok(v)) = (
+            hyper::header::HeaderName::from_bytes(k.as_bytes()),
+            hyper::header::HeaderValue::from_str(v),
+        ) {
+            h.insert(k, v);
+        }
+    };
+    put("content-type", r.content_type);
+    put("x-content-type-options", "nosniff");
+    for (k, v) in &r.headers {
+        put(k, v);
+    }
+    out
 }
 
 /// `%XX` escapes and `+` decoded; malformed escapes are kept as written.
@@ -135,141 +387,6 @@ fn percent_decode(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// Stops its server when dropped (within about 100 ms).
-#[derive(Debug)]
-pub struct Stopper(Arc<AtomicBool>);
-
-impl Drop for Stopper {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::Relaxed);
-    }
-}
-
-/// Binds `addr` and serves `handler` until the returned [`Stopper`] is
-/// dropped.
-pub fn serve_until_dropped(
-    addr: SocketAddr,
-    handler: Handler,
-) -> std::io::Result<(SocketAddr, Stopper)> {
-    let listener = TcpListener::bind(addr)?;
-    let bound = listener.local_addr()?;
-    listener.set_nonblocking(true)?;
-    let stop = Arc::new(AtomicBool::new(false));
-    let stopped = stop.clone();
-    std::thread::Builder::new()
-        .name(format!("http-{bound}"))
-        .spawn(move || {
-            while !stopped.load(Ordering::Relaxed) {
-                match listener.accept() {
-                    Ok((stream, _)) => {
-                        let r = stream
-                            .set_nonblocking(false)
-                            .and_then(|()| answer(stream, &handler));
-                        if let Err(e) = r {
-                            tracing::debug!(error = %e, "http request");
-                        }
-                    }
-                    Err(_) => std::thread::sleep(Duration::from_millis(100)),
-                }
-            }
-        })?;
-    Ok((bound, Stopper(stop)))
-}
-
-fn reason(code: u16) -> &'static str {
-    match code {
-        200 => "OK",
-        400 => "Bad Request",
-        404 => "Not Found",
-        405 => "Method Not Allowed",
-        406 => "Not Acceptable",
-        500 => "Internal Server Error",
-        503 => "Service Unavailable",
-        _ => "Bad Request",
-    }
-}
-
-/// Reads one request: the head, then as much body as `Content-Length`
-/// says (up to [`MAX_BODY`]).
-fn read_request(s: &mut TcpStream) -> std::io::Result<Request> {
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 4096];
-    let head_end = loop {
-        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            break i + 4;
-        }
-        if buf.len() > 16 * 1024 {
-            break buf.len();
-        }
-        let n = s.read(&mut chunk)?;
-        if n == 0 {
-            break buf.len();
-        }
-        buf.extend_from_slice(&chunk[..n]);
-    };
-    let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
-    let mut lines = head.lines();
-    let mut words = lines.next().unwrap_or_default().split_whitespace();
-    let method = words.next().unwrap_or_default().to_owned();
-    let target = words.next().unwrap_or_default();
-    let (path, query) = target.split_once('?').unwrap_or((target, ""));
-    let headers: Vec<(String, String)> = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
-        .collect();
-    let length = headers
-        .iter()
-        .find(|(k, _)| k == "content-length")
-        .and_then(|(_, v)| v.parse::<usize>().ok())
-        .unwrap_or(0)
-        .min(MAX_BODY);
-    let mut body = buf[head_end.min(buf.len())..].to_vec();
-    while body.len() < length {
-        let n = s.read(&mut chunk)?;
-        if n == 0 {
-            break;
-        }
-        body.extend_from_slice(&chunk[..n]);
-    }
-    body.truncate(length);
-    Ok(Request {
-        method,
-        path: path.to_owned(),
-        query: query.to_owned(),
-        headers,
-        body,
-    })
-}
-
-fn answer(mut s: TcpStream, handler: &Handler) -> std::io::Result<()> {
-    s.set_read_timeout(Some(Duration::from_secs(2)))?;
-    let req = read_request(&mut s)?;
-    let r = handler(&req).unwrap_or_else(|| {
-        Response::text(
-            404,
-            "404 page not found\n".into(),
-            "text/plain; charset=utf-8",
-        )
-    });
-    let extra: String = r
-        .headers
-        .iter()
-        .map(|(k, v)| format!("{k}: {v}\r\n"))
-        .collect();
-    let mut out = format!(
-        "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nX-Content-Type-Options: nosniff\r\n{extra}Content-Length: {}\r\nConnection: close\r\n\r\n",
-        r.code,
-        reason(r.code),
-        r.content_type,
-        r.body.len()
-    )
-    .into_bytes();
-    if req.method != "HEAD" {
-        out.extend_from_slice(&r.body);
-    }
-    s.write_all(&out)
-}
-
 #[cfg(test)]
 mod tests {
 
@@ -286,9 +403,17 @@ mod tests {
 
     use super::*;
 
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    use std::time::Instant;
+
     fn get(addr: SocketAddr, path: &str) -> String {
         let mut s = TcpStream::connect(addr).unwrap();
-        write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
         let mut out = String::new();
         s.read_to_string(&mut out).unwrap();
         out
@@ -299,11 +424,11 @@ mod tests {
         let handler: Handler = Arc::new(|r: &Request| {
             (r.path == "/healthz").then(|| Response::json(503, "{\"healthy\":false}".into()))
         });
-        let addr = serve("127.0.0.1:0".parse().unwrap(), handler).unwrap();
+        let addr = serve("127.0.0.1:0".parse().unwrap(), Routes::slow(handler)).unwrap();
         let r = get(addr, "/healthz?verbose");
         assert!(r.starts_with("HTTP/1.1 503 Service Unavailable\r\n"), "{r}");
-        assert!(r.contains("Content-Type: application/json\r\n"));
-        assert!(r.contains("X-Content-Type-Options: nosniff\r\n"));
+        assert!(r.contains("Content-Type: application/json\r\n"), "{r}");
+        assert!(r.contains("X-Content-Type-Options: nosniff\r\n"), "{r}");
         assert!(r.ends_with("\r\n\r\n{\"healthy\":false}"), "{r}");
         assert!(get(addr, "/nope").starts_with("HTTP/1.1 404"));
     }
@@ -318,11 +443,12 @@ mod tests {
             r.headers.push(("X-Test", "1".into()));
             Some(r)
         });
-        let (addr, stopper) = serve_until_dropped("127.0.0.1:0".parse().unwrap(), handler).unwrap();
+        let (addr, stopper) =
+            serve_until_dropped("127.0.0.1:0".parse().unwrap(), Routes::fast(handler)).unwrap();
         let mut s = TcpStream::connect(addr).unwrap();
         write!(
             s,
-            "POST /any HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n42"
+            "POST /any HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nConnection: close\r\n\r\n42"
         )
         .unwrap();
         let mut r = String::new();
@@ -336,5 +462,69 @@ mod tests {
         drop(stopper);
         std::thread::sleep(Duration::from_millis(300));
         assert!(TcpStream::connect(addr).is_err(), "still listening");
+    }
+
+    /// A client that sends one byte of its request now and then.
+    fn trickle(addr: SocketAddr) -> TcpStream {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.write_all(b"G").unwrap();
+        s
+    }
+
+    #[test]
+    fn slow_clients_and_a_slow_route_do_not_hold_a_fast_route_back() {
+        let fast: Handler = Arc::new(|r: &Request| {
+            (r.path == "/livez").then(|| Response::text(200, "ok".into(), "text/plain"))
+        });
+        let slow: Handler = Arc::new(|r: &Request| {
+            (r.path == "/metrics").then(|| {
+                std::thread::sleep(Duration::from_secs(2));
+                Response::text(200, "big".into(), "text/plain")
+            })
+        });
+        let addr = serve(
+            "127.0.0.1:0".parse().unwrap(),
+            Routes::fast(fast).then_slow(slow),
+        )
+        .unwrap();
+        // More trickling clients than the old server had threads, and more
+        // slow requests than the slow pool takes at once.
+        let idle: Vec<TcpStream> = (0..200).map(|_| trickle(addr)).collect();
+        let scrapes: Vec<_> = (0..MAX_SLOW_IN_FLIGHT + 4)
+            .map(|_| std::thread::spawn(move || get(addr, "/metrics")))
+            .collect();
+        std::thread::sleep(Duration::from_millis(100));
+        let mut worst = Duration::ZERO;
+        for _ in 0..20 {
+            let t = Instant::now();
+            let r = get(addr, "/livez");
+            worst = worst.max(t.elapsed());
+            assert!(r.starts_with("HTTP/1.1 200 OK"), "{r}");
+            assert!(r.ends_with("ok"), "{r}");
+        }
+        assert!(worst < Duration::from_millis(500), "{worst:?}");
+        for s in scrapes {
+            assert!(s.join().unwrap().ends_with("big"));
+        }
+        drop(idle);
+    }
+
+    #[test]
+    fn a_request_whose_headers_never_finish_is_cut_off() {
+        let fast: Handler =
+            Arc::new(|_: &Request| Some(Response::text(200, "ok".into(), "text/plain")));
+        let addr = serve("127.0.0.1:0".parse().unwrap(), Routes::fast(fast)).unwrap();
+        let mut s = trickle(addr);
+        s.set_read_timeout(Some(HEADER_TIMEOUT + Duration::from_secs(5)))
+            .unwrap();
+        let t = Instant::now();
+        let mut buf = Vec::new();
+        let _ = s.read_to_end(&mut buf);
+        let took = t.elapsed();
+        assert!(
+            took >= HEADER_TIMEOUT - Duration::from_secs(1)
+                && took < HEADER_TIMEOUT + Duration::from_secs(4),
+            "closed after {took:?}"
+        );
     }
 }

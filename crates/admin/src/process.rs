@@ -162,6 +162,19 @@ impl Process {
     }
 }
 
+/// Raises the soft limit of open files to the hard limit, as Go's runtime
+/// does for kube-proxy: the admin servers hold a descriptor per client
+/// (up to [`crate::http::MAX_CONNECTIONS`] each), and 1,024, a common
+/// soft limit, is less than that. Returns the limit now in force.
+pub fn raise_open_files_limit() -> std::io::Result<u64> {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
+    if soft < hard {
+        setrlimit(Resource::RLIMIT_NOFILE, hard, hard)?;
+    }
+    Ok(getrlimit(Resource::RLIMIT_NOFILE)?.0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

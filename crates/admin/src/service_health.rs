@@ -10,7 +10,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 
 use crate::health::Response;
-use crate::http::{Handler, Stopper, serve_until_dropped};
+use crate::http::{Handler, Routes, Stopper, serve_until_dropped};
 
 /// A service, as `(namespace, name)`.
 pub type ServiceKey = (String, String);
@@ -122,7 +122,10 @@ impl ServiceHealthServers {
             });
             let mut stoppers = Vec::new();
             for ip in &self.addresses {
-                match serve_until_dropped(SocketAddr::new(*ip, *port), handler.clone()) {
+                match serve_until_dropped(
+                    SocketAddr::new(*ip, *port),
+                    Routes::fast(handler.clone()),
+                ) {
                     Ok((_, s)) => stoppers.push(s),
                     Err(e) => errors.push(ListenFailure {
                         service: key.clone(),
@@ -193,7 +196,11 @@ mod tests {
 
     fn get(port: u16) -> Option<String> {
         let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-        write!(s, "GET /whatever HTTP/1.1\r\nHost: x\r\n\r\n").ok()?;
+        write!(
+            s,
+            "GET /whatever HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .ok()?;
         let mut out = String::new();
         s.read_to_string(&mut out).ok()?;
         Some(out)

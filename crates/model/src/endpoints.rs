@@ -4,13 +4,15 @@ use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::{self, Write as _};
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 
 use crate::names::{NamespacedName, ServicePortName};
 
 /// All endpoints currently known, per service port. Each list is sorted by the
 /// endpoint's Display string and has no two entries with the same IP:port; ports
-/// without endpoints have no entry.
-pub type EndpointsMap = BTreeMap<ServicePortName, Vec<Endpoint>>;
+/// without endpoints have no entry. A list is shared, never changed in place:
+/// a change replaces it, so a reader may keep the one it has.
+pub type EndpointsMap = BTreeMap<ServicePortName, Arc<[Endpoint]>>;
 
 /// One backend (IP:port) of a service port, with the conditions and topology facts
 /// the proxy needs.
@@ -233,12 +235,13 @@ mod tests {
                 local("10.0.0.1:80", true),
                 local("10.0.0.2:80", false),
                 ep("10.0.0.3:80"),
-            ],
+            ]
+            .into(),
         );
-        map.insert(svc("b"), vec![local("10.0.0.1:81", true)]);
+        map.insert(svc("b"), vec![local("10.0.0.1:81", true)].into());
         map.insert(
             ServicePortName::new("ns", "other", "", Protocol::Tcp),
-            vec![ep("10.0.0.9:80")],
+            vec![ep("10.0.0.9:80")].into(),
         );
         let counts = local_ready_endpoints(&map);
         assert_eq!(counts.get(&NamespacedName::new("ns", "svc")), Some(&1));
@@ -251,7 +254,7 @@ mod tests {
         }
         map.insert(
             ServicePortName::new("ns", "svc2", "", Protocol::Tcp),
-            vec![local("10.0.0.7:80", true)],
+            vec![local("10.0.0.7:80", true)].into(),
         );
         assert_eq!(
             local_ready_endpoints_of(&map, &NamespacedName::new("ns", "svc")),

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use ipnet::IpNet;
 
@@ -19,7 +20,9 @@ pub const LABEL_HEADLESS: &str = "service.kubernetes.io/headless";
 pub const DEFAULT_SESSION_AFFINITY_TIMEOUT_SECONDS: u32 = 10800;
 
 /// All service ports currently known, keyed by name.
-pub type ServicePortMap = BTreeMap<ServicePortName, ServicePort>;
+/// A port is shared, never changed in place: a change replaces it, so a
+/// reader may keep the one it has.
+pub type ServicePortMap = BTreeMap<ServicePortName, Arc<ServicePort>>;
 
 /// One port of one Service, for one IP family, with every value parsed and filtered.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -267,7 +270,7 @@ pub fn service_ports(svc: &Service, family: IpFamily) -> Result<Vec<ServicePort>
 pub fn service_port_map(svc: &Service, family: IpFamily) -> Result<ServicePortMap, ModelError> {
     Ok(service_ports(svc, family)?
         .into_iter()
-        .map(|sp| (sp.name.clone(), sp))
+        .map(|sp| (sp.name.clone(), Arc::new(sp)))
         .collect())
 }
 

@@ -185,10 +185,7 @@ impl EndpointSliceCache {
 
     /// The merged endpoints of `service`, per service port: each list sorted by
     /// Display string and de-duplicated; ports without endpoints are absent.
-    pub fn endpoints_for(
-        &self,
-        service: &NamespacedName,
-    ) -> BTreeMap<ServicePortName, Vec<Endpoint>> {
+    pub fn endpoints_for(&self, service: &NamespacedName) -> EndpointsMap {
         let mut by_port: BTreeMap<ServicePortName, BTreeMap<(IpAddr, u16), Endpoint>> =
             BTreeMap::new();
         // Slices are visited in name order, so the outcome is deterministic.
@@ -225,7 +222,7 @@ impl EndpointSliceCache {
             .map(|(name, set)| {
                 let mut list: Vec<Endpoint> = set.into_values().collect();
                 sort_endpoints(&mut list);
-                (name, list)
+                (name, list.into())
             })
             .collect()
     }

@@ -5,6 +5,7 @@
 use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use crate::api::{EndpointSlice, Service};
 use crate::endpoints::{Endpoint, EndpointsMap};
@@ -40,7 +41,7 @@ pub struct ServiceUpdateResult {
 /// a map: a service has one or a few ports, and a `BTreeMap` allocates a
 /// whole node (room for 11) for each, which at 30,000 pending services
 /// was 94 MiB of a first sync's peak.
-type Ports = Vec<(ServicePortName, ServicePort)>;
+type Ports = Vec<(ServicePortName, Arc<ServicePort>)>;
 
 #[derive(Clone, Debug)]
 struct ServiceChange {
@@ -238,7 +239,7 @@ impl EndpointsChangeTracker {
             let current = self.cache.endpoints_for(&service);
             if previous != current {
                 for (name, old) in &previous {
-                    let new = current.get(name).map(Vec::as_slice).unwrap_or_default();
+                    let new: &[Endpoint] = current.get(name).map_or(&[], |v| v);
                     // A set, not a scan of the new list for each old endpoint:
                     // quadratic at 5,000 endpoints.
                     let serving: std::collections::HashSet<(IpAddr, u16)> = new

@@ -51,7 +51,7 @@ impl UdpTargets {
     }
 
     fn of_ports<'a>(
-        services: impl Iterator<Item = (&'a ServicePortName, &'a ServicePort)>,
+        services: impl Iterator<Item = (&'a ServicePortName, &'a std::sync::Arc<ServicePort>)>,
         endpoints: &EndpointsMap,
     ) -> UdpTargets {
         let mut t = UdpTargets::default();
@@ -62,7 +62,7 @@ impl UdpTargets {
             let serving: Backends = endpoints
                 .get(name)
                 .into_iter()
-                .flatten()
+                .flat_map(|eps| eps.iter())
                 .filter(|e| e.serving)
                 .map(|e| (e.ip, e.port))
                 .collect();
@@ -331,7 +331,7 @@ mod tests {
             })
             .collect();
         (
-            BTreeMap::from([(name.clone(), sp)]),
+            BTreeMap::from([(name.clone(), std::sync::Arc::new(sp))]),
             BTreeMap::from([(name, eps)]),
         )
     }
@@ -402,7 +402,8 @@ mod tests {
         let mut endpoints = EndpointsMap::new();
         for i in 0..n {
             let (s, e) = cluster(Protocol::Udp, &[(&format!("10.180.1.{i}"), true)]);
-            let (_, mut sp) = s.into_iter().next().unwrap();
+            let (_, sp) = s.into_iter().next().unwrap();
+            let mut sp = std::sync::Arc::unwrap_or_clone(sp);
             let eps = e.into_values().next().unwrap();
             let name = ServicePortName::new("ns", format!("svc{i}"), "dns", Protocol::Udp);
             sp.name = name.clone();
@@ -411,7 +412,7 @@ mod tests {
             if i >= 2 {
                 sp.external_ips.clear();
             }
-            services.insert(name.clone(), sp);
+            services.insert(name.clone(), std::sync::Arc::new(sp));
             endpoints.insert(name, eps);
         }
         (services, endpoints)
@@ -444,7 +445,8 @@ mod tests {
                 serving: true,
                 ready: true,
                 ..Endpoint::new(ip("10.180.2.7"), 5353)
-            }],
+            }]
+            .into(),
         );
         t.touched([&svc(7), &svc(8)]);
         let c = t.check(&s, &e).unwrap();
@@ -477,26 +479,26 @@ mod tests {
         // A second endpoint: nothing can be stale.
         e.insert(
             name.clone(),
-            vec![serving("10.180.1.2"), serving("10.180.2.2")],
+            vec![serving("10.180.1.2"), serving("10.180.2.2")].into(),
         );
         t.touched([&svc(2)]);
         let c = t.check(&s, &e).unwrap();
         assert!(!c.cleanup);
         t.done(c);
         // One of them goes: entries to it are.
-        e.insert(name.clone(), vec![serving("10.180.2.2")]);
+        e.insert(name.clone(), vec![serving("10.180.2.2")].into());
         t.touched([&svc(2)]);
         let c = t.check(&s, &e).unwrap();
         assert!(c.cleanup);
         t.done(c);
         // From none to one: entries made while it had none were never
         // DNATed.
-        e.insert(name.clone(), vec![]);
+        e.insert(name.clone(), vec![].into());
         t.touched([&svc(2)]);
         let c = t.check(&s, &e).unwrap();
         assert!(c.cleanup);
         t.done(c);
-        e.insert(name, vec![serving("10.180.2.2")]);
+        e.insert(name, vec![serving("10.180.2.2")].into());
         t.touched([&svc(2)]);
         assert!(t.check(&s, &e).unwrap().cleanup);
     }

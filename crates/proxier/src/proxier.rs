@@ -77,8 +77,8 @@ pub struct Intent {
 pub struct IntendedElement {
     /// The set or map.
     pub set: &'static str,
-    /// The element.
-    pub element: Element,
+    /// The element, shared with the proxier's own record.
+    pub element: Arc<Element>,
     /// Another service port claims the key first: its element is the one
     /// programmed.
     pub programmed_for: Option<ServicePortName>,
@@ -336,7 +336,7 @@ impl Proxier {
                     let winner = owners.winner_owner().map(|o| o.as_ref());
                     elements.push(IntendedElement {
                         set,
-                        element: Element::clone(e),
+                        element: e.clone(),
                         programmed_for: winner.filter(|w| *w != port).cloned(),
                     });
                 }
@@ -559,7 +559,7 @@ impl Proxier {
                 continue;
             }
             let new = self.services.get(port).map(|sp| {
-                let eps = self.endpoints.get(port).map(Vec::as_slice).unwrap_or(&[]);
+                let eps: &[verdict_model::Endpoint] = self.endpoints.get(port).map_or(&[], |v| v);
                 contribution(&self.cfg, sp, eps, &node_port_ips)
             });
             if let Some(new) = new {

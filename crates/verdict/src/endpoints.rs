@@ -13,10 +13,11 @@
 
 use std::io::Write as _;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use verdict_admin::http::{Handler, Request};
+use verdict_admin::http::{Handler, Request, Routes};
 use verdict_admin::metrics as m;
 use verdict_admin::{Health, Metrics, Response};
 
@@ -28,11 +29,41 @@ const EXPOSITION: &str = "text/plain; version=0.0.4; charset=utf-8";
 /// How often a port that could not be bound is tried again.
 const REBIND_EVERY: Duration = Duration::from_secs(5);
 
+/// The answers of `/healthz` and `/livez`, by code, counted without the
+/// metrics' lock (a probe never waits for a scrape): written into the
+/// registry when `/metrics` is rendered.
+#[derive(Debug, Default)]
+pub struct ProbeCounts {
+    /// (`/healthz` 200, 503), (`/livez` 200, 503).
+    counts: [[AtomicU64; 2]; 2],
+}
+
+impl ProbeCounts {
+    fn count(&self, livez: bool, code: u16) {
+        let i = usize::from(code != 200);
+        self.counts[usize::from(livez)][i].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Writes the counts into the registry.
+    pub fn record(&self, x: &mut Metrics) {
+        for (livez, name) in [(false, m::HEALTHZ_TOTAL), (true, m::LIVEZ_TOTAL)] {
+            for (i, code) in ["200", "503"].iter().enumerate() {
+                let n = self.counts[usize::from(livez)][i].load(Ordering::Relaxed);
+                if n > 0 {
+                    x.set(name, &[code], n as f64);
+                }
+            }
+        }
+    }
+}
+
 /// What the metrics address serves.
 #[derive(Clone)]
 pub struct MetricsSite {
     /// The registry of `/metrics`.
     pub metrics: Arc<Mutex<Metrics>>,
+    /// The health probes' answers, counted apart.
+    pub probes: Arc<ProbeCounts>,
     /// The registry of `/metrics/slis`.
     pub slis: Arc<Mutex<Metrics>>,
     /// `/configz`'s answer.
@@ -48,30 +79,42 @@ pub struct MetricsSite {
     pub more_metrics: Option<Arc<dyn Fn() -> String + Send + Sync>>,
 }
 
-/// The handler of the health address.
-pub fn health_handler(health: Arc<Mutex<Health>>, metrics: Arc<Mutex<Metrics>>) -> Handler {
-    Arc::new(move |req: &Request| {
-        let (answer, counter) = {
-            let h = health.lock().ok()?;
+/// The routes of the health address: every one is fast, answered from
+/// the health state alone.
+pub fn health_routes(health: Arc<Mutex<Health>>, probes: Arc<ProbeCounts>) -> Routes {
+    Routes::fast(Arc::new(move |req: &Request| {
+        let (answer, livez) = {
+            let h = health.lock().unwrap_or_else(|e| e.into_inner());
             match req.path.as_str() {
-                "/healthz" => (h.healthz(SystemTime::now()), m::HEALTHZ_TOTAL),
-                "/livez" => (h.livez(SystemTime::now()), m::LIVEZ_TOTAL),
+                "/healthz" => (h.healthz(SystemTime::now()), false),
+                "/livez" => (h.livez(SystemTime::now()), true),
                 _ => return None,
             }
         };
-        if let Ok(mut x) = metrics.lock() {
-            x.add(counter, &[&answer.code.to_string()], 1.0);
-        }
+        probes.count(livez, answer.code);
         Some(answer)
-    })
+    }))
 }
 
-/// The handler of the metrics address.
-pub fn metrics_handler(site: MetricsSite) -> Handler {
-    Arc::new(move |req: &Request| site.answer(req))
+/// The routes of the metrics address: its health paths fast, the rest
+/// (metrics, the API, the web view, debug) on the slow pool.
+pub fn metrics_routes(site: MetricsSite) -> Routes {
+    let fast = site.clone();
+    let fast: Handler = Arc::new(move |req: &Request| fast.fast(req));
+    let slow: Handler = Arc::new(move |req: &Request| site.answer(req));
+    Routes::fast(fast).then_slow(slow)
 }
 
 impl MetricsSite {
+    /// What is answered without waiting for anything: component-base's
+    /// health, the proxy mode.
+    fn fast(&self, req: &Request) -> Option<Response> {
+        match req.path.as_str() {
+            "/healthz" | "/healthz/ping" | "/proxyMode" => self.answer(req),
+            _ => None,
+        }
+    }
+
     fn answer(&self, req: &Request) -> Option<Response> {
         let text = |body: &str| Some(Response::text(200, body.to_owned(), PLAIN));
         match req.path.as_str() {
@@ -111,7 +154,14 @@ impl MetricsSite {
     /// `/metrics`: the registry and the process, gzipped if the scraper
     /// accepts it.
     fn metrics(&self, req: &Request) -> Response {
-        let mut body = self.metrics.lock().map(|x| x.render()).unwrap_or_default();
+        let mut body = self
+            .metrics
+            .lock()
+            .map(|mut x| {
+                self.probes.record(&mut x);
+                x.render()
+            })
+            .unwrap_or_default();
         if let Some(more) = &self.more_metrics {
             body.push_str(&more());
         }
@@ -226,11 +276,11 @@ fn threads_report() -> String {
 /// and tried again every 5 s in the background.
 pub fn serve(
     addr: SocketAddr,
-    handler: Handler,
+    routes: Routes,
     what: &'static str,
     hard_fail: bool,
 ) -> std::io::Result<()> {
-    match verdict_admin::http::serve(addr, handler.clone()) {
+    match verdict_admin::http::serve(addr, routes.clone()) {
         Ok(bound) => {
             tracing::info!(%bound, "serving {what}");
             Ok(())
@@ -243,7 +293,7 @@ pub fn serve(
                 .spawn(move || {
                     loop {
                         std::thread::sleep(REBIND_EVERY);
-                        match verdict_admin::http::serve(addr, handler.clone()) {
+                        match verdict_admin::http::serve(addr, routes.clone()) {
                             Ok(bound) => {
                                 tracing::info!(%bound, "serving {what}");
                                 return;
@@ -267,6 +317,7 @@ mod tests {
     fn site(profiling: bool) -> MetricsSite {
         MetricsSite {
             metrics: Arc::new(Mutex::new(Metrics::new())),
+            probes: Arc::default(),
             slis: Arc::new(Mutex::new(Metrics::slis())),
             configz: "{\"kubeproxy.config.k8s.io\":{}}".into(),
             profiling,

@@ -31,7 +31,7 @@ pub(super) fn ports_of<'a>(
     p.service_ports()
         .range(ServicePortName::first_of(svc)..)
         .take_while(move |(name, _)| name.service == *svc)
-        .map(|(_, sp)| sp)
+        .map(|(_, sp)| &**sp)
 }
 
 /// Opens and closes the service health-check node ports of one family

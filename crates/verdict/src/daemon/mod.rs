@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, bail};
-use verdict_admin::http::Handler;
+use verdict_admin::http::Routes;
 use verdict_admin::metrics as m;
 use verdict_admin::service_health::{Healthy, ServiceHealthServers};
 use verdict_admin::{Family as HealthFamily, Health, Metrics};
@@ -894,6 +894,10 @@ fn check_kernel() -> anyhow::Result<()> {
 pub fn run(settings: &Settings, source: &Source, verbosity: &Verbosity) -> anyhow::Result<()> {
     check_kernel()?;
     crate::probe::check_net_admin()?;
+    match verdict_admin::process::raise_open_files_limit() {
+        Ok(limit) => tracing::debug!(limit, "open files"),
+        Err(e) => tracing::warn!(error = %e, "cannot raise the limit of open files"),
+    }
     let mut node = Node::new(settings)?;
     tracing::info!(
         node = %node.name,
@@ -951,12 +955,13 @@ pub fn run(settings: &Settings, source: &Source, verbosity: &Verbosity) -> anyho
     let node = Arc::new(Mutex::new(node));
     // kube-proxy's two servers; with bindAddressHardFail, one that cannot
     // listen stops verdict, after its Event.
-    let mut servers: Vec<(SocketAddr, Handler, &str, &'static str, &str)> = Vec::new();
+    let mut servers: Vec<(SocketAddr, Routes, &str, &'static str, &str)> = Vec::new();
+    let probes = Arc::new(crate::endpoints::ProbeCounts::default());
     if let Some(addr) = settings.healthz_bind_address {
-        let handler = crate::endpoints::health_handler(health.clone(), metrics.clone());
+        let routes = crate::endpoints::health_routes(health.clone(), probes.clone());
         servers.push((
             addr,
-            handler,
+            routes,
             "/healthz and /livez",
             "FailedToStartProxierHealthcheck",
             "healthz server failed",
@@ -968,6 +973,7 @@ pub fn run(settings: &Settings, source: &Source, verbosity: &Verbosity) -> anyho
     if let Some(addr) = settings.metrics_bind_address {
         let site = crate::endpoints::MetricsSite {
             metrics: metrics.clone(),
+            probes: probes.clone(),
             slis: Arc::new(Mutex::new(Metrics::slis())),
             api: Some(api::handler(
                 settings.nftables_backend,
@@ -982,15 +988,14 @@ pub fn run(settings: &Settings, source: &Source, verbosity: &Verbosity) -> anyho
         };
         servers.push((
             addr,
-            crate::endpoints::metrics_handler(site),
+            crate::endpoints::metrics_routes(site),
             "/metrics",
             "FailedToStartMetricServer",
             "starting metrics server failed",
         ));
     }
-    for (addr, handler, what, reason, failed) in servers {
-        if let Err(e) =
-            crate::endpoints::serve(addr, handler, what, settings.bind_address_hard_fail)
+    for (addr, routes, what, reason, failed) in servers {
+        if let Err(e) = crate::endpoints::serve(addr, routes, what, settings.bind_address_hard_fail)
         {
             let note = format!("{failed}: {e}");
             let mut node = lock(&node);

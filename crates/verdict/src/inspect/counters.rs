@@ -124,7 +124,7 @@ fn collect(p: &Proxier, t: &TableState, out: &mut Families) {
         let mut l = port_labels(family, &port);
         l.push((
             "entry",
-            entry_kind(p.service_ports().get(&port), addr).into(),
+            entry_kind(p.service_ports().get(&port).map(|sp| &**sp), addr).into(),
         ));
         l.push(("address", addr.to_string()));
         out.add(SERVICE_CONNECTIONS, l, c.packets);
@@ -195,7 +195,7 @@ fn collect(p: &Proxier, t: &TableState, out: &mut Families) {
         else {
             continue;
         };
-        let sp = p.service_ports().get(&port);
+        let sp = p.service_ports().get(&port).map(|sp| &**sp);
         let mut l = port_labels(family, &port);
         l.push(("entry", traffic_entry(sp, *entry, *entry_port).into()));
         l.push(("address", entry.to_string()));
@@ -551,10 +551,10 @@ mod tests {
             .find(|(k, _)| k.service.name.as_str() == "web")
             .unwrap();
         let mut np = web.clone();
-        np.node_port = Some(30080);
+        std::sync::Arc::make_mut(&mut np).node_port = Some(30080);
         let node: IpAddr = "192.168.0.2".parse().unwrap();
-        assert_eq!(traffic_entry(Some(&np), node, 30080), "NodePort");
-        assert_eq!(traffic_entry(Some(&np), np.cluster_ip, 80), "ClusterIP");
-        assert_eq!(traffic_entry(Some(&np), node, 80), "unknown");
+        assert_eq!(traffic_entry(Some(&*np), node, 30080), "NodePort");
+        assert_eq!(traffic_entry(Some(&*np), np.cluster_ip, 80), "ClusterIP");
+        assert_eq!(traffic_entry(Some(&*np), node, 80), "unknown");
     }
 }

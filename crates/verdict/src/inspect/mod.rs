@@ -612,7 +612,7 @@ pub fn services(view: &View, query: &str, offset: usize, limit: usize) -> Json {
             if !query.is_empty() && !name.service.to_string().contains(query) {
                 continue;
             }
-            let eps = p.endpoints().get(name).map(Vec::as_slice).unwrap_or(&[]);
+            let eps = p.endpoints().get(name).map_or(&[][..], |v| &v[..]);
             by_service.entry(&name.service).or_default().push(json!({
                 "family": family,
                 "port": name.port.as_str(),
@@ -768,6 +768,7 @@ pub fn explain(view: &View, svc: &NamespacedName, kernels: &[(IpFamily, Kernel)]
             .service_ports()
             .range(ServicePortName::first_of(svc)..)
             .take_while(|(k, _)| k.service == *svc)
+            .map(|(k, sp)| (k, &**sp))
             .collect();
         let quarantined: Vec<&ServicePortName> = p.quarantined_ports_of(svc).collect();
         if ports.is_empty() && quarantined.is_empty() {
@@ -807,7 +808,7 @@ pub fn explain(view: &View, svc: &NamespacedName, kernels: &[(IpFamily, Kernel)]
             .collect();
         let mut port_docs = Vec::new();
         for (name, sp) in &ports {
-            let eps = p.endpoints().get(*name).map(Vec::as_slice).unwrap_or(&[]);
+            let eps = p.endpoints().get(*name).map_or(&[][..], |v| &v[..]);
             let cat = categorize_endpoints(eps, sp, &topo);
             let in_list = |list: &[Endpoint], ep: &Endpoint| {
                 list.iter().any(|e| e.ip == ep.ip && e.port == ep.port)

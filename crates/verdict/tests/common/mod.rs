@@ -55,7 +55,7 @@ pub fn http_on(bed: &TestBed, port: u16, path: &str) -> String {
 /// An HTTP GET to `host:port`, from the node.
 pub fn http_at(bed: &TestBed, host: &str, port: u16, path: &str) -> String {
     let script = format!(
-        "exec 3<>/dev/tcp/{host}/{port} && printf 'GET {path} HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n' >&3 && cat <&3"
+        "exec 3<>/dev/tcp/{host}/{port} && printf 'GET {path} HTTP/1.1\\r\\nHost: x\\r\\nConnection: close\\r\\n\\r\\n' >&3 && cat <&3"
     );
     bed.node
         .exec("bash", &["-c", &script])
