@@ -242,7 +242,7 @@ fn special(ip: IpAddr) -> Option<&'static str> {
                 Some("may not be unspecified (::)")
             } else if v6.is_loopback() {
                 Some("may not be the loopback address (::1)")
-            } else if (v6.segments()[0] & 0xffc0) == 0xfe80 {
+            } else if v6.is_unicast_link_local() {
                 Some("may not be in the link-local range (fe80::/10)")
             } else if v6.is_multicast() {
                 Some("may not be a multicast address (ff00::/8)")
@@ -281,7 +281,7 @@ fn endpoint_ip(ip: IpAddr) -> Option<&'static str> {
             ip.is_unspecified()
                 || ip.is_loopback()
                 || matches!(ip, IpAddr::V4(v4) if v4.is_link_local())
-                || matches!(ip, IpAddr::V6(v6) if (v6.segments()[0] & 0xffc0) == 0xfe80
+                || matches!(ip, IpAddr::V6(v6) if v6.is_unicast_link_local()
                     || v6.to_ipv4_mapped().is_some())
         }),
     }

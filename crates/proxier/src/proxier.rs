@@ -51,6 +51,11 @@ pub struct SyncResult {
     pub recomputed_ports: usize,
     /// Services touched by this sync.
     pub updated_services: BTreeSet<NamespacedName>,
+    /// Every contribution was computed again (a rebuild: the first sync, a
+    /// new configuration, hourly, or after a failed sync): what any
+    /// service asks of the table may have changed, not only what
+    /// `updated_services` names.
+    pub rebuilt: bool,
     /// Trigger times of the endpoint changes this sync programmed.
     pub last_change_trigger_times: BTreeMap<NamespacedName, Vec<String>>,
     /// Service ports the backend refused in this sync, with its reason.
@@ -569,6 +574,7 @@ impl Proxier {
         }
         self.need_rebuild = false;
         result.recomputed_ports = ports.len();
+        result.rebuilt |= rebuild;
         result.no_local_endpoints_internal = self.no_local.0;
         result.no_local_endpoints_external = self.no_local.1;
 

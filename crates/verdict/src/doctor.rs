@@ -58,7 +58,7 @@ fn check(name: &str, status: Status, detail: impl Into<String>, fix: Option<&str
 
 /// kube-proxy's kernel floor for nftables mode: 5.13.
 pub fn kernel(release: &str) -> Check {
-    if crate::probe::kernel_supported(release) {
+    if verdict_node::probe::kernel_supported(release) {
         check(
             "kernel",
             Status::Pass,
@@ -101,7 +101,7 @@ pub fn modules(loaded: &str, built_in: impl Fn(&str) -> bool) -> Vec<Check> {
 
 /// CAP_NET_ADMIN in the effective set (`CapEff` of /proc/self/status).
 pub fn capability(status: &str) -> Check {
-    match crate::probe::net_admin_in(status) {
+    match verdict_node::probe::net_admin_in(status) {
         Some(true) => check("CAP_NET_ADMIN", Status::Pass, "held", None),
         Some(false) => check(
             "CAP_NET_ADMIN",
@@ -253,7 +253,7 @@ pub fn other_nat_chains(chains: &[BaseChain], our_table: &str) -> Check {
 pub fn kube_proxy_tables(tables: &[(&str, String)]) -> Check {
     let present: Vec<String> = tables
         .iter()
-        .filter(|(f, n)| crate::leftovers::KUBE_PROXY_TABLES.contains(&(*f, n.as_str())))
+        .filter(|(f, n)| verdict_node::leftovers::KUBE_PROXY_TABLES.contains(&(*f, n.as_str())))
         .map(|(family, name)| format!("table {family} {name}"))
         .collect();
     if present.is_empty() {
@@ -281,8 +281,8 @@ pub fn kube_proxy_chains(
     let mut nft: std::collections::BTreeMap<(&str, &str), usize> = Default::default();
     for c in chains {
         if (c.family == "ip" || c.family == "ip6")
-            && crate::leftovers::IPTABLES_NFT_TABLES.contains(&c.table.as_str())
-            && crate::leftovers::owned(&c.name)
+            && verdict_node::leftovers::IPTABLES_NFT_TABLES.contains(&c.table.as_str())
+            && verdict_node::leftovers::owned(&c.name)
         {
             *nft.entry((c.family, c.table.as_str())).or_default() += 1;
         }
@@ -291,7 +291,7 @@ pub fn kube_proxy_chains(
         found.push(format!("{n} in iptables-nft ({family} {table})"));
     }
     for (tool, dump) in dumps {
-        if let Some(script) = crate::leftovers::removal_script(dump) {
+        if let Some(script) = verdict_node::leftovers::removal_script(dump) {
             let n = script.lines().filter(|l| l.starts_with("-X ")).count();
             found.push(format!("{n} in {tool}"));
         }
@@ -513,7 +513,8 @@ fn read(path: &str) -> Option<String> {
 
 /// A program's output (`Err`: not installed, or it failed).
 fn program(name: &str, args: &[&str]) -> Result<String, String> {
-    crate::leftovers::run(name, args, None)?.ok_or_else(|| format!("{name} is not installed"))
+    verdict_node::leftovers::run(name, args, None)?
+        .ok_or_else(|| format!("{name} is not installed"))
 }
 
 /// Every check, in order.
@@ -607,10 +608,10 @@ pub fn checks(cli: &Cli, settings: &Settings, source: &Source) -> Vec<Check> {
             &verdict_k8s::access::check(&src).map_err(|e| e.to_string())
         ));
     }
-    let drift_doc = crate::inspect::client::server(cli, settings)
+    let drift_doc = crate::client::server(cli, settings)
         .map_err(|e| format!("{e:#}"))
         .and_then(|addr| {
-            crate::inspect::client::get(addr, "/api/v1/drift")
+            crate::client::get(addr, "/api/v1/drift")
                 .map_err(|e| format!("{e:#}"))
                 .and_then(|(code, doc)| {
                     if code == 200 {
@@ -672,17 +673,17 @@ pub fn text(checks: &[Check]) -> String {
 
 /// `verdict doctor`: prints the checks; fails if any check failed.
 pub fn run(
-    output: crate::inspect::client::Output,
+    output: crate::client::Output,
     cli: &Cli,
     settings: &Settings,
     source: &Source,
 ) -> anyhow::Result<()> {
     let all = checks(cli, settings, source);
     match output {
-        crate::inspect::client::Output::Json => {
+        crate::client::Output::Json => {
             println!("{}", serde_json::to_string_pretty(&json(&all))?)
         }
-        crate::inspect::client::Output::Text => print!("{}", text(&all)),
+        crate::client::Output::Text => print!("{}", text(&all)),
     }
     let failed = all.iter().filter(|c| c.status == Status::Fail).count();
     anyhow::ensure!(failed == 0, "{failed} checks failed");

@@ -8,16 +8,12 @@
 //! or configuration.
 
 mod cli;
+mod client;
 mod config;
 mod daemon;
 mod doctor;
 mod endpoints;
-mod inspect;
-mod leftovers;
 mod logging;
-mod probe;
-mod schedule;
-mod setup;
 mod version;
 
 use std::process::ExitCode;
@@ -41,7 +37,7 @@ fn main() -> ExitCode {
     }
     // What an introspection command asks is checked before anything runs.
     let query = if cli.command.inspects() {
-        match inspect::client::query(&cli) {
+        match client::query(&cli) {
             Ok(q) => Some(q),
             Err(e) => {
                 eprintln!(
@@ -146,13 +142,11 @@ fn main() -> ExitCode {
         | Command::Services
         | Command::Syncs
         | Command::Connections => match &query {
-            Some(q) => inspect::client::run(q, &cli, &settings, &source),
+            Some(q) => client::run(q, &cli, &settings, &source),
             None => Ok(()),
         },
         Command::Doctor => doctor::run(
-            query
-                .as_ref()
-                .map_or(inspect::client::Output::Text, |q| q.output),
+            query.as_ref().map_or(client::Output::Text, |q| q.output),
             &cli,
             &settings,
             &source,

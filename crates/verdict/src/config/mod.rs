@@ -59,18 +59,8 @@ fn bad(field: &str, reason: impl Into<String>) -> ConfigError {
     }
 }
 
-/// How local (pod) traffic is recognised.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum DetectLocal {
-    /// `ClusterCIDR`: `clusterCIDR`, one per family.
-    ClusterCidr(Vec<ipnet::IpNet>),
-    /// `NodeCIDR`: the Node's pod CIDRs.
-    NodeCidr,
-    /// `BridgeInterface`.
-    BridgeInterface(String),
-    /// `InterfaceNamePrefix`.
-    InterfaceNamePrefix(String),
-}
+/// How local (pod) traffic is recognised: the node runtime's.
+pub use verdict_node::DetectLocal;
 
 /// `detectLocalMode`, before its companion settings are checked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, std::default::Default)]
@@ -123,39 +113,8 @@ pub struct Client {
 }
 
 /// kube-proxy's conntrack settings (`conntrack.*`, `--conntrack-*`): the
-/// sysctls it sets at start. Zero leaves a value alone.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Conntrack {
-    /// `maxPerCore`: `nf_conntrack_max` = max(maxPerCore × CPUs, min).
-    pub max_per_core: u32,
-    /// `min`.
-    pub min: u32,
-    /// `tcpEstablishedTimeout`: `nf_conntrack_tcp_timeout_established`.
-    pub tcp_established_timeout: Duration,
-    /// `tcpCloseWaitTimeout`: `nf_conntrack_tcp_timeout_close_wait`.
-    pub tcp_close_wait_timeout: Duration,
-    /// `tcpBeLiberal`: `nf_conntrack_tcp_be_liberal` = 1 when set.
-    pub tcp_be_liberal: bool,
-    /// `udpTimeout`: `nf_conntrack_udp_timeout`.
-    pub udp_timeout: Duration,
-    /// `udpStreamTimeout`: `nf_conntrack_udp_timeout_stream`.
-    pub udp_stream_timeout: Duration,
-}
-
-impl std::default::Default for Conntrack {
-    /// kube-proxy's defaults.
-    fn default() -> Conntrack {
-        Conntrack {
-            max_per_core: 32768,
-            min: 131072,
-            tcp_established_timeout: Duration::from_secs(24 * 3600),
-            tcp_close_wait_timeout: Duration::from_secs(3600),
-            tcp_be_liberal: false,
-            udp_timeout: Duration::ZERO,
-            udp_stream_timeout: Duration::ZERO,
-        }
-    }
-}
+/// node runtime's.
+pub use verdict_node::ConntrackSettings as Conntrack;
 
 /// The validated, effective settings.
 #[derive(Clone, Debug, PartialEq)]

@@ -90,10 +90,7 @@ fn local() -> Vec<IpAddr> {
 fn a_trace_names_the_service_each_element_belongs_to_and_the_odds() {
     let (proxiers, nft) = node();
     let local = local();
-    let view = View {
-        proxiers: &proxiers,
-        local_ips: &local,
-    };
+    let view = NodeHandle::of_proxiers(&proxiers.iter().collect::<Vec<_>>(), &local);
     let doc = trace(
         &view,
         &request(Origin::Pod, "10.1.2.3", "172.30.0.41", 80),
@@ -169,10 +166,7 @@ fn a_trace_names_the_service_each_element_belongs_to_and_the_odds() {
 fn a_trace_says_why_a_packet_is_dropped_or_rejected() {
     let (proxiers, nft) = node();
     let local = local();
-    let view = View {
-        proxiers: &proxiers,
-        local_ips: &local,
-    };
+    let view = NodeHandle::of_proxiers(&proxiers.iter().collect::<Vec<_>>(), &local);
     let k = kernel(&nft);
     let blocked = trace(
         &view,
@@ -287,10 +281,7 @@ fn trace_requests_are_checked() {
 fn explain_shows_every_endpoint_and_checks_the_kernel() {
     let (proxiers, mut nft) = node();
     let local = local();
-    let view = View {
-        proxiers: &proxiers,
-        local_ips: &local,
-    };
+    let view = NodeHandle::of_proxiers(&proxiers.iter().collect::<Vec<_>>(), &local);
     let web = NamespacedName::new("ns", "web");
     let doc = explain(&view, &web, &[(IpFamily::V4, kernel(&nft))]);
     assert_eq!(doc["found"], true);
@@ -361,7 +352,11 @@ fn explain_shows_every_endpoint_and_checks_the_kernel() {
         text.contains("drift: 1 missing, 0 differing, 1 extra"),
         "{text}"
     );
-    let whole = drift(&proxiers[0], kernel(&nft).table.as_ref());
+    let whole = drift(
+        &view,
+        &view.family(IpFamily::V4).unwrap(),
+        kernel(&nft).table.as_ref(),
+    );
     assert_eq!(whole["missing"], 1, "{whole:#}");
     assert_eq!(whole["extra"], 1, "{whole:#}");
 
@@ -374,10 +369,7 @@ fn explain_shows_every_endpoint_and_checks_the_kernel() {
 fn services_are_searched_and_paged() {
     let (proxiers, _nft) = node();
     let local = local();
-    let view = View {
-        proxiers: &proxiers,
-        local_ips: &local,
-    };
+    let view = NodeHandle::of_proxiers(&proxiers.iter().collect::<Vec<_>>(), &local);
     let all = services(&view, "", 0, 100);
     assert_eq!(all["total"], 3);
     let names: Vec<&str> = all["items"]
@@ -427,10 +419,7 @@ fn flow(
 fn connections_are_grouped_by_service_and_endpoint_and_stale_ones_flagged() {
     let (proxiers, _nft) = node();
     let local = local();
-    let view = View {
-        proxiers: &proxiers,
-        local_ips: &local,
-    };
+    let view = NodeHandle::of_proxiers(&proxiers.iter().collect::<Vec<_>>(), &local);
     let flows = vec![(
         IpFamily::V4,
         vec![
@@ -552,10 +541,7 @@ fn answer_only(mut doc: Json) -> Json {
 fn a_targeted_read_traces_as_the_whole_table_does_and_asks_only_for_what_the_packet_meets() {
     let (proxiers, nft) = node();
     let local = local();
-    let view = View {
-        proxiers: &proxiers,
-        local_ips: &local,
-    };
+    let view = NodeHandle::of_proxiers(&proxiers.iter().collect::<Vec<_>>(), &local);
     let table = kernel(&nft).table.unwrap();
     let (skeleton, _) = targeted(&nft, false);
     let skel = skeleton.table.as_ref().unwrap();
@@ -602,14 +588,11 @@ fn a_targeted_read_traces_as_the_whole_table_does_and_asks_only_for_what_the_pac
 fn a_targeted_explain_finds_missing_and_differing_elements_and_says_what_it_did_not_look_for() {
     let (proxiers, mut nft) = node();
     let local = local();
-    let view = View {
-        proxiers: &proxiers,
-        local_ips: &local,
-    };
+    let view = NodeHandle::of_proxiers(&proxiers.iter().collect::<Vec<_>>(), &local);
     let web = NamespacedName::new("ns", "web");
     let (k, keys) = targeted(&nft, false);
     let kernels = [(IpFamily::V4, k)];
-    prefetch_explained(&explained_elements(&view, &web), &kernels);
+    prefetch_explained(&explained_elements(&view.service(&web).unwrap()), &kernels);
     let doc = explain(&view, &web, &kernels);
     assert_eq!(
         doc["drift"],
@@ -661,7 +644,7 @@ fn a_targeted_explain_finds_missing_and_differing_elements_and_says_what_it_did_
     nft.run(&tx).unwrap();
     let (k, _) = targeted(&nft, false);
     let kernels = [(IpFamily::V4, k)];
-    prefetch_explained(&explained_elements(&view, &web), &kernels);
+    prefetch_explained(&explained_elements(&view.service(&web).unwrap()), &kernels);
     let doc = explain(&view, &web, &kernels);
     assert_eq!(
         doc["drift"],

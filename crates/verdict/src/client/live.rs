@@ -21,7 +21,7 @@ use verdict_nft::{
     TableState, Transaction, Value,
 };
 
-use super::TraceRequest;
+use verdict_node::inspect::TraceRequest;
 
 /// The table that marks the packet (never verdict's own).
 const TABLE: &str = "verdict-trace";
@@ -136,7 +136,7 @@ pub fn compare(typed: &Json, live: &LiveTrace) -> Json {
     let dnat = match (live.daddrs.last(), live.dports.last()) {
         (Some(a), Some(p)) if live.daddrs.len() > 1 || live.dports.len() > 1 => {
             Some(match a.parse::<IpAddr>() {
-                Ok(ip) => super::show_addr(ip, *p),
+                Ok(ip) => verdict_node::inspect::show_addr(ip, *p),
                 Err(_) => format!("{a}:{p}"),
             })
         }
@@ -410,7 +410,7 @@ mod tests {
     #[test]
     fn the_marking_table_marks_only_the_probe() {
         let req = TraceRequest {
-            from: super::super::Origin::Node,
+            from: verdict_node::inspect::Origin::Node,
             src: "10.0.0.1".parse().unwrap(),
             sport: None,
             dst: "172.30.0.41".parse().unwrap(),

@@ -11,8 +11,11 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use serde_json::Value as Json;
 
-use super::TraceRequest;
-use super::text;
+pub mod live;
+
+use verdict_node::inspect::text;
+use verdict_node::inspect::{Origin, TraceRequest};
+
 use crate::cli::{Cli, Command, UsageError};
 use crate::config::Settings;
 use crate::daemon::{Source, offline};
@@ -65,7 +68,7 @@ pub fn query(cli: &Cli) -> Result<Query, UsageError> {
     };
     let live = if cli.command == Command::Trace && flag_bool(cli, "live")? {
         let req = trace_request(cli)?;
-        if req.from != super::Origin::Node {
+        if req.from != Origin::Node {
             return Err(UsageError(
                 "verdict trace --live sends the packet from this node: use --from node".into(),
             ));
@@ -237,9 +240,9 @@ pub fn run(query: &Query, cli: &Cli, settings: &Settings, source: &Source) -> an
     };
     let mut answers = answers;
     if let Some(req) = &query.live {
-        let kernel = super::live::run(req).context("the live trace")?;
+        let kernel = live::run(req).context("the live trace")?;
         if let Some((200, doc)) = answers.first_mut() {
-            doc["live"] = super::live::compare(doc, &kernel);
+            doc["live"] = live::compare(doc, &kernel);
         }
     }
     let mut failed = None;

@@ -2,8 +2,8 @@
 //! I/O: the record that the history (and so `/ui` and `verdict syncs`)
 //! shows, the metrics, the node's health, and whether the work after the
 //! sync (health-check node ports, stale UDP conntrack) must look at every
-//! Service, at the ones the sync touched, or at none. `Node::sync` only
-//! carries the decisions out.
+//! Service, at the ones the sync touched, or at none. `NodeProxy::sync`
+//! only carries the decisions out.
 
 use std::time::{Duration, SystemTime};
 
@@ -11,11 +11,11 @@ use verdict_admin::Metrics;
 use verdict_admin::metrics as m;
 use verdict_proxier::{ProxierError, SyncResult};
 
-use super::unix_seconds;
-use crate::inspect::history::{self, SyncRecord};
+use crate::history::{self, SyncRecord};
+use crate::proxy::unix_seconds;
 
 /// One family's finished sync, as the daemon saw it.
-pub(super) struct Finished<'a> {
+pub struct Finished<'a> {
     /// `ip` or `ip6`.
     pub family: &'a str,
     /// The family's metric label (`IPv4`, `IPv6`).
@@ -37,7 +37,7 @@ pub(super) struct Finished<'a> {
 
 /// A change to the metrics.
 #[derive(Clone, Debug, PartialEq)]
-pub(super) enum Metric {
+pub enum Metric {
     /// A histogram observation.
     Observe(&'static str, Vec<String>, f64),
     /// A gauge's value.
@@ -48,7 +48,7 @@ pub(super) enum Metric {
 
 impl Metric {
     /// Applies the change.
-    pub(super) fn apply(&self, x: &mut Metrics) {
+    pub fn apply(&self, x: &mut Metrics) {
         fn labels(l: &[String]) -> Vec<&str> {
             l.iter().map(String::as_str).collect()
         }
@@ -62,7 +62,7 @@ impl Metric {
 
 /// What the sync means for the node's health (`/healthz`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum HealthChange {
+pub enum HealthChange {
     /// The family is programmed as of `at`; a breakage seen before
     /// `started` is over.
     Updated { at: SystemTime, started: SystemTime },
@@ -72,7 +72,7 @@ pub(super) enum HealthChange {
 
 /// What the work after the sync looks at again.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum After {
+pub enum After {
     /// Nothing: the sync touched no Service and no cleanup waits.
     Nothing,
     /// The Services the sync touched (a partial sync: O(changed)).
@@ -83,7 +83,7 @@ pub(super) enum After {
 
 /// Every decision about one family's sync.
 #[derive(Clone, Debug, PartialEq)]
-pub(super) struct Outcome {
+pub struct Outcome {
     /// What the history keeps.
     pub record: SyncRecord,
     /// The metrics to change, in order.
@@ -97,7 +97,7 @@ pub(super) struct Outcome {
 }
 
 /// Decides what a finished sync means.
-pub(super) fn decide(f: &Finished) -> Outcome {
+pub fn decide(f: &Finished) -> Outcome {
     let fam = vec![f.label.to_owned()];
     let r = match f.result {
         Ok(r) => r,

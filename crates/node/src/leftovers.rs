@@ -172,11 +172,7 @@ pub fn removal_script(save: &str) -> Option<String> {
 }
 
 /// Runs a program; `Ok(None)` if it is not installed.
-pub(crate) fn run(
-    program: &str,
-    args: &[&str],
-    stdin: Option<&str>,
-) -> Result<Option<String>, String> {
+pub fn run(program: &str, args: &[&str], stdin: Option<&str>) -> Result<Option<String>, String> {
     let out = match verdict_nft::process::run(program, args, stdin) {
         Ok(out) => out,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),

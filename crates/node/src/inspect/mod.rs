@@ -1,20 +1,19 @@
 //! Seeing into verdict: what the introspection API (`/api/v1/…` on the
 //! metrics address) and the `trace`, `explain`, `services` and `syncs`
-//! commands answer. Every answer is built here, as JSON, from a [`View`]
-//! of the proxiers and a table read back from the kernel (or, offline,
-//! from the in-memory backend); the commands render the same JSON as
-//! text ([`text`]), so a daemon's answer and an offline one read alike.
+//! commands answer. Every answer is built here, as JSON, from the read
+//! model ([`NodeHandle`]) and a table read back from the kernel (or,
+//! offline, from the in-memory backend); the commands render the same JSON
+//! as text, so a daemon's answer and an offline one read alike. Nothing
+//! here waits for a sync: the read model is what the last one published.
 
-pub mod client;
 pub mod counters;
-pub mod history;
-pub mod live;
 pub mod text;
 pub mod ui;
 
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value as Json, json};
@@ -27,26 +26,65 @@ use verdict_nft::{
     SetState, TableState, TracePath, Tracer, Value,
 };
 use verdict_proxier::layout;
-use verdict_proxier::{LocalDetector, Proxier, ProxierConfig};
+use verdict_proxier::{LocalDetector, ProxierConfig};
 
-pub use history::History;
+use crate::view::{FamilyView, NodeHandle, ServiceView};
 
-/// What the answers are built from.
-pub struct View<'a> {
-    /// The proxiers, one per family.
-    pub proxiers: &'a [Proxier],
-    /// The node's addresses (what the tracer treats as local).
-    pub local_ips: &'a [IpAddr],
+/// The Service a dispatch element's comment names (`ns/name:port`, as the
+/// proxier writes it).
+fn named_by(comment: &str) -> Option<NamespacedName> {
+    let (ns, rest) = comment.split_once('/')?;
+    let name = rest.split(':').next()?;
+    (!ns.is_empty() && !name.is_empty()).then(|| NamespacedName::new(ns, name))
 }
 
-impl View<'_> {
-    fn proxier(&self, family: IpFamily) -> Option<&Proxier> {
-        self.proxiers.iter().find(|p| p.config().family == family)
+/// Who owns the elements an answer shows, among a few Services: an
+/// element is a Service port's when that port's intent holds its key (the
+/// first in name order when several do, as the proxier programs it); an
+/// element no candidate wants is named by its comment, as the kernel
+/// holds it. Costs what the candidates own, whatever the cluster size.
+struct Owners {
+    family: IpFamily,
+    candidates: Vec<Arc<ServiceView>>,
+}
+
+impl Owners {
+    fn new(family: IpFamily, candidates: Vec<Arc<ServiceView>>) -> Owners {
+        let mut c = candidates;
+        c.sort_by(|a, b| a.name.cmp(&b.name));
+        c.dedup_by(|a, b| a.name == b.name);
+        Owners {
+            family,
+            candidates: c,
+        }
     }
 
-    /// The configuration of a family's proxier.
-    pub fn config(&self, family: IpFamily) -> Option<&ProxierConfig> {
-        self.proxier(family).map(Proxier::config)
+    /// The service port that owns `key` in `set`.
+    fn owner(&self, set: &str, key: &[Value], found: Option<&Element>) -> Option<String> {
+        let mut best: Option<ServicePortName> = None;
+        for v in &self.candidates {
+            for (f, port) in v.ports() {
+                if f != self.family {
+                    continue;
+                }
+                let Some(intent) = &port.intent else {
+                    continue;
+                };
+                for e in &intent.elements {
+                    if e.set == set && e.element.key.as_slice() == key {
+                        let who = e
+                            .programmed_for
+                            .clone()
+                            .unwrap_or_else(|| port.name.clone());
+                        if best.as_ref().is_none_or(|b| who < *b) {
+                            best = Some(who);
+                        }
+                    }
+                }
+            }
+        }
+        best.map(|b| b.to_string())
+            .or_else(|| found.and_then(|e| e.comment.clone()))
     }
 }
 
@@ -381,16 +419,6 @@ fn input_interface(cfg: &ProxierConfig, from: Origin) -> Option<String> {
     }
 }
 
-/// The service port that owns an element: the proxier's record first
-/// (it knows every owner, also of elements without a comment), else the
-/// element's comment as the kernel holds it.
-fn owner(p: &Proxier, set: &str, key: &[Value], found: Option<&Element>) -> Option<String> {
-    p.owners_of(set, key)
-        .first()
-        .map(|o| o.to_string())
-        .or_else(|| found.and_then(|e| e.comment.clone()))
-}
-
 fn show_key(key: &[Value]) -> String {
     key.iter()
         .map(ToString::to_string)
@@ -399,7 +427,7 @@ fn show_key(key: &[Value]) -> String {
 }
 
 /// `IP:port`, with brackets for IPv6.
-pub(crate) fn show_addr(a: IpAddr, port: u16) -> String {
+pub fn show_addr(a: IpAddr, port: u16) -> String {
     match a {
         IpAddr::V4(a) => format!("{a}:{port}"),
         IpAddr::V6(a) => format!("[{a}]:{port}"),
@@ -407,7 +435,7 @@ pub(crate) fn show_addr(a: IpAddr, port: u16) -> String {
 }
 
 /// Why a path ended as it did, in an operator's words.
-fn reason(p: &Proxier, path: &TracePath) -> String {
+fn reason(p: &Owners, path: &TracePath) -> String {
     let lookup_of = |sets: &[&str]| {
         path.steps
             .iter()
@@ -416,7 +444,8 @@ fn reason(p: &Proxier, path: &TracePath) -> String {
             .find_map(|l| l.found.as_ref().map(|e| (l, e)))
     };
     let who = |set: &str, key: &[Value], e: &Element| {
-        owner(p, set, key, Some(e)).unwrap_or_else(|| "a Service".into())
+        p.owner(set, key, Some(e))
+            .unwrap_or_else(|| "a Service".into())
     };
     let last_chain = path.steps.last().map(|s| s.chain.as_str()).unwrap_or("");
     let no_endpoints = lookup_of(&[layout::NO_ENDPOINT_SERVICES, layout::NO_ENDPOINT_NODEPORTS]);
@@ -462,32 +491,29 @@ fn reason(p: &Proxier, path: &TracePath) -> String {
 }
 
 /// The JSON of one lookup.
-fn lookup_json(p: &Proxier, l: &verdict_nft::TraceLookup) -> Json {
+fn lookup_json(p: &Owners, l: &verdict_nft::TraceLookup) -> Json {
     json!({
         "set": l.set,
         "key": show_key(&l.key),
         "found": l.found.is_some(),
         "value": l.found.as_ref().and_then(|e| e.value.as_ref()).map(ToString::to_string),
-        "service": owner(p, &l.set, &l.key, l.found.as_ref()),
+        "service": p.owner(&l.set, &l.key, l.found.as_ref()),
     })
 }
 
 /// `verdict trace`: every path the packet can take through the table,
-/// with the Service owning each element it met (the daemon walks without
-/// the node's lock, then names the owners with it: [`walk`], [`traced`]).
-#[cfg(test)]
-pub fn trace(view: &View, req: &TraceRequest, kernel: &Kernel) -> Result<Json, BadRequest> {
-    let p = view
-        .proxier(IpFamily::of(req.dst))
+/// with the Service owning each element it met.
+pub fn trace(handle: &NodeHandle, req: &TraceRequest, kernel: &Kernel) -> Result<Json, BadRequest> {
+    let family = IpFamily::of(req.dst);
+    let f = handle
+        .family(family)
         .ok_or_else(|| BadRequest(format!("no proxier for {}", req.dst)))?;
-    let t = walk(p.config(), view.local_ips, req, kernel)?;
-    traced(view, req, kernel, &t)
+    let t = walk(&f.config, &handle.local_ips(), req, kernel)?;
+    traced(handle, &f, req, kernel, &t)
 }
 
-/// Walks the packet through the kernel's table: needs the family's
-/// configuration and the node's addresses, not the proxier, so that the
-/// kernel's lookups on the way need not hold the node.
-pub fn walk(
+/// Walks the packet through the kernel's table.
+fn walk(
     cfg: &ProxierConfig,
     local_ips: &[IpAddr],
     req: &TraceRequest,
@@ -512,17 +538,36 @@ pub fn walk(
 }
 
 /// The answer to `verdict trace` for the paths [`walk`] found, with the
-/// Service owning each element the packet met.
-pub fn traced(
-    view: &View,
+/// Service owning each element the packet met: among the Services at the
+/// packet's destination (its address, or its port as a NodePort) and
+/// those the elements' comments name.
+fn traced(
+    handle: &NodeHandle,
+    f: &FamilyView,
     req: &TraceRequest,
     kernel: &Kernel,
     t: &verdict_nft::Trace,
 ) -> Result<Json, BadRequest> {
-    let p = view
-        .proxier(IpFamily::of(req.dst))
-        .ok_or_else(|| BadRequest(format!("no proxier for {}", req.dst)))?;
-    let cfg = p.config();
+    let cfg = &f.config;
+    let mut candidates = handle.services_at(req.dst);
+    candidates.extend(handle.services_at_node_port(cfg.family, req.dport));
+    for l in t
+        .paths
+        .iter()
+        .flat_map(|p| &p.steps)
+        .flat_map(|s| &s.lookups)
+    {
+        if let Some(name) = l
+            .found
+            .as_ref()
+            .and_then(|e| e.comment.as_deref())
+            .and_then(named_by)
+            && let Some(v) = handle.service(&name)
+        {
+            candidates.push(v);
+        }
+    }
+    let p = &Owners::new(cfg.family, candidates);
     let iif = input_interface(cfg, req.from);
     let paths: Vec<Json> = t
         .paths
@@ -567,7 +612,7 @@ pub fn traced(
             ]
             .contains(&l.set.as_str())
         })
-        .find_map(|l| owner(p, &l.set, &l.key, l.found.as_ref()));
+        .find_map(|l| p.owner(&l.set, &l.key, l.found.as_ref()));
     Ok(json!({
         "packet": {
             "from": req.from.as_str(),
@@ -604,37 +649,42 @@ fn disposition(d: Disposition) -> &'static str {
 
 /// `GET /api/v1/services`: the Services both proxiers know, filtered by
 /// `query` (a substring of `namespace/name`), one page.
-pub fn services(view: &View, query: &str, offset: usize, limit: usize) -> Json {
-    let mut by_service: BTreeMap<&NamespacedName, Vec<Json>> = BTreeMap::new();
-    for p in view.proxiers {
-        let family = p.config().nft_family().to_string();
-        for (name, sp) in p.service_ports() {
-            if !query.is_empty() && !name.service.to_string().contains(query) {
-                continue;
-            }
-            let eps = p.endpoints().get(name).map_or(&[][..], |v| &v[..]);
-            by_service.entry(&name.service).or_default().push(json!({
-                "family": family,
-                "port": name.port.as_str(),
-                "protocol": sp.protocol.to_string(),
-                "cluster_ip": sp.cluster_ip.to_string(),
-                "service_port": sp.port,
-                "node_port": sp.node_port,
-                "endpoints": eps.len(),
-                "ready": eps.iter().filter(|e| e.ready).count(),
-                "local": eps.iter().filter(|e| e.is_local && e.ready).count(),
-                "quarantined": p.quarantined().contains_key(name),
-            }));
-        }
-    }
-    let total = by_service.len();
-    let items: Vec<Json> = by_service
-        .into_iter()
-        .skip(offset)
-        .take(limit)
-        .map(|(svc, ports)| json!({"namespace": svc.namespace.as_str(), "name": svc.name.as_str(), "ports": ports}))
+pub fn services(handle: &NodeHandle, query: &str, offset: usize, limit: usize) -> Json {
+    let (total, page) = handle.services_page(query, offset, limit);
+    let items: Vec<Json> = page
+        .iter()
+        .map(|v| {
+            let ports: Vec<Json> = v
+                .ports()
+                .map(|(family, port)| {
+                    let sp = &port.port;
+                    let eps = &port.endpoints;
+                    json!({
+                        "family": nft_family(family).to_string(),
+                        "port": port.name.port.as_str(),
+                        "protocol": sp.protocol.to_string(),
+                        "cluster_ip": sp.cluster_ip.to_string(),
+                        "service_port": sp.port,
+                        "node_port": sp.node_port,
+                        "endpoints": eps.len(),
+                        "ready": eps.iter().filter(|e| e.ready).count(),
+                        "local": eps.iter().filter(|e| e.is_local && e.ready).count(),
+                        "quarantined": port.quarantined.is_some(),
+                    })
+                })
+                .collect();
+            json!({"namespace": v.name.namespace.as_str(), "name": v.name.name.as_str(), "ports": ports})
+        })
         .collect();
     json!({"total": total, "offset": offset, "limit": limit, "items": items})
+}
+
+/// The nftables family of an IP family.
+fn nft_family(f: IpFamily) -> Family {
+    match f {
+        IpFamily::V4 => Family::Ip,
+        IpFamily::V6 => Family::Ip6,
+    }
 }
 
 /// One endpoint as `explain` shows it: its state, which lists use it, and why.
@@ -723,15 +773,12 @@ fn external_masquerade(sp: &ServicePort) -> &'static str {
 
 /// The elements `explain` checks in the kernel for `svc`: (family, set,
 /// key) of every element the Service programs itself.
-pub fn explained_elements(
-    view: &View,
-    svc: &NamespacedName,
-) -> Vec<(IpFamily, &'static str, Vec<Value>)> {
+pub fn explained_elements(view: &ServiceView) -> Vec<(IpFamily, &'static str, Vec<Value>)> {
     let mut out = Vec::new();
-    for p in view.proxiers {
-        for i in p.intent_of(svc) {
-            for e in i.elements.iter().filter(|e| e.programmed_for.is_none()) {
-                out.push((p.config().family, e.set, e.element.key.clone()));
+    for (family, port) in view.ports() {
+        for e in port.intent.iter().flat_map(|i| &i.elements) {
+            if e.programmed_for.is_none() {
+                out.push((family, e.set, e.element.key.clone()));
             }
         }
     }
@@ -739,8 +786,8 @@ pub fn explained_elements(
 }
 
 /// Looks up, set by set, the elements `explain` will check (`wanted`, from
-/// [`explained_elements`]), so that `explain`, which runs under the
-/// node's lock, finds them read; a table read whole needs nothing.
+/// [`explained_elements`]), so that `explain` asks the kernel once per set
+/// rather than once per key; a table read whole needs nothing.
 pub fn prefetch_explained(
     wanted: &[(IpFamily, &'static str, Vec<Value>)],
     kernels: &[(IpFamily, Kernel)],
@@ -758,22 +805,16 @@ pub fn prefetch_explained(
 /// `verdict explain`: one Service, entry point by entry point, endpoint
 /// by endpoint, with the elements it owns and whether the kernel holds
 /// them (`kernels`: per family, the table read back).
-pub fn explain(view: &View, svc: &NamespacedName, kernels: &[(IpFamily, Kernel)]) -> Json {
+pub fn explain(handle: &NodeHandle, svc: &NamespacedName, kernels: &[(IpFamily, Kernel)]) -> Json {
     let mut families = Vec::new();
     let (mut missing, mut differs, mut extra) = (0usize, 0usize, 0usize);
     let mut extra_checked = true;
-    for p in view.proxiers {
-        let cfg = p.config();
-        let ports: Vec<(&ServicePortName, &ServicePort)> = p
-            .service_ports()
-            .range(ServicePortName::first_of(svc)..)
-            .take_while(|(k, _)| k.service == *svc)
-            .map(|(k, sp)| (k, &**sp))
-            .collect();
-        let quarantined: Vec<&ServicePortName> = p.quarantined_ports_of(svc).collect();
-        if ports.is_empty() && quarantined.is_empty() {
+    let view = handle.service(svc);
+    for sf in view.iter().flat_map(|v| &v.families) {
+        let Some(fv) = handle.family(sf.family) else {
             continue;
-        }
+        };
+        let cfg = &fv.config;
         let kernel = kernels
             .iter()
             .find(|(f, _)| *f == cfg.family)
@@ -783,7 +824,6 @@ pub fn explain(view: &View, svc: &NamespacedName, kernels: &[(IpFamily, Kernel)]
             node_name: cfg.node_name.clone(),
             zone: cfg.node_zone.clone(),
         };
-        let intents = p.intent_of(svc);
         // A table read whole shows the elements that name this Service
         // but that verdict does not want; a targeted read cannot look for
         // them.
@@ -801,14 +841,11 @@ pub fn explain(view: &View, svc: &NamespacedName, kernels: &[(IpFamily, Kernel)]
                 }
             }
         }
-        let node_port_ips: Vec<String> = cfg
-            .node_port_ips()
-            .iter()
-            .map(ToString::to_string)
-            .collect();
+        let node_port_ips: Vec<String> = fv.node_port_ips.iter().map(ToString::to_string).collect();
         let mut port_docs = Vec::new();
-        for (name, sp) in &ports {
-            let eps = p.endpoints().get(*name).map_or(&[][..], |v| &v[..]);
+        for port in &sf.ports {
+            let (name, sp) = (&port.name, &*port.port);
+            let eps = &port.endpoints[..];
             let cat = categorize_endpoints(eps, sp, &topo);
             let in_list = |list: &[Endpoint], ep: &Endpoint| {
                 list.iter().any(|e| e.ip == ep.ip && e.port == ep.port)
@@ -849,7 +886,7 @@ pub fn explain(view: &View, svc: &NamespacedName, kernels: &[(IpFamily, Kernel)]
                     "masquerade": external_masquerade(sp),
                 }));
             }
-            let intent = intents.iter().find(|i| &i.port == *name);
+            let intent = port.intent.as_ref();
             let mut elements = Vec::new();
             for e in intent.map(|i| i.elements.as_slice()).unwrap_or(&[]) {
                 let state = match (kernel.filter(|_| table.is_some()), &e.programmed_for) {
@@ -920,17 +957,15 @@ pub fn explain(view: &View, svc: &NamespacedName, kernels: &[(IpFamily, Kernel)]
                 "endpoints": endpoints,
                 "elements": elements,
                 "chains": intent.map(|i| i.chains.clone()).unwrap_or_default(),
-                "quarantined": p.quarantined().get(*name),
+                "quarantined": port.quarantined,
             }));
         }
-        for q in quarantined {
-            if !ports.iter().any(|(n, _)| *n == q) {
-                port_docs.push(json!({
-                    "port": q.port.as_str(),
-                    "protocol": q.protocol.to_string(),
-                    "quarantined": p.quarantined().get(q),
-                }));
-            }
+        for (q, reason) in &sf.quarantined_gone {
+            port_docs.push(json!({
+                "port": q.port.as_str(),
+                "protocol": q.protocol.to_string(),
+                "quarantined": reason,
+            }));
         }
         families.push(json!({
             "family": cfg.nft_family().to_string(),
@@ -965,13 +1000,29 @@ fn element_text(e: &Element) -> String {
 /// lacks or holds with another value, and elements in verdict's sets
 /// that it does not want (the affinity map excluded: the data path
 /// writes it).
-pub fn drift(p: &Proxier, table: Option<&TableState>) -> Json {
+pub fn drift(handle: &NodeHandle, f: &FamilyView, table: Option<&TableState>) -> Json {
     let Some(t) = table else {
         return json!({"table": false});
     };
+    // What the family's Services want: the element programmed for each
+    // key (another port's claim on the key names it as programmed_for).
+    let views = handle.all_services();
+    let mut desired: std::collections::HashMap<(&str, &[Value]), &Element> =
+        std::collections::HashMap::new();
+    for v in &views {
+        for sf in v.families.iter().filter(|sf| sf.family == f.config.family) {
+            for port in &sf.ports {
+                for e in port.intent.iter().flat_map(|i| &i.elements) {
+                    if e.programmed_for.is_none() {
+                        desired.insert((e.set, e.element.key.as_slice()), &e.element);
+                    }
+                }
+            }
+        }
+    }
     let (mut missing, mut differs, mut extra) = (Vec::new(), Vec::new(), Vec::new());
-    for (set, e) in p.desired_elements() {
-        match t.sets.get(set).and_then(|s| s.elements.get(&e.key)) {
+    for ((set, key), e) in &desired {
+        match t.sets.get(*set).and_then(|s| s.elements.get(*key)) {
             None => missing.push(format!("missing {set}: {}", element_text(e))),
             Some(k) if k.value != e.value => {
                 differs.push(format!("differs {set}: {}", element_text(e)))
@@ -979,10 +1030,12 @@ pub fn drift(p: &Proxier, table: Option<&TableState>) -> Json {
             Some(_) => {}
         }
     }
+    missing.sort();
+    differs.sort();
     // NodePort addresses belong to the node, not to a Service.
-    let node_port_ips = p.config().node_port_ips();
+    let node_port_ips = &f.node_port_ips;
     let np_set = t.sets.get(layout::NODEPORT_IPS);
-    for ip in &node_port_ips {
+    for ip in node_port_ips {
         if !np_set.is_some_and(|s| s.elements.contains_key(&vec![Value::Addr(*ip)])) {
             missing.push(format!("missing {}: {ip}", layout::NODEPORT_IPS));
         }
@@ -995,7 +1048,7 @@ pub fn drift(p: &Proxier, table: Option<&TableState>) -> Json {
             let wanted = if name == layout::NODEPORT_IPS {
                 matches!(e.key.as_slice(), [Value::Addr(ip)] if node_port_ips.contains(ip))
             } else {
-                !p.owners_of(name, &e.key).is_empty()
+                desired.contains_key(&(name.as_str(), e.key.as_slice()))
             };
             if !wanted {
                 extra.push(format!("extra {name}: {}", element_text(e)));
@@ -1029,12 +1082,11 @@ fn stale_policy(proto: &str) -> &'static str {
 /// (their endpoint is gone) flagged; `service` narrows it to one Service,
 /// `limit` caps the flows listed (the counts cover all of them).
 pub fn connections(
-    view: &View,
+    handle: &NodeHandle,
     flows: &[(IpFamily, Vec<verdict_nft::conntrack::Flow>)],
     service: Option<&NamespacedName>,
     limit: usize,
 ) -> Json {
-    use std::collections::HashMap;
     let mut total = 0usize;
     let mut other = 0usize;
     // (service port) → (flows, stale, endpoint → (flows, stale)).
@@ -1042,53 +1094,64 @@ pub fn connections(
     let mut by_port: BTreeMap<ServicePortName, Tally> = BTreeMap::new();
     let mut listed = Vec::new();
     for (family, list) in flows {
-        let Some(p) = view.proxier(*family) else {
+        let Some(fv) = handle.family(*family) else {
             continue;
         };
-        let node_ports = p.config().node_port_ips();
-        let mut entries: HashMap<(IpAddr, &str, u16), &ServicePortName> = HashMap::new();
-        let mut node_entries: HashMap<(&str, u16), &ServicePortName> = HashMap::new();
-        for (name, sp) in p.service_ports() {
-            let proto = sp.protocol.as_str();
-            for ip in std::iter::once(&sp.cluster_ip)
-                .chain(&sp.external_ips)
-                .chain(&sp.load_balancer_vips)
-            {
-                entries.entry((*ip, proto, sp.port)).or_insert(name);
-            }
-            if let Some(np) = sp.node_port {
-                node_entries.entry((proto, np)).or_insert(name);
-            }
-        }
         for f in list {
             let proto = f.proto.to_ascii_lowercase();
-            let port = entries.get(&(f.dst, proto.as_str(), f.dport)).or_else(|| {
-                node_ports
-                    .contains(&f.dst)
-                    .then(|| node_entries.get(&(proto.as_str(), f.dport)))
-                    .flatten()
-            });
+            // The Service port the client sent to: by its address, else by
+            // a NodePort on one of the node's NodePort addresses. The
+            // first in name order, as the proxier programs a shared entry.
+            let by_address = handle.services_at(f.dst);
+            let by_node_port = if by_address.is_empty() && fv.node_port_ips.contains(&f.dst) {
+                handle.services_at_node_port(*family, f.dport)
+            } else {
+                Vec::new()
+            };
+            let port = by_address
+                .iter()
+                .flat_map(|v| v.ports())
+                .filter(|(fam, p)| {
+                    *fam == *family
+                        && p.port.protocol.as_str() == proto
+                        && p.port.port == f.dport
+                        && (p.port.cluster_ip == f.dst
+                            || p.port.external_ips.contains(&f.dst)
+                            || p.port.load_balancer_vips.contains(&f.dst))
+                })
+                .chain(
+                    by_node_port
+                        .iter()
+                        .flat_map(|v| v.ports())
+                        .filter(|(fam, p)| {
+                            *fam == *family
+                                && p.port.protocol.as_str() == proto
+                                && p.port.node_port == Some(f.dport)
+                        }),
+                )
+                .map(|(_, p)| p)
+                .min_by(|a, b| a.name.cmp(&b.name));
             let Some(port) = port else {
                 other += 1;
                 continue;
             };
-            if service.is_some_and(|s| port.service != *s) {
+            if service.is_some_and(|s| port.name.service != *s) {
                 continue;
             }
             total += 1;
-            let stale = !p.endpoints().get(*port).is_some_and(|eps| {
-                eps.iter()
-                    .any(|e| e.ip == f.reply_src && e.port == f.reply_sport)
-            });
+            let stale = !port
+                .endpoints
+                .iter()
+                .any(|e| e.ip == f.reply_src && e.port == f.reply_sport);
             let endpoint = show_addr(f.reply_src, f.reply_sport);
-            let t = by_port.entry((*port).clone()).or_default();
+            let t = by_port.entry(port.name.clone()).or_default();
             t.0 += 1;
             t.1 += usize::from(stale);
             let e = t.2.entry(endpoint.clone()).or_insert((0, stale));
             e.0 += 1;
             if listed.len() < limit {
                 listed.push(json!({
-                    "service": port.to_string(),
+                    "service": port.name.to_string(),
                     "proto": f.proto,
                     "state": f.state,
                     "client": show_addr(f.src, f.sport),

@@ -15,9 +15,9 @@
 //! | `/api/v1/connections?service=&limit=` | the DNATed connections in conntrack, by Service and endpoint, stale ones flagged |
 //! | `/ui` | the web view, a page of its own that reads the API |
 //!
-//! The node is locked only to build an answer; the kernel is read and its
-//! elements looked up without the lock, so a slow read never holds a sync
-//! back.
+//! Every answer comes from the read model ([`NodeHandle`]) and the kernel,
+//! read and looked up by the request's own thread: nothing here waits for
+//! a sync, and no sync waits for a reader.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -27,12 +27,11 @@ use verdict_admin::Response;
 use verdict_admin::http::{Handler, Request};
 use verdict_model::{IpFamily, NamespacedName};
 use verdict_nft::conntrack::Flow;
-use verdict_nft::{Family, MemoryBackend};
+use verdict_nft::{BackendKind, Family, MemoryBackend};
 
-use super::{Node, Source, lock};
-use crate::config::{NftablesBackend, Settings};
 use crate::inspect::counters::Snapshot;
-use crate::inspect::{self, BadRequest, Kernel, Reading, TraceRequest, View};
+use crate::inspect::{self, BadRequest, Kernel, Reading, TraceRequest};
+use crate::view::NodeHandle;
 
 /// Reads one table back (family, name, how much of it).
 pub type KernelReader = Arc<ReadTable<'static>>;
@@ -51,7 +50,7 @@ const DEFAULT_PAGE: usize = 100;
 
 /// Reads tables from the kernel through the configured backend (a socket
 /// or an `nft` process per read, so readers never wait on the sync loop).
-pub fn kernel_reader(backend: NftablesBackend) -> KernelReader {
+pub fn kernel_reader(backend: BackendKind) -> KernelReader {
     Arc::new(move |family, name, reading| {
         let mut kernel = backend.open().map_err(|e| e.to_string())?;
         // Only netlink looks an element up by its key; `nft` lists the
@@ -69,8 +68,8 @@ pub fn kernel_reader(backend: NftablesBackend) -> KernelReader {
 /// The API's handler for the metrics site (`counters`: `None` with
 /// `--service-counters=false`), and the web view at `/ui`.
 pub fn handler(
-    backend: NftablesBackend,
-    node: Arc<Mutex<Node>>,
+    backend: BackendKind,
+    node: NodeHandle,
     read: KernelReader,
     counters: Option<Arc<CounterCache>>,
 ) -> Handler {
@@ -94,13 +93,6 @@ pub fn handler(
     })
 }
 
-fn view(node: &Node) -> View<'_> {
-    View {
-        proxiers: &node.proxiers,
-        local_ips: &node.local_ips,
-    }
-}
-
 fn bad(e: BadRequest) -> (u16, Json) {
     (400, json!({"error": e.0}))
 }
@@ -109,7 +101,7 @@ fn bad(e: BadRequest) -> (u16, Json) {
 pub type FlowReader<'a> = &'a (dyn Fn(Family) -> Result<Vec<Flow>, String> + Send + Sync);
 
 /// The kernel's connections, the way the backend reaches conntrack.
-fn conntrack_flows(backend: NftablesBackend, family: Family) -> Result<Vec<Flow>, String> {
+fn conntrack_flows(backend: BackendKind, family: Family) -> Result<Vec<Flow>, String> {
     backend
         .conntrack()
         .and_then(|mut ct| ct.list_dnat(family))
@@ -118,7 +110,7 @@ fn conntrack_flows(backend: NftablesBackend, family: Family) -> Result<Vec<Flow>
 
 /// Answers one API request (`None`: not an API path).
 pub fn answer(
-    node: &Mutex<Node>,
+    node: &NodeHandle,
     read: &ReadTable<'_>,
     flows: FlowReader,
     req: &Request,
@@ -128,11 +120,11 @@ pub fn answer(
         return Some((405, json!({"error": "only GET"})));
     }
     // The tables each family's proxier programs.
-    let tables: Vec<(IpFamily, Family, String)> = lock(node)
-        .proxiers
+    let tables: Vec<(IpFamily, Family, String)> = node
+        .families()
         .iter()
-        .map(|p| {
-            let c = p.config();
+        .map(|f| {
+            let c = &f.config;
             (c.family, c.nft_family(), c.table.clone())
         })
         .collect();
@@ -175,9 +167,9 @@ pub fn answer(
                 (Err(e), _) | (_, Err(e)) => return Some(bad(e)),
             };
             let q = req.query_param("q").unwrap_or_default();
-            inspect::services(&view(&lock(node)), &q, offset, limit)
+            inspect::services(node, &q, offset, limit)
         }
-        "/syncs" => lock(node).history.syncs_json(),
+        "/syncs" => node.history().syncs_json(),
         "/connections" => {
             let service = match req.query_param("service") {
                 None => None,
@@ -193,12 +185,7 @@ pub fn answer(
                 },
             };
             if let Some(svc) = &service
-                && !lock(node).proxiers.iter().any(|p| {
-                    p.service_ports()
-                        .range(verdict_model::ServicePortName::first_of(svc)..)
-                        .next()
-                        .is_some_and(|(k, _)| k.service == *svc)
-                })
+                && node.service(svc).is_none()
             {
                 return Some((
                     404,
@@ -222,9 +209,9 @@ pub fn answer(
                     }
                 }
             }
-            inspect::connections(&view(&lock(node)), &all, service.as_ref(), limit)
+            inspect::connections(node, &all, service.as_ref(), limit)
         }
-        "/foreign" => lock(node).history.foreign_json(),
+        "/foreign" => node.history().foreign_json(),
         "/trace" => {
             let t = match TraceRequest::parse(|k| req.query_param(k)) {
                 Ok(t) => t,
@@ -235,18 +222,7 @@ pub fn answer(
                 Ok(k) => k,
                 Err(e) => return Some(e),
             };
-            // The walk looks elements up in the kernel: without the
-            // node's lock, which only the answer's naming of owners takes.
-            let (cfg, local_ips) = {
-                let n = lock(node);
-                let v = view(&n);
-                (v.config(family).cloned(), v.local_ips.to_vec())
-            };
-            let Some(cfg) = cfg else {
-                return Some((404, json!({"error": "no proxier for this family"})));
-            };
-            let answer = inspect::walk(&cfg, &local_ips, &t, &kernel)
-                .and_then(|walked| inspect::traced(&view(&lock(node)), &t, &kernel, &walked));
+            let answer = inspect::trace(node, &t, &kernel);
             if let Some(e) = failed(family, &kernel) {
                 return Some(e);
             }
@@ -263,14 +239,13 @@ pub fn answer(
                     Err(e) => return Some(e),
                 }
             }
-            let node = lock(node);
             let families: Vec<Json> = node
-                .proxiers
+                .families()
                 .iter()
                 .zip(&kernels)
-                .map(|(p, (_, k))| {
-                    let mut d = inspect::drift(p, k.table.as_ref());
-                    d["family"] = json!(p.config().nft_family().to_string());
+                .map(|(f, (_, k))| {
+                    let mut d = inspect::drift(node, f, k.table.as_ref());
+                    d["family"] = json!(f.config.nft_family().to_string());
                     d["read_ms"] = json!(k.read.as_secs_f64() * 1e3);
                     d
                 })
@@ -290,17 +265,13 @@ pub fn answer(
                 ))));
             };
             let svc = NamespacedName::new(ns, n);
+            let view = node.service(&svc);
             // Only the families that proxy the Service are read.
-            let wanted: Vec<IpFamily> = lock(node)
-                .proxiers
+            let wanted: Vec<IpFamily> = view
                 .iter()
-                .filter(|p| {
-                    p.service_ports()
-                        .range(verdict_model::ServicePortName::first_of(&svc)..)
-                        .next()
-                        .is_some_and(|(k, _)| k.service == svc)
-                })
-                .map(|p| p.config().family)
+                .flat_map(|v| &v.families)
+                .filter(|f| !f.ports.is_empty())
+                .map(|f| f.family)
                 .collect();
             // `full` reads the whole table, which also shows the
             // elements naming the Service that verdict does not want.
@@ -318,11 +289,12 @@ pub fn answer(
                     Err(e) => return Some(e),
                 }
             }
-            // The Service's elements are looked up before the node is
-            // locked to build the answer, which then finds them read.
-            let wanted = inspect::explained_elements(&view(&lock(node)), &svc);
-            inspect::prefetch_explained(&wanted, &kernels);
-            let doc = inspect::explain(&view(&lock(node)), &svc, &kernels);
+            // The Service's elements are looked up set by set before the
+            // answer asks for them one by one.
+            if let Some(v) = &view {
+                inspect::prefetch_explained(&inspect::explained_elements(v), &kernels);
+            }
+            let doc = inspect::explain(node, &svc, &kernels);
             if let Some(e) = kernels.iter().find_map(|(f, k)| failed(*f, k)) {
                 return Some(e);
             }
@@ -348,7 +320,7 @@ pub fn counters_fresh_for(took: Duration) -> Duration {
 /// The last reading of the per-service counters (`--service-counters`),
 /// shared by `/metrics` and `/api/v1/counters`.
 pub struct CounterCache {
-    node: Arc<Mutex<Node>>,
+    node: NodeHandle,
     read: KernelReader,
     /// When the last reading began, how long it took, and what it read.
     last: Mutex<Option<(Instant, Duration, Arc<Snapshot>)>>,
@@ -356,7 +328,7 @@ pub struct CounterCache {
 
 impl CounterCache {
     /// A cache over the node's tables.
-    pub fn new(node: Arc<Mutex<Node>>, read: KernelReader) -> Arc<CounterCache> {
+    pub fn new(node: NodeHandle, read: KernelReader) -> Arc<CounterCache> {
         Arc::new(CounterCache {
             node,
             read,
@@ -374,29 +346,23 @@ impl CounterCache {
             return snap.clone();
         }
         let started = Instant::now();
-        let tables: Vec<(Family, String)> = lock(&self.node)
-            .proxiers
+        let families = self.node.families();
+        let read: Vec<(IpFamily, Option<verdict_nft::TableState>)> = families
             .iter()
-            .map(|p| (p.config().nft_family(), p.config().table.clone()))
-            .collect();
-        let read: Vec<Option<verdict_nft::TableState>> = tables
-            .iter()
-            .map(|(f, name)| match (self.read)(*f, name, Reading::Whole) {
-                Ok(k) => k.table,
-                Err(e) => {
-                    tracing::warn!(family = %f, error = %e, "cannot read the service counters");
-                    None
+            .map(|f| {
+                let (nf, name) = f.table();
+                match (self.read)(nf, name, Reading::Whole) {
+                    Ok(k) => (f.config.family, k.table),
+                    Err(e) => {
+                        tracing::warn!(family = %nf, error = %e, "cannot read the service counters");
+                        (f.config.family, None)
+                    }
                 }
             })
             .collect();
-        let node = lock(&self.node);
-        let pairs: Vec<(&verdict_proxier::Proxier, Option<&verdict_nft::TableState>)> = node
-            .proxiers
-            .iter()
-            .zip(&read)
-            .map(|(p, t)| (p, t.as_ref()))
-            .collect();
-        let snap = Arc::new(Snapshot::of(&pairs));
+        let pairs: Vec<(IpFamily, Option<&verdict_nft::TableState>)> =
+            read.iter().map(|(f, t)| (*f, t.as_ref())).collect();
+        let snap = Arc::new(Snapshot::of(&self.node, &pairs));
         *last = Some((started, started.elapsed(), snap.clone()));
         snap
     }
@@ -410,20 +376,19 @@ impl CounterCache {
 /// A node built in memory from the source, as `plan` builds it, for the
 /// offline mode of the introspection commands.
 pub struct Offline {
-    node: Mutex<Node>,
+    node: NodeHandle,
     memory: Mutex<MemoryBackend>,
 }
 
-/// Builds the node from the source and syncs it into memory.
-pub fn offline(settings: &Settings, source: &Source) -> anyhow::Result<Offline> {
-    let (node, memory) = super::in_memory(settings, source)?;
-    Ok(Offline {
-        node: Mutex::new(node),
-        memory: Mutex::new(memory),
-    })
-}
-
 impl Offline {
+    /// The read model of `node`, whose tables `memory` holds.
+    pub fn new(node: NodeHandle, memory: MemoryBackend) -> Offline {
+        Offline {
+            node,
+            memory: Mutex::new(memory),
+        }
+    }
+
     /// Answers `target` (`/api/v1/…?…`) as the daemon would.
     pub fn get(&self, target: &str) -> (u16, Json) {
         // The table is in memory: reading it whole costs nothing.

@@ -19,14 +19,17 @@
 //! endpoint moves to another slot, a Service is re-created), which
 //! Prometheus reads as a counter reset.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use serde_json::{Value as Json, json};
-use verdict_model::{ServicePort, ServicePortName};
+use verdict_model::{IpFamily, ServicePort, ServicePortName};
 use verdict_nft::{ElementValue, TableState, Value, Verdict};
-use verdict_proxier::{Proxier, layout};
+use verdict_proxier::layout;
+
+use crate::view::{NodeHandle, ServiceView};
 
 /// New connections per Service port and entry point.
 pub const SERVICE_CONNECTIONS: &str = "verdict_service_connections_total";
@@ -70,17 +73,57 @@ fn port_labels(family: &str, port: &ServicePortName) -> Labels {
     ]
 }
 
-/// The service port owning an element: the proxier's record, else the
-/// comment the kernel holds (an element verdict no longer wants).
-fn owner(p: &Proxier, set: &str, key: &[Value], table: &TableState) -> Option<ServicePortName> {
-    if let Some(o) = p.owners_of(set, key).first() {
-        return Some((*o).clone());
+/// Who owns what in one family, from the read model: the service port
+/// each wanted element belongs to, and the ports by name and by the
+/// comment the proxier writes on their elements.
+struct Index<'a> {
+    family: IpFamily,
+    owner: HashMap<(&'a str, &'a [Value]), &'a ServicePortName>,
+    ports: HashMap<&'a ServicePortName, &'a ServicePort>,
+    by_comment: HashMap<String, &'a ServicePortName>,
+}
+
+impl<'a> Index<'a> {
+    fn new(views: &'a [Arc<ServiceView>], family: IpFamily) -> Index<'a> {
+        let mut idx = Index {
+            family,
+            owner: HashMap::new(),
+            ports: HashMap::new(),
+            by_comment: HashMap::new(),
+        };
+        for (f, port) in views.iter().flat_map(|v| v.ports()) {
+            if f != family {
+                continue;
+            }
+            idx.ports.insert(&port.name, &port.port);
+            idx.by_comment.insert(port.name.to_string(), &port.name);
+            for e in port.intent.iter().flat_map(|i| &i.elements) {
+                let who = e.programmed_for.as_ref().unwrap_or(&port.name);
+                let slot = idx
+                    .owner
+                    .entry((e.set, e.element.key.as_slice()))
+                    .or_insert(who);
+                if who < *slot {
+                    *slot = who;
+                }
+            }
+        }
+        idx
     }
-    let comment = table.sets.get(set)?.elements.get(key)?.comment.as_deref()?;
-    p.service_ports()
-        .keys()
-        .find(|k| k.to_string() == comment)
-        .cloned()
+
+    /// The service port owning an element: the one that wants it, else
+    /// the one its comment names (an element verdict no longer wants).
+    fn owner(&self, set: &str, key: &[Value], table: &TableState) -> Option<ServicePortName> {
+        if let Some(o) = self.owner.get(&(set, key)) {
+            return Some((*o).clone());
+        }
+        let comment = table.sets.get(set)?.elements.get(key)?.comment.as_deref()?;
+        self.by_comment.get(comment).map(|n| (*n).clone())
+    }
+
+    fn port(&self, name: &ServicePortName) -> Option<&ServicePort> {
+        self.ports.get(name).copied()
+    }
 }
 
 fn entry_kind(sp: Option<&ServicePort>, addr: IpAddr) -> &'static str {
@@ -111,26 +154,23 @@ fn addr_of(key: &[Value]) -> Option<IpAddr> {
 }
 
 /// The counters of one family's table.
-fn collect(p: &Proxier, t: &TableState, out: &mut Families) {
-    let family = match p.config().family {
+fn collect(p: &Index<'_>, t: &TableState, out: &mut Families) {
+    let family = match p.family {
         verdict_model::IpFamily::V4 => "IPv4",
         verdict_model::IpFamily::V6 => "IPv6",
     };
     let counters = |set: &str| t.sets.get(set).map(|s| &s.counters);
     for (key, c) in counters(layout::SERVICE_IPS).into_iter().flatten() {
-        let (Some(port), Some(addr)) = (owner(p, layout::SERVICE_IPS, key, t), addr_of(key)) else {
+        let (Some(port), Some(addr)) = (p.owner(layout::SERVICE_IPS, key, t), addr_of(key)) else {
             continue;
         };
         let mut l = port_labels(family, &port);
-        l.push((
-            "entry",
-            entry_kind(p.service_ports().get(&port).map(|sp| &**sp), addr).into(),
-        ));
+        l.push(("entry", entry_kind(p.port(&port), addr).into()));
         l.push(("address", addr.to_string()));
         out.add(SERVICE_CONNECTIONS, l, c.packets);
     }
     for (key, c) in counters(layout::SERVICE_NODEPORTS).into_iter().flatten() {
-        let Some(port) = owner(p, layout::SERVICE_NODEPORTS, key, t) else {
+        let Some(port) = p.owner(layout::SERVICE_NODEPORTS, key, t) else {
             continue;
         };
         let mut l = port_labels(family, &port);
@@ -154,7 +194,7 @@ fn collect(p: &Proxier, t: &TableState, out: &mut Families) {
                     },
                     _ => None,
                 });
-            let (Some(port), Some((a, ep_port))) = (owner(p, set, key, t), target) else {
+            let (Some(port), Some((a, ep_port))) = (p.owner(set, key, t), target) else {
                 continue;
             };
             let mut l = port_labels(family, &port);
@@ -165,7 +205,7 @@ fn collect(p: &Proxier, t: &TableState, out: &mut Families) {
     for set in [layout::NO_ENDPOINT_SERVICES, layout::NO_ENDPOINT_NODEPORTS] {
         let elements = t.sets.get(set).map(|s| &s.elements);
         for (key, c) in counters(set).into_iter().flatten() {
-            let Some(port) = owner(p, set, key, t) else {
+            let Some(port) = p.owner(set, key, t) else {
                 continue;
             };
             let drop = elements
@@ -182,7 +222,7 @@ fn collect(p: &Proxier, t: &TableState, out: &mut Families) {
     }
     // Packets and bytes, per entry point and per endpoint.
     for (key, c) in counters(layout::SERVICE_TRAFFIC).into_iter().flatten() {
-        let Some(port) = owner(p, layout::SERVICE_TRAFFIC, key, t) else {
+        let Some(port) = p.owner(layout::SERVICE_TRAFFIC, key, t) else {
             continue;
         };
         let [
@@ -195,7 +235,7 @@ fn collect(p: &Proxier, t: &TableState, out: &mut Families) {
         else {
             continue;
         };
-        let sp = p.service_ports().get(&port).map(|sp| &**sp);
+        let sp = p.port(&port);
         let mut l = port_labels(family, &port);
         l.push(("entry", traffic_entry(sp, *entry, *entry_port).into()));
         l.push(("address", entry.to_string()));
@@ -225,7 +265,7 @@ fn collect(p: &Proxier, t: &TableState, out: &mut Families) {
     // Firewalled destinations: what did not reach `service-ips` was dropped.
     let accepted = counters(layout::SERVICE_IPS);
     for (key, c) in counters(layout::FIREWALL_IPS).into_iter().flatten() {
-        let Some(port) = owner(p, layout::SERVICE_IPS, key, t) else {
+        let Some(port) = p.owner(layout::SERVICE_IPS, key, t) else {
             continue;
         };
         let passed = accepted.and_then(|a| a.get(key)).map_or(0, |a| a.packets);
@@ -248,12 +288,14 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
-    /// Reads the counters of each family's table (`None`: not read).
-    pub fn of(tables: &[(&Proxier, Option<&TableState>)]) -> Snapshot {
+    /// Reads the counters of each family's table (`None`: not read),
+    /// attributed to the Services of the read model.
+    pub fn of(handle: &NodeHandle, tables: &[(IpFamily, Option<&TableState>)]) -> Snapshot {
+        let views = handle.all_services();
         let mut families = Families::default();
-        for (p, t) in tables {
+        for (f, t) in tables {
             if let Some(t) = t {
-                collect(p, t, &mut families);
+                collect(&Index::new(&views, *f), t, &mut families);
             }
         }
         Snapshot { families }
@@ -373,7 +415,7 @@ mod tests {
     use verdict_conformance::{ServiceExt, SliceExt, TCP, slice, svc};
     use verdict_model::IpFamily;
     use verdict_nft::{Counter, Family, MemoryBackend};
-    use verdict_proxier::{LocalDetector, ProxierConfig};
+    use verdict_proxier::{LocalDetector, Proxier, ProxierConfig};
 
     #[test]
     fn element_counters_become_per_service_and_per_endpoint_series() {
@@ -485,7 +527,8 @@ mod tests {
                 bytes: 540,
             },
         );
-        let text = Snapshot::of(&[(&p, Some(&t))]).exposition();
+        let handle = NodeHandle::of_proxiers(&[&p], &[]);
+        let text = Snapshot::of(&handle, &[(IpFamily::V4, Some(&t))]).exposition();
         assert!(
             text.lines()
                 .any(|l| l == "verdict_cluster_ip_rejected_total{ip_family=\"IPv4\"} 9"),
@@ -525,11 +568,11 @@ mod tests {
         ));
         assert!(text.contains("# TYPE verdict_service_connections_total counter"));
         assert_eq!(
-            Snapshot::of(&[(&p, None)]).exposition(),
+            Snapshot::of(&handle, &[(IpFamily::V4, None)]).exposition(),
             "",
             "no table, no series"
         );
-        let snap = Snapshot::of(&[(&p, Some(&t))]);
+        let snap = Snapshot::of(&handle, &[(IpFamily::V4, Some(&t))]);
         let all = snap.json(None);
         assert_eq!(all["services"]["ns/web"]["connections"], 10);
         assert_eq!(all["services"]["ns/web"]["dropped"], 2);

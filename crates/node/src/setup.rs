@@ -5,9 +5,8 @@
 use std::io::ErrorKind;
 use std::path::Path;
 
-use anyhow::{Context, bail};
-
-use crate::config::{Conntrack, Settings};
+use crate::error::NodeError;
+use crate::settings::ConntrackSettings as Conntrack;
 
 const NETFILTER: &str = "/proc/sys/net/netfilter";
 const HASHSIZE: &str = "/sys/module/nf_conntrack/parameters/hashsize";
@@ -94,15 +93,15 @@ fn read_number(path: &Path) -> std::io::Result<u64> {
 /// place is not written. `nf_conntrack_max` and the hash size can only be
 /// changed from the host's network namespace; elsewhere that is a warning,
 /// as kube-proxy's read-only sysfs case. Any other failure is an error.
-pub fn apply_conntrack(c: &Conntrack) -> anyhow::Result<()> {
+pub fn apply_conntrack(c: &Conntrack) -> Result<(), NodeError> {
     let cpus = cpu_count();
     for (name, value) in conntrack_sysctls(c, cpus) {
         let path = Path::new(NETFILTER).join(name);
-        let current = read_number(&path).with_context(|| {
-            format!(
-                "reading {} (is the nf_conntrack module loaded?)",
+        let current = read_number(&path).map_err(|e| {
+            NodeError::Startup(format!(
+                "conntrack settings: reading {} (is the nf_conntrack module loaded?): {e}",
                 path.display()
-            )
+            ))
         })?;
         if current == value {
             continue;
@@ -131,7 +130,12 @@ pub fn apply_conntrack(c: &Conntrack) -> anyhow::Result<()> {
                 );
                 continue;
             }
-            Err(e) => bail!("setting {} to {value}: {e}", path.display()),
+            Err(e) => {
+                return Err(NodeError::Startup(format!(
+                    "conntrack settings: setting {} to {value}: {e}",
+                    path.display()
+                )));
+            }
         }
         if name == "nf_conntrack_max" {
             raise_hashsize(value);
@@ -166,9 +170,9 @@ pub fn apply_oom_score_adj(adj: Option<i32>) {
 }
 
 /// Everything of the platform setup.
-pub fn apply(settings: &Settings) -> anyhow::Result<()> {
-    apply_conntrack(&settings.conntrack).context("conntrack settings")?;
-    apply_oom_score_adj(settings.oom_score_adj);
+pub fn apply(conntrack: &Conntrack, oom_score_adj: Option<i32>) -> Result<(), NodeError> {
+    apply_conntrack(conntrack)?;
+    apply_oom_score_adj(oom_score_adj);
     Ok(())
 }
 

@@ -9,7 +9,7 @@
 
 use std::time::Instant;
 
-use anyhow::{Context, bail};
+use crate::error::NodeError;
 use verdict_model::{
     AddressType, EndpointSlice, IpFamily, LoadBalancerIngress, Protocol, Service, ServicePortSpec,
     ServiceType, SessionAffinity, SliceEndpoint, SlicePort, TrafficPolicy,
@@ -44,16 +44,38 @@ pub fn kernel_supported(release: &str) -> bool {
 }
 
 /// Fails with a clear message unless the process has CAP_NET_ADMIN.
-pub fn check_net_admin() -> anyhow::Result<()> {
-    let status = std::fs::read_to_string("/proc/self/status")
-        .context("reading /proc/self/status to check capabilities")?;
-    let held = net_admin_in(&status).context("no CapEff line in /proc/self/status")?;
+pub fn check_net_admin() -> Result<(), NodeError> {
+    let status = std::fs::read_to_string("/proc/self/status").map_err(|e| {
+        NodeError::Startup(format!(
+            "reading /proc/self/status to check capabilities: {e}"
+        ))
+    })?;
+    let held = net_admin_in(&status)
+        .ok_or_else(|| NodeError::Startup("no CapEff line in /proc/self/status".into()))?;
     if !held {
-        bail!(
+        return Err(NodeError::Startup(
             "verdict needs CAP_NET_ADMIN to program nftables and conntrack: run it as root \
              or grant the capability (securityContext.capabilities.add: [NET_ADMIN], \
              or privileged: true as kube-proxy's DaemonSet does)"
-        );
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
+/// kube-proxy's kernel floor for nftables mode, overridable as upstream
+/// (`KUBE_PROXY_NFTABLES_SKIP_KERNEL_VERSION_CHECK`).
+pub fn check_kernel() -> Result<(), NodeError> {
+    if std::env::var_os("KUBE_PROXY_NFTABLES_SKIP_KERNEL_VERSION_CHECK").is_some() {
+        return Ok(());
+    }
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    if !kernel_supported(&release) {
+        return Err(NodeError::Startup(format!(
+            "kernel {} is older than 5.13, which the nftables mode needs \
+             (set KUBE_PROXY_NFTABLES_SKIP_KERNEL_VERSION_CHECK to try anyway)",
+            release.trim()
+        )));
     }
     Ok(())
 }
@@ -161,7 +183,7 @@ fn probe_objects(family: IpFamily) -> (Vec<Service>, EndpointSlice) {
 
 /// The transactions a fresh proxier with `config` (renamed to the probe
 /// table) would run for the probe cluster.
-pub fn probe_transactions(config: &ProxierConfig) -> anyhow::Result<Vec<Transaction>> {
+pub fn probe_transactions(config: &ProxierConfig) -> Result<Vec<Transaction>, NodeError> {
     let mut cfg = config.clone();
     cfg.table = PROBE_TABLE.into();
     let family = cfg.family;
@@ -176,9 +198,11 @@ pub fn probe_transactions(config: &ProxierConfig) -> anyhow::Result<Vec<Transact
     Ok(recorder.0)
 }
 
-fn check_all(backend: &mut dyn Backend, config: &ProxierConfig) -> anyhow::Result<()> {
+fn check_all(backend: &mut dyn Backend, config: &ProxierConfig) -> Result<(), NodeError> {
     for tx in probe_transactions(config)? {
-        backend.check(&tx)?;
+        backend
+            .check(&tx)
+            .map_err(|e| NodeError::kernel("the dry run", e))?;
     }
     Ok(())
 }
@@ -190,7 +214,7 @@ fn check_all(backend: &mut dyn Backend, config: &ProxierConfig) -> anyhow::Resul
 pub fn probe_nftables(
     backend: &mut dyn Backend,
     configs: &[&ProxierConfig],
-) -> anyhow::Result<Vec<IpFamily>> {
+) -> Result<Vec<IpFamily>, NodeError> {
     let mut without_affinity = Vec::new();
     for config in configs {
         let family = config.nft_family();
@@ -200,17 +224,17 @@ pub fn probe_nftables(
         let mut reduced = (*config).clone();
         reduced.session_affinity = false;
         check_all(backend, &reduced).map_err(|e| {
-            anyhow::anyhow!(
-                "the kernel or nft refused verdict's {family} ruleset in a dry run: {e:#}. \
+            NodeError::Startup(format!(
+                "the kernel or nft refused verdict's {family} ruleset in a dry run: {e}. \
                  verdict needs nf_tables with fib, numgen, ct, nat (masquerade), reject, \
                  concatenations, verdict maps and dynamic sets with timeouts \
                  (CONFIG_NFT_FIB_INET, CONFIG_NFT_NUMGEN, CONFIG_NFT_CT, CONFIG_NFT_NAT, \
                  CONFIG_NFT_MASQ, CONFIG_NFT_REJECT)"
-            )
+            ))
         })?;
         tracing::warn!(
             %family,
-            error = %format!("{full:#}"),
+            error = %full,
             "the backend cannot record ClientIP session affinity for this family (nft 1.0.6 \
              cannot in IPv6; the netlink backend and newer nft can): services with \
              sessionAffinity ClientIP are balanced per connection instead"

@@ -1,0 +1,200 @@
+//! The run loop: the one writer. It owns the node ([`NodeProxy`]) and the
+//! kernel's handles, waits on one channel of [`Input`]s until the
+//! schedule says a sync is due, syncs, and publishes what the sync
+//! touched to the read model; nothing else changes the node. The kernel,
+//! conntrack, the node's addresses and the ruleset listener are given by
+//! the caller, so the whole loop runs in tests on the in-memory backend
+//! without root.
+
+use std::sync::Arc;
+use std::sync::mpsc::Receiver;
+use std::time::{Duration, Instant};
+
+use verdict_nft::conntrack::Conntrack;
+use verdict_nft::{Backend, Counting};
+
+use crate::error::NodeError;
+use crate::input::{Input, Table, next_batch};
+use crate::proxy::{Host, NodeAddresses, NodeProxy};
+use crate::schedule::{self, Due, Schedule, Why};
+
+/// Starts listening to the kernel's announcements of changes to these
+/// tables, sending them as [`Input::Foreign`]; returns whether it listens.
+pub type Listen = Box<dyn FnMut(Vec<Table>) -> bool + Send>;
+
+/// Removes what kube-proxy left behind, once verdict's rules serve every
+/// Service; returns the problems met.
+pub type Leftovers = Box<dyn FnMut(&mut dyn Backend) -> Vec<String> + Send>;
+
+/// What the loop reaches the host through.
+pub struct Kernel {
+    /// nftables.
+    pub backend: Box<dyn Backend + Send>,
+    /// The conntrack table.
+    pub conntrack: Box<dyn Conntrack>,
+    /// The node's addresses.
+    pub addresses: Arc<dyn NodeAddresses>,
+    /// The ruleset listener.
+    pub listen: Listen,
+    /// The cleanup of kube-proxy's leftovers.
+    pub leftovers: Leftovers,
+}
+
+/// The longest the loop sleeps with nothing due: the schedule always has
+/// a periodic resync ahead, so this only bounds a wait it did not ask for.
+const IDLE: Duration = Duration::from_secs(3600);
+
+/// Programs the node and keeps it programmed, until [`Input::Stop`] (or
+/// every sender of `inputs` is gone): `Ok`, the rules left in place. An
+/// input the loop cannot go on without (the API source ended, `--config`
+/// changed) is an error.
+pub fn run(mut node: NodeProxy, kernel: Kernel, inputs: Receiver<Input>) -> Result<(), NodeError> {
+    let Kernel {
+        backend,
+        mut conntrack,
+        addresses,
+        mut listen,
+        mut leftovers,
+    } = kernel;
+    let mut nft = Counting::new(backend);
+    let settings = node.settings().clone();
+    // The kernel announces every element of every commit to whoever
+    // listens, and at 30,000 Services the first sync's announcements cost
+    // the commit about as much as the elements themselves. So verdict
+    // starts listening once its first full sync is in, and then asks the
+    // ruleset's generation whether anyone committed in between. A backend
+    // that cannot tell the generation (`nft`) listens from the start.
+    let tables = node.tables();
+    let mut listening = false;
+    if nft.generation().ok().flatten().is_none() {
+        listening = listen(tables.clone());
+    }
+    let mut leftovers_pending = true;
+    let mut schedule = Schedule::new(settings.min_sync_period, settings.sync_period);
+    // The ruleset's generation after verdict's last successful sync.
+    let mut synced_generation: Option<u32> = None;
+    let mut wait = IDLE;
+    loop {
+        let Some(batch) = next_batch(&inputs, wait) else {
+            return Ok(());
+        };
+        for input in batch {
+            match input {
+                Input::Updates(u) => {
+                    if node.apply(u) {
+                        schedule.changed();
+                        // As kube-proxy, changes count as queued (for
+                        // /healthz) only once the initial lists are in.
+                        if node.ready() {
+                            node.queued();
+                        }
+                    }
+                }
+                Input::Foreign(event) => {
+                    node.foreign_change(&event);
+                    schedule.foreign(Instant::now());
+                }
+                Input::AddressesChanged => {
+                    if node.refresh_addresses(addresses.as_ref()) {
+                        schedule.changed();
+                    }
+                }
+                Input::ConfigChanged(path) => return Err(NodeError::ConfigChanged(path)),
+                Input::SourceStopped(why) => return Err(NodeError::SourceStopped(why)),
+                Input::Stop => return Ok(()),
+            }
+        }
+        wait = IDLE;
+        if !node.ready() {
+            // As kube-proxy: nothing is programmed before the initial lists.
+            continue;
+        }
+        let now = Instant::now();
+        let (full, why) = match schedule.due(now) {
+            Due::Wait(until) => {
+                wait = until.map_or(IDLE, |t| {
+                    t.saturating_duration_since(now)
+                        .max(Duration::from_millis(1))
+                });
+                continue;
+            }
+            Due::Partial => (false, None),
+            Due::Full(why) => (true, Some(why)),
+        };
+        if why == Some(Why::Periodic) {
+            // Nothing was committed since verdict's last sync, and the
+            // listener would have said so: the tables are what verdict
+            // wrote, and reading them back (seconds at 100,000 Services)
+            // would find nothing to repair. Changes waiting for a sync
+            // still get their partial sync on the next turn.
+            let current = nft.generation().ok().flatten();
+            if schedule::resync_unneeded(
+                listening,
+                synced_generation,
+                current,
+                schedule.since_read_back(now),
+                verdict_proxier::proxier::FULL_SYNC_PERIOD,
+            ) {
+                node.resync_unneeded(current.unwrap_or_default(), schedule.changes_pending());
+                schedule.resync_left_out(now);
+                if schedule.changes_pending() {
+                    wait = Duration::ZERO;
+                }
+                continue;
+            }
+        }
+        let trigger = why.map_or("change", Why::as_str);
+        let before = if listening {
+            None
+        } else {
+            nft.generation().ok().flatten()
+        };
+        let commits = nft.commits();
+        let result = node.sync(
+            &mut nft,
+            Host::Node(conntrack.as_mut()),
+            addresses.as_ref(),
+            now,
+            full,
+            trigger,
+        );
+        if !listening && full && result.is_ok() {
+            listening = listen(tables.clone());
+            let after = nft.generation().ok().flatten();
+            let ours = nft.commits().wrapping_sub(commits);
+            if listening && schedule::missed_commits(before, ours, after) {
+                tracing::info!(
+                    ?before,
+                    ?after,
+                    ours,
+                    "the ruleset changed while verdict was not yet listening: repairing"
+                );
+                schedule.foreign(Instant::now());
+            }
+        }
+        synced_generation = match &result {
+            Ok(()) => nft.generation().ok().flatten(),
+            Err(_) => None,
+        };
+        if full {
+            verdict_proxier::proxier::settle_allocator();
+        }
+        if let Err(e) = &result {
+            tracing::error!(error = %e, "sync failed; retrying with backoff, and new changes still go through");
+        }
+        schedule.synced(now, full, result.is_ok());
+        // What kube-proxy's iptables and IPVS modes (and, for verdict, its
+        // nftables mode) left would still act on Service traffic: remove it
+        // once verdict's rules serve every Service, so the swap drops no
+        // traffic, as kube-proxy removes the other modes' state when it
+        // starts in one.
+        if leftovers_pending && full && result.is_ok() {
+            leftovers_pending = false;
+            for problem in leftovers(&mut nft) {
+                tracing::warn!(%problem, "cleaning up kube-proxy's leftovers");
+            }
+        }
+        // Whatever came in meanwhile is looked at before the next wait.
+        wait = Duration::ZERO;
+    }
+}

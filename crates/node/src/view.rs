@@ -1,0 +1,511 @@
+//! The read model: what the node's readers (the introspection API, the
+//! web view, `/metrics`, health, the offline commands) see of it. Only
+//! the run loop writes it, after each sync and only for what the sync
+//! touched; readers take a lock held just long enough to clone an `Arc`
+//! or walk a page, never across a kernel read or a sync. So a reader
+//! never waits for the kernel, and the kernel never waits for a reader.
+//!
+//! Per Service there is one [`ServiceView`]: its ports in each family as
+//! the last sync left them (the service port and its endpoints shared with
+//! the proxier, what the port asks of the table, whether it is
+//! quarantined). Beside them, two indexes that the answers about a packet
+//! or a connection need: the Services by address and by NodePort.
+//!
+//! Compare kube-rs' reflector (`Writer` exclusive, `Store::get` returning
+//! an `Arc`): a view is replaced whole, never changed in place.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard};
+
+use verdict_admin::{Health, Metrics};
+use verdict_model::{Endpoint, IpFamily, NamespacedName, ServicePort, ServicePortName};
+use verdict_nft::Family;
+use verdict_proxier::{Intent, Proxier, ProxierConfig};
+
+use crate::history::History;
+
+/// One port of a Service in one family, as the last sync left it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PortView {
+    /// Its name.
+    pub name: ServicePortName,
+    /// The service port (shared with the proxier).
+    pub port: Arc<ServicePort>,
+    /// Its endpoints (shared with the proxier).
+    pub endpoints: Arc<[Endpoint]>,
+    /// What it asks of the table (none while quarantined).
+    pub intent: Option<Intent>,
+    /// Why the kernel refused it, while it is quarantined.
+    pub quarantined: Option<String>,
+}
+
+/// A Service in one family.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServiceFamily {
+    /// The family.
+    pub family: IpFamily,
+    /// Its ports.
+    pub ports: Vec<PortView>,
+    /// Quarantined ports the Service no longer has, with the reason.
+    pub quarantined_gone: Vec<(ServicePortName, String)>,
+}
+
+/// A Service as the node proxies it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServiceView {
+    /// Its name.
+    pub name: NamespacedName,
+    /// The families it has ports in.
+    pub families: Vec<ServiceFamily>,
+}
+
+impl ServiceView {
+    /// The Service as the proxiers have it now (`None`: no family has it).
+    pub fn build(name: &NamespacedName, proxiers: &[&Proxier]) -> Option<ServiceView> {
+        let mut families = Vec::new();
+        for p in proxiers {
+            let mut intents: BTreeMap<ServicePortName, Intent> = p
+                .intent_of(name)
+                .into_iter()
+                .map(|i| (i.port.clone(), i))
+                .collect();
+            let ports: Vec<PortView> = p
+                .service_ports()
+                .range(ServicePortName::first_of(name)..)
+                .take_while(|(k, _)| k.service == *name)
+                .map(|(k, sp)| PortView {
+                    name: k.clone(),
+                    port: sp.clone(),
+                    endpoints: p
+                        .endpoints()
+                        .get(k)
+                        .cloned()
+                        .unwrap_or_else(|| Arc::from([])),
+                    intent: intents.remove(k),
+                    quarantined: p.quarantined().get(k).cloned(),
+                })
+                .collect();
+            let quarantined_gone: Vec<(ServicePortName, String)> = p
+                .quarantined_ports_of(name)
+                .filter(|q| !ports.iter().any(|port| port.name == **q))
+                .map(|q| (q.clone(), p.quarantined()[q].clone()))
+                .collect();
+            if ports.is_empty() && quarantined_gone.is_empty() {
+                continue;
+            }
+            families.push(ServiceFamily {
+                family: p.config().family,
+                ports,
+                quarantined_gone,
+            });
+        }
+        (!families.is_empty()).then(|| ServiceView {
+            name: name.clone(),
+            families,
+        })
+    }
+
+    /// Its ports in one family.
+    pub fn family(&self, family: IpFamily) -> Option<&ServiceFamily> {
+        self.families.iter().find(|f| f.family == family)
+    }
+
+    /// Every port, of every family.
+    pub fn ports(&self) -> impl Iterator<Item = (IpFamily, &PortView)> {
+        self.families
+            .iter()
+            .flat_map(|f| f.ports.iter().map(move |p| (f.family, p)))
+    }
+
+    /// The addresses its ports take traffic on: ClusterIPs, external IPs,
+    /// load-balancer addresses.
+    fn addresses(&self) -> impl Iterator<Item = IpAddr> + '_ {
+        self.ports().flat_map(|(_, p)| {
+            std::iter::once(p.port.cluster_ip)
+                .chain(p.port.external_ips.iter().copied())
+                .chain(p.port.load_balancer_vips.iter().copied())
+        })
+    }
+
+    fn node_ports(&self) -> impl Iterator<Item = (IpFamily, u16)> + '_ {
+        self.ports()
+            .filter_map(|(f, p)| p.port.node_port.map(|n| (f, n)))
+    }
+}
+
+/// A family's proxier as readers need it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FamilyView {
+    /// Its configuration.
+    pub config: ProxierConfig,
+    /// The addresses NodePorts are served on.
+    pub node_port_ips: Vec<IpAddr>,
+}
+
+impl FamilyView {
+    /// What readers need of a family's proxier.
+    pub fn of(p: &Proxier) -> Arc<FamilyView> {
+        Arc::new(FamilyView {
+            config: p.config().clone(),
+            node_port_ips: p.config().node_port_ips(),
+        })
+    }
+
+    /// The family's nftables table: (family, name).
+    pub fn table(&self) -> (Family, &str) {
+        (self.config.nft_family(), &self.config.table)
+    }
+}
+
+/// The Services, by name, and the indexes kept beside them.
+#[derive(Default)]
+struct Services {
+    by_name: BTreeMap<NamespacedName, Arc<ServiceView>>,
+    by_address: HashMap<IpAddr, Vec<NamespacedName>>,
+    by_node_port: HashMap<(IpFamily, u16), Vec<NamespacedName>>,
+}
+
+fn unindex<K: std::hash::Hash + Eq>(
+    index: &mut HashMap<K, Vec<NamespacedName>>,
+    key: K,
+    name: &NamespacedName,
+) {
+    if let Some(v) = index.get_mut(&key) {
+        v.retain(|n| n != name);
+        if v.is_empty() {
+            index.remove(&key);
+        }
+    }
+}
+
+fn index<K: std::hash::Hash + Eq>(
+    index: &mut HashMap<K, Vec<NamespacedName>>,
+    key: K,
+    name: &NamespacedName,
+) {
+    let v = index.entry(key).or_default();
+    if !v.contains(name) {
+        v.push(name.clone());
+    }
+}
+
+impl Services {
+    fn put(&mut self, name: NamespacedName, view: Option<Arc<ServiceView>>) {
+        if let Some(old) = self.by_name.remove(&name) {
+            for a in old.addresses() {
+                unindex(&mut self.by_address, a, &name);
+            }
+            for n in old.node_ports() {
+                unindex(&mut self.by_node_port, n, &name);
+            }
+        }
+        if let Some(v) = view {
+            for a in v.addresses() {
+                index(&mut self.by_address, a, &name);
+            }
+            for n in v.node_ports() {
+                index(&mut self.by_node_port, n, &name);
+            }
+            self.by_name.insert(name, v);
+        }
+    }
+}
+
+struct ReadModel {
+    services: RwLock<Services>,
+    families: RwLock<Vec<Arc<FamilyView>>>,
+    local_ips: RwLock<Arc<[IpAddr]>>,
+    history: Mutex<History>,
+    health: Arc<Mutex<Health>>,
+    metrics: Arc<Mutex<Metrics>>,
+}
+
+/// A reader's handle on the read model: cheap to clone, every query
+/// answered from what the last sync published.
+#[derive(Clone)]
+pub struct NodeHandle(Arc<ReadModel>);
+
+/// Takes a lock whoever held it last: a writer that panicked left whole
+/// entries behind (each is replaced in one step).
+fn read<T>(l: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    l.read().unwrap_or_else(|e| e.into_inner())
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl NodeHandle {
+    /// An empty read model over the node's health and metrics.
+    pub fn new(health: Arc<Mutex<Health>>, metrics: Arc<Mutex<Metrics>>) -> NodeHandle {
+        NodeHandle(Arc::new(ReadModel {
+            services: RwLock::default(),
+            families: RwLock::default(),
+            local_ips: RwLock::new(Arc::from([])),
+            history: Mutex::default(),
+            health,
+            metrics,
+        }))
+    }
+
+    /// One Service.
+    pub fn service(&self, name: &NamespacedName) -> Option<Arc<ServiceView>> {
+        read(&self.0.services).by_name.get(name).cloned()
+    }
+
+    /// How many Services there are.
+    pub fn service_count(&self) -> usize {
+        read(&self.0.services).by_name.len()
+    }
+
+    /// One page of the Services whose `namespace/name` contains `query`,
+    /// in name order, and how many match in all.
+    pub fn services_page(
+        &self,
+        query: &str,
+        offset: usize,
+        limit: usize,
+    ) -> (usize, Vec<Arc<ServiceView>>) {
+        let s = read(&self.0.services);
+        if query.is_empty() {
+            let page = s
+                .by_name
+                .values()
+                .skip(offset)
+                .take(limit)
+                .cloned()
+                .collect();
+            return (s.by_name.len(), page);
+        }
+        let mut total = 0;
+        let mut page = Vec::new();
+        for (name, v) in &s.by_name {
+            if !name.to_string().contains(query) {
+                continue;
+            }
+            if total >= offset && page.len() < limit {
+                page.push(v.clone());
+            }
+            total += 1;
+        }
+        (total, page)
+    }
+
+    /// Every Service (for the answers that read the whole table anyway:
+    /// drift, counters).
+    pub fn all_services(&self) -> Vec<Arc<ServiceView>> {
+        read(&self.0.services).by_name.values().cloned().collect()
+    }
+
+    /// The Services that take traffic on `addr` (a ClusterIP, an external
+    /// IP, a load-balancer address).
+    pub fn services_at(&self, addr: IpAddr) -> Vec<Arc<ServiceView>> {
+        let s = read(&self.0.services);
+        s.by_address
+            .get(&addr)
+            .into_iter()
+            .flatten()
+            .filter_map(|n| s.by_name.get(n).cloned())
+            .collect()
+    }
+
+    /// The Services with this NodePort in `family`.
+    pub fn services_at_node_port(&self, family: IpFamily, port: u16) -> Vec<Arc<ServiceView>> {
+        let s = read(&self.0.services);
+        s.by_node_port
+            .get(&(family, port))
+            .into_iter()
+            .flatten()
+            .filter_map(|n| s.by_name.get(n).cloned())
+            .collect()
+    }
+
+    /// The families' proxiers.
+    pub fn families(&self) -> Vec<Arc<FamilyView>> {
+        read(&self.0.families).clone()
+    }
+
+    /// One family's proxier.
+    pub fn family(&self, family: IpFamily) -> Option<Arc<FamilyView>> {
+        read(&self.0.families)
+            .iter()
+            .find(|f| f.config.family == family)
+            .cloned()
+    }
+
+    /// The node's addresses.
+    pub fn local_ips(&self) -> Arc<[IpAddr]> {
+        read(&self.0.local_ips).clone()
+    }
+
+    /// The recent syncs and foreign changes.
+    pub fn history(&self) -> MutexGuard<'_, History> {
+        lock(&self.0.history)
+    }
+
+    /// The proxy's health.
+    pub fn health(&self) -> &Arc<Mutex<Health>> {
+        &self.0.health
+    }
+
+    /// kube-proxy's metrics.
+    pub fn metrics(&self) -> &Arc<Mutex<Metrics>> {
+        &self.0.metrics
+    }
+
+    /// A read model of these proxiers, every Service published (tests of
+    /// the answers, without a run loop).
+    pub fn of_proxiers(proxiers: &[&Proxier], local_ips: &[IpAddr]) -> NodeHandle {
+        let h = NodeHandle::new(
+            Arc::new(Mutex::new(Health::new(std::time::Duration::from_secs(60)))),
+            Arc::new(Mutex::new(Metrics::new())),
+        );
+        h.publish(proxiers, None, local_ips);
+        h
+    }
+
+    /// Publishes what readers need of `proxiers`: the families, the node's
+    /// addresses, and the Services `touched` (`None`: every one, and
+    /// whatever the readers still have that is gone), rebuilt from the
+    /// proxiers and replaced in one step.
+    pub(crate) fn publish(
+        &self,
+        proxiers: &[&Proxier],
+        touched: Option<&std::collections::BTreeSet<NamespacedName>>,
+        local_ips: &[IpAddr],
+    ) {
+        self.publish_node(
+            proxiers.iter().map(|p| FamilyView::of(p)).collect(),
+            local_ips,
+        );
+        let names: Vec<NamespacedName> = match touched {
+            Some(t) => t.iter().cloned().collect(),
+            None => {
+                let mut all: std::collections::BTreeSet<NamespacedName> = proxiers
+                    .iter()
+                    .flat_map(|p| p.service_ports().keys().chain(p.quarantined().keys()))
+                    .map(|k| k.service.clone())
+                    .collect();
+                all.extend(read(&self.0.services).by_name.keys().cloned());
+                all.into_iter().collect()
+            }
+        };
+        let views = names
+            .into_iter()
+            .map(|n| {
+                let v = ServiceView::build(&n, proxiers).map(Arc::new);
+                (n, v)
+            })
+            .collect();
+        self.publish_services(views);
+    }
+
+    /// Replaces or removes the views of these Services, in one step.
+    fn publish_services(&self, views: Vec<(NamespacedName, Option<Arc<ServiceView>>)>) {
+        if views.is_empty() {
+            return;
+        }
+        let mut s = self.0.services.write().unwrap_or_else(|e| e.into_inner());
+        for (name, view) in views {
+            s.put(name, view);
+        }
+    }
+
+    /// Replaces the families' views and the node's addresses.
+    fn publish_node(&self, families: Vec<Arc<FamilyView>>, local_ips: &[IpAddr]) {
+        *self.0.families.write().unwrap_or_else(|e| e.into_inner()) = families;
+        let same = **read(&self.0.local_ips) == *local_ips;
+        if !same {
+            *self.0.local_ips.write().unwrap_or_else(|e| e.into_inner()) = Arc::from(local_ips);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use verdict_conformance::{ServiceExt, SliceExt, TCP, slice, svc};
+    use verdict_nft::MemoryBackend;
+
+    fn handle() -> NodeHandle {
+        NodeHandle::new(
+            Arc::new(Mutex::new(Health::new(std::time::Duration::from_secs(60)))),
+            Arc::new(Mutex::new(Metrics::new())),
+        )
+    }
+
+    fn proxier() -> Proxier {
+        let mut c = ProxierConfig::new(IpFamily::V4, "n1");
+        c.node_ips = vec!["192.168.0.2".parse().unwrap()];
+        Proxier::new(c).unwrap()
+    }
+
+    #[test]
+    fn a_view_shares_the_proxiers_ports_and_endpoints_and_indexes_its_addresses() {
+        let mut p = proxier();
+        let web = svc("ns", "web")
+            .cluster_ip("172.30.0.41")
+            .port("p80", TCP, 80, 30080)
+            .external_ips(&["192.0.2.9"]);
+        p.on_service(None, Some(&web));
+        p.on_endpoint_slice(
+            &slice("ns", "web", "w1")
+                .port("p80", TCP, 8080)
+                .ep("10.180.0.1", "n1"),
+            false,
+        );
+        p.sync(&mut MemoryBackend::new(), std::time::Instant::now())
+            .unwrap();
+        let name = NamespacedName::new("ns", "web");
+        let v = ServiceView::build(&name, &[&p]).unwrap();
+        let (_, port) = v.ports().next().unwrap();
+        let (_, sp) = p.service_ports().iter().next().unwrap();
+        assert!(Arc::ptr_eq(&port.port, sp), "shared, not copied");
+        assert_eq!(port.endpoints.len(), 1);
+        assert!(
+            port.intent.as_ref().is_some_and(|i| !i.elements.is_empty()),
+            "{port:?}"
+        );
+        let h = handle();
+        h.publish_services(vec![(name.clone(), Some(Arc::new(v)))]);
+        let at = |a: &str| h.services_at(a.parse().unwrap()).len();
+        assert_eq!(
+            (at("172.30.0.41"), at("192.0.2.9"), at("10.0.0.1")),
+            (1, 1, 0)
+        );
+        assert_eq!(h.services_at_node_port(IpFamily::V4, 30080).len(), 1);
+        assert_eq!(h.services_page("web", 0, 10).0, 1);
+        assert_eq!(h.services_page("nope", 0, 10).0, 0);
+        // Gone from the proxier: gone from the view and its indexes.
+        p.on_service(Some(&web), None);
+        p.sync(&mut MemoryBackend::new(), std::time::Instant::now())
+            .unwrap();
+        assert_eq!(ServiceView::build(&name, &[&p]), None);
+        h.publish_services(vec![(name, None)]);
+        assert_eq!((at("172.30.0.41"), h.service_count()), (0, 0));
+        assert_eq!(h.services_at_node_port(IpFamily::V4, 30080).len(), 0);
+    }
+
+    #[test]
+    fn a_page_past_the_end_is_empty_and_counts_every_match() {
+        let h = handle();
+        let views: Vec<_> = (0..5)
+            .map(|i| {
+                let name = NamespacedName::new("ns", format!("s{i}"));
+                let v = ServiceView {
+                    name: name.clone(),
+                    families: Vec::new(),
+                };
+                (name, Some(Arc::new(v)))
+            })
+            .collect();
+        h.publish_services(views);
+        let (total, page) = h.services_page("", 3, 10);
+        assert_eq!((total, page.len()), (5, 2));
+        let (total, page) = h.services_page("s", 10, 10);
+        assert_eq!((total, page.len()), (5, 0));
+        let (total, page) = h.services_page("s1", 0, 10);
+        assert_eq!((total, page[0].name.name.as_str()), (1, "s1"));
+    }
+}

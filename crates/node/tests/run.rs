@@ -1,0 +1,516 @@
+//! The run loop, whole, without root: the in-memory backend stands for
+//! the kernel, a fake conntrack table for ctnetlink, and the test sends
+//! the inputs a node would get (the source's updates, a foreign commit, a
+//! stop). What readers see is asserted through the read model, as the API
+//! reads it.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::IpAddr;
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime};
+
+use verdict_admin::Metrics;
+use verdict_conformance::{ServiceExt, SliceExt, TCP, UDP, slice, svc};
+use verdict_k8s::NodeInfo;
+use verdict_k8s::watch::Update;
+use verdict_model::{EndpointSlice, NamespacedName, Service};
+use verdict_nft::conntrack::{Conntrack, ConntrackError, Flow, UdpEntry};
+use verdict_nft::monitor::{Change, Object};
+use verdict_nft::{
+    Backend, Element, Family, Found, MemoryBackend, NftError, TableState, Transaction, Value,
+};
+use verdict_node::{
+    FixedAddresses, Foreign, Input, Kernel, NodeError, NodeHandle, NodeProxy, NodeSettings,
+};
+use verdict_proxier::NodePortAddresses;
+
+/// The in-memory backend, shared with the test so that it can look, and
+/// play another process that changes the table.
+#[derive(Clone, Default)]
+struct Shared(Arc<Mutex<MemoryBackend>>);
+
+impl Shared {
+    fn with<T>(&self, f: impl FnOnce(&mut MemoryBackend) -> T) -> T {
+        f(&mut self.0.lock().unwrap())
+    }
+
+    fn table(&self) -> Option<TableState> {
+        self.with(|m| m.get(Family::Ip, "verdict").cloned())
+    }
+
+    fn has(&self, set: &str, key: &[Value]) -> bool {
+        self.table()
+            .and_then(|t| t.sets.get(set).map(|s| s.elements.contains_key(key)))
+            .unwrap_or(false)
+    }
+}
+
+impl Backend for Shared {
+    fn run(&mut self, tx: &Transaction) -> Result<(), NftError> {
+        self.with(|m| m.run(tx))
+    }
+    fn check(&mut self, tx: &Transaction) -> Result<(), NftError> {
+        self.with(|m| m.check(tx))
+    }
+    fn table(&mut self, family: Family, name: &str) -> Result<Option<TableState>, NftError> {
+        self.with(|m| m.table(family, name))
+    }
+    fn elements(&mut self, f: Family, t: &str, s: &str) -> Result<Vec<Element>, NftError> {
+        self.with(|m| m.elements(f, t, s))
+    }
+    fn generation(&mut self) -> Result<Option<u32>, NftError> {
+        self.with(|m| m.generation())
+    }
+    fn lookup(
+        &mut self,
+        f: Family,
+        t: &str,
+        s: &str,
+        keys: &[Vec<Value>],
+    ) -> Result<Vec<Option<Found>>, NftError> {
+        self.with(|m| m.lookup(f, t, s, keys))
+    }
+}
+
+/// A conntrack table with one stale UDP entry to a DNS endpoint that the
+/// test removes, recording what the loop asks of it.
+#[derive(Clone, Default)]
+struct FakeConntrack(Arc<Mutex<(Vec<UdpEntry>, Vec<UdpEntry>)>>);
+
+impl Conntrack for FakeConntrack {
+    fn list_udp(&mut self, _: Family) -> Result<Vec<UdpEntry>, ConntrackError> {
+        Ok(self.0.lock().unwrap().0.clone())
+    }
+    fn list_dnat(&mut self, _: Family) -> Result<Vec<Flow>, ConntrackError> {
+        Ok(Vec::new())
+    }
+    fn delete_udp(&mut self, _: Family, e: &UdpEntry) -> Result<usize, ConntrackError> {
+        let mut s = self.0.lock().unwrap();
+        let before = s.0.len();
+        s.0.retain(|x| x != e);
+        s.1.push(*e);
+        Ok(before - s.0.len())
+    }
+}
+
+/// The loop, running on a thread of its own.
+struct Running {
+    tx: Sender<Input>,
+    handle: NodeHandle,
+    memory: Shared,
+    conntrack: FakeConntrack,
+    /// The tables the loop asked to listen to.
+    listened: Arc<Mutex<Vec<String>>>,
+    done: Option<JoinHandle<Result<(), NodeError>>>,
+}
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+/// A loop on node `n1`, addresses as given, minSyncPeriod short.
+fn start_with(addresses: Vec<IpAddr>, tweak: impl FnOnce(&mut NodeSettings)) -> Running {
+    let mut settings = NodeSettings::new("n1");
+    settings.min_sync_period = Duration::from_millis(20);
+    settings.detect_local =
+        verdict_node::DetectLocal::ClusterCidr(vec!["10.0.0.0/8".parse().unwrap()]);
+    tweak(&mut settings);
+    let metrics = Arc::new(Mutex::new(Metrics::new()));
+    let addresses = Arc::new(FixedAddresses(addresses));
+    let node = NodeProxy::new(settings, metrics, addresses.as_ref()).unwrap();
+    let handle = node.handle();
+    let memory = Shared::default();
+    let conntrack = FakeConntrack::default();
+    let listened = Arc::new(Mutex::new(Vec::new()));
+    let l = listened.clone();
+    let kernel = Kernel {
+        backend: Box::new(memory.clone()),
+        conntrack: Box::new(conntrack.clone()),
+        addresses,
+        listen: Box::new(move |tables| {
+            l.lock()
+                .unwrap()
+                .extend(tables.into_iter().map(|(f, t)| format!("{f} {t}")));
+            true
+        }),
+        leftovers: Box::new(|_| Vec::new()),
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    let done = std::thread::spawn(move || verdict_node::run(node, kernel, rx));
+    Running {
+        tx,
+        handle,
+        memory,
+        conntrack,
+        listened,
+        done: Some(done),
+    }
+}
+
+fn start() -> Running {
+    start_with(vec![ip("127.0.0.1"), ip("192.168.0.2")], |_| {})
+}
+
+impl Running {
+    fn send(&self, updates: Vec<Update>) {
+        self.tx.send(Input::Updates(updates)).unwrap();
+    }
+
+    fn stop(mut self) -> Result<(), NodeError> {
+        self.tx.send(Input::Stop).unwrap();
+        self.done.take().unwrap().join().unwrap()
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.tx.send(Input::Stop);
+    }
+}
+
+fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !ok() {
+        assert!(t.elapsed() < Duration::from_secs(10), "timed out: {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn key(s: &Service) -> (String, String) {
+    (s.namespace.clone(), s.name.clone())
+}
+
+fn service(s: Service) -> Update {
+    Update::Service(key(&s), Some(s))
+}
+
+fn endpoints(s: EndpointSlice) -> Update {
+    Update::Slice((s.namespace.clone(), s.name.clone()), Some(s))
+}
+
+/// This node's Node object: /healthz counts it (a node being deleted,
+/// or not known, takes no load-balancer traffic).
+fn this_node() -> Update {
+    Update::Node(Some(NodeInfo {
+        name: "n1".into(),
+        addresses: vec!["192.168.0.2".into()],
+        ..NodeInfo::default()
+    }))
+}
+
+fn web() -> Service {
+    svc("ns", "web")
+        .cluster_ip("172.30.0.41")
+        .port("http", TCP, 80, 0)
+}
+
+fn web_slice(ips: &[&str]) -> EndpointSlice {
+    let mut s = slice("ns", "web", "web-1").port("http", TCP, 8080);
+    for i in ips {
+        s = s.ep(i, "n1");
+    }
+    s
+}
+
+fn entry(addr: &str, port: u16) -> Vec<Value> {
+    vec![
+        Value::Addr(ip(addr)),
+        Value::Proto(verdict_nft::L4Proto::Tcp),
+        Value::Port(port),
+    ]
+}
+
+fn metric(h: &NodeHandle, line_start: &str) -> Option<f64> {
+    let text = h.metrics().lock().unwrap().render();
+    text.lines()
+        .find(|l| l.starts_with(line_start))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+#[test]
+fn nothing_is_programmed_before_the_lists_then_changes_flow_through_to_readers() {
+    let r = start();
+    let name = NamespacedName::new("ns", "web");
+    r.send(vec![
+        service(web()),
+        endpoints(web_slice(&["10.180.0.1", "10.180.0.2"])),
+    ]);
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(r.memory.table().is_none(), "programmed before Synced");
+    assert!(r.handle.service(&name).is_none());
+    r.send(vec![this_node(), Update::Synced]);
+    wait_until("the first sync is published", || {
+        r.handle.service(&name).is_some()
+    });
+    assert!(r.memory.has("service-ips", &entry("172.30.0.41", 80)));
+    let v = r.handle.service(&name).unwrap();
+    let (_, port) = v.ports().next().unwrap();
+    assert_eq!(port.endpoints.len(), 2);
+    assert_eq!(r.handle.services_at(ip("172.30.0.41")).len(), 1);
+    // Health, metrics and history, as the servers read them.
+    let healthz = r.handle.health().lock().unwrap().healthz(SystemTime::now());
+    assert_eq!(healthz.code, 200, "{}", healthz.text_body());
+    assert!(
+        metric(
+            &r.handle,
+            "kubeproxy_sync_proxy_rules_last_timestamp_seconds"
+        )
+        .is_some_and(|t| t > 0.0)
+    );
+    let syncs = r.handle.history().syncs_json();
+    assert!(
+        syncs["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["trigger"] == "first sync" && s["full"] == true),
+        "{syncs:#}"
+    );
+    // The listener joins after the first full sync, for both tables.
+    assert_eq!(*r.listened.lock().unwrap(), ["ip verdict", "ip6 verdict"]);
+
+    // An endpoint goes: the reader sees the one left.
+    r.send(vec![endpoints(web_slice(&["10.180.0.2"]))]);
+    wait_until("the endpoint change is published", || {
+        r.handle.service(&name).is_some_and(|v| {
+            v.ports()
+                .next()
+                .is_some_and(|(_, p)| p.endpoints.len() == 1)
+        })
+    });
+    // The Service goes: from the kernel, the view and its indexes.
+    r.send(vec![Update::Service(key(&web()), None)]);
+    wait_until("the deletion is published", || {
+        r.handle.service(&name).is_none()
+    });
+    assert!(!r.memory.has("service-ips", &entry("172.30.0.41", 80)));
+    assert!(r.handle.services_at(ip("172.30.0.41")).is_empty());
+    assert!(r.stop().is_ok(), "a stop leaves the loop cleanly");
+}
+
+#[test]
+fn a_foreign_flush_is_repaired_and_recorded() {
+    let r = start();
+    r.send(vec![
+        service(web()),
+        endpoints(web_slice(&["10.180.0.1"])),
+        Update::Synced,
+    ]);
+    wait_until("programmed", || {
+        r.memory.has("service-ips", &entry("172.30.0.41", 80))
+    });
+    // Another process flushes verdict's table and the listener says so.
+    r.memory.with(|m| {
+        let mut tx = Transaction::new(Family::Ip, "verdict");
+        tx.delete_table();
+        m.run(&tx).unwrap();
+    });
+    r.tx.send(Input::Foreign(Foreign::Commit {
+        pid: 4242,
+        process: "nft".into(),
+        changes: vec![Change {
+            added: false,
+            object: Object::Table,
+            family: "ip",
+            table: "verdict".into(),
+            name: None,
+        }],
+    }))
+    .unwrap();
+    let t = Instant::now();
+    wait_until("repaired", || {
+        r.memory.has("service-ips", &entry("172.30.0.41", 80))
+    });
+    assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+    let foreign = r.handle.history().foreign_json();
+    assert_eq!(foreign["items"][0]["process"], "nft", "{foreign:#}");
+    assert_eq!(
+        metric(
+            &r.handle,
+            "verdict_foreign_changes_total{ip_family=\"IPv4\"}"
+        ),
+        Some(1.0)
+    );
+}
+
+#[test]
+fn a_port_the_kernel_refuses_is_quarantined_and_the_rest_is_programmed() {
+    let r = start();
+    // Two LoadBalancers on one address and port with overlapping source
+    // ranges: the in-memory backend refuses the overlap, as the kernel.
+    let lb = |name: &str, cidr: &str| {
+        svc("ns", name)
+            .cluster_ip(if name == "lb1" {
+                "172.30.0.51"
+            } else {
+                "172.30.0.52"
+            })
+            .port("http", TCP, 80, 0)
+            .lb(&["5.6.7.8"])
+            .source_ranges(&[cidr])
+    };
+    r.send(vec![
+        service(lb("lb1", "10.0.0.0/8")),
+        service(lb("lb2", "10.1.0.0/16")),
+        service(web()),
+        endpoints(
+            slice("ns", "lb1", "a")
+                .port("http", TCP, 80)
+                .ep("10.180.1.1", "n1"),
+        ),
+        endpoints(
+            slice("ns", "lb2", "b")
+                .port("http", TCP, 80)
+                .ep("10.180.1.2", "n1"),
+        ),
+        endpoints(web_slice(&["10.180.0.1"])),
+        this_node(),
+        Update::Synced,
+    ]);
+    let lb2 = NamespacedName::new("ns", "lb2");
+    wait_until("lb2 quarantined in the view", || {
+        r.handle
+            .service(&lb2)
+            .is_some_and(|v| v.ports().any(|(_, p)| p.quarantined.is_some()))
+    });
+    assert!(r.memory.has("service-ips", &entry("172.30.0.41", 80)));
+    assert_eq!(
+        metric(
+            &r.handle,
+            "verdict_quarantined_service_port{ip_family=\"IPv4\",namespace=\"ns\",service=\"lb2\",port=\"http\"}"
+        ),
+        Some(1.0)
+    );
+    let healthz = r.handle.health().lock().unwrap().healthz(SystemTime::now());
+    assert_eq!(healthz.code, 200, "the rest of the node is healthy");
+}
+
+#[test]
+fn stale_udp_conntrack_is_cleaned_after_an_endpoint_goes() {
+    let r = start();
+    let dns = svc("ns", "dns")
+        .cluster_ip("172.30.0.10")
+        .port("dns", UDP, 53, 0);
+    let dns_slice = |ips: &[&str]| {
+        let mut s = slice("ns", "dns", "dns-1").port("dns", UDP, 5353);
+        for i in ips {
+            s = s.ep(i, "n1");
+        }
+        s
+    };
+    r.send(vec![
+        service(dns),
+        endpoints(dns_slice(&["10.180.0.7", "10.180.0.8"])),
+        Update::Synced,
+    ]);
+    let name = NamespacedName::new("ns", "dns");
+    wait_until("programmed", || r.handle.service(&name).is_some());
+    let stale = UdpEntry {
+        orig_dst: ip("172.30.0.10"),
+        orig_dport: 53,
+        reply_src: ip("10.180.0.7"),
+        reply_sport: 5353,
+    };
+    let kept = UdpEntry {
+        reply_src: ip("10.180.0.8"),
+        ..stale
+    };
+    r.conntrack.0.lock().unwrap().0 = vec![stale, kept];
+    r.send(vec![endpoints(dns_slice(&["10.180.0.8"]))]);
+    wait_until("the stale entry is deleted", || {
+        r.conntrack.0.lock().unwrap().1.contains(&stale)
+    });
+    assert_eq!(
+        r.conntrack.0.lock().unwrap().0,
+        [kept],
+        "the serving one stays"
+    );
+    assert_eq!(
+        metric(
+            &r.handle,
+            "kubeproxy_conntrack_reconciler_deleted_entries_total{ip_family=\"IPv4\"}"
+        ),
+        Some(1.0)
+    );
+}
+
+#[test]
+fn health_check_node_ports_are_served_after_the_sync() {
+    // A health-check port binds a NodePort address of this host: the
+    // first non-loopback IPv4 address it has, as a test without root can
+    // bind it.
+    let Some(host) = verdict_nft::addresses::local_addresses()
+        .unwrap_or_default()
+        .into_iter()
+        .find(|a| a.is_ipv4() && !a.is_loopback())
+    else {
+        println!("skipped: this host has no non-loopback IPv4 address");
+        return;
+    };
+    let port = std::net::TcpListener::bind((host, 0))
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let r = start_with(vec![ip("127.0.0.1"), host], |s| {
+        s.node_ports = NodePortAddresses::cidrs(vec![ipnet::IpNet::from(host)]);
+    });
+    let lb = svc("ns", "lb")
+        .cluster_ip("172.30.0.60")
+        .port("http", TCP, 80, 30060)
+        .lb(&["5.6.7.9"])
+        .etp_local()
+        .hcnp(i32::from(port));
+    r.send(vec![
+        Update::Node(Some(NodeInfo {
+            name: "n1".into(),
+            addresses: vec![host.to_string()],
+            ..NodeInfo::default()
+        })),
+        service(lb),
+        endpoints(
+            slice("ns", "lb", "l")
+                .port("http", TCP, 80)
+                .ep("10.180.2.1", "n1")
+                .ep("10.180.2.2", "other"),
+        ),
+        Update::Synced,
+    ]);
+    let get = || {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect((host, port)).ok()?;
+        s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .ok()?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).ok()?;
+        Some(out)
+    };
+    let mut answer = None;
+    wait_until("the health-check port answers", || {
+        answer = get();
+        answer.is_some()
+    });
+    let answer = answer.unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains("\"localEndpoints\": 1"), "{answer}");
+}
+
+#[test]
+fn a_changed_config_file_or_a_lost_source_stops_the_loop_with_an_error() {
+    let r = start();
+    r.tx.send(Input::ConfigChanged("/etc/kube-proxy/config.conf".into()))
+        .unwrap();
+    let mut r = r;
+    let e = r.done.take().unwrap().join().unwrap().unwrap_err();
+    assert!(matches!(e, NodeError::ConfigChanged(_)), "{e}");
+    let r = start();
+    r.tx.send(Input::SourceStopped("its thread ended".into()))
+        .unwrap();
+    let mut r = r;
+    let e = r.done.take().unwrap().join().unwrap().unwrap_err();
+    assert!(e.to_string().contains("stopped"), "{e}");
+}

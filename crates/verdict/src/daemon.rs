@@ -1,0 +1,318 @@
+//! Wiring: kube-proxy's settings mapped to the node runtime's, the kernel
+//! and the source opened, the admin servers started, and the run loop
+//! given all of it (`verdict-node` owns the loop itself).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use verdict_admin::Metrics;
+use verdict_admin::http::Routes;
+use verdict_admin::metrics as m;
+use verdict_k8s::client::{ClientOptions, Observer, RequestRecord};
+use verdict_k8s::events::{Notice, Regarding};
+use verdict_k8s::watch::ApiSource;
+use verdict_node::api::{self, Offline};
+use verdict_node::{Kernel, KernelAddresses, NodeProxy, NodeSettings, input, once};
+
+use crate::config::Settings;
+use crate::logging::Verbosity;
+
+/// Where Services, EndpointSlices and the Node come from: `--manifests`
+/// if given, else the Kubernetes API (kubeconfig, `--master`, or the
+/// in-cluster service account); and what else `run` needs from the
+/// command line.
+pub struct Source {
+    /// `--manifests`: a YAML file or directory, followed for changes.
+    pub manifests: Option<String>,
+    /// `--kubeconfig` / `clientConnection.kubeconfig`.
+    pub kubeconfig: Option<String>,
+    /// `--master`.
+    pub master: Option<String>,
+    /// `--keep-kube-proxy-nftables`.
+    pub keep_kube_proxy_nftables: bool,
+    /// `--config`'s path and the text read at start: as kube-proxy, verdict
+    /// exits when the file changes, so that its pod restarts with it.
+    pub config_file: Option<(String, String)>,
+}
+
+impl Source {
+    /// The Kubernetes API connection for `node_name`.
+    fn api(&self, node_name: &str, client: ClientOptions) -> ApiSource {
+        ApiSource {
+            kubeconfig: self.kubeconfig.as_ref().map(PathBuf::from),
+            master: self.master.clone(),
+            node_name: node_name.to_string(),
+            client,
+        }
+    }
+
+    /// The node runtime's source.
+    fn node(&self, node_name: &str, client: ClientOptions) -> verdict_node::Source {
+        match &self.manifests {
+            Some(p) => verdict_node::Source::Manifests(PathBuf::from(p)),
+            None => verdict_node::Source::Api(self.api(node_name, client)),
+        }
+    }
+}
+
+/// The API client's rate limit, and its requests counted in the metrics.
+fn client_options(settings: &Settings, metrics: &Arc<Mutex<Metrics>>) -> ClientOptions {
+    let x = metrics.clone();
+    let observer: Observer = Arc::new(move |r: &RequestRecord| {
+        let mut m = x.lock().unwrap_or_else(|e| e.into_inner());
+        m.add(m::REST_CLIENT_REQUESTS, &[&r.code, &r.host, &r.method], 1.0);
+        m.observe(m::REST_CLIENT_DURATION, &[&r.host, &r.method], r.seconds);
+    });
+    ClientOptions {
+        qps: settings.client.qps,
+        burst: settings.client.burst,
+        observer: Some(observer),
+    }
+}
+
+/// The node's name: `hostnameOverride`, else the host name (lower-case).
+fn node_name(settings: &Settings) -> String {
+    settings.hostname_override.clone().unwrap_or_else(|| {
+        std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_lowercase())
+            .unwrap_or_default()
+    })
+}
+
+/// What the node runtime is told.
+fn node_settings(settings: &Settings, source: &Source) -> NodeSettings {
+    NodeSettings {
+        node_name: node_name(settings),
+        bind_address: settings.bind_address,
+        masquerade_bit: settings.masquerade_bit,
+        masquerade_all: settings.masquerade_all,
+        min_sync_period: settings.min_sync_period,
+        sync_period: settings.sync_period,
+        detect_local: settings.detect_local.clone(),
+        node_ports: settings.node_ports.clone(),
+        service_counters: settings.service_counters,
+        keep_kube_proxy_nftables: source.keep_kube_proxy_nftables,
+    }
+}
+
+/// The registry, with the per-family counters visible from the start, the
+/// build and the feature gates.
+fn kube_proxy_metrics(settings: &Settings) -> Arc<Mutex<Metrics>> {
+    let mut x = Metrics::new();
+    let labels: Vec<&str> = crate::version::BUILD
+        .labels()
+        .iter()
+        .map(|(_, v)| *v)
+        .collect();
+    x.set(m::BUILD_INFO, &labels, 1.0);
+    for (gate, on) in settings.feature_gates.all() {
+        x.set(
+            m::FEATURE_ENABLED,
+            &[gate.name, gate.stage.label()],
+            if on { 1.0 } else { 0.0 },
+        );
+    }
+    for f in ["IPv4", "IPv6"] {
+        for name in [
+            m::NFTABLES_SYNC_FAILURES,
+            m::NFTABLES_CLEANUP_FAILURES,
+            m::CONNTRACK_DELETED,
+        ] {
+            x.touch(name, &[f]);
+        }
+    }
+    Arc::new(Mutex::new(x))
+}
+
+/// The API source `run` would use, for `verdict doctor`'s questions.
+pub fn api_source(settings: &Settings, source: &Source, node: &str) -> ApiSource {
+    let metrics = Arc::new(Mutex::new(Metrics::new()));
+    source.api(node, client_options(settings, &metrics))
+}
+
+/// How long a fatal error waits for its Event to be posted.
+const EVENT_FLUSH: Duration = Duration::from_secs(5);
+
+/// Programs the node and keeps it programmed. Returns only on error; on
+/// SIGTERM the process ends and the rules stay, so traffic keeps flowing.
+pub fn run(settings: &Settings, source: &Source, verbosity: &Verbosity) -> anyhow::Result<()> {
+    verdict_node::probe::check_kernel()?;
+    verdict_node::probe::check_net_admin()?;
+    match verdict_admin::process::raise_open_files_limit() {
+        Ok(limit) => tracing::debug!(limit, "open files"),
+        Err(e) => tracing::warn!(error = %e, "cannot raise the limit of open files"),
+    }
+    let metrics = kube_proxy_metrics(settings);
+    let mut node = NodeProxy::new(
+        node_settings(settings, source),
+        metrics.clone(),
+        &KernelAddresses,
+    )?;
+    let name = node.settings().node_name.clone();
+    tracing::info!(
+        node = %name,
+        addresses = ?node.local_ips(),
+        kernel = %std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
+        "node facts"
+    );
+    // As kube-proxy, the API client comes first: a kubeconfig or --master
+    // that cannot be used stops verdict before it changes anything.
+    let client = client_options(settings, &metrics);
+    let (tx, inputs) = std::sync::mpsc::channel();
+    source
+        .node(&name, client.clone())
+        .start(&name, tx.clone())?;
+    let mut events = None;
+    if source.manifests.is_none() {
+        match verdict_k8s::events::start(&source.api(&name, client)) {
+            Ok(e) => {
+                node.set_events(Some(e.sender()));
+                events = Some(e);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot post Events; what they would say is still logged and counted")
+            }
+        }
+    }
+    node.notify(Notice {
+        regarding: Regarding::Node,
+        warning: false,
+        reason: "Starting",
+        action: "StartKubeProxy",
+        note: format!("Starting verdict {}.", crate::version::BUILD.git_version),
+    });
+    let kind = settings.nftables_backend;
+    let mut backend = kind.open().context("nftables")?;
+    tracing::info!(backend = %kind, node = %name, "starting");
+    node.probe(backend.as_mut()).context("startup check")?;
+    tracing::info!("nftables dry run passed: the kernel accepts verdict's ruleset");
+    verdict_node::setup::apply(&settings.conntrack, settings.oom_score_adj)?;
+    let conntrack = kind.conntrack().context("conntrack")?;
+    let handle = node.handle();
+    // kube-proxy's two servers; with bindAddressHardFail, one that cannot
+    // listen stops verdict, after its Event.
+    let mut servers: Vec<(SocketAddr, Routes, &str, &'static str, &str)> = Vec::new();
+    let probes = Arc::new(crate::endpoints::ProbeCounts::default());
+    if let Some(addr) = settings.healthz_bind_address {
+        servers.push((
+            addr,
+            crate::endpoints::health_routes(handle.health().clone(), probes.clone()),
+            "/healthz and /livez",
+            "FailedToStartProxierHealthcheck",
+            "healthz server failed",
+        ));
+    }
+    let counters = settings
+        .service_counters
+        .then(|| api::CounterCache::new(handle.clone(), api::kernel_reader(kind)));
+    if let Some(addr) = settings.metrics_bind_address {
+        let site = crate::endpoints::MetricsSite {
+            metrics: metrics.clone(),
+            probes: probes.clone(),
+            slis: Arc::new(Mutex::new(Metrics::slis())),
+            api: Some(api::handler(
+                kind,
+                handle.clone(),
+                api::kernel_reader(kind),
+                counters.clone(),
+            )),
+            more_metrics: counters.clone().map(api::CounterCache::metrics),
+            configz: crate::config::render::configz(&settings.effective).to_string(),
+            profiling: settings.enable_profiling,
+            verbosity: verbosity.clone(),
+        };
+        servers.push((
+            addr,
+            crate::endpoints::metrics_routes(site),
+            "/metrics",
+            "FailedToStartMetricServer",
+            "starting metrics server failed",
+        ));
+    }
+    for (addr, routes, what, reason, failed) in servers {
+        if let Err(e) = crate::endpoints::serve(addr, routes, what, settings.bind_address_hard_fail)
+        {
+            let note = format!("{failed}: {e}");
+            node.notify(Notice {
+                regarding: Regarding::Node,
+                warning: true,
+                reason,
+                action: "StartKubeProxy",
+                note: note.clone(),
+            });
+            // The poster finishes once every sender is gone.
+            node.set_events(None);
+            if let Some(e) = events.take() {
+                e.close(EVENT_FLUSH);
+            }
+            bail!(note);
+        }
+    }
+    input::addresses(tx.clone());
+    if let Some((path, text)) = &source.config_file {
+        input::config_file(PathBuf::from(path), text.clone(), tx.clone());
+    }
+    let keep = source.keep_kube_proxy_nftables;
+    let kernel = Kernel {
+        backend,
+        conntrack,
+        addresses: Arc::new(KernelAddresses),
+        listen: Box::new(move |tables| input::foreign_changes(tables, tx.clone())),
+        leftovers: Box::new(move |b| verdict_node::leftovers::cleanup(keep, b)),
+    };
+    verdict_node::run(node, kernel, inputs)?;
+    Ok(())
+}
+
+/// The node built in memory from the source, as `run` would program it.
+fn node_parts(
+    settings: &Settings,
+    source: &Source,
+) -> (NodeSettings, Arc<Mutex<Metrics>>, verdict_node::Source) {
+    let node = node_settings(settings, source);
+    let metrics = kube_proxy_metrics(settings);
+    let src = source.node(&node.node_name, client_options(settings, &metrics));
+    (node, metrics, src)
+}
+
+/// The nftables script `run` would program for the source's current
+/// state, both families.
+pub fn plan(settings: &Settings, source: &Source) -> anyhow::Result<String> {
+    let (node, metrics, src) = node_parts(settings, source);
+    Ok(once::plan(
+        node,
+        metrics,
+        src,
+        Some(settings.nftables_backend),
+    )?)
+}
+
+/// The node built in memory, for the offline introspection commands.
+pub fn offline(settings: &Settings, source: &Source) -> anyhow::Result<Offline> {
+    let (node, metrics, src) = node_parts(settings, source);
+    Ok(once::offline(
+        node,
+        metrics,
+        src,
+        Some(settings.nftables_backend),
+    )?)
+}
+
+/// Removes verdict's tables and kube-proxy's leftovers.
+pub fn cleanup(settings: &Settings, source: &Source) -> anyhow::Result<()> {
+    Ok(once::cleanup(
+        settings.nftables_backend,
+        source.keep_kube_proxy_nftables,
+    )?)
+}
+
+/// `--init-only`.
+pub fn init_only(settings: &Settings) -> anyhow::Result<()> {
+    Ok(once::init_only(
+        &settings.conntrack,
+        settings.oom_score_adj,
+    )?)
+}
