@@ -25,7 +25,14 @@
 //!   commands against the running daemon, each answer checked;
 //! - or, with `--heal N`, N foreign `nft flush ruleset`s, each timed from
 //!   the flush to verdict's repair of each family, and the kernel's
-//!   endpoint map checked against every service's endpoints after each.
+//!   endpoint map checked against every service's endpoints after each;
+//! - or, with `--readers N`, `/livez`, `/healthz` and the Service list
+//!   probed every 50 ms through the cold start and through N repairs of a
+//!   foreign flush: how long the readers waited while verdict synced;
+//! - or, with `--slow-clients C --duration S`, C slow clients on each
+//!   admin port (one byte every 3 s, never a whole request) while the
+//!   whole `/metrics` is scraped in a loop and `/livez` probed every 50 ms
+//!   for S seconds.
 //!
 //! Big services: `--endpoints K` endpoints per service, cut into slices of
 //! `--slice-size` (100, the EndpointSlice controller's default). The
@@ -46,10 +53,11 @@ use serde_json::{Value, json};
 use verdict_e2e::apiserver::ApiServerProcess;
 use verdict_e2e::netns::{Netns, Process, can_run, unique_prefix};
 
+use crate::readers::{Prober, Scraper, SlowClients, Summary, first_answer, summarize};
 use crate::workload::service_ip;
 use crate::{flag, pct, sizes};
 
-const USAGE: &str = "usage: verdict-bench daemon [--source api|manifests] [--protocol tcp|udp] [--sizes 1000,10000,30000] [--endpoints 2] [--slice-size 100] [--changes 20 | --churn 100 --duration 60 | --inspect 20 | --heal 10] [--min-sync-period 0s] [--log DIR] [--under 'heaptrack -o FILE'] [--verdict-flags '--service-counters=false']";
+const USAGE: &str = "usage: verdict-bench daemon [--source api|manifests] [--protocol tcp|udp] [--sizes 1000,10000,30000] [--endpoints 2] [--slice-size 100] [--changes 20 | --churn 100 --duration 60 | --inspect 20 | --heal 10 | --readers 5 | --slow-clients 1000 --duration 30] [--min-sync-period 0s] [--log DIR] [--under 'heaptrack -o FILE'] [--verdict-flags '--service-counters=false']";
 
 /// Where verdict reads the cluster from.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -310,6 +318,15 @@ enum Changes {
     Churn(Churn),
     /// `verdict trace` and `verdict explain` against the running daemon.
     Inspect(Inspect),
+    /// The readers, probed through the cold start and the repairs:
+    /// `/livez`, `/healthz` (health port), the Service list (metrics port).
+    Readers {
+        cold: [Summary; 3],
+        repair: [Summary; 3],
+        repairs: usize,
+    },
+    /// Slow clients on both admin ports, a scrape loop, `/livez` probed.
+    Slow(Slow),
     /// Foreign flushes repaired: from the flush to each family synced
     /// again (ms).
     Heal {
@@ -338,8 +355,34 @@ struct Inspect {
 }
 
 /// The daemon's metrics address in the benchmark's namespace, where the
-/// introspection API is served (`--inspect` only).
+/// introspection API is served (`--inspect`, `--readers`,
+/// `--slow-clients`).
 const METRICS: &str = "127.0.0.1:10249";
+/// Its health address (`--readers`, `--slow-clients`).
+const HEALTH: &str = "127.0.0.1:10256";
+/// How often the readers are probed.
+const PROBE_EVERY: Duration = Duration::from_millis(50);
+
+/// What slow clients did to the admin ports.
+struct Slow {
+    clients: usize,
+    secs: usize,
+    /// `/livez` on the health port, `/healthz` on the metrics port.
+    livez: Summary,
+    healthz: Summary,
+    /// Slow connections open at the end, and how many the server closed
+    /// (and the client opened again) meanwhile.
+    open: usize,
+    reopened: usize,
+    /// Whole scrapes of `/metrics` in the time, their p50 and size.
+    scrapes: usize,
+    scrape_p50: f64,
+    scrape_bytes: usize,
+}
+
+fn addr(a: &str) -> Result<std::net::SocketAddr, String> {
+    a.parse().map_err(|e| format!("{a}: {e}"))
+}
 
 /// Asks the running daemon `asks` times what `verdict trace` and
 /// `verdict explain` say about a service, checking each answer against
@@ -711,6 +754,32 @@ enum Mode {
     Inspect { asks: usize },
     /// `flushes` foreign `nft flush ruleset`s, each repaired.
     Heal { flushes: usize },
+    /// The readers probed through the cold start and `repairs` repairs.
+    Readers { repairs: usize },
+    /// `clients` slow clients on each admin port for `secs` seconds.
+    SlowClients { clients: usize, secs: usize },
+}
+
+impl Mode {
+    /// Whether verdict serves its admin ports in this mode.
+    fn serves(self) -> bool {
+        matches!(
+            self,
+            Mode::Inspect { .. } | Mode::Readers { .. } | Mode::SlowClients { .. }
+        )
+    }
+}
+
+/// A foreign `nft flush ruleset`, and when verdict had repaired each
+/// family.
+fn flush_and_wait(ns: &Netns, log: &Log) -> Result<(Instant, Instant, Instant), String> {
+    let t = Instant::now();
+    ns.exec("nft", &["flush", "ruleset"]).map_err(|e| e.0)?;
+    let within = Duration::from_secs(120);
+    log.wait(&["another process changed verdict's tables"], within)?;
+    let v4 = log.wait(&["\"synced\"", "family=\"ip\"", "full=true"], within)?;
+    let v6 = log.wait(&["\"synced\"", "family=\"ip6\"", "full=true"], within)?;
+    Ok((t, v4, v6))
 }
 
 struct Programs<'a> {
@@ -792,6 +861,20 @@ fn run_one(source: Source, shape: Shape, mode: Mode, p: &Programs) -> Result<Row
     };
     let count = source.services(n);
     let prepared = t.elapsed();
+    // The readers are probed from before verdict starts: the cold start's
+    // window opens at the first answer.
+    let prober = match mode {
+        Mode::Readers { .. } => Some(Prober::start(
+            ns.name(),
+            &[
+                (addr(HEALTH)?, "/livez"),
+                (addr(HEALTH)?, "/healthz"),
+                (addr(METRICS)?, "/api/v1/services?limit=10"),
+            ],
+            PROBE_EVERY,
+        )),
+        _ => None,
+    };
     let started = Instant::now();
     let mut child = Command::new("ip")
         .args(["netns", "exec", ns.name()])
@@ -811,13 +894,9 @@ fn run_one(source: Source, shape: Shape, mode: Mode, p: &Programs) -> Result<Row
             // Each sync's summary, which the times are read from.
             "-v=2",
             "--healthz-bind-address",
-            "",
+            if mode.serves() { HEALTH } else { "" },
             "--metrics-bind-address",
-            if matches!(mode, Mode::Inspect { .. }) {
-                METRICS
-            } else {
-                ""
-            },
+            if mode.serves() { METRICS } else { "" },
         ])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -910,17 +989,89 @@ fn run_one(source: Source, shape: Shape, mode: Mode, p: &Programs) -> Result<Row
         Mode::Inspect { asks } => {
             Changes::Inspect(inspect(&ns, p.verdict, &eps, pid, asks, count)?)
         }
+        Mode::Readers { repairs } => {
+            let both_at = started + both;
+            let mut windows = Vec::new();
+            for _ in 0..repairs {
+                // Repairs closer than a second apart back off.
+                std::thread::sleep(Duration::from_secs(2));
+                let (t, v4, v6) = flush_and_wait(&ns, &log)?;
+                windows.push((t, v4.max(v6)));
+                if !kernel_matches(&ns, &eps, count)? {
+                    return Err(
+                        "after a repair, the kernel does not hold every service's endpoints".into(),
+                    );
+                }
+            }
+            let samples = prober.ok_or("no prober")?.finish();
+            let from = first_answer(&samples[0]).ok_or("/livez never answered")?;
+            let cold: Vec<Summary> = samples
+                .iter()
+                .map(|s| summarize(s, from, both_at))
+                .collect();
+            let repair: Vec<Summary> = samples
+                .iter()
+                .map(|s| {
+                    let within: Vec<crate::readers::Sample> = windows
+                        .iter()
+                        .flat_map(|(a, b)| s.iter().filter(|x| x.at >= *a && x.at <= *b).copied())
+                        .collect();
+                    let (a, b) = windows
+                        .first()
+                        .zip(windows.last())
+                        .map_or((from, from), |(f, l)| (f.0, l.1));
+                    summarize(&within, a, b)
+                })
+                .collect();
+            Changes::Readers {
+                cold: [cold[0], cold[1], cold[2]],
+                repair: [repair[0], repair[1], repair[2]],
+                repairs,
+            }
+        }
+        Mode::SlowClients { clients, secs } => {
+            crate::readers::raise_open_files();
+            let (health, metrics) = (addr(HEALTH)?, addr(METRICS)?);
+            let slow = SlowClients::start(
+                ns.name(),
+                &[health, metrics],
+                clients,
+                Duration::from_secs(3),
+            );
+            // Let them connect and start trickling.
+            std::thread::sleep(Duration::from_secs(4));
+            let scraper = Scraper::start(ns.name(), metrics);
+            let probe = Prober::start(
+                ns.name(),
+                &[(health, "/livez"), (metrics, "/healthz")],
+                PROBE_EVERY,
+            );
+            let from = Instant::now();
+            std::thread::sleep(Duration::from_secs(secs as u64));
+            let to = Instant::now();
+            let samples = probe.finish();
+            let (mut scrapes, scrape_bytes) = scraper.finish();
+            let open = slow.open.load(std::sync::atomic::Ordering::Relaxed);
+            let reopened = slow.reopened.load(std::sync::atomic::Ordering::Relaxed);
+            drop(slow);
+            Changes::Slow(Slow {
+                clients,
+                secs,
+                livez: summarize(&samples[0], from, to),
+                healthz: summarize(&samples[1], from, to),
+                open,
+                reopened,
+                scrapes: scrapes.len(),
+                scrape_p50: pct(&mut scrapes, 0.5),
+                scrape_bytes,
+            })
+        }
         Mode::Heal { flushes } => {
             let (mut ip, mut both) = (Vec::new(), Vec::new());
             for _ in 0..flushes {
                 // Repairs closer than a second apart back off.
                 std::thread::sleep(Duration::from_secs(2));
-                let t = Instant::now();
-                ns.exec("nft", &["flush", "ruleset"]).map_err(|e| e.0)?;
-                let within = Duration::from_secs(120);
-                log.wait(&["another process changed verdict's tables"], within)?;
-                let v4 = log.wait(&["\"synced\"", "family=\"ip\"", "full=true"], within)?;
-                let v6 = log.wait(&["\"synced\"", "family=\"ip6\"", "full=true"], within)?;
+                let (t, v4, v6) = flush_and_wait(&ns, &log)?;
                 ip.push(v4.saturating_duration_since(t).as_secs_f64() * 1000.0);
                 both.push(v4.max(v6).saturating_duration_since(t).as_secs_f64() * 1000.0);
                 if !kernel_matches(&ns, &eps, count)? {
@@ -995,14 +1146,19 @@ pub fn daemon(args: &[String]) -> Result<(), String> {
             "sizes must be 1..=200000, --endpoints 1..=10000 (at most 10,000,000 in all), --slice-size 1..=1000, --changes 1..=1000\n{USAGE}"
         ));
     }
-    let modes = (
-        flag(args, "--churn"),
-        flag(args, "--inspect"),
-        flag(args, "--heal"),
-    );
-    let mode = match modes {
-        (None, None, None) => Mode::Latency { changes },
-        (Some(_), None, None) => {
+    let given: Vec<&str> = [
+        "--churn",
+        "--inspect",
+        "--heal",
+        "--readers",
+        "--slow-clients",
+    ]
+    .into_iter()
+    .filter(|m| flag(args, m).is_some())
+    .collect();
+    let mode = match given.as_slice() {
+        [] => Mode::Latency { changes },
+        ["--churn"] => {
             let (rate, secs) = (num("--churn", 100)?, num("--duration", 60)?);
             if rate == 0 || rate > 1000 || secs == 0 || secs > 3600 {
                 return Err(format!(
@@ -1011,31 +1167,47 @@ pub fn daemon(args: &[String]) -> Result<(), String> {
             }
             Mode::Churn { rate, secs }
         }
-        (None, Some(_), None) => {
+        ["--inspect"] => {
             let asks = num("--inspect", 20)?;
             if asks == 0 || asks > 10_000 {
                 return Err(format!("--inspect 1..=10000\n{USAGE}"));
             }
             Mode::Inspect { asks }
         }
-        (None, None, Some(_)) => {
+        ["--heal"] => {
             let flushes = num("--heal", 10)?;
             if flushes == 0 || flushes > 1000 {
                 return Err(format!("--heal 1..=1000\n{USAGE}"));
             }
             Mode::Heal { flushes }
         }
+        ["--readers"] => {
+            let repairs = num("--readers", 5)?;
+            if repairs > 1000 {
+                return Err(format!("--readers 0..=1000\n{USAGE}"));
+            }
+            Mode::Readers { repairs }
+        }
+        ["--slow-clients"] => {
+            let (clients, secs) = (num("--slow-clients", 1000)?, num("--duration", 30)?);
+            if clients == 0 || clients > 4000 || secs == 0 || secs > 3600 {
+                return Err(format!(
+                    "--slow-clients 1..=4000 per port, --duration 1..=3600 s\n{USAGE}"
+                ));
+            }
+            Mode::SlowClients { clients, secs }
+        }
         _ => {
             return Err(format!(
-                "--churn, --inspect or --heal, one of them\n{USAGE}"
+                "--churn, --inspect, --heal, --readers or --slow-clients, one of them\n{USAGE}"
             ));
         }
     };
     // kube-proxy's default, which churn is meant to be measured with; one
     // change at a time is measured without it.
     let min_sync_period = flag(args, "--min-sync-period").unwrap_or(match mode {
-        Mode::Latency { .. } | Mode::Inspect { .. } | Mode::Heal { .. } => "0s",
         Mode::Churn { .. } => "1s",
+        _ => "0s",
     });
     // A profiler to run verdict under (its CPU and RSS columns are then
     // the wrapper's, not verdict's).
@@ -1088,6 +1260,24 @@ pub fn daemon(args: &[String]) -> Result<(), String> {
                 "| services | first full sync (IPv4) | trace p50 / p99 | of which kernel reads p50 | explain p50 / p99 | of which kernel reads p50 | explain --full (whole table) | RSS before / after the asks |"
             );
             println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
+        }
+        Mode::Readers { repairs } => {
+            println!(
+                "### The readers while the verdict program {title} syncs: /livez, /healthz and /api/v1/services?limit=10 every 50 ms through the cold start and {repairs} repairs of a foreign `nft flush ruleset` (K = {k} endpoints in {slices_per} slice(s), {proto} services)\n"
+            );
+            println!(
+                "| services | window | first full sync (IPv4) | /livez p50 / p99 / max | /healthz p50 / p99 / max | services list p50 / p99 / max | probes answered (2xx) |"
+            );
+            println!("|---:|---|---:|---:|---:|---:|---:|");
+        }
+        Mode::SlowClients { clients, secs } => {
+            println!(
+                "### {clients} slow clients on each admin port of the verdict program {title} (one byte every 3 s, never a whole request), the whole /metrics scraped in a loop, /livez and the metrics port's /healthz probed every 50 ms for {secs} s (K = {k} endpoints in {slices_per} slice(s), {proto} services)\n"
+            );
+            println!(
+                "| services | /livez p50 / p99 / max | metrics port /healthz p50 / p99 / max | probes answered (2xx) | slow connections open at the end / closed by the server and opened again | whole scrapes, p50, size |"
+            );
+            println!("|---:|---:|---:|---:|---:|---:|");
         }
         Mode::Heal { flushes } => {
             println!(
@@ -1170,6 +1360,57 @@ pub fn daemon(args: &[String]) -> Result<(), String> {
                 q.rss_before,
                 q.rss_after,
             ),
+            Changes::Readers {
+                cold,
+                repair,
+                repairs,
+            } => {
+                let cell =
+                    |x: &Summary| format!("{:.1} / {:.1} / {:.1} ms", x.p50_ms, x.p99_ms, x.max_ms);
+                let answered = |w: &[Summary; 3]| {
+                    w.iter()
+                        .map(|x| format!("{}/{} ({})", x.answered, x.probes, x.ok))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                };
+                for (window, w) in [
+                    ("cold start", cold),
+                    (&*format!("{repairs} repairs"), repair),
+                ] {
+                    println!(
+                        "| {} | {window} | {:.2} s | {} | {} | {} | {} |",
+                        r.n,
+                        r.cold.as_secs_f64(),
+                        cell(&w[0]),
+                        cell(&w[1]),
+                        cell(&w[2]),
+                        answered(w),
+                    );
+                }
+            }
+            Changes::Slow(x) => {
+                let cell =
+                    |s: &Summary| format!("{:.1} / {:.1} / {:.1} ms", s.p50_ms, s.p99_ms, s.max_ms);
+                println!(
+                    "| {} | {} | {} | {}/{} ({}), {}/{} ({}) | {} of {} / {} | {} in {} s, {:.0} ms, {:.1} MB |",
+                    r.n,
+                    cell(&x.livez),
+                    cell(&x.healthz),
+                    x.livez.answered,
+                    x.livez.probes,
+                    x.livez.ok,
+                    x.healthz.answered,
+                    x.healthz.probes,
+                    x.healthz.ok,
+                    x.open,
+                    2 * x.clients,
+                    x.reopened,
+                    x.scrapes,
+                    x.secs,
+                    x.scrape_p50,
+                    x.scrape_bytes as f64 / 1e6,
+                );
+            }
             Changes::Heal {
                 ip_p50,
                 ip_max,
@@ -1221,6 +1462,22 @@ pub fn daemon(args: &[String]) -> Result<(), String> {
              (closer ones back off); the time runs from just before it to verdict's log line of each \
              family's full sync, which includes its 100 ms wait for the announcements to go quiet. \
              After each repair the kernel's endpoint map must hold every service's endpoints."
+        ),
+        Mode::Readers { .. } => println!(
+            "\nThree probes, each on a thread of its own inside verdict's namespace, one request every \
+             50 ms over a new connection: /livez and /healthz on the health port, and \
+             /api/v1/services?limit=10 on the metrics port. The cold start's window runs from the first \
+             /livez answer (the servers up, before the first sync) to both families' first full sync; a \
+             repair's from just before `nft flush ruleset` to both families repaired. An unanswered probe \
+             counts as its 10 s timeout; \"answered\" counts any status, \"2xx\" the healthy ones \
+             (/healthz is 503 while a family's rules are missing beyond the repair window)."
+        ),
+        Mode::SlowClients { .. } => println!(
+            "\nThe slow clients each open a connection and send one byte of a request every 3 s, never \
+             the whole header; a connection the server closes (its 10 s header timeout) is opened again \
+             at once. Meanwhile a loop scrapes the whole /metrics (per-service counters included) and \
+             two probes ask /livez (health port) and /healthz (metrics port) every 50 ms over a new \
+             connection each."
         ),
     }
     Ok(())

@@ -26,6 +26,7 @@
 mod backends;
 mod daemon;
 mod probe;
+mod readers;
 mod report;
 mod topo;
 mod workload;

@@ -137,9 +137,9 @@ pub fn run(mut node: NodeProxy, kernel: Kernel, inputs: Receiver<Input>) -> Resu
             ) {
                 node.resync_unneeded(current.unwrap_or_default(), schedule.changes_pending());
                 schedule.resync_left_out(now);
-                if schedule.changes_pending() {
-                    wait = Duration::ZERO;
-                }
+                // The schedule says next what is due: a waiting change's
+                // partial sync at once, else the next period.
+                wait = Duration::ZERO;
                 continue;
             }
         }

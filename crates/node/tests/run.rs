@@ -500,6 +500,55 @@ fn health_check_node_ports_are_served_after_the_sync() {
 }
 
 #[test]
+fn a_periodic_resync_with_nothing_committed_is_left_out_every_period() {
+    let r = start_with(vec![ip("192.168.0.2")], |s| {
+        s.sync_period = Duration::from_millis(100);
+    });
+    r.send(vec![service(web()), this_node(), Update::Synced]);
+    let left_out = || {
+        r.handle.history().syncs_json()["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|s| {
+                s["trigger"]
+                    .as_str()
+                    .is_some_and(|t| t.starts_with("periodic resync, not needed"))
+            })
+            .count()
+    };
+    // Two families a period: five periods in a second at the least.
+    wait_until("periodic resyncs, each left out", || left_out() >= 10);
+    let reads = r.handle.history().syncs_json()["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| {
+            s["full"] == true
+                && s["trigger"] != "first sync"
+                && !s["trigger"]
+                    .as_str()
+                    .unwrap_or("")
+                    .starts_with("periodic resync, not needed")
+        })
+        .count();
+    assert_eq!(reads, 0, "nothing was committed: no table was read back");
+    // Another commit to the ruleset: the next one reads back.
+    r.memory.with(|m| {
+        let mut tx = Transaction::new(Family::Ip, "someone-else");
+        tx.add_table(None);
+        m.run(&tx).unwrap();
+    });
+    wait_until("a periodic resync that reads back", || {
+        r.handle.history().syncs_json()["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["trigger"] == "periodic resync")
+    });
+}
+
+#[test]
 fn a_changed_config_file_or_a_lost_source_stops_the_loop_with_an_error() {
     let r = start();
     r.tx.send(Input::ConfigChanged("/etc/kube-proxy/config.conf".into()))
