@@ -251,3 +251,69 @@ fn every_dashboard_query_is_valid_promql() {
     promtool(&["check", "rules", "queries.yaml"], &dir);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Applies JSON-patch operations (`add`, `replace`; an object key or an
+/// array's `-`) as kustomize does.
+fn json_patch(doc: &mut Value, ops: &Value) {
+    for op in ops.as_array().unwrap() {
+        let path = op["path"].as_str().unwrap();
+        let (parent, last) = path.rsplit_once('/').unwrap();
+        let target = doc
+            .pointer_mut(parent)
+            .unwrap_or_else(|| panic!("{parent}"));
+        let value = op["value"].clone();
+        match (op["op"].as_str().unwrap(), target) {
+            ("add", Value::Array(a)) if last == "-" => a.push(value),
+            ("add" | "replace", Value::Object(o)) => {
+                if op["op"] == "replace" {
+                    assert!(o.contains_key(last), "replace of a missing {path}");
+                }
+                o.insert(last.to_owned(), value);
+            }
+            (other, _) => panic!("unsupported op {other} at {path}"),
+        }
+    }
+}
+
+#[test]
+fn the_unprivileged_component_keeps_a_valid_daemonset_with_net_admin_alone() {
+    let dir = deploy_dir().join("../components/unprivileged");
+    let text = std::fs::read_to_string(dir.join("kustomization.yaml")).unwrap();
+    let component: Value = serde_saphyr::from_str(&text).unwrap();
+    assert_eq!(component["kind"], "Component");
+    let mut ds = documents()
+        .into_iter()
+        .find(|(_, v)| v["kind"] == "DaemonSet")
+        .unwrap()
+        .1;
+    for p in component["patches"].as_array().unwrap() {
+        assert_eq!(p["target"]["name"], "verdict");
+        let ops: Value = serde_saphyr::from_str(p["patch"].as_str().unwrap()).unwrap();
+        json_patch(&mut ds, &ops);
+    }
+    round_trip::<DaemonSet>("unprivileged", &ds);
+    let spec = &ds["spec"]["template"]["spec"];
+    let main = &spec["containers"][0];
+    assert_eq!(main["securityContext"]["privileged"], false);
+    assert_eq!(
+        main["securityContext"]["capabilities"]["add"],
+        serde_json::json!(["NET_ADMIN"])
+    );
+    assert_eq!(
+        main["securityContext"]["capabilities"]["drop"],
+        serde_json::json!(["ALL"])
+    );
+    let init = &spec["initContainers"][0];
+    assert_eq!(init["securityContext"]["privileged"], true);
+    let args: Vec<&str> = init["command"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(args.contains(&"--init-only"), "{args:?}");
+    // The init container reads the same configuration, from the same
+    // volume, as the main one.
+    assert_eq!(init["volumeMounts"][0]["name"], "config");
+    assert_eq!(args[1], main["command"][1], "the same --config");
+}
