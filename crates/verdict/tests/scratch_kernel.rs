@@ -38,8 +38,8 @@ fn libraries(bin: &Path) -> Vec<PathBuf> {
         .lines()
         .filter_map(|l| {
             let path = match l.split_once("=>") {
-                Some((_, rest)) => rest.trim().split_whitespace().next()?,
-                None => l.trim().split_whitespace().next()?,
+                Some((_, rest)) => rest.split_whitespace().next()?,
+                None => l.split_whitespace().next()?,
             };
             path.starts_with('/').then(|| PathBuf::from(path))
         })
