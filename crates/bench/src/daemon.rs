@@ -57,7 +57,7 @@ use crate::readers::{Prober, Scraper, SlowClients, Summary, first_answer, summar
 use crate::workload::service_ip;
 use crate::{flag, pct, sizes};
 
-const USAGE: &str = "usage: verdict-bench daemon [--source api|manifests] [--protocol tcp|udp] [--sizes 1000,10000,30000] [--endpoints 2] [--slice-size 100] [--changes 20 | --churn 100 --duration 60 | --inspect 20 | --heal 10 | --readers 5 | --slow-clients 1000 --duration 30] [--min-sync-period 0s] [--log DIR] [--under 'heaptrack -o FILE'] [--verdict-flags '--service-counters=false']";
+const USAGE: &str = "usage: verdict-bench daemon [--listener] [--source api|manifests] [--protocol tcp|udp] [--sizes 1000,10000,30000] [--endpoints 2] [--slice-size 100] [--changes 20 | --churn 100 --duration 60 | --inspect 20 | --heal 10 | --readers 5 | --slow-clients 1000 --duration 30] [--min-sync-period 0s] [--log DIR] [--under 'heaptrack -o FILE'] [--verdict-flags '--service-counters=false']";
 
 /// Where verdict reads the cluster from.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -783,6 +783,10 @@ fn flush_and_wait(ns: &Netns, log: &Log) -> Result<(Instant, Instant, Instant), 
 }
 
 struct Programs<'a> {
+    /// Another process listens to nftables events meanwhile (`--listener`):
+    /// the kernel then builds an announcement for every element of every
+    /// commit, in any namespace.
+    listener: bool,
     verdict: &'a Path,
     apiserver: &'a Path,
     log_to: Option<&'a Path>,
@@ -861,6 +865,23 @@ fn run_one(source: Source, shape: Shape, mode: Mode, p: &Programs) -> Result<Row
     };
     let count = source.services(n);
     let prepared = t.elapsed();
+    // `nft monitor` in a namespace of its own: it listens to every
+    // namespace's commits as far as the kernel's cost goes.
+    let _listener = if p.listener {
+        let other = Netns::create(&format!("{}-mon", unique_prefix())).map_err(|e| e.0)?;
+        let child = Command::new("ip")
+            .args(["netns", "exec", other.name(), "nft", "monitor"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("nft monitor: {e}"))?;
+        // It subscribes as it starts.
+        std::thread::sleep(Duration::from_millis(300));
+        Some((Process(child), other))
+    } else {
+        None
+    };
     // The readers are probed from before verdict starts: the cold start's
     // window opens at the first answer.
     let prober = match mode {
@@ -1218,6 +1239,12 @@ pub fn daemon(args: &[String]) -> Result<(), String> {
         flag(args, "--verdict-flags").map_or(Vec::new(), |u| u.split_whitespace().collect());
     let verdict = sibling("verdict")?;
     let apiserver = sibling("verdict-e2e-apiserver")?;
+    let listener = args.iter().any(|a| a == "--listener");
+    let title_listener = if listener {
+        ", another process listening to nftables events (`nft monitor`, in a namespace of its own)"
+    } else {
+        ", no other process listening to nftables events"
+    };
     let (title, prepared, loaded, change) = match source {
         Source::Api => (
             "against the fake API server",
@@ -1236,7 +1263,7 @@ pub fn daemon(args: &[String]) -> Result<(), String> {
     match mode {
         Mode::Latency { changes } => {
             println!(
-                "### The verdict program {title} (K = {k} endpoints in {slices_per} slice(s), {proto} services, {changes} changes, minSyncPeriod {min_sync_period})\n"
+                "### The verdict program {title} (K = {k} endpoints in {slices_per} slice(s), {proto} services, {changes} changes, minSyncPeriod {min_sync_period}{title_listener})\n"
             );
             println!(
                 "| services | {prepared} | {loaded} | first full sync (IPv4) | both families synced | CPU at first sync | peak RSS | {change} → synced p50 / p99 | work after that sync p50 / max | services programmed |"
@@ -1245,7 +1272,7 @@ pub fn daemon(args: &[String]) -> Result<(), String> {
         }
         Mode::Churn { rate, secs } => {
             println!(
-                "### The verdict program {title} under churn: {rate} endpoint changes a second for {secs} s (K = {k} endpoints in {slices_per} slice(s), {proto} services, minSyncPeriod {min_sync_period})\n"
+                "### The verdict program {title} under churn: {rate} endpoint changes a second for {secs} s (K = {k} endpoints in {slices_per} slice(s), {proto} services, minSyncPeriod {min_sync_period}{title_listener})\n"
             );
             println!(
                 "| services | {loaded} | first full sync (IPv4) | peak RSS at first sync | changes sent in | syncs during churn | gap between syncs p50 / max | sync p50 / p99 | RSS at start / most / end of churn | kernel exact after the last change | services programmed |"
@@ -1254,7 +1281,7 @@ pub fn daemon(args: &[String]) -> Result<(), String> {
         }
         Mode::Inspect { asks } => {
             println!(
-                "### `verdict trace` and `verdict explain` against the verdict program {title}, {asks} of each (K = {k} endpoints in {slices_per} slice(s), {proto} services)\n"
+                "### `verdict trace` and `verdict explain` against the verdict program {title}, {asks} of each (K = {k} endpoints in {slices_per} slice(s), {proto} services{title_listener})\n"
             );
             println!(
                 "| services | first full sync (IPv4) | trace p50 / p99 | of which kernel reads p50 | explain p50 / p99 | of which kernel reads p50 | explain --full (whole table) | RSS before / after the asks |"
@@ -1263,7 +1290,7 @@ pub fn daemon(args: &[String]) -> Result<(), String> {
         }
         Mode::Readers { repairs } => {
             println!(
-                "### The readers while the verdict program {title} syncs: /livez, /healthz and /api/v1/services?limit=10 every 50 ms through the cold start and {repairs} repairs of a foreign `nft flush ruleset` (K = {k} endpoints in {slices_per} slice(s), {proto} services)\n"
+                "### The readers while the verdict program {title} syncs: /livez, /healthz and /api/v1/services?limit=10 every 50 ms through the cold start and {repairs} repairs of a foreign `nft flush ruleset` (K = {k} endpoints in {slices_per} slice(s), {proto} services{title_listener})\n"
             );
             println!(
                 "| services | window | first full sync (IPv4) | /livez p50 / p99 / max | /healthz p50 / p99 / max | services list p50 / p99 / max | probes answered (2xx) |"
@@ -1272,7 +1299,7 @@ pub fn daemon(args: &[String]) -> Result<(), String> {
         }
         Mode::SlowClients { clients, secs } => {
             println!(
-                "### {clients} slow clients on each admin port of the verdict program {title} (one byte every 3 s, never a whole request), the whole /metrics scraped in a loop, /livez and the metrics port's /healthz probed every 50 ms for {secs} s (K = {k} endpoints in {slices_per} slice(s), {proto} services)\n"
+                "### {clients} slow clients on each admin port of the verdict program {title} (one byte every 3 s, never a whole request), the whole /metrics scraped in a loop, /livez and the metrics port's /healthz probed every 50 ms for {secs} s (K = {k} endpoints in {slices_per} slice(s), {proto} services{title_listener})\n"
             );
             println!(
                 "| services | /livez p50 / p99 / max | metrics port /healthz p50 / p99 / max | probes answered (2xx) | slow connections open at the end / closed by the server and opened again | whole scrapes, p50, size |"
@@ -1281,7 +1308,7 @@ pub fn daemon(args: &[String]) -> Result<(), String> {
         }
         Mode::Heal { flushes } => {
             println!(
-                "### Foreign `nft flush ruleset` repaired by the verdict program {title}, {flushes} flushes (K = {k} endpoints in {slices_per} slice(s), {proto} services)\n"
+                "### Foreign `nft flush ruleset` repaired by the verdict program {title}, {flushes} flushes (K = {k} endpoints in {slices_per} slice(s), {proto} services{title_listener})\n"
             );
             println!(
                 "| services | first full sync (IPv4) | flush → IPv4 table repaired p50 / max | flush → both families repaired p50 / max | peak RSS |"
@@ -1298,6 +1325,7 @@ pub fn daemon(args: &[String]) -> Result<(), String> {
             proto,
         };
         let programs = Programs {
+            listener,
             verdict: &verdict,
             apiserver: &apiserver,
             log_to: log_to.as_deref(),

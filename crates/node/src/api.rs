@@ -93,6 +93,12 @@ pub fn handler(
     })
 }
 
+/// An answer as JSON.
+fn to_json<T: serde::Serialize>(t: &T) -> Json {
+    serde_json::to_value(t)
+        .unwrap_or_else(|e| json!({"error": format!("cannot encode the answer: {e}")}))
+}
+
 fn bad(e: BadRequest) -> (u16, Json) {
     (400, json!({"error": e.0}))
 }
@@ -167,9 +173,9 @@ pub fn answer(
                 (Err(e), _) | (_, Err(e)) => return Some(bad(e)),
             };
             let q = req.query_param("q").unwrap_or_default();
-            inspect::services(node, &q, offset, limit)
+            to_json(&inspect::services(node, &q, offset, limit))
         }
-        "/syncs" => node.history().syncs_json(),
+        "/syncs" => to_json(&node.history().syncs()),
         "/connections" => {
             let service = match req.query_param("service") {
                 None => None,
@@ -209,9 +215,9 @@ pub fn answer(
                     }
                 }
             }
-            inspect::connections(node, &all, service.as_ref(), limit)
+            to_json(&inspect::connections(node, &all, service.as_ref(), limit))
         }
-        "/foreign" => node.history().foreign_json(),
+        "/foreign" => to_json(&node.history().foreign_changes()),
         "/trace" => {
             let t = match TraceRequest::parse(|k| req.query_param(k)) {
                 Ok(t) => t,
@@ -227,7 +233,7 @@ pub fn answer(
                 return Some(e);
             }
             match answer {
-                Ok(j) => j,
+                Ok(j) => to_json(&j),
                 Err(e) => return Some(bad(e)),
             }
         }
@@ -239,18 +245,15 @@ pub fn answer(
                     Err(e) => return Some(e),
                 }
             }
-            let families: Vec<Json> = node
+            let families = node
                 .families()
                 .iter()
                 .zip(&kernels)
                 .map(|(f, (_, k))| {
-                    let mut d = inspect::drift(node, f, k.table.as_ref());
-                    d["family"] = json!(f.config.nft_family().to_string());
-                    d["read_ms"] = json!(k.read.as_secs_f64() * 1e3);
-                    d
+                    inspect::drift(node, f, k.table.as_ref(), k.read.as_secs_f64() * 1e3)
                 })
                 .collect();
-            json!({"families": families})
+            to_json(&inspect::answers::DriftAnswer { families })
         }
         path => {
             let Some(name) = path.strip_prefix("/services/") else {
@@ -298,8 +301,8 @@ pub fn answer(
             if let Some(e) = kernels.iter().find_map(|(f, k)| failed(*f, k)) {
                 return Some(e);
             }
-            let code = if doc["found"] == true { 200 } else { 404 };
-            return Some((code, doc));
+            let code = if doc.found { 200 } else { 404 };
+            return Some((code, to_json(&doc)));
         }
     };
     Some((200, answer))

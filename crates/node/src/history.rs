@@ -7,7 +7,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, SystemTime};
 
-use serde_json::{Value as Json, json};
+use crate::inspect::answers::{ForeignAnswer, ForeignItem, SyncItem, SyncsAnswer};
 
 /// How many syncs and foreign changes are kept.
 pub const KEPT: usize = 100;
@@ -95,47 +95,49 @@ impl History {
     }
 
     /// `GET /api/v1/syncs`: newest first.
-    pub fn syncs_json(&self) -> Json {
-        let items: Vec<Json> = self
-            .syncs
-            .iter()
-            .rev()
-            .map(|r| {
-                json!({
-                    "at": verdict_admin::time::rfc3339_micro(r.at),
-                    "family": r.family,
-                    "full": r.full,
-                    "trigger": r.trigger,
-                    "ms": r.took.as_secs_f64() * 1e3,
-                    "operations": r.operations,
-                    "services": r.services,
-                    "sample": r.sample,
-                    "quarantined": r.quarantined,
-                    "error": r.error,
+    pub fn syncs(&self) -> SyncsAnswer {
+        SyncsAnswer {
+            total: self.totals.0,
+            kept: KEPT,
+            items: self
+                .syncs
+                .iter()
+                .rev()
+                .map(|r| SyncItem {
+                    at: verdict_admin::time::rfc3339_micro(r.at),
+                    family: r.family.clone(),
+                    full: r.full,
+                    trigger: r.trigger.into(),
+                    ms: r.took.as_secs_f64() * 1e3,
+                    operations: r.operations,
+                    services: r.services,
+                    sample: r.sample.clone(),
+                    quarantined: r.quarantined,
+                    error: r.error.clone(),
                 })
-            })
-            .collect();
-        json!({"total": self.totals.0, "kept": KEPT, "items": items})
+                .collect(),
+        }
     }
 
     /// `GET /api/v1/foreign`: newest first.
-    pub fn foreign_json(&self) -> Json {
-        let items: Vec<Json> = self
-            .foreign
-            .iter()
-            .rev()
-            .map(|r| {
-                json!({
-                    "at": verdict_admin::time::rfc3339_micro(r.at),
-                    "process": r.process.as_ref().map(|(p, _)| p),
-                    "pid": r.process.as_ref().map(|(_, pid)| pid),
-                    "lost": r.process.is_none(),
-                    "changes": r.changes,
-                    "sample": r.sample,
+    pub fn foreign_changes(&self) -> ForeignAnswer {
+        ForeignAnswer {
+            total: self.totals.1,
+            kept: KEPT,
+            items: self
+                .foreign
+                .iter()
+                .rev()
+                .map(|r| ForeignItem {
+                    at: verdict_admin::time::rfc3339_micro(r.at),
+                    process: r.process.as_ref().map(|(p, _)| p.clone()),
+                    pid: r.process.as_ref().map(|(_, pid)| *pid),
+                    lost: r.process.is_none(),
+                    changes: r.changes,
+                    sample: r.sample.clone(),
                 })
-            })
-            .collect();
-        json!({"total": self.totals.1, "kept": KEPT, "items": items})
+                .collect(),
+        }
     }
 }
 
@@ -164,19 +166,18 @@ mod tests {
         for i in 0..KEPT + 5 {
             h.sync(record(i));
         }
-        let j = h.syncs_json();
-        assert_eq!(j["total"], (KEPT + 5) as u64);
-        let items = j["items"].as_array().unwrap();
-        assert_eq!(items.len(), KEPT);
-        assert_eq!(items[0]["operations"], KEPT + 4, "newest first");
-        assert_eq!(items[KEPT - 1]["operations"], 5, "the oldest five are gone");
+        let j = h.syncs();
+        assert_eq!(j.total, (KEPT + 5) as u64);
+        assert_eq!(j.items.len(), KEPT);
+        assert_eq!(j.items[0].operations, KEPT + 4, "newest first");
+        assert_eq!(j.items[KEPT - 1].operations, 5, "the oldest five are gone");
         h.foreign(ForeignRecord {
             at: SystemTime::UNIX_EPOCH,
             process: None,
             changes: 0,
             sample: Vec::new(),
         });
-        assert_eq!(h.foreign_json()["items"][0]["lost"], true);
+        assert!(h.foreign_changes().items[0].lost);
     }
 
     #[test]

@@ -261,14 +261,13 @@ fn nothing_is_programmed_before_the_lists_then_changes_flow_through_to_readers()
         )
         .is_some_and(|t| t > 0.0)
     );
-    let syncs = r.handle.history().syncs_json();
+    let syncs = r.handle.history().syncs();
     assert!(
-        syncs["items"]
-            .as_array()
-            .unwrap()
+        syncs
+            .items
             .iter()
-            .any(|s| s["trigger"] == "first sync" && s["full"] == true),
-        "{syncs:#}"
+            .any(|s| s.trigger == "first sync" && s.full),
+        "{syncs:#?}"
     );
     // The listener joins after the first full sync, for both tables.
     assert_eq!(*r.listened.lock().unwrap(), ["ip verdict", "ip6 verdict"]);
@@ -326,8 +325,12 @@ fn a_foreign_flush_is_repaired_and_recorded() {
         r.memory.has("service-ips", &entry("172.30.0.41", 80))
     });
     assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
-    let foreign = r.handle.history().foreign_json();
-    assert_eq!(foreign["items"][0]["process"], "nft", "{foreign:#}");
+    let foreign = r.handle.history().foreign_changes();
+    assert_eq!(
+        foreign.items[0].process.as_deref(),
+        Some("nft"),
+        "{foreign:#?}"
+    );
     assert_eq!(
         metric(
             &r.handle,
@@ -506,30 +509,26 @@ fn a_periodic_resync_with_nothing_committed_is_left_out_every_period() {
     });
     r.send(vec![service(web()), this_node(), Update::Synced]);
     let left_out = || {
-        r.handle.history().syncs_json()["items"]
-            .as_array()
-            .unwrap()
+        r.handle
+            .history()
+            .syncs()
+            .items
             .iter()
-            .filter(|s| {
-                s["trigger"]
-                    .as_str()
-                    .is_some_and(|t| t.starts_with("periodic resync, not needed"))
-            })
+            .filter(|s| s.trigger.starts_with("periodic resync, not needed"))
             .count()
     };
     // Two families a period: five periods in a second at the least.
     wait_until("periodic resyncs, each left out", || left_out() >= 10);
-    let reads = r.handle.history().syncs_json()["items"]
-        .as_array()
-        .unwrap()
+    let reads = r
+        .handle
+        .history()
+        .syncs()
+        .items
         .iter()
         .filter(|s| {
-            s["full"] == true
-                && s["trigger"] != "first sync"
-                && !s["trigger"]
-                    .as_str()
-                    .unwrap_or("")
-                    .starts_with("periodic resync, not needed")
+            s.full
+                && s.trigger != "first sync"
+                && !s.trigger.starts_with("periodic resync, not needed")
         })
         .count();
     assert_eq!(reads, 0, "nothing was committed: no table was read back");
@@ -540,11 +539,12 @@ fn a_periodic_resync_with_nothing_committed_is_left_out_every_period() {
         m.run(&tx).unwrap();
     });
     wait_until("a periodic resync that reads back", || {
-        r.handle.history().syncs_json()["items"]
-            .as_array()
-            .unwrap()
+        r.handle
+            .history()
+            .syncs()
+            .items
             .iter()
-            .any(|s| s["trigger"] == "periodic resync")
+            .any(|s| s.trigger == "periodic resync")
     });
 }
 

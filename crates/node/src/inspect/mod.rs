@@ -6,6 +6,7 @@
 //! as text, so a daemon's answer and an offline one read alike. Nothing
 //! here waits for a sync: the read model is what the last one published.
 
+pub mod answers;
 pub mod counters;
 pub mod text;
 pub mod ui;
@@ -16,7 +17,6 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde_json::{Value as Json, json};
 use verdict_model::{
     Endpoint, IpFamily, NamespacedName, NodeTopology, ServicePort, ServicePortName,
     categorize_endpoints,
@@ -29,6 +29,12 @@ use verdict_proxier::layout;
 use verdict_proxier::{LocalDetector, ProxierConfig};
 
 use crate::view::{FamilyView, NodeHandle, ServiceView};
+use answers::{
+    ConnectionsAnswer, ConnectionsOfEndpoint, ConnectionsOfPort, DriftCounts, EntryPoint,
+    ExplainAnswer, ExplainElement, ExplainEndpoint, ExplainFamily, ExplainPort, ExplainPortDetail,
+    FamilyDrift, FlowAnswer, HealthCheck, ServiceItem, ServiceItemPort, ServicesPage, TraceAnswer,
+    TraceOutcome, TracePacket, TraceStep, TraceUpdate,
+};
 
 /// The Service a dispatch element's comment names (`ns/name:port`, as the
 /// proxier writes it).
@@ -490,20 +496,28 @@ fn reason(p: &Owners, path: &TracePath) -> String {
     }
 }
 
-/// The JSON of one lookup.
-fn lookup_json(p: &Owners, l: &verdict_nft::TraceLookup) -> Json {
-    json!({
-        "set": l.set,
-        "key": show_key(&l.key),
-        "found": l.found.is_some(),
-        "value": l.found.as_ref().and_then(|e| e.value.as_ref()).map(ToString::to_string),
-        "service": p.owner(&l.set, &l.key, l.found.as_ref()),
-    })
+/// One lookup, as the answer shows it.
+fn lookup_answer(p: &Owners, l: &verdict_nft::TraceLookup) -> answers::TraceLookup {
+    answers::TraceLookup {
+        set: l.set.clone(),
+        key: show_key(&l.key),
+        found: l.found.is_some(),
+        value: l
+            .found
+            .as_ref()
+            .and_then(|e| e.value.as_ref())
+            .map(ToString::to_string),
+        service: p.owner(&l.set, &l.key, l.found.as_ref()),
+    }
 }
 
 /// `verdict trace`: every path the packet can take through the table,
 /// with the Service owning each element it met.
-pub fn trace(handle: &NodeHandle, req: &TraceRequest, kernel: &Kernel) -> Result<Json, BadRequest> {
+pub fn trace(
+    handle: &NodeHandle,
+    req: &TraceRequest,
+    kernel: &Kernel,
+) -> Result<TraceAnswer, BadRequest> {
     let family = IpFamily::of(req.dst);
     let f = handle
         .family(family)
@@ -547,7 +561,7 @@ fn traced(
     req: &TraceRequest,
     kernel: &Kernel,
     t: &verdict_nft::Trace,
-) -> Result<Json, BadRequest> {
+) -> Result<TraceAnswer, BadRequest> {
     let cfg = &f.config;
     let mut candidates = handle.services_at(req.dst);
     candidates.extend(handle.services_at_node_port(cfg.family, req.dport));
@@ -569,26 +583,33 @@ fn traced(
     }
     let p = &Owners::new(cfg.family, candidates);
     let iif = input_interface(cfg, req.from);
-    let paths: Vec<Json> = t
+    let paths: Vec<answers::TracePath> = t
         .paths
         .iter()
-        .map(|path| {
-            json!({
-                "probability": 1.0 / path.one_in as f64,
-                "disposition": disposition(path.disposition),
-                "dnat": path.dnat.map(|(a, port)| show_addr(a, port)),
-                "masquerade": path.masqueraded,
-                "reason": reason(p, path),
-                "steps": path.steps.iter().map(|s| json!({
-                    "hook": s.hook.to_string(),
-                    "chain": s.chain,
-                    "rule": s.rule,
-                    "lookups": s.lookups.iter().map(|l| lookup_json(p, l)).collect::<Vec<_>>(),
-                })).collect::<Vec<_>>(),
-                "updates": path.updates.iter().map(|(set, e)| json!({
-                    "set": set, "element": e.to_string(),
-                })).collect::<Vec<_>>(),
-            })
+        .map(|path| answers::TracePath {
+            probability: 1.0 / path.one_in as f64,
+            disposition: disposition(path.disposition).into(),
+            dnat: path.dnat.map(|(a, port)| show_addr(a, port)),
+            masquerade: path.masqueraded,
+            reason: reason(p, path),
+            steps: path
+                .steps
+                .iter()
+                .map(|s| TraceStep {
+                    hook: s.hook.to_string(),
+                    chain: s.chain.clone(),
+                    rule: s.rule.clone(),
+                    lookups: s.lookups.iter().map(|l| lookup_answer(p, l)).collect(),
+                })
+                .collect(),
+            updates: path
+                .updates
+                .iter()
+                .map(|(set, e)| TraceUpdate {
+                    set: set.clone(),
+                    element: e.to_string(),
+                })
+                .collect(),
         })
         .collect();
     // Paths that end alike add up: the candidates with their probability.
@@ -613,30 +634,34 @@ fn traced(
             .contains(&l.set.as_str())
         })
         .find_map(|l| p.owner(&l.set, &l.key, l.found.as_ref()));
-    Ok(json!({
-        "packet": {
-            "from": req.from.as_str(),
-            "src": req.src.to_string(),
-            "sport": req.sport,
-            "dst": req.dst.to_string(),
-            "proto": req.proto.to_string(),
-            "dport": req.dport,
-            "iif": iif,
+    Ok(TraceAnswer {
+        packet: TracePacket {
+            from: req.from.as_str().into(),
+            src: req.src.to_string(),
+            sport: req.sport,
+            dst: req.dst.to_string(),
+            proto: req.proto.to_string(),
+            dport: req.dport,
+            iif,
         },
-        "family": cfg.nft_family().to_string(),
-        "table": cfg.table,
-        "source": kernel.source,
-        "read": kernel.read_kind(),
-        "read_ms": kernel.read_ms(),
-        "service": service,
-        "outcomes": outcomes.into_iter().map(|((output, masq, reason), p)| json!({
-            "output": output,
-            "masquerade": masq,
-            "reason": reason,
-            "probability": p,
-        })).collect::<Vec<_>>(),
-        "paths": paths,
-    }))
+        family: cfg.nft_family().to_string(),
+        table: cfg.table.clone(),
+        source: kernel.source.into(),
+        read: kernel.read_kind().into(),
+        read_ms: kernel.read_ms(),
+        service,
+        outcomes: outcomes
+            .into_iter()
+            .map(|((output, masquerade, reason), probability)| TraceOutcome {
+                output,
+                masquerade,
+                reason,
+                probability,
+            })
+            .collect(),
+        paths,
+        live: None,
+    })
 }
 
 fn disposition(d: Disposition) -> &'static str {
@@ -649,34 +674,40 @@ fn disposition(d: Disposition) -> &'static str {
 
 /// `GET /api/v1/services`: the Services both proxiers know, filtered by
 /// `query` (a substring of `namespace/name`), one page.
-pub fn services(handle: &NodeHandle, query: &str, offset: usize, limit: usize) -> Json {
+pub fn services(handle: &NodeHandle, query: &str, offset: usize, limit: usize) -> ServicesPage {
     let (total, page) = handle.services_page(query, offset, limit);
-    let items: Vec<Json> = page
+    let items = page
         .iter()
-        .map(|v| {
-            let ports: Vec<Json> = v
+        .map(|v| ServiceItem {
+            namespace: v.name.namespace.to_string(),
+            name: v.name.name.to_string(),
+            ports: v
                 .ports()
                 .map(|(family, port)| {
                     let sp = &port.port;
                     let eps = &port.endpoints;
-                    json!({
-                        "family": nft_family(family).to_string(),
-                        "port": port.name.port.as_str(),
-                        "protocol": sp.protocol.to_string(),
-                        "cluster_ip": sp.cluster_ip.to_string(),
-                        "service_port": sp.port,
-                        "node_port": sp.node_port,
-                        "endpoints": eps.len(),
-                        "ready": eps.iter().filter(|e| e.ready).count(),
-                        "local": eps.iter().filter(|e| e.is_local && e.ready).count(),
-                        "quarantined": port.quarantined.is_some(),
-                    })
+                    ServiceItemPort {
+                        family: nft_family(family).to_string(),
+                        port: port.name.port.to_string(),
+                        protocol: sp.protocol.to_string(),
+                        cluster_ip: sp.cluster_ip.to_string(),
+                        service_port: sp.port,
+                        node_port: sp.node_port,
+                        endpoints: eps.len(),
+                        ready: eps.iter().filter(|e| e.ready).count(),
+                        local: eps.iter().filter(|e| e.is_local && e.ready).count(),
+                        quarantined: port.quarantined.is_some(),
+                    }
                 })
-                .collect();
-            json!({"namespace": v.name.namespace.as_str(), "name": v.name.name.as_str(), "ports": ports})
+                .collect(),
         })
         .collect();
-    json!({"total": total, "offset": offset, "limit": limit, "items": items})
+    ServicesPage {
+        total,
+        offset,
+        limit,
+        items,
+    }
 }
 
 /// The nftables family of an IP family.
@@ -688,7 +719,7 @@ fn nft_family(f: IpFamily) -> Family {
 }
 
 /// One endpoint as `explain` shows it: its state, which lists use it, and why.
-fn endpoint_json(ep: &Endpoint, sp: &ServicePort, cluster: bool, local: bool) -> Json {
+fn endpoint_answer(ep: &Endpoint, sp: &ServicePort, cluster: bool, local: bool) -> ExplainEndpoint {
     let mut used = Vec::new();
     if cluster {
         used.push("cluster");
@@ -729,19 +760,19 @@ fn endpoint_json(ep: &Endpoint, sp: &ServicePort, cluster: bool, local: bool) ->
     } else {
         "not on this node, and the traffic policy is Local".to_owned()
     };
-    json!({
-        "address": show_addr(ep.ip, ep.port),
-        "ready": ep.ready,
-        "serving": ep.serving,
-        "terminating": ep.terminating,
-        "local": ep.is_local,
-        "node": ep.node_name,
-        "zone": ep.zone,
-        "zone_hints": ep.zone_hints,
-        "node_hints": ep.node_hints,
-        "used_by": used,
-        "why": why,
-    })
+    ExplainEndpoint {
+        address: show_addr(ep.ip, ep.port),
+        ready: ep.ready,
+        serving: ep.serving,
+        terminating: ep.terminating,
+        local: ep.is_local,
+        node: ep.node_name.clone(),
+        zone: ep.zone.clone(),
+        zone_hints: ep.zone_hints.clone(),
+        node_hints: ep.node_hints.clone(),
+        used_by: used.into_iter().map(str::to_owned).collect(),
+        why,
+    }
 }
 
 /// How the proxier decides masquerading for traffic to a ClusterIP.
@@ -805,7 +836,11 @@ pub fn prefetch_explained(
 /// `verdict explain`: one Service, entry point by entry point, endpoint
 /// by endpoint, with the elements it owns and whether the kernel holds
 /// them (`kernels`: per family, the table read back).
-pub fn explain(handle: &NodeHandle, svc: &NamespacedName, kernels: &[(IpFamily, Kernel)]) -> Json {
+pub fn explain(
+    handle: &NodeHandle,
+    svc: &NamespacedName,
+    kernels: &[(IpFamily, Kernel)],
+) -> ExplainAnswer {
     let mut families = Vec::new();
     let (mut missing, mut differs, mut extra) = (0usize, 0usize, 0usize);
     let mut extra_checked = true;
@@ -850,41 +885,47 @@ pub fn explain(handle: &NodeHandle, svc: &NamespacedName, kernels: &[(IpFamily, 
             let in_list = |list: &[Endpoint], ep: &Endpoint| {
                 list.iter().any(|e| e.ip == ep.ip && e.port == ep.port)
             };
-            let endpoints: Vec<Json> = eps
+            let endpoints: Vec<ExplainEndpoint> = eps
                 .iter()
-                .map(|ep| endpoint_json(ep, sp, in_list(&cat.cluster, ep), in_list(&cat.local, ep)))
+                .map(|ep| {
+                    endpoint_answer(ep, sp, in_list(&cat.cluster, ep), in_list(&cat.local, ep))
+                })
                 .collect();
-            let mut entry_points = vec![json!({
-                "kind": "ClusterIP",
-                "address": show_addr(sp.cluster_ip, sp.port),
-                "traffic_policy": if sp.internal_policy_local { "Local" } else { "Cluster" },
-                "masquerade": cluster_ip_masquerade(cfg),
-            })];
+            let policy = |local: bool| if local { "Local" } else { "Cluster" }.to_owned();
+            let entry = |kind: &str, address: Option<String>| EntryPoint {
+                kind: kind.into(),
+                address,
+                port: None,
+                addresses: None,
+                source_ranges: None,
+                traffic_policy: policy(sp.external_policy_local()),
+                masquerade: external_masquerade(sp).into(),
+            };
+            let mut entry_points = vec![EntryPoint {
+                traffic_policy: policy(sp.internal_policy_local),
+                masquerade: cluster_ip_masquerade(cfg),
+                ..entry("ClusterIP", Some(show_addr(sp.cluster_ip, sp.port)))
+            }];
             for ip in &sp.external_ips {
-                entry_points.push(json!({
-                    "kind": "ExternalIP",
-                    "address": show_addr(*ip, sp.port),
-                    "traffic_policy": if sp.external_policy_local() { "Local" } else { "Cluster" },
-                    "masquerade": external_masquerade(sp),
-                }));
+                entry_points.push(entry("ExternalIP", Some(show_addr(*ip, sp.port))));
             }
             for ip in &sp.load_balancer_vips {
-                entry_points.push(json!({
-                    "kind": "LoadBalancer",
-                    "address": show_addr(*ip, sp.port),
-                    "source_ranges": sp.load_balancer_source_ranges.iter().map(ToString::to_string).collect::<Vec<_>>(),
-                    "traffic_policy": if sp.external_policy_local() { "Local" } else { "Cluster" },
-                    "masquerade": external_masquerade(sp),
-                }));
+                entry_points.push(EntryPoint {
+                    source_ranges: Some(
+                        sp.load_balancer_source_ranges
+                            .iter()
+                            .map(ToString::to_string)
+                            .collect(),
+                    ),
+                    ..entry("LoadBalancer", Some(show_addr(*ip, sp.port)))
+                });
             }
             if let Some(np) = sp.node_port {
-                entry_points.push(json!({
-                    "kind": "NodePort",
-                    "port": np,
-                    "addresses": node_port_ips,
-                    "traffic_policy": if sp.external_policy_local() { "Local" } else { "Cluster" },
-                    "masquerade": external_masquerade(sp),
-                }));
+                entry_points.push(EntryPoint {
+                    port: Some(np),
+                    addresses: Some(node_port_ips.clone()),
+                    ..entry("NodePort", None)
+                });
             }
             let intent = port.intent.as_ref();
             let mut elements = Vec::new();
@@ -915,12 +956,12 @@ pub fn explain(handle: &NodeHandle, svc: &NamespacedName, kernels: &[(IpFamily, 
                         Some(_) => "in the kernel".to_owned(),
                     },
                 };
-                elements.push(json!({
-                    "set": e.set,
-                    "element": element_text(&e.element),
-                    "kernel": state,
-                    "programmed_for": e.programmed_for.as_ref().map(ToString::to_string),
-                }));
+                elements.push(ExplainElement {
+                    set: e.set.into(),
+                    element: element_text(&e.element),
+                    kernel: state,
+                    programmed_for: e.programmed_for.as_ref().map(ToString::to_string),
+                });
             }
             // Elements in the kernel that name this port but that it does
             // not want (a comment names the owner of dispatch elements).
@@ -931,62 +972,65 @@ pub fn explain(handle: &NodeHandle, svc: &NamespacedName, kernels: &[(IpFamily, 
             for (set, el) in commented.get(port_name.as_str()).into_iter().flatten() {
                 if !wanted.contains(&(*set, &el.key)) {
                     extra += 1;
-                    elements.push(json!({
-                        "set": set,
-                        "element": element_text(el),
-                        "kernel": "EXTRA in the kernel: verdict does not want it",
-                        "programmed_for": Json::Null,
-                    }));
+                    elements.push(ExplainElement {
+                        set: (*set).into(),
+                        element: element_text(el),
+                        kernel: "EXTRA in the kernel: verdict does not want it".into(),
+                        programmed_for: None,
+                    });
                 }
             }
             let local_ready = eps.iter().filter(|e| e.is_local && e.ready).count();
-            port_docs.push(json!({
-                "port": name.port.as_str(),
-                "protocol": sp.protocol.to_string(),
-                "service_port": sp.port,
-                "entry_points": entry_points,
-                "internal_traffic_policy": if sp.internal_policy_local { "Local" } else { "Cluster" },
-                "external_traffic_policy": if sp.external_policy_local() { "Local" } else { "Cluster" },
-                "session_affinity_seconds": sp.session_affinity_timeout,
-                "health_check_node_port": sp.health_check_node_port.map(|port| json!({
-                    "port": port,
-                    "code": if local_ready > 0 { 200 } else { 503 },
-                    "local_endpoints": local_ready,
-                })),
-                "has_usable_endpoints": cat.has_any_endpoints,
-                "endpoints": endpoints,
-                "elements": elements,
-                "chains": intent.map(|i| i.chains.clone()).unwrap_or_default(),
-                "quarantined": port.quarantined,
-            }));
+            port_docs.push(ExplainPort {
+                port: name.port.to_string(),
+                protocol: sp.protocol.to_string(),
+                quarantined: port.quarantined.clone(),
+                detail: Some(ExplainPortDetail {
+                    service_port: sp.port,
+                    entry_points,
+                    internal_traffic_policy: policy(sp.internal_policy_local),
+                    external_traffic_policy: policy(sp.external_policy_local()),
+                    session_affinity_seconds: sp.session_affinity_timeout,
+                    health_check_node_port: sp.health_check_node_port.map(|port| HealthCheck {
+                        port,
+                        code: if local_ready > 0 { 200 } else { 503 },
+                        local_endpoints: local_ready,
+                    }),
+                    has_usable_endpoints: cat.has_any_endpoints,
+                    endpoints,
+                    elements,
+                    chains: intent.map(|i| i.chains.clone()).unwrap_or_default(),
+                }),
+            });
         }
         for (q, reason) in &sf.quarantined_gone {
-            port_docs.push(json!({
-                "port": q.port.as_str(),
-                "protocol": q.protocol.to_string(),
-                "quarantined": reason,
-            }));
+            port_docs.push(ExplainPort {
+                port: q.port.to_string(),
+                protocol: q.protocol.to_string(),
+                quarantined: Some(reason.clone()),
+                detail: None,
+            });
         }
-        families.push(json!({
-            "family": cfg.nft_family().to_string(),
-            "table": cfg.table,
-            "source": kernel.map(|k| k.source),
-            "read": kernel.map(Kernel::read_kind),
-            "read_ms": kernel.map(Kernel::read_ms),
-            "ports": port_docs,
-        }));
+        families.push(ExplainFamily {
+            family: cfg.nft_family().to_string(),
+            table: cfg.table.clone(),
+            source: kernel.map(|k| k.source.to_owned()),
+            read: kernel.map(|k| k.read_kind().to_owned()),
+            read_ms: kernel.map(Kernel::read_ms),
+            ports: port_docs,
+        });
     }
-    json!({
-        "namespace": svc.namespace.as_str(),
-        "name": svc.name.as_str(),
-        "found": !families.is_empty(),
-        "families": families,
-        "drift": {
-            "missing": missing,
-            "differs": differs,
-            "extra": if extra_checked { json!(extra) } else { Json::Null },
+    ExplainAnswer {
+        namespace: svc.namespace.to_string(),
+        name: svc.name.to_string(),
+        found: !families.is_empty(),
+        families,
+        drift: DriftCounts {
+            missing,
+            differs,
+            extra: extra_checked.then_some(extra),
         },
-    })
+    }
 }
 
 fn element_text(e: &Element) -> String {
@@ -1000,9 +1044,23 @@ fn element_text(e: &Element) -> String {
 /// lacks or holds with another value, and elements in verdict's sets
 /// that it does not want (the affinity map excluded: the data path
 /// writes it).
-pub fn drift(handle: &NodeHandle, f: &FamilyView, table: Option<&TableState>) -> Json {
+pub fn drift(
+    handle: &NodeHandle,
+    f: &FamilyView,
+    table: Option<&TableState>,
+    read_ms: f64,
+) -> FamilyDrift {
+    let family = f.config.nft_family().to_string();
     let Some(t) = table else {
-        return json!({"table": false});
+        return FamilyDrift {
+            family,
+            table: false,
+            missing: 0,
+            differs: 0,
+            extra: 0,
+            examples: Vec::new(),
+            read_ms,
+        };
     };
     // What the family's Services want: the element programmed for each
     // key (another port's claim on the key names it as programmed_for).
@@ -1056,13 +1114,21 @@ pub fn drift(handle: &NodeHandle, f: &FamilyView, table: Option<&TableState>) ->
         }
     }
     const SHOWN: usize = 20;
-    json!({
-        "table": true,
-        "missing": missing.len(),
-        "differs": differs.len(),
-        "extra": extra.len(),
-        "examples": missing.iter().chain(&differs).chain(&extra).take(SHOWN).collect::<Vec<_>>(),
-    })
+    FamilyDrift {
+        family,
+        table: true,
+        missing: missing.len(),
+        differs: differs.len(),
+        extra: extra.len(),
+        examples: missing
+            .iter()
+            .chain(&differs)
+            .chain(&extra)
+            .take(SHOWN)
+            .cloned()
+            .collect(),
+        read_ms,
+    }
 }
 
 #[cfg(test)]
@@ -1086,7 +1152,7 @@ pub fn connections(
     flows: &[(IpFamily, Vec<verdict_nft::conntrack::Flow>)],
     service: Option<&NamespacedName>,
     limit: usize,
-) -> Json {
+) -> ConnectionsAnswer {
     let mut total = 0usize;
     let mut other = 0usize;
     // (service port) → (flows, stale, endpoint → (flows, stale)).
@@ -1150,43 +1216,46 @@ pub fn connections(
             let e = t.2.entry(endpoint.clone()).or_insert((0, stale));
             e.0 += 1;
             if listed.len() < limit {
-                listed.push(json!({
-                    "service": port.name.to_string(),
-                    "proto": f.proto,
-                    "state": f.state,
-                    "client": show_addr(f.src, f.sport),
-                    "entry": show_addr(f.dst, f.dport),
-                    "endpoint": endpoint,
-                    "stale": stale,
-                    "replied": f.replied,
-                    "expires_in": f.timeout,
-                    "packets": f.packets,
-                    "bytes": f.bytes,
-                    "what_verdict_does": stale.then(|| stale_policy(&f.proto)),
-                }));
+                listed.push(FlowAnswer {
+                    service: port.name.to_string(),
+                    proto: f.proto.clone(),
+                    state: f.state.clone(),
+                    client: show_addr(f.src, f.sport),
+                    entry: show_addr(f.dst, f.dport),
+                    endpoint,
+                    stale,
+                    replied: f.replied,
+                    expires_in: f.timeout,
+                    packets: f.packets,
+                    bytes: f.bytes,
+                    what_verdict_does: stale.then(|| stale_policy(&f.proto).to_owned()),
+                });
             }
         }
     }
-    let services: Vec<Json> = by_port
+    let services = by_port
         .into_iter()
-        .map(|(port, (n, stale, eps))| {
-            json!({
-                "service": port.service.to_string(),
-                "port": port.port.as_str(),
-                "protocol": port.protocol.to_string(),
-                "flows": n,
-                "stale": stale,
-                "endpoints": eps.into_iter().map(|(ep, (n, stale))| json!({
-                    "endpoint": ep, "flows": n, "stale": stale,
-                })).collect::<Vec<_>>(),
-            })
+        .map(|(port, (n, stale, eps))| ConnectionsOfPort {
+            service: port.service.to_string(),
+            port: port.port.to_string(),
+            protocol: port.protocol.to_string(),
+            flows: n,
+            stale,
+            endpoints: eps
+                .into_iter()
+                .map(|(endpoint, (flows, stale))| ConnectionsOfEndpoint {
+                    endpoint,
+                    flows,
+                    stale,
+                })
+                .collect(),
         })
         .collect();
-    json!({
-        "total": total,
-        "not_services": other,
-        "services": services,
-        "flows": listed,
-        "limit": limit,
-    })
+    ConnectionsAnswer {
+        total,
+        not_services: other,
+        services,
+        flows: listed,
+        limit,
+    }
 }

@@ -7,6 +7,38 @@ use verdict_nft::{Backend, Element, ElementValue, Family, MemoryBackend, Value, 
 use verdict_proxier::{LocalDetector, NodePortAddresses, Proxier, ProxierConfig};
 
 use super::*;
+use serde_json::{Value as Json, json};
+
+// The answers as the API serves them, so that these tests read them as a
+// client does; the text renderings read them back into their types.
+fn as_json<T: serde::Serialize>(t: &T) -> Json {
+    serde_json::to_value(t).unwrap()
+}
+
+fn typed<T: serde::de::DeserializeOwned>(j: &Json) -> T {
+    serde_json::from_value(j.clone()).unwrap()
+}
+
+fn trace(h: &NodeHandle, r: &TraceRequest, k: &Kernel) -> Result<Json, BadRequest> {
+    super::trace(h, r, k).map(|a| as_json(&a))
+}
+
+fn explain(h: &NodeHandle, svc: &NamespacedName, k: &[(IpFamily, Kernel)]) -> Json {
+    as_json(&super::explain(h, svc, k))
+}
+
+fn services(h: &NodeHandle, q: &str, offset: usize, limit: usize) -> Json {
+    as_json(&super::services(h, q, offset, limit))
+}
+
+fn connections(
+    h: &NodeHandle,
+    flows: &[(IpFamily, Vec<verdict_nft::conntrack::Flow>)],
+    svc: Option<&NamespacedName>,
+    limit: usize,
+) -> Json {
+    as_json(&super::connections(h, flows, svc, limit))
+}
 
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
@@ -154,7 +186,7 @@ fn a_trace_names_the_service_each_element_belongs_to_and_the_odds() {
         .map(|s| s["hook"].as_str().unwrap())
         .collect();
     assert_eq!(hooks.first(), Some(&"prerouting"), "{hooks:?}");
-    let text = text::trace(&doc);
+    let text = text::trace(&typed(&doc));
     assert!(text.contains("service: ns/web:p80"), "{text}");
     assert!(
         text.contains("(steps 1-"),
@@ -345,24 +377,25 @@ fn explain_shows_every_endpoint_and_checks_the_kernel() {
         json!({"missing": 1, "differs": 0, "extra": 1}),
         "{doc:#}"
     );
-    let text = text::explain(&doc);
+    let text = text::explain(&typed(&doc));
     assert!(text.contains("MISSING from the kernel"), "{text}");
     assert!(text.contains("EXTRA in the kernel"), "{text}");
     assert!(
         text.contains("drift: 1 missing, 0 differing, 1 extra"),
         "{text}"
     );
-    let whole = drift(
+    let whole = as_json(&drift(
         &view,
         &view.family(IpFamily::V4).unwrap(),
         kernel(&nft).table.as_ref(),
-    );
+        0.0,
+    ));
     assert_eq!(whole["missing"], 1, "{whole:#}");
     assert_eq!(whole["extra"], 1, "{whole:#}");
 
     let unknown = explain(&view, &NamespacedName::new("ns", "nope"), &[]);
     assert_eq!(unknown["found"], false);
-    assert!(text::explain(&unknown).contains("not known to verdict"));
+    assert!(text::explain(&typed(&unknown)).contains("not known to verdict"));
 }
 
 #[test]
@@ -385,7 +418,7 @@ fn services_are_searched_and_paged() {
     assert_eq!(web["total"], 1);
     assert_eq!(web["items"][0]["ports"][0]["ready"], 2);
     assert_eq!(web["items"][0]["ports"][0]["local"], 1);
-    assert!(text::services(&web).contains("2/3 ready, 1 local"));
+    assert!(text::services(&typed(&web)).contains("2/3 ready, 1 local"));
 }
 
 fn flow(
@@ -468,7 +501,7 @@ fn connections_are_grouped_by_service_and_endpoint_and_stale_ones_flagged() {
     let capped = connections(&view, &flows, None, 2);
     assert_eq!(capped["flows"].as_array().unwrap().len(), 2);
     assert_eq!(capped["total"], 5, "the counts cover every flow");
-    let text = text::connections(&all);
+    let text = text::connections(&typed(&all));
     assert!(
         text.contains("ns/web:p80 tcp: 4 connections, 1 STALE"),
         "{text}"
@@ -651,7 +684,7 @@ fn a_targeted_explain_finds_missing_and_differing_elements_and_says_what_it_did_
         json!({"missing": 1, "differs": 1, "extra": null}),
         "{doc:#}"
     );
-    let text = text::explain(&doc);
+    let text = text::explain(&typed(&doc));
     assert!(
         text.contains("drift: 1 missing, 1 differing") && text.contains("--full"),
         "{text}"

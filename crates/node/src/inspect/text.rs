@@ -1,26 +1,16 @@
-//! The introspection answers as text for a terminal. Each function reads
-//! the JSON the API serves, so what an operator reads is what a script
+//! The introspection answers as text for a terminal, from the same typed
+//! answers the API serves as JSON: what an operator reads is what a script
 //! gets with `-o json`.
 
 use std::fmt::Write as _;
 
-use serde_json::Value as Json;
+use super::answers::{
+    ConnectionsAnswer, ExplainAnswer, ExplainPortDetail, ForeignAnswer, ServicesPage, SyncsAnswer,
+    TraceAnswer, TraceStep,
+};
 
-fn s(v: &Json) -> &str {
-    v.as_str().unwrap_or("")
-}
-
-/// The strings of a JSON list (nothing if it is not one).
-fn strs(v: &Json) -> Vec<&str> {
-    v.as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(Json::as_str)
-        .collect()
-}
-
-fn p(v: &Json) -> String {
-    format!("p={:.2}", v.as_f64().unwrap_or(0.0))
+fn p(v: f64) -> String {
+    format!("p={v:.2}")
 }
 
 fn origin(from: &str) -> &str {
@@ -31,12 +21,12 @@ fn origin(from: &str) -> &str {
     }
 }
 
-fn source(doc: &Json) -> String {
-    match s(&doc["source"]) {
+fn source(doc: &TraceAnswer) -> String {
+    match doc.source.as_str() {
         "kernel" => format!(
             "read back from the kernel in {:.1} ms{}",
-            doc["read_ms"].as_f64().unwrap_or(0.0),
-            if doc["read"] == "targeted" {
+            doc.read_ms,
+            if doc.read == "targeted" {
                 ", the elements the packet met only"
             } else {
                 ""
@@ -48,69 +38,52 @@ fn source(doc: &Json) -> String {
 }
 
 /// One line per outcome: `DNAT to … (p=0.50), masqueraded`.
-fn outcomes(doc: &Json) -> Vec<String> {
-    doc["outcomes"]
-        .as_array()
-        .into_iter()
-        .flatten()
+fn outcomes(doc: &TraceAnswer) -> Vec<String> {
+    doc.outcomes
+        .iter()
         .map(|o| {
-            let passed = !matches!(s(&o["output"]), "DROP" | "REJECT");
-            let masq = match (passed, o["masquerade"] == true) {
+            let passed = !matches!(o.output.as_str(), "DROP" | "REJECT");
+            let masq = match (passed, o.masquerade) {
                 (false, _) => "",
                 (true, true) => ", masqueraded",
                 (true, false) => ", not masqueraded",
             };
-            format!("{} ({}){masq}", s(&o["reason"]), p(&o["probability"]))
+            format!("{} ({}){masq}", o.reason, p(o.probability))
         })
         .collect()
 }
 
 /// `verdict trace`.
-pub fn trace(doc: &Json) -> String {
+pub fn trace(doc: &TraceAnswer) -> String {
     let mut out = String::new();
-    let pkt = &doc["packet"];
-    let sport = pkt["sport"]
-        .as_u64()
-        .map(|p| format!(":{p}"))
-        .unwrap_or_default();
+    let pkt = &doc.packet;
+    let sport = pkt.sport.map(|p| format!(":{p}")).unwrap_or_default();
     let _ = writeln!(
         out,
         "trace: {} {}{sport} → {} port {} from {}",
-        s(&pkt["proto"]),
-        s(&pkt["src"]),
-        s(&pkt["dst"]),
-        pkt["dport"],
-        origin(s(&pkt["from"])),
+        pkt.proto,
+        pkt.src,
+        pkt.dst,
+        pkt.dport,
+        origin(&pkt.from),
     );
-    let _ = writeln!(
-        out,
-        "table: {} {}, {}",
-        s(&doc["family"]),
-        s(&doc["table"]),
-        source(doc)
-    );
-    if let Some(svc) = doc["service"].as_str() {
+    let _ = writeln!(out, "table: {} {}, {}", doc.family, doc.table, source(doc));
+    if let Some(svc) = &doc.service {
         let _ = writeln!(out, "service: {svc}");
     }
     let outs = outcomes(doc);
     let _ = writeln!(out, "verdict: {}", outs.join("\n         "));
-    let paths = doc["paths"].as_array().cloned().unwrap_or_default();
     let mut first: Vec<String> = Vec::new();
-    for (i, path) in paths.iter().enumerate() {
+    for (i, path) in doc.paths.iter().enumerate() {
         let _ = writeln!(
             out,
             "\npath {} of {}, {}: {}",
             i + 1,
-            paths.len(),
-            p(&path["probability"]),
-            s(&path["reason"])
+            doc.paths.len(),
+            p(path.probability),
+            path.reason
         );
-        let steps: Vec<String> = path["steps"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(step)
-            .collect();
+        let steps: Vec<String> = path.steps.iter().map(step).collect();
         // Later paths differ from the first only after a random choice:
         // what they share is said once.
         let shared = if i == 0 {
@@ -124,16 +97,11 @@ pub fn trace(doc: &Json) -> String {
         for (n, st) in steps.iter().enumerate().skip(shared) {
             let _ = write!(out, "  {:>2}. {st}", n + 1);
         }
-        if path["masquerade"] == true {
+        if path.masquerade {
             let _ = writeln!(out, "      masqueraded in postrouting");
         }
-        for u in path["updates"].as_array().into_iter().flatten() {
-            let _ = writeln!(
-                out,
-                "      records @{} {{ {} }}",
-                s(&u["set"]),
-                s(&u["element"])
-            );
+        for u in &path.updates {
+            let _ = writeln!(out, "      records @{} {{ {} }}", u.set, u.element);
         }
         if i == 0 {
             first = steps;
@@ -142,39 +110,114 @@ pub fn trace(doc: &Json) -> String {
     out
 }
 
-fn step(st: &Json) -> String {
-    let mut line = format!(
-        "{:<11} {:<28} {}\n",
-        s(&st["hook"]),
-        s(&st["chain"]),
-        s(&st["rule"])
-    );
-    for l in st["lookups"].as_array().into_iter().flatten() {
-        let found = match (l["found"].as_bool(), l["value"].as_str()) {
-            (Some(true), Some(v)) => format!("→ {v}"),
-            (Some(true), None) => "found".into(),
+fn step(st: &TraceStep) -> String {
+    let mut line = format!("{:<11} {:<28} {}\n", st.hook, st.chain, st.rule);
+    for l in &st.lookups {
+        let found = match (l.found, &l.value) {
+            (true, Some(v)) => format!("→ {v}"),
+            (true, None) => "found".into(),
             _ => "not found".into(),
         };
-        let owner = l["service"]
-            .as_str()
+        let owner = l
+            .service
+            .as_ref()
             .map(|o| format!("  [{o}]"))
             .unwrap_or_default();
-        let _ = writeln!(
-            line,
-            "      {:<40} @{} {} {found}{owner}",
-            "",
-            s(&l["set"]),
-            s(&l["key"])
-        );
+        let _ = writeln!(line, "      {:<40} @{} {} {found}{owner}", "", l.set, l.key);
     }
     line
 }
 
+/// The part of `explain` about one port the Service has.
+fn port_detail(out: &mut String, d: &ExplainPortDetail) {
+    let _ = writeln!(out, "    entry points:");
+    for e in &d.entry_points {
+        let at = match e.kind.as_str() {
+            "NodePort" => {
+                let addrs = e.addresses.clone().unwrap_or_default();
+                format!(
+                    "NodePort {} on {}",
+                    e.port.unwrap_or(0),
+                    if addrs.is_empty() {
+                        "no address".to_owned()
+                    } else {
+                        addrs.join(", ")
+                    }
+                )
+            }
+            kind => format!("{kind} {}", e.address.as_deref().unwrap_or("")),
+        };
+        let ranges = match &e.source_ranges {
+            Some(r) if !r.is_empty() => format!(", only from {}", r.join(", ")),
+            _ => String::new(),
+        };
+        let _ = writeln!(
+            out,
+            "      {at}{ranges}\n        policy {}: {}",
+            e.traffic_policy, e.masquerade
+        );
+    }
+    match d.session_affinity_seconds {
+        Some(t) => {
+            let _ = writeln!(out, "    session affinity: ClientIP, {t} s");
+        }
+        None => {
+            let _ = writeln!(out, "    session affinity: none");
+        }
+    }
+    if let Some(hc) = &d.health_check_node_port {
+        let _ = writeln!(
+            out,
+            "    health-check node port {}: answers {} (localEndpoints {})",
+            hc.port, hc.code, hc.local_endpoints
+        );
+    }
+    if d.endpoints.is_empty() {
+        let _ = writeln!(out, "    endpoints: none");
+    } else {
+        let _ = writeln!(out, "    endpoints:");
+    }
+    for ep in &d.endpoints {
+        let mut state: Vec<String> = [
+            (ep.ready, "ready"),
+            (ep.serving, "serving"),
+            (ep.terminating, "terminating"),
+            (ep.local, "local"),
+        ]
+        .into_iter()
+        .filter(|(on, _)| *on)
+        .map(|(_, w)| w.to_owned())
+        .collect();
+        if let Some(z) = &ep.zone {
+            state.push(format!("zone {z}"));
+        }
+        let used = if ep.used_by.is_empty() {
+            "UNUSED".to_owned()
+        } else {
+            format!("used by the {} list", ep.used_by.join(" and "))
+        };
+        let _ = writeln!(
+            out,
+            "      {:<24} {:<32} {used}: {}",
+            ep.address,
+            state.join(" "),
+            ep.why
+        );
+    }
+    let _ = writeln!(out, "    kernel elements:");
+    for el in &d.elements {
+        let _ = writeln!(out, "      {:<22} {:<56} {}", el.set, el.element, el.kernel);
+    }
+    if !d.chains.is_empty() {
+        let _ = writeln!(out, "    shared chains: {}", d.chains.join(", "));
+    }
+}
+
 /// `verdict explain`.
-pub fn explain(doc: &Json) -> String {
+pub fn explain(doc: &ExplainAnswer) -> String {
     let mut out = String::new();
-    let name = format!("{}/{}", s(&doc["namespace"]), s(&doc["name"]));
-    if doc["found"] != true {
+    let name = format!("{}/{}", doc.namespace, doc.name);
+    if !doc.found {
         let _ = writeln!(
             out,
             "Service {name}: not known to verdict (no such Service, or it has no proxied port)"
@@ -182,12 +225,12 @@ pub fn explain(doc: &Json) -> String {
         return out;
     }
     let _ = writeln!(out, "Service {name}");
-    for fam in doc["families"].as_array().into_iter().flatten() {
-        let src = match fam["source"].as_str() {
+    for fam in &doc.families {
+        let src = match fam.source.as_deref() {
             Some("kernel") => format!(
                 "kernel read back in {:.1} ms{}",
-                fam["read_ms"].as_f64().unwrap_or(0.0),
-                if fam["read"] == "targeted" {
+                fam.read_ms.unwrap_or(0.0),
+                if fam.read.as_deref() == Some("targeted") {
                     ", the Service's elements only"
                 } else {
                     ""
@@ -199,283 +242,180 @@ pub fn explain(doc: &Json) -> String {
         let _ = writeln!(
             out,
             "\n{} (table {} {}, {src})",
-            s(&fam["family"]),
-            s(&fam["family"]),
-            s(&fam["table"])
+            fam.family, fam.family, fam.table
         );
-        for port in fam["ports"].as_array().into_iter().flatten() {
-            let pname = match s(&port["port"]) {
-                "" => "(unnamed)".to_owned(),
-                n => n.to_owned(),
+        for port in &fam.ports {
+            let pname = match port.port.as_str() {
+                "" => "(unnamed)",
+                n => n,
             };
-            let _ = writeln!(
-                out,
-                "  port {pname} {} {}",
-                s(&port["protocol"]),
-                port["service_port"]
-            );
-            if let Some(q) = port["quarantined"].as_str() {
+            let service_port = port
+                .detail
+                .as_ref()
+                .map(|d| format!(" {}", d.service_port))
+                .unwrap_or_default();
+            let _ = writeln!(out, "  port {pname} {}{service_port}", port.protocol);
+            if let Some(q) = &port.quarantined {
                 let _ = writeln!(
                     out,
                     "    QUARANTINED: the kernel refused it ({q}); it is left out until it changes"
                 );
             }
-            if port.get("entry_points").is_none() {
-                continue;
-            }
-            let _ = writeln!(out, "    entry points:");
-            for e in port["entry_points"].as_array().into_iter().flatten() {
-                let at = match s(&e["kind"]) {
-                    "NodePort" => {
-                        let addrs: Vec<&str> = strs(&e["addresses"]);
-                        format!(
-                            "NodePort {} on {}",
-                            e["port"],
-                            if addrs.is_empty() {
-                                "no address".to_owned()
-                            } else {
-                                addrs.join(", ")
-                            }
-                        )
-                    }
-                    kind => format!("{kind} {}", s(&e["address"])),
-                };
-                let ranges: Vec<&str> = strs(&e["source_ranges"]);
-                let ranges = if ranges.is_empty() {
-                    String::new()
-                } else {
-                    format!(", only from {}", ranges.join(", "))
-                };
-                let _ = writeln!(
-                    out,
-                    "      {at}{ranges}\n        policy {}: {}",
-                    s(&e["traffic_policy"]),
-                    s(&e["masquerade"])
-                );
-            }
-            match port["session_affinity_seconds"].as_u64() {
-                Some(t) => {
-                    let _ = writeln!(out, "    session affinity: ClientIP, {t} s");
-                }
-                None => {
-                    let _ = writeln!(out, "    session affinity: none");
-                }
-            }
-            if let Some(hc) = port["health_check_node_port"].as_object() {
-                let _ = writeln!(
-                    out,
-                    "    health-check node port {}: answers {} (localEndpoints {})",
-                    hc["port"], hc["code"], hc["local_endpoints"]
-                );
-            }
-            let eps = port["endpoints"].as_array().cloned().unwrap_or_default();
-            if eps.is_empty() {
-                let _ = writeln!(out, "    endpoints: none");
-            } else {
-                let _ = writeln!(out, "    endpoints:");
-            }
-            for ep in &eps {
-                let mut state = Vec::new();
-                for (k, word) in [
-                    ("ready", "ready"),
-                    ("serving", "serving"),
-                    ("terminating", "terminating"),
-                    ("local", "local"),
-                ] {
-                    if ep[k] == true {
-                        state.push(word.to_owned());
-                    }
-                }
-                if let Some(z) = ep["zone"].as_str() {
-                    state.push(format!("zone {z}"));
-                }
-                let used: Vec<&str> = strs(&ep["used_by"]);
-                let used = if used.is_empty() {
-                    "UNUSED".to_owned()
-                } else {
-                    format!("used by the {} list", used.join(" and "))
-                };
-                let _ = writeln!(
-                    out,
-                    "      {:<24} {:<32} {used}: {}",
-                    s(&ep["address"]),
-                    state.join(" "),
-                    s(&ep["why"])
-                );
-            }
-            let _ = writeln!(out, "    kernel elements:");
-            for el in port["elements"].as_array().into_iter().flatten() {
-                let _ = writeln!(
-                    out,
-                    "      {:<22} {:<56} {}",
-                    s(&el["set"]),
-                    s(&el["element"]),
-                    s(&el["kernel"])
-                );
-            }
-            let chains: Vec<&str> = strs(&port["chains"]);
-            if !chains.is_empty() {
-                let _ = writeln!(out, "    shared chains: {}", chains.join(", "));
+            if let Some(d) = &port.detail {
+                port_detail(&mut out, d);
             }
         }
     }
-    let d = &doc["drift"];
-    let n = |k: &str| d[k].as_u64().unwrap_or(0);
-    let unchecked = d["extra"].is_null();
-    if unchecked && n("missing") + n("differs") == 0 {
-        let _ = writeln!(
-            out,
-            "\ndrift: none in the elements verdict intends for this Service (elements it does not want are looked for with --full, which reads the whole table)"
-        );
-    } else if unchecked {
-        let _ = writeln!(
-            out,
-            "\ndrift: {} missing, {} differing (the next full sync repairs it; one runs at once after a foreign change; --full also looks for unwanted elements)",
-            n("missing"),
-            n("differs"),
-        );
-    } else if n("missing") + n("differs") + n("extra") == 0 {
-        let _ = writeln!(
-            out,
-            "\ndrift: none (the kernel holds what verdict intends for this Service)"
-        );
-    } else {
-        let _ = writeln!(
-            out,
-            "\ndrift: {} missing, {} differing, {} extra (the next full sync repairs it; one runs at once after a foreign change)",
-            n("missing"),
-            n("differs"),
-            n("extra")
-        );
+    let d = &doc.drift;
+    match d.extra {
+        None if d.missing + d.differs == 0 => {
+            let _ = writeln!(
+                out,
+                "\ndrift: none in the elements verdict intends for this Service (elements it does not want are looked for with --full, which reads the whole table)"
+            );
+        }
+        None => {
+            let _ = writeln!(
+                out,
+                "\ndrift: {} missing, {} differing (the next full sync repairs it; one runs at once after a foreign change; --full also looks for unwanted elements)",
+                d.missing, d.differs,
+            );
+        }
+        Some(0) if d.missing + d.differs == 0 => {
+            let _ = writeln!(
+                out,
+                "\ndrift: none (the kernel holds what verdict intends for this Service)"
+            );
+        }
+        Some(extra) => {
+            let _ = writeln!(
+                out,
+                "\ndrift: {} missing, {} differing, {extra} extra (the next full sync repairs it; one runs at once after a foreign change)",
+                d.missing, d.differs,
+            );
+        }
     }
     out
 }
 
 /// `verdict services`.
-pub fn services(doc: &Json) -> String {
+pub fn services(doc: &ServicesPage) -> String {
     let mut out = format!(
         "{:<48} {:<5} {:<12} {:<6} {:<40} {:<9} {}\n",
         "SERVICE", "FAM", "PORT", "PROTO", "CLUSTER-IP:PORT", "NODEPORT", "ENDPOINTS"
     );
-    for item in doc["items"].as_array().into_iter().flatten() {
-        let name = format!("{}/{}", s(&item["namespace"]), s(&item["name"]));
-        for port in item["ports"].as_array().into_iter().flatten() {
-            let np = port["node_port"]
-                .as_u64()
+    for item in &doc.items {
+        let name = format!("{}/{}", item.namespace, item.name);
+        for port in &item.ports {
+            let np = port
+                .node_port
                 .map(|n| n.to_string())
                 .unwrap_or_else(|| "-".into());
             let mut eps = format!(
                 "{}/{} ready, {} local",
-                port["ready"], port["endpoints"], port["local"]
+                port.ready, port.endpoints, port.local
             );
-            if port["quarantined"] == true {
+            if port.quarantined {
                 eps.push_str(", QUARANTINED");
             }
-            let pname = match s(&port["port"]) {
+            let pname = match port.port.as_str() {
                 "" => "-",
                 n => n,
             };
             let _ = writeln!(
                 out,
                 "{name:<48} {:<5} {pname:<12} {:<6} {:<40} {np:<9} {eps}",
-                s(&port["family"]),
-                s(&port["protocol"]),
-                format!("{}:{}", s(&port["cluster_ip"]), port["service_port"]),
+                port.family,
+                port.protocol,
+                format!("{}:{}", port.cluster_ip, port.service_port),
             );
         }
     }
-    let shown = doc["items"].as_array().map_or(0, Vec::len);
     let _ = writeln!(
         out,
-        "{shown} of {} Services (offset {})",
-        doc["total"], doc["offset"]
+        "{} of {} Services (offset {})",
+        doc.items.len(),
+        doc.total,
+        doc.offset
     );
     out
 }
 
 /// `verdict syncs`.
-pub fn syncs(doc: &Json) -> String {
+pub fn syncs(doc: &SyncsAnswer) -> String {
     let mut out = format!(
         "{:<28} {:<4} {:<8} {:<30} {:>9} {:>6} {:>8}  {}\n",
         "AT", "FAM", "KIND", "TRIGGER", "MS", "OPS", "SERVICES", "ERROR / SERVICES"
     );
-    for r in doc["items"].as_array().into_iter().flatten() {
-        let kind = if r["full"] == true { "full" } else { "partial" };
-        let detail = match r["error"].as_str() {
+    for r in &doc.items {
+        let kind = if r.full { "full" } else { "partial" };
+        let detail = match &r.error {
             Some(e) => format!("FAILED: {e}"),
-            None => strs(&r["sample"]).join(", "),
+            None => r.sample.join(", "),
         };
         let _ = writeln!(
             out,
             "{:<28} {:<4} {kind:<8} {:<30} {:>9.2} {:>6} {:>8}  {detail}",
-            s(&r["at"]),
-            s(&r["family"]),
-            s(&r["trigger"]),
-            r["ms"].as_f64().unwrap_or(0.0),
-            r["operations"],
-            r["services"],
+            r.at, r.family, r.trigger, r.ms, r.operations, r.services,
         );
     }
-    let _ = writeln!(out, "{} syncs since start", doc["total"]);
+    let _ = writeln!(out, "{} syncs since start", doc.total);
     out
 }
 
 /// The foreign changes part of `verdict syncs`.
-pub fn foreign(doc: &Json) -> String {
-    let items = doc["items"].as_array().cloned().unwrap_or_default();
+pub fn foreign(doc: &ForeignAnswer) -> String {
     let mut out = format!(
         "\n{} foreign changes to verdict's tables since start{}\n",
-        doc["total"],
-        if items.is_empty() { "" } else { ":" }
+        doc.total,
+        if doc.items.is_empty() { "" } else { ":" }
     );
-    for r in &items {
-        let who = if r["lost"] == true {
+    for r in &doc.items {
+        let who = if r.lost {
             "announcements were lost (the kernel's buffer overflowed)".to_owned()
         } else {
             format!(
                 "{} (pid {}) changed {} objects: {}",
-                s(&r["process"]),
-                r["pid"],
-                r["changes"],
-                strs(&r["sample"]).join("; ")
+                r.process.as_deref().unwrap_or(""),
+                r.pid.unwrap_or(0),
+                r.changes,
+                r.sample.join("; ")
             )
         };
-        let _ = writeln!(out, "{:<28} {who}", s(&r["at"]));
+        let _ = writeln!(out, "{:<28} {who}", r.at);
     }
     out
 }
 
 /// `verdict connections`.
-pub fn connections(doc: &Json) -> String {
+pub fn connections(doc: &ConnectionsAnswer) -> String {
     let mut out = String::new();
-    let services = doc["services"].as_array().cloned().unwrap_or_default();
     let _ = writeln!(
         out,
         "{} connections to Services in the conntrack table ({} other DNATed connections)",
-        doc["total"], doc["not_services"]
+        doc.total, doc.not_services
     );
-    for svc in &services {
-        let stale = svc["stale"].as_u64().unwrap_or(0);
+    for svc in &doc.services {
         let _ = writeln!(
             out,
             "\n{}:{} {}: {} connections{}",
-            s(&svc["service"]),
-            s(&svc["port"]),
-            s(&svc["protocol"]),
-            svc["flows"],
-            if stale > 0 {
-                format!(", {stale} STALE")
+            svc.service,
+            svc.port,
+            svc.protocol,
+            svc.flows,
+            if svc.stale > 0 {
+                format!(", {} STALE", svc.stale)
             } else {
                 String::new()
             }
         );
-        for ep in svc["endpoints"].as_array().into_iter().flatten() {
+        for ep in &svc.endpoints {
             let _ = writeln!(
                 out,
                 "  {:<28} {:>6}{}",
-                s(&ep["endpoint"]),
-                ep["flows"],
-                if ep["stale"] == true {
+                ep.endpoint,
+                ep.flows,
+                if ep.stale {
                     "  STALE: the endpoint is gone"
                 } else {
                     ""
@@ -483,8 +423,7 @@ pub fn connections(doc: &Json) -> String {
             );
         }
     }
-    let flows = doc["flows"].as_array().cloned().unwrap_or_default();
-    if !flows.is_empty() {
+    if !doc.flows.is_empty() {
         let _ = writeln!(
             out,
             "\n{:<5} {:<12} {:<28} {:<28} {:<28} {:>8}  SERVICE",
@@ -492,25 +431,25 @@ pub fn connections(doc: &Json) -> String {
         );
     }
     let mut policies = std::collections::BTreeSet::new();
-    for f in &flows {
+    for f in &doc.flows {
         let _ = writeln!(
             out,
             "{:<5} {:<12} {:<28} {:<28} {:<28} {:>7}s  {}{}",
-            s(&f["proto"]),
-            s(&f["state"]),
-            s(&f["client"]),
-            s(&f["entry"]),
-            s(&f["endpoint"]),
-            f["expires_in"],
-            s(&f["service"]),
-            if f["stale"] == true { "  STALE" } else { "" }
+            f.proto,
+            f.state,
+            f.client,
+            f.entry,
+            f.endpoint,
+            f.expires_in,
+            f.service,
+            if f.stale { "  STALE" } else { "" }
         );
-        if let Some(p) = f["what_verdict_does"].as_str() {
-            policies.insert((s(&f["proto"]).to_owned(), p.to_owned()));
+        if let Some(p) = &f.what_verdict_does {
+            policies.insert((f.proto.clone(), p.clone()));
         }
     }
-    if flows.len() < doc["total"].as_u64().unwrap_or(0) as usize {
-        let _ = writeln!(out, "(the first {} listed)", flows.len());
+    if doc.flows.len() < doc.total {
+        let _ = writeln!(out, "(the first {} listed)", doc.flows.len());
     }
     for (proto, p) in policies {
         let _ = writeln!(out, "\nstale {proto} connections: {p}");
@@ -519,31 +458,25 @@ pub fn connections(doc: &Json) -> String {
 }
 
 /// `verdict trace --live`: the kernel's own trace beside the typed one.
-pub fn live(doc: &Json) -> String {
-    let live = &doc["live"];
-    if live.is_null() {
+pub fn live(doc: &TraceAnswer) -> String {
+    let Some(live) = &doc.live else {
         return String::new();
-    }
+    };
     let mut out = String::from("\nthe kernel's own trace of one real packet (nftrace):\n");
-    for (i, st) in live["kernel"]["steps"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .enumerate()
-    {
+    for (i, st) in live.kernel.steps.iter().enumerate() {
         let _ = writeln!(
             out,
             "  {:>2}. {:<28} {}{}",
             i + 1,
-            s(&st["chain"]),
-            s(&st["rule"]),
-            st["verdict"]
-                .as_str()
+            st.chain,
+            st.rule,
+            st.verdict
+                .as_ref()
                 .map(|v| format!("  ({v})"))
                 .unwrap_or_default()
         );
     }
-    match live["kernel"]["dnat"].as_str() {
+    match &live.kernel.dnat {
         Some(d) => {
             let _ = writeln!(out, "  the kernel sent it to {d}");
         }
@@ -551,17 +484,16 @@ pub fn live(doc: &Json) -> String {
             let _ = writeln!(out, "  the kernel did not rewrite its destination");
         }
     }
-    if live["agree"] == true {
+    if live.agree {
         let _ = writeln!(
             out,
             "verdict's trace and the kernel's agree: the same chains, in order, to the same place"
         );
     } else {
-        let typed: Vec<&str> = strs(&live["typed_chains"]);
         let _ = writeln!(
             out,
             "verdict's trace and the kernel's DISAGREE: verdict expects chains {}",
-            typed.join(" → ")
+            live.typed_chains.join(" → ")
         );
     }
     out

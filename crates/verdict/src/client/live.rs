@@ -14,12 +14,12 @@ use std::net::{IpAddr, SocketAddr, TcpStream, UdpSocket};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use serde_json::{Value as Json, json};
 use verdict_nft::nftrace::{TraceEvent, TraceKind, TraceMonitor};
 use verdict_nft::{
     Backend, Chain, ChainType, CmpOp, Expr, Family, Hook, L4Proto, NetlinkBackend, Rule, Selector,
     TableState, Transaction, Value,
 };
+use verdict_node::inspect::answers::{LiveComparison, LiveKernel, LiveStepAnswer, TraceAnswer};
 
 use verdict_node::inspect::TraceRequest;
 
@@ -132,7 +132,7 @@ fn chains<'a>(it: impl Iterator<Item = &'a str>) -> Vec<String> {
 /// Sets the kernel's path beside the typed one (the `trace` answer):
 /// which typed path the packet took (the one whose DNAT is where the
 /// kernel sent it), and whether the chains agree.
-pub fn compare(typed: &Json, live: &LiveTrace) -> Json {
+pub fn compare(typed: &TraceAnswer, live: &LiveTrace) -> LiveComparison {
     let dnat = match (live.daddrs.last(), live.dports.last()) {
         (Some(a), Some(p)) if live.daddrs.len() > 1 || live.dports.len() > 1 => {
             Some(match a.parse::<IpAddr>() {
@@ -143,21 +143,13 @@ pub fn compare(typed: &Json, live: &LiveTrace) -> Json {
         _ => None,
     };
     let live_chains = chains(live.steps.iter().map(|s| s.chain.as_str()));
-    let paths = typed["paths"].as_array().cloned().unwrap_or_default();
-    let candidate = paths
+    let candidate = typed
+        .paths
         .iter()
-        .find(|p| p["dnat"].as_str().map(str::to_owned) == dnat)
-        .or_else(|| paths.first());
+        .find(|p| p.dnat == dnat)
+        .or_else(|| typed.paths.first());
     let typed_chains: Vec<String> = candidate
-        .map(|p| {
-            chains(
-                p["steps"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter_map(|s| s["chain"].as_str()),
-            )
-        })
+        .map(|p| chains(p.steps.iter().map(|s| s.chain.as_str())))
         .unwrap_or_default();
     // The kernel reports rules until the packet leaves the node's output
     // and postrouting; the typed walk follows a local destination into
@@ -166,18 +158,24 @@ pub fn compare(typed: &Json, live: &LiveTrace) -> Json {
     let agree = !live_chains.is_empty()
         && typed_chains.len() >= live_chains.len()
         && typed_chains[..live_chains.len()] == live_chains[..]
-        && candidate.is_some_and(|p| p["dnat"].as_str().map(str::to_owned) == dnat);
-    json!({
-        "kernel": {
-            "steps": live.steps.iter().map(|s| json!({
-                "chain": s.chain, "rule": s.rule, "verdict": s.verdict,
-            })).collect::<Vec<_>>(),
-            "chains": live_chains,
-            "dnat": dnat,
+        && candidate.is_some_and(|p| p.dnat == dnat);
+    LiveComparison {
+        kernel: LiveKernel {
+            steps: live
+                .steps
+                .iter()
+                .map(|s| LiveStepAnswer {
+                    chain: s.chain.clone(),
+                    rule: s.rule.clone(),
+                    verdict: s.verdict.clone(),
+                })
+                .collect(),
+            chains: live_chains,
+            dnat,
         },
-        "typed_chains": typed_chains,
-        "agree": agree,
-    })
+        typed_chains,
+        agree,
+    }
 }
 
 /// The marking table: in the output hook before any other chain, the
@@ -431,16 +429,62 @@ mod tests {
     #[test]
     fn the_paths_agree_when_the_chains_and_the_dnat_do() {
         let live = read_events(&monitor(), "ip", "verdict", &rules());
-        let step = |c: &str| json!({"chain": c});
-        let typed = json!({"paths": [
-            {"dnat": "10.180.0.1:80", "steps": [step("filter-output-pre-dnat"), step("nat-output"), step("services"), step("endpoints-2"), step("filter-output")]},
-            {"dnat": "10.180.0.2:80", "steps": [step("filter-output-pre-dnat"), step("nat-output"), step("services"), step("endpoints-2"), step("filter-output"), step("nat-postrouting")]},
-        ]});
+        let path = |dnat: &str, chains: &[&str]| verdict_node::inspect::answers::TracePath {
+            probability: 0.5,
+            disposition: "accept".into(),
+            dnat: Some(dnat.into()),
+            masquerade: false,
+            reason: String::new(),
+            steps: chains
+                .iter()
+                .map(|c| verdict_node::inspect::answers::TraceStep {
+                    hook: "output".into(),
+                    chain: (*c).into(),
+                    rule: String::new(),
+                    lookups: Vec::new(),
+                })
+                .collect(),
+            updates: Vec::new(),
+        };
+        let answer = |paths| TraceAnswer {
+            packet: verdict_node::inspect::answers::TracePacket {
+                from: "node".into(),
+                src: "192.168.0.2".into(),
+                sport: None,
+                dst: "172.30.0.41".into(),
+                proto: "tcp".into(),
+                dport: 80,
+                iif: None,
+            },
+            family: "ip".into(),
+            table: "verdict".into(),
+            source: "kernel".into(),
+            read: "targeted".into(),
+            read_ms: 0.0,
+            service: None,
+            outcomes: Vec::new(),
+            paths,
+            live: None,
+        };
+        let chains = [
+            "filter-output-pre-dnat",
+            "nat-output",
+            "services",
+            "endpoints-2",
+            "filter-output",
+        ];
+        let typed = answer(vec![
+            path("10.180.0.1:80", &chains),
+            path(
+                "10.180.0.2:80",
+                &[&chains[..], &["nat-postrouting"]].concat(),
+            ),
+        ]);
         let c = compare(&typed, &live);
-        assert_eq!(c["kernel"]["dnat"], "10.180.0.2:80");
-        assert_eq!(c["agree"], true, "{c:#}");
-        let other = json!({"paths": [{"dnat": "10.180.0.2:80", "steps": [step("nat-output"), step("services")]}]});
-        assert_eq!(compare(&other, &live)["agree"], false);
-        assert_eq!(compare(&typed, &LiveTrace::default())["agree"], false);
+        assert_eq!(c.kernel.dnat.as_deref(), Some("10.180.0.2:80"));
+        assert!(c.agree, "{c:#?}");
+        let other = answer(vec![path("10.180.0.2:80", &["nat-output", "services"])]);
+        assert!(!compare(&other, &live).agree);
+        assert!(!compare(&typed, &LiveTrace::default()).agree);
     }
 }

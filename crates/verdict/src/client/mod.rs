@@ -13,6 +13,7 @@ use serde_json::Value as Json;
 
 pub mod live;
 
+use verdict_node::inspect::answers::TraceAnswer;
 use verdict_node::inspect::text;
 use verdict_node::inspect::{Origin, TraceRequest};
 
@@ -225,6 +226,13 @@ pub fn get(addr: SocketAddr, target: &str) -> anyhow::Result<(u16, Json)> {
     Ok((code, json))
 }
 
+/// An answer read into its type (a daemon of another version may answer
+/// otherwise: that is said, not printed as empty cells).
+fn read<T: serde::de::DeserializeOwned>(doc: &Json) -> anyhow::Result<T> {
+    serde_json::from_value(doc.clone())
+        .context("the daemon's answer is not what this verdict reads (another version?)")
+}
+
 /// Runs an introspection command; the text or JSON goes to stdout.
 pub fn run(query: &Query, cli: &Cli, settings: &Settings, source: &Source) -> anyhow::Result<()> {
     let (output, targets) = (query.output, &query.targets);
@@ -242,7 +250,9 @@ pub fn run(query: &Query, cli: &Cli, settings: &Settings, source: &Source) -> an
     if let Some(req) = &query.live {
         let kernel = live::run(req).context("the live trace")?;
         if let Some((200, doc)) = answers.first_mut() {
-            doc["live"] = live::compare(doc, &kernel);
+            let mut typed: TraceAnswer = read(doc)?;
+            typed.live = Some(live::compare(&typed, &kernel));
+            *doc = serde_json::to_value(&typed)?;
         }
     }
     let mut failed = None;
@@ -269,12 +279,15 @@ pub fn run(query: &Query, cli: &Cli, settings: &Settings, source: &Source) -> an
         Output::Text => {
             for (i, (_, doc)) in answers.iter().enumerate() {
                 let page = match (cli.command, i) {
-                    (Command::Trace, _) => text::trace(doc) + &text::live(doc),
-                    (Command::Explain, _) => text::explain(doc),
-                    (Command::Services, _) => text::services(doc),
-                    (Command::Connections, _) => text::connections(doc),
-                    (_, 0) => text::syncs(doc),
-                    _ => text::foreign(doc),
+                    (Command::Trace, _) => {
+                        let t: TraceAnswer = read(doc)?;
+                        text::trace(&t) + &text::live(&t)
+                    }
+                    (Command::Explain, _) => text::explain(&read(doc)?),
+                    (Command::Services, _) => text::services(&read(doc)?),
+                    (Command::Connections, _) => text::connections(&read(doc)?),
+                    (_, 0) => text::syncs(&read(doc)?),
+                    _ => text::foreign(&read(doc)?),
                 };
                 print!("{page}");
             }

@@ -1,0 +1,538 @@
+//! The introspection API's answers as types: built by [`super`], served as
+//! JSON, read back by the commands ([`super::text`]) and by the web view.
+//! A renamed or misplaced field fails to compile here instead of showing
+//! as an empty cell there.
+
+use std::collections::BTreeSet;
+
+use serde::{Deserialize, Serialize};
+
+/// `GET /api/v1/trace`: every path a new connection's first packet can
+/// take through the table.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TraceAnswer {
+    /// The packet traced.
+    pub packet: TracePacket,
+    /// `ip` or `ip6`.
+    pub family: String,
+    /// The table.
+    pub table: String,
+    /// `kernel` or `memory` (offline).
+    pub source: String,
+    /// `whole` or `targeted` (the elements the packet met, looked up).
+    pub read: String,
+    /// Milliseconds spent reading the kernel.
+    pub read_ms: f64,
+    /// The Service port the packet was sent to, if any.
+    pub service: Option<String>,
+    /// Paths that end alike, with their summed odds.
+    pub outcomes: Vec<TraceOutcome>,
+    /// Every path.
+    pub paths: Vec<TracePath>,
+    /// `--live`: the kernel's own trace of one real packet, set beside the
+    /// typed one (added by the command, not by the API).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub live: Option<LiveComparison>,
+}
+
+/// The packet of a trace.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TracePacket {
+    /// `pod`, `node` or `external`.
+    pub from: String,
+    /// Source address.
+    pub src: String,
+    /// Source port, if given.
+    pub sport: Option<u16>,
+    /// Destination address.
+    pub dst: String,
+    /// `tcp`, `udp` or `sctp`.
+    pub proto: String,
+    /// Destination port.
+    pub dport: u16,
+    /// The input interface the trace assumed (none from the node).
+    pub iif: Option<String>,
+}
+
+/// Paths that end alike.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TraceOutcome {
+    /// Where the packet went: `IP:port` after DNAT, `ACCEPT`, `DROP`,
+    /// `REJECT`.
+    pub output: String,
+    /// It was masqueraded.
+    pub masquerade: bool,
+    /// Why, in an operator's words.
+    pub reason: String,
+    /// The odds of this outcome.
+    pub probability: f64,
+}
+
+/// One path through the table.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TracePath {
+    /// Its odds.
+    pub probability: f64,
+    /// `accept`, `drop` or `reject`.
+    pub disposition: String,
+    /// Where DNAT sent it (`IP:port`).
+    pub dnat: Option<String>,
+    /// It was masqueraded.
+    pub masquerade: bool,
+    /// Why it ended as it did.
+    pub reason: String,
+    /// The rules it met, in order.
+    pub steps: Vec<TraceStep>,
+    /// What the data path wrote (affinity).
+    pub updates: Vec<TraceUpdate>,
+}
+
+/// One rule a path met.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TraceStep {
+    /// The hook.
+    pub hook: String,
+    /// The chain.
+    pub chain: String,
+    /// The rule, as nft prints it.
+    pub rule: String,
+    /// The set lookups it made.
+    pub lookups: Vec<TraceLookup>,
+}
+
+/// One set lookup of a rule.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TraceLookup {
+    /// The set or map.
+    pub set: String,
+    /// The key looked up.
+    pub key: String,
+    /// It was there.
+    pub found: bool,
+    /// The element's value.
+    pub value: Option<String>,
+    /// The Service port the element belongs to.
+    pub service: Option<String>,
+}
+
+/// An element the data path adds.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TraceUpdate {
+    /// The set.
+    pub set: String,
+    /// The element.
+    pub element: String,
+}
+
+/// `trace --live`: the kernel's path beside the typed one.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LiveComparison {
+    /// What the kernel reported.
+    pub kernel: LiveKernel,
+    /// The chains of the typed path the packet took.
+    pub typed_chains: Vec<String>,
+    /// The kernel's chains are the typed path's, in order, and the DNAT is.
+    pub agree: bool,
+}
+
+/// The kernel's trace of one packet.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LiveKernel {
+    /// The rules of verdict's table it matched.
+    pub steps: Vec<LiveStepAnswer>,
+    /// Their chains, repeats folded.
+    pub chains: Vec<String>,
+    /// Where the kernel sent it.
+    pub dnat: Option<String>,
+}
+
+/// One rule the kernel reported.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LiveStepAnswer {
+    /// The chain.
+    pub chain: String,
+    /// The rule.
+    pub rule: String,
+    /// Its verdict, if reported.
+    pub verdict: Option<String>,
+}
+
+/// `GET /api/v1/services`: one page of Services.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServicesPage {
+    /// Services that match, in all.
+    pub total: usize,
+    /// Skipped.
+    pub offset: usize,
+    /// The most on a page.
+    pub limit: usize,
+    /// This page.
+    pub items: Vec<ServiceItem>,
+}
+
+/// A Service of the list.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceItem {
+    /// Its namespace.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+    /// Its ports, in each family.
+    pub ports: Vec<ServiceItemPort>,
+}
+
+/// A port of a Service in the list.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceItemPort {
+    /// `ip` or `ip6`.
+    pub family: String,
+    /// The port's name.
+    pub port: String,
+    /// `TCP`, `UDP`, `SCTP`.
+    pub protocol: String,
+    /// The ClusterIP.
+    pub cluster_ip: String,
+    /// The Service port.
+    pub service_port: u16,
+    /// The NodePort.
+    pub node_port: Option<u16>,
+    /// Endpoints, ready ones, ready local ones.
+    pub endpoints: usize,
+    /// See `endpoints`.
+    pub ready: usize,
+    /// See `endpoints`.
+    pub local: usize,
+    /// The kernel refused it.
+    pub quarantined: bool,
+}
+
+/// `GET /api/v1/services/NAMESPACE/NAME`: `explain`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ExplainAnswer {
+    /// The namespace.
+    pub namespace: String,
+    /// The name.
+    pub name: String,
+    /// verdict knows the Service.
+    pub found: bool,
+    /// Its families.
+    pub families: Vec<ExplainFamily>,
+    /// What the kernel lacks or holds otherwise.
+    pub drift: DriftCounts,
+}
+
+/// A Service in one family.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ExplainFamily {
+    /// `ip` or `ip6`.
+    pub family: String,
+    /// The table.
+    pub table: String,
+    /// `kernel` or `memory`, when the table was read.
+    pub source: Option<String>,
+    /// `whole` or `targeted`.
+    pub read: Option<String>,
+    /// Milliseconds spent reading.
+    pub read_ms: Option<f64>,
+    /// Its ports.
+    pub ports: Vec<ExplainPort>,
+}
+
+/// One port of a Service: whole, or (a quarantined port the Service no
+/// longer has) its name and the kernel's refusal alone.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ExplainPort {
+    /// The port's name.
+    pub port: String,
+    /// `TCP`, `UDP`, `SCTP`.
+    pub protocol: String,
+    /// Why the kernel refused it, while it is quarantined.
+    pub quarantined: Option<String>,
+    /// The port, when the Service has it.
+    #[serde(flatten, default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<ExplainPortDetail>,
+}
+
+/// What a port is and what it asks of the table.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ExplainPortDetail {
+    /// The Service port.
+    pub service_port: u16,
+    /// Where traffic enters.
+    pub entry_points: Vec<EntryPoint>,
+    /// `Local` or `Cluster`.
+    pub internal_traffic_policy: String,
+    /// `Local` or `Cluster`.
+    pub external_traffic_policy: String,
+    /// ClientIP affinity's timeout.
+    pub session_affinity_seconds: Option<u32>,
+    /// The health-check node port and what it answers.
+    pub health_check_node_port: Option<HealthCheck>,
+    /// Some endpoint is usable.
+    pub has_usable_endpoints: bool,
+    /// Every endpoint, with its category.
+    pub endpoints: Vec<ExplainEndpoint>,
+    /// The elements it asks for, and what the kernel holds.
+    pub elements: Vec<ExplainElement>,
+    /// The shared chains its elements jump to.
+    pub chains: Vec<String>,
+}
+
+/// Where a port takes traffic.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EntryPoint {
+    /// `ClusterIP`, `ExternalIP`, `LoadBalancer`, `NodePort`.
+    pub kind: String,
+    /// `IP:port` (not for a NodePort).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+    /// The NodePort.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
+    /// The node's addresses that take the NodePort.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub addresses: Option<Vec<String>>,
+    /// `loadBalancerSourceRanges`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_ranges: Option<Vec<String>>,
+    /// `Local` or `Cluster`.
+    pub traffic_policy: String,
+    /// When it is masqueraded.
+    pub masquerade: String,
+}
+
+/// A health-check node port.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HealthCheck {
+    /// The port.
+    pub port: u16,
+    /// What it answers: 200 or 503.
+    pub code: u16,
+    /// Ready local endpoints.
+    pub local_endpoints: usize,
+}
+
+/// An endpoint of a port.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExplainEndpoint {
+    /// `IP:port`.
+    pub address: String,
+    /// Its conditions.
+    pub ready: bool,
+    /// See `ready`.
+    pub serving: bool,
+    /// See `ready`.
+    pub terminating: bool,
+    /// On this node.
+    pub local: bool,
+    /// Its node.
+    pub node: Option<String>,
+    /// Its zone.
+    pub zone: Option<String>,
+    /// Its topology hints.
+    pub zone_hints: Option<BTreeSet<String>>,
+    /// See `zone_hints`.
+    pub node_hints: Option<BTreeSet<String>>,
+    /// `cluster`, `local`: the lists that use it.
+    pub used_by: Vec<String>,
+    /// Why it is used, or not.
+    pub why: String,
+}
+
+/// An element a port asks for.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExplainElement {
+    /// The set or map.
+    pub set: String,
+    /// The element as nft prints it.
+    pub element: String,
+    /// What the kernel holds.
+    pub kernel: String,
+    /// Another port claims the key first.
+    pub programmed_for: Option<String>,
+}
+
+/// Drift of one Service.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DriftCounts {
+    /// Elements the kernel lacks.
+    pub missing: usize,
+    /// Elements it holds with another value.
+    pub differs: usize,
+    /// Elements that name the Service but that verdict does not want
+    /// (`None`: not looked for, the table was not read whole).
+    pub extra: Option<usize>,
+}
+
+/// `GET /api/v1/drift`: every family's table against verdict's intent.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DriftAnswer {
+    /// Per family.
+    pub families: Vec<FamilyDrift>,
+}
+
+/// One family's drift.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FamilyDrift {
+    /// `ip` or `ip6`.
+    pub family: String,
+    /// The table exists.
+    pub table: bool,
+    /// Elements the kernel lacks, holds otherwise, holds unwanted.
+    #[serde(default)]
+    pub missing: usize,
+    /// See `missing`.
+    #[serde(default)]
+    pub differs: usize,
+    /// See `missing`.
+    #[serde(default)]
+    pub extra: usize,
+    /// The first of them.
+    #[serde(default)]
+    pub examples: Vec<String>,
+    /// Milliseconds spent reading.
+    pub read_ms: f64,
+}
+
+/// `GET /api/v1/connections`: the DNATed connections by Service.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConnectionsAnswer {
+    /// Connections to a Service.
+    pub total: usize,
+    /// DNATed connections to no Service verdict knows.
+    pub not_services: usize,
+    /// Per Service port.
+    pub services: Vec<ConnectionsOfPort>,
+    /// The connections, at most `limit`.
+    pub flows: Vec<FlowAnswer>,
+    /// The most listed.
+    pub limit: usize,
+}
+
+/// The connections of one Service port.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConnectionsOfPort {
+    /// `namespace/name`.
+    pub service: String,
+    /// The port's name.
+    pub port: String,
+    /// `TCP`, `UDP`, `SCTP`.
+    pub protocol: String,
+    /// Connections, and how many of them are to an endpoint that is gone.
+    pub flows: usize,
+    /// See `flows`.
+    pub stale: usize,
+    /// Per endpoint.
+    pub endpoints: Vec<ConnectionsOfEndpoint>,
+}
+
+/// The connections to one endpoint.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConnectionsOfEndpoint {
+    /// `IP:port`.
+    pub endpoint: String,
+    /// Connections.
+    pub flows: usize,
+    /// The endpoint is gone.
+    pub stale: bool,
+}
+
+/// One connection.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FlowAnswer {
+    /// The Service port.
+    pub service: String,
+    /// `tcp`, `udp`, …
+    pub proto: String,
+    /// The TCP or SCTP state.
+    pub state: String,
+    /// `IP:port` of the client, of the entry point, of the endpoint.
+    pub client: String,
+    /// See `client`.
+    pub entry: String,
+    /// See `client`.
+    pub endpoint: String,
+    /// The endpoint is gone.
+    pub stale: bool,
+    /// Replies were seen.
+    pub replied: bool,
+    /// Seconds until the entry expires.
+    pub expires_in: u64,
+    /// Packets and bytes, both ways, when accounting is on.
+    pub packets: Option<u64>,
+    /// See `packets`.
+    pub bytes: Option<u64>,
+    /// For a stale one: what verdict does about it.
+    pub what_verdict_does: Option<String>,
+}
+
+/// `GET /api/v1/syncs`: the last syncs, newest first.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SyncsAnswer {
+    /// Syncs ever recorded.
+    pub total: u64,
+    /// How many are kept.
+    pub kept: usize,
+    /// The kept ones.
+    pub items: Vec<SyncItem>,
+}
+
+/// One sync of one family.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SyncItem {
+    /// When it began (RFC 3339).
+    pub at: String,
+    /// `ip` or `ip6`.
+    pub family: String,
+    /// Full or partial.
+    pub full: bool,
+    /// What brought it.
+    pub trigger: String,
+    /// How long it took.
+    pub ms: f64,
+    /// Operations in its transaction.
+    pub operations: usize,
+    /// Services it touched, and the first few.
+    pub services: usize,
+    /// See `services`.
+    pub sample: Vec<String>,
+    /// Service ports the kernel refused in it.
+    pub quarantined: usize,
+    /// Why it failed.
+    pub error: Option<String>,
+}
+
+/// `GET /api/v1/foreign`: the last foreign changes, newest first.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ForeignAnswer {
+    /// Foreign changes ever recorded.
+    pub total: u64,
+    /// How many are kept.
+    pub kept: usize,
+    /// The kept ones.
+    pub items: Vec<ForeignItem>,
+}
+
+/// One foreign change.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ForeignItem {
+    /// When it was seen (RFC 3339).
+    pub at: String,
+    /// The committing process.
+    pub process: Option<String>,
+    /// Its pid.
+    pub pid: Option<u32>,
+    /// Announcements were lost instead.
+    pub lost: bool,
+    /// Objects it changed, and the first few.
+    pub changes: usize,
+    /// See `changes`.
+    pub sample: Vec<String>,
+}
+
+/// An answer that could not be given.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorAnswer {
+    /// Why.
+    pub error: String,
+}
