@@ -8,6 +8,7 @@
 //! [`Monitor`] reads the socket; [`Decoder`] turns its bytes into
 //! [`Event`]s and holds no socket, so it is tested without a kernel.
 
+use crate::netlink::family_name;
 use crate::netlink::socket::{Datagram, NLMSG_OVERRUN, Protocol, Socket};
 use crate::netlink::wire::messages;
 
@@ -229,19 +230,6 @@ fn classify(msg: u8) -> Option<(Object, bool)> {
         24 | 32 => (Object::Flowtable, false),
         _ => return None,
     })
-}
-
-fn family_name(nfproto: u8) -> &'static str {
-    match nfproto {
-        0 => "unspec",
-        1 => "inet",
-        2 => "ip",
-        3 => "arp",
-        5 => "netdev",
-        7 => "bridge",
-        10 => "ip6",
-        _ => "other",
-    }
 }
 
 #[cfg(test)]

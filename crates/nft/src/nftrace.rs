@@ -194,68 +194,44 @@ impl TraceMonitor {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::netlink::wire::Writer;
 
-    fn attr(kind: u16, value: &[u8]) -> Vec<u8> {
-        let mut a = Vec::new();
-        a.extend(((4 + value.len()) as u16).to_ne_bytes());
-        a.extend(kind.to_ne_bytes());
-        a.extend(value);
-        while a.len() % 4 != 0 {
-            a.push(0);
+    /// The trace messages the kernel sends, written with the backend's own
+    /// writer: (chain, type, handle, verdict code and chain, headers).
+    fn message(w: &mut Writer, chain: &str, kind: u32, handle: Option<u64>) {
+        w.begin(MSG_TRACE, 0, 0, 2, 0);
+        w.u32_be(TRACE_ID, 0x1a2b_3c4d);
+        w.str(TRACE_TABLE, "verdict");
+        w.str(TRACE_CHAIN, chain);
+        w.u32_be(TRACE_TYPE, kind);
+        if let Some(h) = handle {
+            w.u64_be(TRACE_RULE_HANDLE, h);
         }
-        a
-    }
-
-    fn cstr(s: &str) -> Vec<u8> {
-        let mut v = s.as_bytes().to_vec();
-        v.push(0);
-        v
-    }
-
-    fn message(attrs: &[Vec<u8>]) -> Vec<u8> {
-        let body: Vec<u8> = [2u8, 0, 0, 0]
-            .into_iter()
-            .chain(attrs.iter().flatten().copied())
-            .collect();
-        let mut m = Vec::new();
-        m.extend(((16 + body.len()) as u32).to_ne_bytes());
-        m.extend(MSG_TRACE.to_ne_bytes());
-        m.extend([0u8; 10]);
-        m.extend(body);
-        m
     }
 
     #[test]
     fn a_rule_message_names_its_chain_rule_and_verdict() {
+        let mut w = Writer::new();
+        message(&mut w, "nat-output", TYPE_RULE, Some(7));
+        let v = w.open(TRACE_VERDICT);
+        w.u32_be(1, (-3i32) as u32);
+        w.str(2, "services");
+        w.close(v).unwrap();
         let mut ip = vec![0u8; 20];
         ip[0] = 0x45;
         ip[9] = 6;
         ip[16..20].copy_from_slice(&[172, 30, 0, 41]);
-        let tcp = [0xa0, 0x12, 0, 80, 0, 0, 0, 0];
-        let verdict: Vec<u8> =
-            [attr(1, &(-3i32).to_be_bytes()), attr(2, &cstr("services"))].concat();
-        let d = [
-            message(&[
-                attr(TRACE_ID, &0x1a2b_3c4du32.to_be_bytes()),
-                attr(TRACE_TABLE, &cstr("verdict")),
-                attr(TRACE_CHAIN, &cstr("nat-output")),
-                attr(TRACE_TYPE, &TYPE_RULE.to_be_bytes()),
-                attr(TRACE_RULE_HANDLE, &7u64.to_be_bytes()),
-                attr(TRACE_VERDICT, &verdict),
-                attr(TRACE_NETWORK_HEADER, &ip),
-                attr(TRACE_TRANSPORT_HEADER, &tcp),
-            ]),
-            message(&[
-                attr(TRACE_ID, &0x1a2b_3c4du32.to_be_bytes()),
-                attr(TRACE_TABLE, &cstr("verdict")),
-                attr(TRACE_CHAIN, &cstr("filter-output")),
-                attr(TRACE_TYPE, &TYPE_POLICY.to_be_bytes()),
-                attr(TRACE_POLICY, &1u32.to_be_bytes()),
-            ]),
-        ]
-        .concat();
-        let events = decode(&d);
-        assert_eq!(events.len(), 2, "{events:?}");
+        w.attr(TRACE_NETWORK_HEADER, &ip);
+        w.attr(TRACE_TRANSPORT_HEADER, &[0xa0, 0x12, 0, 80, 0, 0, 0, 0]);
+        message(&mut w, "filter-output", TYPE_POLICY, None);
+        w.u32_be(TRACE_POLICY, 1);
+        // The end of a chain, as this kernel reports it: a rule message
+        // without a handle.
+        message(&mut w, "firewall-check", TYPE_RULE, None);
+        w.end();
+        let d = w.bytes();
+        let events = decode(d);
+        assert_eq!(events.len(), 3, "{events:?}");
         assert_eq!(events[0].id, 0x1a2b_3c4d);
         assert_eq!(
             (events[0].family, events[0].table.as_str()),
@@ -275,18 +251,10 @@ mod tests {
         assert_eq!(events[1].kind, TraceKind::Policy);
         assert_eq!(events[1].verdict.as_deref(), Some("accept"));
         assert_eq!(events[1].headers, None);
-        // The end of a chain, as this kernel reports it: a rule without a
-        // handle.
-        let end = message(&[
-            attr(TRACE_ID, &1u32.to_be_bytes()),
-            attr(TRACE_TABLE, &cstr("verdict")),
-            attr(TRACE_CHAIN, &cstr("firewall-check")),
-            attr(TRACE_TYPE, &TYPE_RULE.to_be_bytes()),
-        ]);
-        assert_eq!(decode(&end)[0].kind, TraceKind::Return);
+        assert_eq!(events[2].kind, TraceKind::Return);
         // Cut anywhere, nothing panics and nothing half-read comes out.
         for cut in 0..d.len() {
-            assert!(decode(&d[..cut]).len() <= 1);
+            assert!(decode(&d[..cut]).len() <= 2);
         }
     }
 }

@@ -738,6 +738,29 @@ loopback); offline there is no conntrack table to read.",
     },
 ];
 
+impl OptSpec {
+    /// The flag as a help page lists it: `-o, --output string`.
+    fn spelled(&self) -> String {
+        let name = match self.short {
+            Some(c) => format!("-{c}, --{}", self.name),
+            None => format!("    --{}", self.name),
+        };
+        if self.takes_value {
+            format!("{name} string")
+        } else {
+            name
+        }
+    }
+}
+
+/// Flag rows, their names in one column.
+fn columns(out: &mut String, rows: Vec<(String, String)>) {
+    let width = rows.iter().map(|(n, _)| n.len()).max().unwrap_or(0);
+    for (name, help) in rows {
+        out.push_str(&format!("  {name:width$}  {help}\n"));
+    }
+}
+
 /// `verdict CMD --help`: `run`'s is the whole page ([`help`]).
 pub fn help_for(command: Command) -> String {
     let Some(h) = COMMAND_HELP.iter().find(|h| h.command == command) else {
@@ -760,25 +783,8 @@ pub fn help_for(command: Command) -> String {
         )
         .collect();
     out.push_str("\nFlags:\n");
-    let rows: Vec<(String, &str)> = own
-        .iter()
-        .map(|o| {
-            let name = match o.short {
-                Some(c) => format!("-{c}, --{}", o.name),
-                None => format!("    --{}", o.name),
-            };
-            let name = if o.takes_value {
-                format!("{name} string")
-            } else {
-                name
-            };
-            (name, o.help)
-        })
-        .collect();
-    let width = rows.iter().map(|(n, _)| n.len()).max().unwrap_or(0);
-    for (name, text) in rows {
-        out.push_str(&format!("  {name:width$}  {text}\n"));
-    }
+    let rows: Vec<(String, String)> = own.iter().map(|o| (o.spelled(), o.help.into())).collect();
+    columns(&mut out, rows);
     out.push_str(
         "\nExit codes: 0 success; 1 runtime failure, or an unknown Service; 2 invalid flags or values.\n",
     );
@@ -827,17 +833,8 @@ Flags:
     );
     let mut lines: Vec<(String, String)> = Vec::new();
     for o in OPTIONS {
-        let name = match o.short {
-            Some(c) => format!("-{c}, --{}", o.name),
-            None => format!("    --{}", o.name),
-        };
-        let name = if o.takes_value {
-            format!("{name} string")
-        } else {
-            name
-        };
         let mark = if o.kube_proxy { "" } else { " [verdict]" };
-        lines.push((name, format!("{}{mark}", o.help)));
+        lines.push((o.spelled(), format!("{}{mark}", o.help)));
     }
     for s in SETTINGS {
         for (i, flag) in s.flags.iter().enumerate() {
@@ -869,10 +866,7 @@ Flags:
             lines.push((name, help));
         }
     }
-    let width = lines.iter().map(|(n, _)| n.len()).max().unwrap_or(0);
-    for (name, help) in lines {
-        out.push_str(&format!("  {name:width$}  {help}\n"));
-    }
+    columns(&mut out, lines);
     out
 }
 

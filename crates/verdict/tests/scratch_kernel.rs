@@ -101,16 +101,21 @@ fn run_in_root(bed: &TestBed, root: &Path, args: &[&str]) -> (Option<i32>, Strin
     )
 }
 
-#[test]
-fn verdict_runs_from_a_root_that_holds_only_itself() {
-    let Some(mut bed) = bed() else {
-        return;
-    };
+/// A test bed with the Service's endpoint and a client pod.
+fn web_bed() -> Option<TestBed> {
+    let mut bed = bed()?;
     bed.add_pod(ip("10.180.0.1"), Placement::Local, &[80], &[])
         .unwrap();
-    // The client.
     bed.add_pod(ip("10.0.0.2"), Placement::Local, &[], &[])
         .unwrap();
+    Some(bed)
+}
+
+#[test]
+fn verdict_runs_from_a_root_that_holds_only_itself() {
+    let Some(bed) = web_bed() else {
+        return;
+    };
     let root = make_root();
     // Nothing but verdict and its libraries: no shell, no ip, no nft.
     let programs: Vec<String> = walk(&root)
@@ -277,17 +282,13 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
 /// capability is dropped from the bounding set before it starts.
 #[test]
 fn verdict_runs_with_cap_net_admin_alone() {
-    let Some(mut bed) = bed() else {
+    let Some(bed) = web_bed() else {
         return;
     };
     let setpriv = ["/usr/bin/setpriv", "/bin/setpriv"]
         .into_iter()
         .find(|p| Path::new(p).exists())
         .expect("setpriv (util-linux)");
-    bed.add_pod(ip("10.180.0.1"), Placement::Local, &[80], &[])
-        .unwrap();
-    bed.add_pod(ip("10.0.0.2"), Placement::Local, &[], &[])
-        .unwrap();
     let dir = scratch_dir("net-admin-only");
     write(&dir, "service.yaml", SERVICE);
     write(&dir, "node.yaml", NODE);

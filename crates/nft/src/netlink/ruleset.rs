@@ -36,13 +36,14 @@ pub struct ChainInfo {
 /// A table's family, as nft names it, from its `nfproto` number.
 pub fn family_name(nfproto: u8) -> &'static str {
     match nfproto {
+        0 => "unspec",
         1 => "inet",
         2 => "ip",
         3 => "arp",
         5 => "netdev",
         7 => "bridge",
         10 => "ip6",
-        _ => "unknown",
+        _ => "other",
     }
 }
 

@@ -41,17 +41,10 @@ impl Writer {
     /// Starts a message: netlink header, then `struct nfgenmsg` with the
     /// family and the resource id (big-endian, as the kernel reads it).
     pub(crate) fn begin(&mut self, kind: u16, flags: u16, seq: u32, family: u8, res_id: u16) {
-        self.end();
-        let start = self.buf.len();
-        self.buf.extend_from_slice(&0u32.to_ne_bytes());
-        self.buf.extend_from_slice(&kind.to_ne_bytes());
-        self.buf.extend_from_slice(&flags.to_ne_bytes());
-        self.buf.extend_from_slice(&seq.to_ne_bytes());
-        self.buf.extend_from_slice(&0u32.to_ne_bytes());
+        self.begin_raw(kind, flags, seq);
         self.buf.push(family);
         self.buf.push(0); // NFNETLINK_V0
         self.buf.extend_from_slice(&res_id.to_be_bytes());
-        self.msg = Some(start);
     }
 
     /// Starts a message with the netlink header alone: the caller writes
