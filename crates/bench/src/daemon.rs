@@ -53,7 +53,7 @@ use serde_json::{Value, json};
 use verdict_e2e::apiserver::ApiServerProcess;
 use verdict_e2e::netns::{Netns, Process, can_run, unique_prefix};
 
-use crate::readers::{Prober, Scraper, SlowClients, Summary, first_answer, summarize};
+use crate::readers::{Floor, Prober, Scraper, SlowClients, Summary, first_answer, summarize};
 use crate::workload::service_ip;
 use crate::{flag, pct, sizes};
 
@@ -319,12 +319,9 @@ enum Changes {
     /// `verdict trace` and `verdict explain` against the running daemon.
     Inspect(Inspect),
     /// The readers, probed through the cold start and the repairs:
-    /// `/livez`, `/healthz` (health port), the Service list (metrics port).
-    Readers {
-        cold: [Summary; 3],
-        repair: [Summary; 3],
-        repairs: usize,
-    },
+    /// `/livez`, `/healthz` (health port), the Service list (metrics port)
+    /// and the floor.
+    Readers(Box<Readers>),
     /// Slow clients on both admin ports, a scrape loop, `/livez` probed.
     Slow(Slow),
     /// Foreign flushes repaired: from the flush to each family synced
@@ -362,6 +359,13 @@ const METRICS: &str = "127.0.0.1:10249";
 const HEALTH: &str = "127.0.0.1:10256";
 /// How often the readers are probed.
 const PROBE_EVERY: Duration = Duration::from_millis(50);
+
+/// What the readers' probes saw in each window, in the order probed.
+struct Readers {
+    cold: [Summary; 4],
+    repair: [Summary; 4],
+    repairs: usize,
+}
 
 /// What slow clients did to the admin ports.
 struct Slow {
@@ -884,17 +888,24 @@ fn run_one(source: Source, shape: Shape, mode: Mode, p: &Programs) -> Result<Row
     };
     // The readers are probed from before verdict starts: the cold start's
     // window opens at the first answer.
-    let prober = match mode {
-        Mode::Readers { .. } => Some(Prober::start(
+    // The floor, a server of the benchmark's own beside them, is probed
+    // the same way.
+    let floor = match mode {
+        Mode::Readers { .. } => Some(Floor::start(ns.name())?),
+        _ => None,
+    };
+    let prober = match &floor {
+        Some(floor) => Some(Prober::start(
             ns.name(),
             &[
                 (addr(HEALTH)?, "/livez"),
                 (addr(HEALTH)?, "/healthz"),
                 (addr(METRICS)?, "/api/v1/services?limit=10"),
+                (floor.addr, "/"),
             ],
             PROBE_EVERY,
         )),
-        _ => None,
+        None => None,
     };
     let started = Instant::now();
     let mut child = Command::new("ip")
@@ -1044,11 +1055,12 @@ fn run_one(source: Source, shape: Shape, mode: Mode, p: &Programs) -> Result<Row
                     summarize(&within, a, b)
                 })
                 .collect();
-            Changes::Readers {
-                cold: [cold[0], cold[1], cold[2]],
-                repair: [repair[0], repair[1], repair[2]],
+            drop(floor);
+            Changes::Readers(Box::new(Readers {
+                cold: [cold[0], cold[1], cold[2], cold[3]],
+                repair: [repair[0], repair[1], repair[2], repair[3]],
                 repairs,
-            }
+            }))
         }
         Mode::SlowClients { clients, secs } => {
             crate::readers::raise_open_files();
@@ -1293,9 +1305,9 @@ pub fn daemon(args: &[String]) -> Result<(), String> {
                 "### The readers while the verdict program {title} syncs: /livez, /healthz and /api/v1/services?limit=10 every 50 ms through the cold start and {repairs} repairs of a foreign `nft flush ruleset` (K = {k} endpoints in {slices_per} slice(s), {proto} services{title_listener})\n"
             );
             println!(
-                "| services | window | first full sync (IPv4) | /livez p50 / p99 / max | /healthz p50 / p99 / max | services list p50 / p99 / max | probes answered (2xx) |"
+                "| services | window | first full sync (IPv4) | /livez p50 / p99 / max | /healthz p50 / p99 / max | services list p50 / p99 / max | floor p50 / p99 / max | probes answered (2xx) |"
             );
-            println!("|---:|---|---:|---:|---:|---:|---:|");
+            println!("|---:|---|---:|---:|---:|---:|---:|---:|");
         }
         Mode::SlowClients { clients, secs } => {
             println!(
@@ -1388,15 +1400,17 @@ pub fn daemon(args: &[String]) -> Result<(), String> {
                 q.rss_before,
                 q.rss_after,
             ),
-            Changes::Readers {
-                cold,
-                repair,
-                repairs,
-            } => {
+            Changes::Readers(x) => {
+                let Readers {
+                    cold,
+                    repair,
+                    repairs,
+                } = &**x;
                 let cell =
                     |x: &Summary| format!("{:.1} / {:.1} / {:.1} ms", x.p50_ms, x.p99_ms, x.max_ms);
-                let answered = |w: &[Summary; 3]| {
-                    w.iter()
+                let answered = |w: &[Summary; 4]| {
+                    w[..3]
+                        .iter()
                         .map(|x| format!("{}/{} ({})", x.answered, x.probes, x.ok))
                         .collect::<Vec<_>>()
                         .join(", ")
@@ -1406,12 +1420,13 @@ pub fn daemon(args: &[String]) -> Result<(), String> {
                     (&*format!("{repairs} repairs"), repair),
                 ] {
                     println!(
-                        "| {} | {window} | {:.2} s | {} | {} | {} | {} |",
+                        "| {} | {window} | {:.2} s | {} | {} | {} | {} | {} |",
                         r.n,
                         r.cold.as_secs_f64(),
                         cell(&w[0]),
                         cell(&w[1]),
                         cell(&w[2]),
+                        cell(&w[3]),
                         answered(w),
                     );
                 }
@@ -1494,7 +1509,9 @@ pub fn daemon(args: &[String]) -> Result<(), String> {
         Mode::Readers { .. } => println!(
             "\nThree probes, each on a thread of its own inside verdict's namespace, one request every \
              50 ms over a new connection: /livez and /healthz on the health port, and \
-             /api/v1/services?limit=10 on the metrics port. The cold start's window runs from the first \
+             /api/v1/services?limit=10 on the metrics port; and the floor, a minimal HTTP server of the \
+             benchmark's own in the same namespace (the same machine and loopback path, none of verdict's \
+             code: what it sees is the machine's share). The cold start's window runs from the first \
              /livez answer (the servers up, before the first sync) to both families' first full sync; a \
              repair's from just before `nft flush ruleset` to both families repaired. An unanswered probe \
              counts as its 10 s timeout; \"answered\" counts any status, \"2xx\" the healthy ones \

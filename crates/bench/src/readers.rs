@@ -296,3 +296,89 @@ pub fn raise_open_files() {
         let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
     }
 }
+
+/// The floor: a minimal HTTP server of the benchmark's own inside `ns`,
+/// probed as verdict's ports are. It shares the machine, the namespace
+/// and its loopback path through verdict's hooks, but none of verdict's
+/// code, so a stall it sees too is the machine's (CPU time taken by the
+/// kernel's commit on two cores), not the admin server's.
+pub struct Floor {
+    pub addr: SocketAddr,
+    ns: String,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Floor {
+    pub fn start(ns: &str) -> Result<Floor, String> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let stop = Arc::new(AtomicBool::new(false));
+        let (s, inside) = (stop.clone(), ns.to_owned());
+        let thread = std::thread::spawn(move || {
+            let listener = enter(&inside).and_then(|()| {
+                std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())
+            });
+            let listener = match listener.and_then(|l| {
+                let a = l.local_addr().map_err(|e| e.to_string())?;
+                Ok((l, a))
+            }) {
+                Ok((l, a)) => {
+                    let _ = tx.send(Ok(a));
+                    l
+                }
+                Err(e) => {
+                    let _ = tx.send(Err(e));
+                    return;
+                }
+            };
+            while !s.load(Ordering::Relaxed) {
+                let Ok((mut c, _)) = listener.accept() else {
+                    continue;
+                };
+                let _ = c.set_read_timeout(Some(Duration::from_secs(2)));
+                let mut head = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match c.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let _ = c.write_all(
+                    b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok",
+                );
+            }
+        });
+        let addr = rx
+            .recv_timeout(Duration::from_secs(5))
+            .map_err(|e| e.to_string())??;
+        Ok(Floor {
+            addr,
+            ns: ns.to_owned(),
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Floor {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        // Wakes its accept from inside the namespace, where the address
+        // is; a thread that cannot enter it is left to end with the
+        // process.
+        let addr = self.addr;
+        let waker = self.ns.clone();
+        let woke = std::thread::spawn(move || {
+            enter(&waker).is_ok()
+                && TcpStream::connect_timeout(&addr, Duration::from_secs(1)).is_ok()
+        })
+        .join()
+        .unwrap_or(false);
+        if let Some(t) = self.thread.take()
+            && woke
+        {
+            let _ = t.join();
+        }
+    }
+}

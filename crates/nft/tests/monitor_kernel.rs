@@ -8,7 +8,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use verdict_nft::monitor::{Event, Monitor, Object};
-use verdict_nft::process;
+use verdict_nft::{Listener, process};
 
 fn available() -> bool {
     let root = std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
@@ -124,6 +124,39 @@ fn sees_commits_names_their_process_and_tells_its_own() {
         for t in ["ip verdict", "ip6 verdict", "inet other", "ip marker"] {
             assert!(tables.contains(&t.to_string()), "{t} in {tables:?}");
         }
+    })
+    .join()
+    .unwrap();
+}
+
+#[test]
+fn hears_nothing_while_it_has_left_and_what_follows_once_back() {
+    if !available() {
+        println!("skipped: needs root and nft");
+        return;
+    }
+    std::thread::spawn(|| {
+        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).expect("unshare");
+        let mut m = Monitor::open().unwrap();
+        m.set_timeout(Some(Duration::from_secs(2))).unwrap();
+        let membership = m.membership().unwrap();
+        let nft = |args: &[&str]| {
+            assert!(Command::new("nft").args(args).status().unwrap().success());
+        };
+        // Queued before it leaves: still read.
+        nft(&["add", "table", "ip", "before"]);
+        // Left, from another thread than the reader's: unheard.
+        std::thread::scope(|s| {
+            s.spawn(|| membership.leave().unwrap());
+        });
+        nft(&["add", "table", "ip", "unheard"]);
+        membership.join().unwrap();
+        nft(&["add", "table", "ip", "after"]);
+        let mut tables = Vec::new();
+        while let Ok(Event::Commit { changes, .. }) = m.next_event() {
+            tables.extend(changes.into_iter().map(|c| c.table));
+        }
+        assert_eq!(tables, ["before", "after"]);
     })
     .join()
     .unwrap();

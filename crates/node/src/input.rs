@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use verdict_k8s::Manifests;
 use verdict_k8s::watch::{ApiSource, Update};
+use verdict_nft::Listener;
 use verdict_nft::monitor::{Change, Event, Monitor};
 
 use crate::error::NodeError;
@@ -155,17 +156,22 @@ pub fn addresses(tx: Sender<Input>) -> bool {
 }
 
 /// Passes on the commits of other processes that touched `ours`, from the
-/// kernel's ruleset announcements. `false` if the kernel does not let us
-/// listen (then only the periodic resync repairs).
-pub fn foreign_changes(ours: Vec<Table>, tx: Sender<Input>) -> bool {
-    let mut monitor = match Monitor::open() {
+/// kernel's ruleset announcements; the listener's membership, for the run
+/// loop to leave while it commits a large transaction. `None` if the
+/// kernel does not let us listen (then only the periodic resync repairs).
+pub fn foreign_changes(ours: Vec<Table>, tx: Sender<Input>) -> Option<Box<dyn Listener>> {
+    let opened = Monitor::open().and_then(|m| {
+        let membership = m.membership()?;
+        Ok((m, membership))
+    });
+    let (mut monitor, membership) = match opened {
         Ok(m) => m,
         Err(e) => {
             tracing::warn!(error = %e, "cannot listen for changes other processes make to the ruleset; only the periodic resync (syncPeriod) repairs them");
-            return false;
+            return None;
         }
     };
-    spawn("nft-monitor", move || {
+    let started = spawn("nft-monitor", move || {
         loop {
             let event = match monitor.next_event() {
                 Ok(Event::Overflow) => Foreign::Overflow,
@@ -200,7 +206,8 @@ pub fn foreign_changes(ours: Vec<Table>, tx: Sender<Input>) -> bool {
                 return;
             }
         }
-    })
+    });
+    started.then(|| Box::new(membership) as Box<dyn Listener>)
 }
 
 /// Waits up to `wait` for the first input, then takes every one already

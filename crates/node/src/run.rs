@@ -11,7 +11,7 @@ use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 use verdict_nft::conntrack::Conntrack;
-use verdict_nft::{Backend, Counting};
+use verdict_nft::{Backend, Counting, Listener};
 
 use crate::error::NodeError;
 use crate::input::{Input, Table, next_batch};
@@ -19,8 +19,17 @@ use crate::proxy::{Host, NodeAddresses, NodeProxy};
 use crate::schedule::{self, Due, Schedule, Why};
 
 /// Starts listening to the kernel's announcements of changes to these
-/// tables, sending them as [`Input::Foreign`]; returns whether it listens.
-pub type Listen = Box<dyn FnMut(Vec<Table>) -> bool + Send>;
+/// tables, sending them as [`Input::Foreign`]; returns, if it listens,
+/// the listener's membership, which the loop leaves while it commits a
+/// large transaction.
+pub type Listen = Box<dyn FnMut(Vec<Table>) -> Option<Box<dyn Listener>> + Send>;
+
+/// A commit of at least this many operations is made with the listener
+/// out of the kernel's group ([`Counting::quiet`]): a full sync's (a
+/// repair after a flush writes every element), not a change's. Below it
+/// the announcements cost little, and a foreign commit in the window
+/// would cost a read-back to rule out.
+pub const QUIET_AT: usize = 10_000;
 
 /// Removes what kube-proxy left behind, once verdict's rules serve every
 /// Service; returns the problems met.
@@ -66,8 +75,15 @@ pub fn run(mut node: NodeProxy, kernel: Kernel, inputs: Receiver<Input>) -> Resu
     // that cannot tell the generation (`nft`) listens from the start.
     let tables = node.tables();
     let mut listening = false;
+    let mut start_listening = |nft: &mut Counting<_>| match listen(tables.clone()) {
+        Some(listener) => {
+            nft.quiet(listener, QUIET_AT);
+            true
+        }
+        None => false,
+    };
     if nft.generation().ok().flatten().is_none() {
-        listening = listen(tables.clone());
+        listening = start_listening(&mut nft);
     }
     let mut leftovers_pending = true;
     let mut schedule = Schedule::new(settings.min_sync_period, settings.sync_period);
@@ -159,7 +175,7 @@ pub fn run(mut node: NodeProxy, kernel: Kernel, inputs: Receiver<Input>) -> Resu
             trigger,
         );
         if !listening && full && result.is_ok() {
-            listening = listen(tables.clone());
+            listening = start_listening(&mut nft);
             let after = nft.generation().ok().flatten();
             let ours = nft.commits().wrapping_sub(commits);
             if listening && schedule::missed_commits(before, ours, after) {
@@ -171,6 +187,16 @@ pub fn run(mut node: NodeProxy, kernel: Kernel, inputs: Receiver<Input>) -> Resu
                 );
                 schedule.foreign(Instant::now());
             }
+        }
+        if nft.take_unheard() {
+            tracing::info!(
+                "the ruleset changed while verdict committed a large transaction unheard: repairing"
+            );
+            schedule.foreign(Instant::now());
+        }
+        if let Some(e) = nft.take_deaf() {
+            tracing::error!(error = %e, "the ruleset listener cannot rejoin the kernel's announcements; only the periodic resync repairs foreign changes now");
+            listening = false;
         }
         synced_generation = match &result {
             Ok(()) => nft.generation().ok().flatten(),

@@ -20,7 +20,8 @@ use verdict_model::{EndpointSlice, NamespacedName, Service};
 use verdict_nft::conntrack::{Conntrack, ConntrackError, Flow, UdpEntry};
 use verdict_nft::monitor::{Change, Object};
 use verdict_nft::{
-    Backend, Element, Family, Found, MemoryBackend, NftError, TableState, Transaction, Value,
+    Backend, Element, Family, Found, Listener, MemoryBackend, NftError, TableState, Transaction,
+    Value,
 };
 use verdict_node::{
     FixedAddresses, Foreign, Input, Kernel, NodeError, NodeHandle, NodeProxy, NodeSettings,
@@ -96,6 +97,37 @@ impl Conntrack for FakeConntrack {
     }
 }
 
+/// Where another process deletes an element: the backend and the key in
+/// `service-ips`.
+type Damage = (Shared, Vec<Value>);
+
+/// The listener's membership, recording the loop's calls; armed, it
+/// plays another process that deletes one of verdict's elements just
+/// before the listener joins again, unheard.
+#[derive(Clone, Default)]
+struct Membership {
+    calls: Arc<Mutex<Vec<&'static str>>>,
+    armed: Arc<Mutex<Option<Damage>>>,
+}
+
+impl Listener for Membership {
+    fn leave(&self) -> std::io::Result<()> {
+        self.calls.lock().unwrap().push("leave");
+        Ok(())
+    }
+    fn join(&self) -> std::io::Result<()> {
+        if let Some((memory, key)) = self.armed.lock().unwrap().take() {
+            memory.with(|m| {
+                let mut tx = Transaction::new(Family::Ip, "verdict");
+                tx.delete_element("service-ips", key);
+                m.run(&tx).unwrap();
+            });
+        }
+        self.calls.lock().unwrap().push("join");
+        Ok(())
+    }
+}
+
 /// The loop, running on a thread of its own.
 struct Running {
     tx: Sender<Input>,
@@ -104,6 +136,7 @@ struct Running {
     conntrack: FakeConntrack,
     /// The tables the loop asked to listen to.
     listened: Arc<Mutex<Vec<String>>>,
+    membership: Membership,
     done: Option<JoinHandle<Result<(), NodeError>>>,
 }
 
@@ -126,6 +159,8 @@ fn start_with(addresses: Vec<IpAddr>, tweak: impl FnOnce(&mut NodeSettings)) -> 
     let conntrack = FakeConntrack::default();
     let listened = Arc::new(Mutex::new(Vec::new()));
     let l = listened.clone();
+    let membership = Membership::default();
+    let m = membership.clone();
     let kernel = Kernel {
         backend: Box::new(memory.clone()),
         conntrack: Box::new(conntrack.clone()),
@@ -134,7 +169,7 @@ fn start_with(addresses: Vec<IpAddr>, tweak: impl FnOnce(&mut NodeSettings)) -> 
             l.lock()
                 .unwrap()
                 .extend(tables.into_iter().map(|(f, t)| format!("{f} {t}")));
-            true
+            Some(Box::new(m.clone()))
         }),
         leftovers: Box::new(|_| Vec::new()),
     };
@@ -146,6 +181,7 @@ fn start_with(addresses: Vec<IpAddr>, tweak: impl FnOnce(&mut NodeSettings)) -> 
         memory,
         conntrack,
         listened,
+        membership,
         done: Some(done),
     }
 }
@@ -308,18 +344,7 @@ fn a_foreign_flush_is_repaired_and_recorded() {
         tx.delete_table();
         m.run(&tx).unwrap();
     });
-    r.tx.send(Input::Foreign(Foreign::Commit {
-        pid: 4242,
-        process: "nft".into(),
-        changes: vec![Change {
-            added: false,
-            object: Object::Table,
-            family: "ip",
-            table: "verdict".into(),
-            name: None,
-        }],
-    }))
-    .unwrap();
+    r.tx.send(flushed_by_nft()).unwrap();
     let t = Instant::now();
     wait_until("repaired", || {
         r.memory.has("service-ips", &entry("172.30.0.41", 80))
@@ -338,6 +363,84 @@ fn a_foreign_flush_is_repaired_and_recorded() {
         ),
         Some(1.0)
     );
+}
+
+/// Another process's flush of verdict's table, announced.
+fn flushed_by_nft() -> Input {
+    Input::Foreign(Foreign::Commit {
+        pid: 4242,
+        process: "nft".into(),
+        changes: vec![Change {
+            added: false,
+            object: Object::Table,
+            family: "ip",
+            table: "verdict".into(),
+            name: None,
+        }],
+    })
+}
+
+#[test]
+fn a_large_commit_is_made_unheard_and_a_commit_it_hid_is_repaired() {
+    let r = start();
+    // 2,000 Services: a repair writes more than QUIET_AT operations.
+    let mut updates = Vec::new();
+    for i in 0..2000u32 {
+        let addr = format!("172.30.{}.{}", i / 250, i % 250 + 1);
+        let name = format!("s{i}");
+        updates.push(service(
+            svc("ns", &name).cluster_ip(&addr).port("http", TCP, 80, 0),
+        ));
+        updates.push(endpoints(
+            slice("ns", &name, &format!("{name}-1"))
+                .port("http", TCP, 8080)
+                .ep(&format!("10.{}.{}.1", i / 250, i % 250), "n1"),
+        ));
+    }
+    updates.push(Update::Synced);
+    r.send(updates);
+    let first = entry("172.30.0.1", 80);
+    wait_until("programmed", || r.memory.has("service-ips", &first));
+    wait_until("listening", || r.listened.lock().unwrap().len() == 2);
+    // A change is small: the listener stays in the group.
+    r.send(vec![endpoints(
+        slice("ns", "s1", "s1-1")
+            .port("http", TCP, 8080)
+            .ep("10.0.1.9", "n1"),
+    )]);
+    wait_until("the change is published", || {
+        r.handle
+            .service(&NamespacedName::new("ns", "s1"))
+            .is_some_and(|v| {
+                v.ports()
+                    .any(|(_, p)| p.endpoints.iter().any(|e| e.ip == ip("10.0.1.9")))
+            })
+    });
+    assert!(r.membership.calls.lock().unwrap().is_empty());
+
+    // A foreign flush: the repair rewrites everything, unheard, and while
+    // the listener is out another process deletes a Service's element.
+    *r.membership.armed.lock().unwrap() = Some((r.memory.clone(), first.clone()));
+    r.memory.with(|m| {
+        let mut tx = Transaction::new(Family::Ip, "verdict");
+        tx.delete_table();
+        m.run(&tx).unwrap();
+    });
+    r.tx.send(flushed_by_nft()).unwrap();
+    wait_until("the listener left and joined again", || {
+        *r.membership.calls.lock().unwrap() == ["leave", "join"]
+    });
+    assert!(r.membership.armed.lock().unwrap().is_none(), "it played");
+    // Nothing announced the deletion; the generation told, and the
+    // read-back that followed repaired it (periodic resync: 30 s away).
+    let t = Instant::now();
+    wait_until("the unheard deletion is repaired", || {
+        r.memory.has("service-ips", &first)
+    });
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    // That repair wrote one element: small, heard.
+    let calls = r.membership.calls.lock().unwrap().clone();
+    assert_eq!(calls, ["leave", "join"]);
 }
 
 #[test]

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use nix::errno::Errno;
 use nix::sys::socket::{
-    AddressFamily, MsgFlags, NetlinkAddr, SockFlag, SockProtocol, SockType, bind, recv, send,
-    setsockopt, socket, sockopt,
+    AddressFamily, MsgFlags, NetlinkAddr, SockFlag, SockProtocol, SockType, bind, getsockname,
+    recv, send, setsockopt, socket, sockopt,
 };
 
 use super::wire::{Attrs, Message, Writer, messages};
@@ -101,6 +101,35 @@ fn open_socket(protocol: Protocol, groups: u32, buffer: usize) -> Result<OwnedFd
     Ok(fd)
 }
 
+/// A listening socket's membership of its multicast groups, through a
+/// descriptor of its own: while it has left, the kernel sends the socket
+/// nothing of those groups (and, if no other socket anywhere listens to
+/// them, builds no announcements at all); what was queued before stays
+/// queued.
+#[derive(Debug)]
+pub(crate) struct Membership {
+    fd: OwnedFd,
+    portid: u32,
+    groups: u32,
+}
+
+impl Membership {
+    /// Leaves the groups (binding again to none of them).
+    pub(crate) fn leave(&self) -> std::io::Result<()> {
+        bind(self.fd.as_raw_fd(), &NetlinkAddr::new(self.portid, 0))?;
+        Ok(())
+    }
+
+    /// Joins them again.
+    pub(crate) fn join(&self) -> std::io::Result<()> {
+        bind(
+            self.fd.as_raw_fd(),
+            &NetlinkAddr::new(self.portid, self.groups),
+        )?;
+        Ok(())
+    }
+}
+
 /// A netlink socket in one network namespace.
 #[derive(Debug)]
 pub(crate) struct Socket {
@@ -154,6 +183,17 @@ impl Socket {
             .map_err(|_| NftError::Refused("the thread opening the socket panicked".into()))?
         })?;
         Ok(Socket::with(fd, Protocol::NetFilter, DATAGRAM_MAX))
+    }
+
+    /// A handle on this listening socket's membership of `groups`,
+    /// usable from another thread while this one reads.
+    pub(crate) fn membership(&self, groups: u32) -> std::io::Result<Membership> {
+        let portid = getsockname::<NetlinkAddr>(self.fd.as_raw_fd())?.pid();
+        Ok(Membership {
+            fd: self.fd.try_clone()?,
+            portid,
+            groups,
+        })
     }
 
     fn with(fd: OwnedFd, protocol: Protocol, datagram: usize) -> Socket {
