@@ -19,7 +19,7 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -28,6 +28,7 @@ use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use nix::unistd::{Pid, gettid};
 use tokio::sync::Semaphore;
 
 use crate::health::Response;
@@ -137,6 +138,24 @@ impl Routes {
     }
 }
 
+/// The thread ids of the runtime's threads (workers and the blocking
+/// pool), as they start and stop.
+static THREADS: Mutex<Vec<Pid>> = Mutex::new(Vec::new());
+
+fn threads_registry() -> std::sync::MutexGuard<'static, Vec<Pid>> {
+    THREADS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Calls `f` with the thread ids of every thread the admin servers run on
+/// (none before the first server starts). No thread of the list ends
+/// while `f` runs: a thread leaves the list before it ends, and waits for
+/// `f` to do so.
+pub fn with_threads<T>(f: impl FnOnce(&[Pid]) -> T) -> T {
+    f(&threads_registry())
+}
+
 /// The runtime every admin server runs on, started on first use.
 fn runtime() -> std::io::Result<&'static tokio::runtime::Runtime> {
     static RUNTIME: OnceLock<Result<tokio::runtime::Runtime, String>> = OnceLock::new();
@@ -145,6 +164,11 @@ fn runtime() -> std::io::Result<&'static tokio::runtime::Runtime> {
             tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(WORKERS)
                 .thread_name("admin-http")
+                .on_thread_start(|| threads_registry().push(gettid()))
+                .on_thread_stop(|| {
+                    let me = gettid();
+                    threads_registry().retain(|t| *t != me);
+                })
                 .enable_io()
                 .enable_time()
                 .build()

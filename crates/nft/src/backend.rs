@@ -274,6 +274,15 @@ pub trait Listener: Send {
     fn join(&self) -> std::io::Result<()>;
 }
 
+/// Work done around each large commit ([`Counting::around_large`]),
+/// before it is sent and once the kernel has answered.
+pub trait Around: Send {
+    /// Before the commit.
+    fn before(&mut self);
+    /// After it, whatever its outcome.
+    fn after(&mut self);
+}
+
 /// A backend that counts the transactions it commits: each moves the
 /// ruleset's generation on by one, so the count tells verdict's own
 /// commits from others' between two readings of the generation.
@@ -289,6 +298,7 @@ pub struct Counting<B> {
     inner: B,
     commits: u32,
     quiet: Option<Quiet>,
+    around: Option<(Box<dyn Around>, usize)>,
     unheard: bool,
     deaf: Option<std::io::Error>,
 }
@@ -315,9 +325,15 @@ impl<B: Backend> Counting<B> {
             inner,
             commits: 0,
             quiet: None,
+            around: None,
             unheard: false,
             deaf: None,
         }
+    }
+
+    /// Runs `hook` around every commit of at least `at` operations.
+    pub fn around_large(&mut self, hook: Box<dyn Around>, at: usize) {
+        self.around = Some((hook, at));
     }
 
     /// Commits transactions of at least `at` operations with `listener`
@@ -373,10 +389,21 @@ impl<B: Backend> Counting<B> {
 
 impl<B: Backend> Backend for Counting<B> {
     fn run(&mut self, tx: &Transaction) -> Result<(), NftError> {
+        let mut hook = self
+            .around
+            .take_if(|(_, at)| tx.len() >= *at)
+            .map(|(mut hook, at)| {
+                hook.before();
+                (hook, at)
+            });
         let r = match self.run_quietly(tx) {
             Some(r) => r,
             None => self.inner.run(tx),
         };
+        if let Some((mut h, at)) = hook.take() {
+            h.after();
+            self.around = Some((h, at));
+        }
         if r.is_ok() && !tx.is_empty() {
             self.commits = self.commits.wrapping_add(1);
         }
@@ -553,6 +580,37 @@ mod tests {
         assert!(c.take_unheard());
         assert!(!c.take_unheard(), "told once");
         assert!(c.take_deaf().is_none());
+    }
+
+    #[test]
+    fn the_hook_runs_around_large_commits_only() {
+        struct Hook(std::sync::Arc<std::sync::Mutex<Vec<&'static str>>>);
+        impl Around for Hook {
+            fn before(&mut self) {
+                self.0.lock().unwrap().push("before");
+            }
+            fn after(&mut self) {
+                self.0.lock().unwrap().push("after");
+            }
+        }
+        let calls = Calls::default();
+        let mut c = Counting::new(Generations {
+            generation: 0,
+            others: calls.0.clone(),
+            fail: false,
+        });
+        c.around_large(Box::new(Hook(calls.0.clone())), 2);
+        c.quiet(Box::new(calls.clone()), 2);
+        c.run(&transaction(1)).unwrap();
+        assert!(calls.0.lock().unwrap().is_empty());
+        c.run(&transaction(2)).unwrap();
+        c.run(&transaction(3)).unwrap();
+        assert_eq!(
+            *calls.0.lock().unwrap(),
+            [
+                "before", "leave", "join", "after", "before", "leave", "join", "after"
+            ]
+        );
     }
 
     #[test]

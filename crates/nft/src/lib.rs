@@ -43,7 +43,9 @@ pub mod process;
 pub mod trace;
 pub mod tx;
 
-pub use backend::{Backend, ChainState, Counter, Counting, Found, Listener, SetState, TableState};
+pub use backend::{
+    Around, Backend, ChainState, Counter, Counting, Found, Listener, SetState, TableState,
+};
 pub use cli::NftCli;
 pub use error::NftError;
 pub use ir::*;

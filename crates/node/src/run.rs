@@ -11,7 +11,7 @@ use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 use verdict_nft::conntrack::Conntrack;
-use verdict_nft::{Backend, Counting, Listener};
+use verdict_nft::{Around, Backend, Counting, Listener};
 
 use crate::error::NodeError;
 use crate::input::{Input, Table, next_batch};
@@ -47,6 +47,10 @@ pub struct Kernel {
     pub listen: Listen,
     /// The cleanup of kube-proxy's leftovers.
     pub leftovers: Leftovers,
+    /// What is done around each commit of at least [`QUIET_AT`]
+    /// operations ([`crate::apart::Apart`] on a node: the admin servers'
+    /// threads kept off the CPU the commit holds).
+    pub around_large: Option<Box<dyn Around>>,
 }
 
 /// The longest the loop sleeps with nothing due: the schedule always has
@@ -64,8 +68,12 @@ pub fn run(mut node: NodeProxy, kernel: Kernel, inputs: Receiver<Input>) -> Resu
         addresses,
         mut listen,
         mut leftovers,
+        around_large,
     } = kernel;
     let mut nft = Counting::new(backend);
+    if let Some(hook) = around_large {
+        nft.around_large(hook, QUIET_AT);
+    }
     let settings = node.settings().clone();
     // The kernel announces every element of every commit to whoever
     // listens, and at 30,000 Services the first sync's announcements cost

@@ -172,6 +172,7 @@ fn start_with(addresses: Vec<IpAddr>, tweak: impl FnOnce(&mut NodeSettings)) -> 
             Some(Box::new(m.clone()))
         }),
         leftovers: Box::new(|_| Vec::new()),
+        around_large: None,
     };
     let (tx, rx) = std::sync::mpsc::channel();
     let done = std::thread::spawn(move || verdict_node::run(node, kernel, rx));

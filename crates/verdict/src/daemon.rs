@@ -262,6 +262,7 @@ pub fn run(settings: &Settings, source: &Source, verbosity: &Verbosity) -> anyho
         addresses: Arc::new(KernelAddresses),
         listen: Box::new(move |tables| input::foreign_changes(tables, tx.clone())),
         leftovers: Box::new(move |b| verdict_node::leftovers::cleanup(keep, b)),
+        around_large: Some(Box::new(verdict_node::apart::Apart::default())),
     };
     verdict_node::run(node, kernel, inputs)?;
     Ok(())
