@@ -63,6 +63,8 @@ pub struct Request {
     pub headers: Vec<(String, String)>,
     /// The body.
     pub body: Vec<u8>,
+    /// Who sent it (`None`: a request made in-process).
+    pub peer: Option<SocketAddr>,
 }
 
 impl Request {
@@ -237,8 +239,8 @@ fn start(
 /// Accepts connections for as long as the task lives.
 async fn accept(listener: tokio::net::TcpListener, server: Arc<Server>) {
     loop {
-        let stream = match listener.accept().await {
-            Ok((stream, _)) => stream,
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
             Err(e) => {
                 // Out of file descriptors, say: try again shortly rather
                 // than spin.
@@ -256,7 +258,7 @@ async fn accept(listener: tokio::net::TcpListener, server: Arc<Server>) {
         let _ = stream.set_nodelay(true);
         let server = server.clone();
         tokio::spawn(async move {
-            let service = service_fn(move |req| answer(server.clone(), req));
+            let service = service_fn(move |req| answer(server.clone(), req, peer));
             // Headers go out in Go's canonical case, as kube-proxy writes
             // them (`X-Load-Balancing-Endpoint-Weight`).
             let conn = http1::Builder::new()
@@ -274,7 +276,7 @@ async fn accept(listener: tokio::net::TcpListener, server: Arc<Server>) {
 
 /// The request as the handler sees it; `Err` is the answer to give
 /// instead (a body too slow or too large).
-async fn read(req: hyper::Request<Incoming>) -> Result<Request, Response> {
+async fn read(req: hyper::Request<Incoming>, peer: SocketAddr) -> Result<Request, Response> {
     let (parts, body) = req.into_parts();
     let headers: Vec<(String, String)> = parts
         .headers
@@ -310,14 +312,16 @@ async fn read(req: hyper::Request<Incoming>) -> Result<Request, Response> {
         query: parts.uri.query().unwrap_or("").to_owned(),
         headers,
         body,
+        peer: Some(peer),
     })
 }
 
 async fn answer(
     server: Arc<Server>,
     req: hyper::Request<Incoming>,
+    peer: SocketAddr,
 ) -> Result<hyper::Response<Full<Bytes>>, Infallible> {
-    let request = match read(req).await {
+    let request = match read(req, peer).await {
         Ok(r) => r,
         Err(r) => return Ok(to_hyper(r)),
     };
@@ -455,6 +459,17 @@ mod tests {
         assert!(r.contains("X-Content-Type-Options: nosniff\r\n"), "{r}");
         assert!(r.ends_with("\r\n\r\n{\"healthy\":false}"), "{r}");
         assert!(get(addr, "/nope").starts_with("HTTP/1.1 404"));
+    }
+
+    #[test]
+    fn the_handler_sees_who_sent_the_request() {
+        let handler: Handler = Arc::new(|req: &Request| {
+            let peer = req.peer.map(|p| p.ip().to_string()).unwrap_or_default();
+            Some(Response::text(200, peer, "text/plain"))
+        });
+        let addr = serve("127.0.0.1:0".parse().unwrap(), Routes::slow(handler)).unwrap();
+        assert!(get(addr, "/").ends_with("\r\n\r\n127.0.0.1"));
+        assert_eq!(Request::get("/x").peer, None, "made in-process");
     }
 
     #[test]

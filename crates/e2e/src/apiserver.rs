@@ -27,6 +27,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+use crate::rbac::{Rbac, User};
+
 /// A resource the fake serves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Resource {
@@ -144,6 +146,9 @@ struct Store {
     events: Vec<Value>,
     /// Permissions a SelfSubjectAccessReview is denied, as `verb resource`.
     denied: BTreeSet<String>,
+    /// Tokens, ClusterRoles and ClusterRoleBindings, for TokenReviews and
+    /// SubjectAccessReviews.
+    rbac: Rbac,
 }
 
 struct Shared {
@@ -222,6 +227,10 @@ impl FakeApiServer {
     /// Creates or replaces an object (by kind, namespace and name); returns
     /// its new resourceVersion.
     pub fn apply(&self, mut obj: Value) -> Result<u64, ApiError> {
+        // RBAC objects are kept for the access reviews, not served.
+        if self.shared.lock().rbac.apply(&obj) {
+            return Ok(self.resource_version());
+        }
         let kind = obj.get("kind").and_then(Value::as_str).unwrap_or_default();
         let resource = Resource::of_kind(kind)
             .ok_or_else(|| ApiError::Invalid(format!("kind {kind:?} is not served")))?;
@@ -308,9 +317,12 @@ impl FakeApiServer {
     /// line: `ok <resourceVersion>` or `error <message>`. Commands:
     /// `{"apply": OBJECT}`, `{"delete": {"kind", "namespace", "name"}}`,
     /// `{"expire": true}`, `{"served": {"kind", "served"}}`, `{"requests": true}`,
-    /// `{"events": true}` (answer `ok <json array>`) and
+    /// `{"events": true}` (answer `ok <json array>`),
     /// `{"deny": {"verb", "resource"}}` (SelfSubjectAccessReviews of it
-    /// answer not allowed; everything else is allowed).
+    /// answer not allowed; everything else is allowed) and
+    /// `{"token": {"token", "username", "groups"}}` (a bearer token
+    /// TokenReviews authenticate). An applied ClusterRole or
+    /// ClusterRoleBinding decides SubjectAccessReviews.
     pub fn command(&self, line: &str) -> String {
         let v: Value = match serde_json::from_str(line) {
             Ok(v) => v,
@@ -336,6 +348,22 @@ impl FakeApiServer {
             return format!("ok {}", json!(self.requests()));
         } else if v.get("events").is_some() {
             return format!("ok {}", json!(self.shared.lock().events));
+        } else if let Some(d) = v.get("token") {
+            let user = User {
+                username: text(d, "username"),
+                groups: d
+                    .get("groups")
+                    .and_then(Value::as_array)
+                    .map(|g| {
+                        g.iter()
+                            .filter_map(Value::as_str)
+                            .map(str::to_owned)
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+            };
+            self.shared.lock().rbac.add_token(&text(d, "token"), user);
+            Ok(self.resource_version())
         } else if let Some(d) = v.get("deny") {
             let what = format!("{} {}", text(d, "verb"), text(d, "resource"));
             self.shared.lock().denied.insert(what);
@@ -675,6 +703,26 @@ fn serve(shared: &Shared, conn: TcpStream) -> std::io::Result<()> {
             json!({"allowed": false, "reason": format!("RBAC: {what} is not granted")})
         };
         return respond(&mut conn, 201, "Created", &review);
+    }
+    // A token's user, and what RBAC grants a user.
+    for (path, review) in [
+        ("/apis/authentication.k8s.io/v1/tokenreviews", "token"),
+        (
+            "/apis/authorization.k8s.io/v1/subjectaccessreviews",
+            "access",
+        ),
+    ] {
+        if req.line.starts_with("POST ") && req.path == path {
+            let mut body: Value = serde_json::from_slice(&req.body).unwrap_or(Value::Null);
+            let s = shared.lock();
+            body["status"] = if review == "token" {
+                s.rbac.token_review(&body)
+            } else {
+                s.rbac.access_review(&body)
+            };
+            drop(s);
+            return respond(&mut conn, 201, "Created", &body);
+        }
     }
     // Events are only created, as a recorder does; they are kept for
     // tests to read (`events`).

@@ -16,4 +16,5 @@
 pub mod apiserver;
 pub mod bed;
 pub mod netns;
+pub mod rbac;
 pub mod runner;

@@ -20,6 +20,7 @@ pub mod client;
 pub mod convert;
 pub mod events;
 pub mod manifests;
+pub mod review;
 pub mod validate;
 pub mod watch;
 

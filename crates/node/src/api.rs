@@ -29,6 +29,7 @@ use verdict_model::{IpFamily, NamespacedName};
 use verdict_nft::conntrack::Flow;
 use verdict_nft::{BackendKind, Family, MemoryBackend};
 
+use crate::access::{Exposure, Limiter};
 use crate::inspect::counters::Snapshot;
 use crate::inspect::{self, BadRequest, Kernel, Reading, TraceRequest};
 use crate::view::NodeHandle;
@@ -65,18 +66,48 @@ pub fn kernel_reader(backend: BackendKind) -> KernelReader {
     })
 }
 
-/// The API's handler for the metrics site (`counters`: `None` with
-/// `--service-counters=false`), and the web view at `/ui`.
+/// Whether `path` is the API's or the web view's.
+pub fn is_api_path(path: &str) -> bool {
+    path == "/ui" || path.starts_with("/ui/") || path == "/api" || path.starts_with("/api/")
+}
+
+/// Whether answering `req` reads whole tables (`drift`, `explain
+/// --full`): those take turns ([`crate::access::Limiter`]).
+fn reads_whole_tables(req: &Request) -> bool {
+    let path = req.path.trim_end_matches('/');
+    path == "/api/v1/drift"
+        || (path.starts_with("/api/v1/services/")
+            && matches!(req.query_param("full").as_deref(), Some("1" | "true" | "")))
+}
+
+/// The API's handler, and the web view at `/ui` (`counters`: `None` with
+/// `--service-counters=false`), answering whom `exposure` admits.
 pub fn handler(
     backend: BackendKind,
     node: NodeHandle,
     read: KernelReader,
     counters: Option<Arc<CounterCache>>,
+    exposure: Exposure,
 ) -> Handler {
+    let limiter = Arc::new(Limiter::default());
     Arc::new(move |req: &Request| {
+        if !is_api_path(&req.path) {
+            return None;
+        }
+        if let Err(refused) = crate::access::admit(&exposure, req) {
+            return Some(refused);
+        }
         if req.path == "/ui" || req.path.starts_with("/ui/") {
             return Some(crate::inspect::ui::page(req));
         }
+        let _turn = if reads_whole_tables(req) {
+            match limiter.turn(Instant::now()) {
+                Ok(t) => Some(t),
+                Err(refused) => return Some(refused),
+            }
+        } else {
+            None
+        };
         if req.path.trim_end_matches('/') == "/api/v1/counters" {
             let Some(c) = &counters else {
                 let e =

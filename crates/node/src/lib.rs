@@ -31,6 +31,7 @@
 //! - [`setup`]: the conntrack sysctls and OOM score.
 //! - [`leftovers`]: what kube-proxy's other modes left behind.
 
+pub mod access;
 pub mod apart;
 pub mod api;
 pub mod error;

@@ -118,6 +118,9 @@ pub struct Cli {
     pub keep_kube_proxy_nftables: bool,
     /// `--service-counters` (verdict's own; on by default).
     pub service_counters: bool,
+    /// `--api-bind-address` (verdict's own; none by default: the API and
+    /// the web view answer loopback clients on the metrics address).
+    pub api_bind_address: Option<std::net::SocketAddr>,
     /// `--nftables-backend` (verdict's own; netlink by default).
     pub nftables_backend: crate::config::NftablesBackend,
     /// `--help`.
@@ -178,6 +181,7 @@ enum Opt {
     Manifests,
     KeepKubeProxyNftables,
     ServiceCounters,
+    ApiBindAddress,
     NftablesBackend,
     /// A flag of the introspection commands.
     Inspect,
@@ -314,6 +318,15 @@ const OPTIONS: &[OptSpec] = &[
         opt: Opt::ServiceCounters,
         takes_value: false,
         help: "Count new connections, rejects and drops per Service entry and endpoint in the kernel's maps, and the packets and bytes of every connection per entry and endpoint, exported as verdict_service_* and verdict_endpoint_* on /metrics (--service-counters=false turns them off)",
+        kube_proxy: false,
+        commands: &[],
+    },
+    OptSpec {
+        name: "api-bind-address",
+        short: None,
+        opt: Opt::ApiBindAddress,
+        takes_value: true,
+        help: "Serve the introspection API and the web view on this IP:PORT to other hosts too, each request with a Kubernetes bearer token that the API server authenticates (TokenReview) and RBAC lets get the path (SubjectAccessReview); without it they answer only loopback clients, on the metrics address",
         kube_proxy: false,
         commands: &[],
     },
@@ -463,6 +476,7 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, UsageError>
         manifests: None,
         keep_kube_proxy_nftables: false,
         service_counters: true,
+        api_bind_address: None,
         nftables_backend: crate::config::NftablesBackend::default(),
         help: false,
         version: None,
@@ -561,6 +575,13 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, UsageError>
                     Opt::Manifests => cli.manifests = Some(value),
                     Opt::KeepKubeProxyNftables => cli.keep_kube_proxy_nftables = boolean(&value)?,
                     Opt::ServiceCounters => cli.service_counters = boolean(&value)?,
+                    Opt::ApiBindAddress => {
+                        cli.api_bind_address = Some(value.parse().map_err(|_| {
+                            UsageError(format!(
+                                "--api-bind-address {value:?}: give an IP:PORT (0.0.0.0:10259, [::]:10259)"
+                            ))
+                        })?)
+                    }
                     Opt::NftablesBackend => {
                         cli.nftables_backend = value.parse().map_err(UsageError)?
                     }

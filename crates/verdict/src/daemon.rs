@@ -14,6 +14,7 @@ use verdict_admin::metrics as m;
 use verdict_k8s::client::{ClientOptions, Observer, RequestRecord};
 use verdict_k8s::events::{Notice, Regarding};
 use verdict_k8s::watch::ApiSource;
+use verdict_node::access::{Authorization, Authorizer, Exposure};
 use verdict_node::api::{self, Offline};
 use verdict_node::{Kernel, KernelAddresses, NodeProxy, NodeSettings, input, once};
 
@@ -133,6 +134,32 @@ pub fn api_source(settings: &Settings, source: &Source, node: &str) -> ApiSource
     source.api(node, client_options(settings, &metrics))
 }
 
+/// The API server's TokenReviews and SubjectAccessReviews, for the API's
+/// requests from other hosts.
+struct TokenReviews(verdict_k8s::review::Reviewer);
+
+impl Authorizer for TokenReviews {
+    fn authorize(&self, token: &str, path: &str, verb: &str) -> Authorization {
+        use verdict_k8s::review::Decision;
+        match self.0.review(token, path, verb) {
+            Ok(Decision::Allowed { user }) => {
+                tracing::debug!(%user, path, "API request admitted");
+                Authorization::Allowed
+            }
+            Ok(Decision::Unauthenticated(why)) => Authorization::Unauthenticated(why),
+            Ok(Decision::Forbidden { user, reason }) => Authorization::Forbidden(format!(
+                "{user} may not {verb} {path}{}",
+                if reason.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {reason}")
+                }
+            )),
+            Err(e) => Authorization::Unavailable(e),
+        }
+    }
+}
+
 /// How long a fatal error waits for its Event to be posted.
 const EVENT_FLUSH: Duration = Duration::from_secs(5);
 
@@ -167,7 +194,7 @@ pub fn run(settings: &Settings, source: &Source, verbosity: &Verbosity) -> anyho
         .start(&name, tx.clone())?;
     let mut events = None;
     if source.manifests.is_none() {
-        match verdict_k8s::events::start(&source.api(&name, client)) {
+        match verdict_k8s::events::start(&source.api(&name, client.clone())) {
             Ok(e) => {
                 node.set_events(Some(e.sender()));
                 events = Some(e);
@@ -208,17 +235,45 @@ pub fn run(settings: &Settings, source: &Source, verbosity: &Verbosity) -> anyho
     let counters = settings
         .service_counters
         .then(|| api::CounterCache::new(handle.clone(), api::kernel_reader(kind)));
+    let api_for = |exposure: Exposure| {
+        api::handler(
+            kind,
+            handle.clone(),
+            api::kernel_reader(kind),
+            counters.clone(),
+            exposure,
+        )
+    };
+    // The API and the web view reveal traffic: other hosts get answers only
+    // on --api-bind-address, and only with a token the API server accepts.
+    if let Some(addr) = settings.api_bind_address {
+        let exposure = match &source.manifests {
+            None => match verdict_k8s::review::Reviewer::new(&source.api(&name, client.clone())) {
+                Ok(r) => Exposure::Authenticated(Arc::new(TokenReviews(r))),
+                Err(e) => {
+                    tracing::warn!(error = %e, %addr, "cannot check bearer tokens with the API server: the API there answers loopback clients only");
+                    Exposure::Loopback
+                }
+            },
+            Some(_) => {
+                tracing::warn!(%addr, "with --manifests there is no API server to check bearer tokens with: the API there answers loopback clients only");
+                Exposure::Loopback
+            }
+        };
+        servers.push((
+            addr,
+            Routes::slow(api_for(exposure)),
+            "the API and the web view",
+            "FailedToStartApiServer",
+            "starting the API server failed",
+        ));
+    }
     if let Some(addr) = settings.metrics_bind_address {
         let site = crate::endpoints::MetricsSite {
             metrics: metrics.clone(),
             probes: probes.clone(),
             slis: Arc::new(Mutex::new(Metrics::slis())),
-            api: Some(api::handler(
-                kind,
-                handle.clone(),
-                api::kernel_reader(kind),
-                counters.clone(),
-            )),
+            api: Some(api_for(Exposure::Loopback)),
             more_metrics: counters.clone().map(api::CounterCache::metrics),
             configz: crate::config::render::configz(&settings.effective).to_string(),
             profiling: settings.enable_profiling,

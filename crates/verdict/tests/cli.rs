@@ -274,6 +274,15 @@ fn every_invalid_flag_or_value_exits_2_before_anything_runs() {
             exit(&["plan", "--masquerade-bit=99", "--manifests", "/nonexistent"]),
         ),
         ("backend", exit(&["plan", "--nftables-backend=iptables"])),
+        (
+            "API address",
+            exit(&[
+                "plan",
+                "--api-bind-address=10262",
+                "--manifests",
+                "/nonexistent",
+            ]),
+        ),
         ("command", exit(&["frobnicate"])),
         ("help of nothing", exit(&["help", "frobnicate"])),
     ];

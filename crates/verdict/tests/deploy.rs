@@ -317,3 +317,62 @@ fn the_unprivileged_component_keeps_a_valid_daemonset_with_net_admin_alone() {
     assert_eq!(init["volumeMounts"][0]["name"], "config");
     assert_eq!(args[1], main["command"][1], "the same --config");
 }
+
+/// The YAML documents of one file under `deploy/`.
+fn file_documents(path: &Path) -> Vec<Value> {
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut bytes = text.as_bytes();
+    serde_saphyr::read::<_, Value>(&mut bytes)
+        .map(|d| d.unwrap_or_else(|e| panic!("{}: {e}", path.display())))
+        .filter(|d| !d.is_null())
+        .collect()
+}
+
+#[test]
+fn the_remote_api_component_adds_the_flag_and_valid_rbac() {
+    let dir = deploy_dir().join("../components/remote-api");
+    let component: Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(dir.join("kustomization.yaml")).unwrap())
+            .unwrap();
+    assert_eq!(component["kind"], "Component");
+    let mut ds = documents()
+        .into_iter()
+        .find(|(_, v)| v["kind"] == "DaemonSet")
+        .unwrap()
+        .1;
+    for p in component["patches"].as_array().unwrap() {
+        let ops: Value = serde_saphyr::from_str(p["patch"].as_str().unwrap()).unwrap();
+        json_patch(&mut ds, &ops);
+    }
+    round_trip::<DaemonSet>("remote-api", &ds);
+    let command = &ds["spec"]["template"]["spec"]["containers"][0]["command"];
+    assert!(
+        command
+            .as_array()
+            .unwrap()
+            .contains(&Value::from("--api-bind-address=0.0.0.0:10262")),
+        "{command}"
+    );
+    let mut kinds = Vec::new();
+    for r in component["resources"].as_array().unwrap() {
+        for doc in file_documents(&dir.join(r.as_str().unwrap())) {
+            match doc["kind"].as_str().unwrap() {
+                "ClusterRole" => round_trip::<ClusterRole>("remote-api", &doc),
+                "ClusterRoleBinding" => round_trip::<ClusterRoleBinding>("remote-api", &doc),
+                other => panic!("unexpected {other}"),
+            }
+            kinds.push(format!(
+                "{} {}",
+                doc["kind"].as_str().unwrap(),
+                doc["metadata"]["name"].as_str().unwrap()
+            ));
+        }
+    }
+    assert_eq!(
+        kinds,
+        [
+            "ClusterRoleBinding verdict-auth-delegator",
+            "ClusterRole verdict-api-reader"
+        ]
+    );
+}

@@ -159,6 +159,9 @@ pub struct Settings {
     /// verdict's per-service and per-endpoint counters
     /// (`--service-counters`, verdict's own flag; on by default).
     pub service_counters: bool,
+    /// Where the API and the web view are served to other hosts, with a
+    /// bearer token (`--api-bind-address`, verdict's own).
+    pub api_bind_address: Option<SocketAddr>,
     /// How nftables is programmed (`--nftables-backend`, verdict's own).
     pub nftables_backend: NftablesBackend,
     // What the detector is made of, checked into `detect_local`.
@@ -198,6 +201,7 @@ impl std::default::Default for Settings {
             oom_score_adj: Some(-999),
             effective: Value::Null,
             service_counters: true,
+            api_bind_address: None,
             nftables_backend: NftablesBackend::default(),
             detect_local_mode: DetectLocalMode::ClusterCidr,
             detect_bridge: String::new(),
