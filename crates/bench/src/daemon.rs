@@ -57,7 +57,7 @@ use crate::readers::{Floor, Prober, Scraper, SlowClients, Summary, first_answer,
 use crate::workload::service_ip;
 use crate::{flag, pct, sizes};
 
-const USAGE: &str = "usage: verdict-bench daemon [--listener] [--source api|manifests] [--protocol tcp|udp] [--sizes 1000,10000,30000] [--endpoints 2] [--slice-size 100] [--changes 20 | --churn 100 --duration 60 | --inspect 20 | --heal 10 | --readers 5 | --slow-clients 1000 --duration 30] [--min-sync-period 0s] [--log DIR] [--under 'heaptrack -o FILE'] [--verdict-flags '--service-counters=false']";
+const USAGE: &str = "usage: verdict-bench daemon [--listener] [--source api|manifests] [--protocol tcp|udp] [--sizes 1000,10000,30000] [--endpoints 2] [--slice-size 100] [--changes 20 | --churn 100 --duration 60 | --inspect 20 | --heal 10 | --readers 5 | --slow-clients 1000 --duration 30 | --scrapes 20] [--min-sync-period 0s] [--log DIR] [--under 'heaptrack -o FILE'] [--verdict-flags '--service-counters=false']";
 
 /// Where verdict reads the cluster from.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -324,6 +324,8 @@ enum Changes {
     Readers(Box<Readers>),
     /// Slow clients on both admin ports, a scrape loop, `/livez` probed.
     Slow(Slow),
+    /// Whole scrapes of `/metrics`.
+    Scrapes(Scrapes),
     /// Foreign flushes repaired: from the flush to each family synced
     /// again (ms).
     Heal {
@@ -365,6 +367,20 @@ struct Readers {
     cold: [Summary; 4],
     repair: [Summary; 4],
     repairs: usize,
+}
+
+/// What whole scrapes of `/metrics` cost.
+struct Scrapes {
+    /// Samples (lines that are not comments) and bytes of the last.
+    series: usize,
+    bytes: usize,
+    p50_ms: f64,
+    max_ms: f64,
+    /// verdict's peak RSS (VmHWM) before the first scrape and after the
+    /// last, and its RSS after.
+    peak_before: f64,
+    peak_after: f64,
+    rss_after: f64,
 }
 
 /// What slow clients did to the admin ports.
@@ -762,6 +778,8 @@ enum Mode {
     Readers { repairs: usize },
     /// `clients` slow clients on each admin port for `secs` seconds.
     SlowClients { clients: usize, secs: usize },
+    /// `scrapes` whole scrapes of `/metrics`, one after another.
+    Scrapes { scrapes: usize },
 }
 
 impl Mode {
@@ -769,7 +787,10 @@ impl Mode {
     fn serves(self) -> bool {
         matches!(
             self,
-            Mode::Inspect { .. } | Mode::Readers { .. } | Mode::SlowClients { .. }
+            Mode::Inspect { .. }
+                | Mode::Readers { .. }
+                | Mode::SlowClients { .. }
+                | Mode::Scrapes { .. }
         )
     }
 }
@@ -1099,6 +1120,32 @@ fn run_one(source: Source, shape: Shape, mode: Mode, p: &Programs) -> Result<Row
                 scrape_bytes,
             })
         }
+        Mode::Scrapes { scrapes } => {
+            // Let the first reading of the counters and the sync settle.
+            std::thread::sleep(Duration::from_secs(3));
+            let metrics = addr(METRICS)?;
+            let peak_before = status_mib(pid, "VmHWM:");
+            let (mut took, mut series, mut bytes) = (Vec::new(), 0, 0);
+            for _ in 0..scrapes {
+                let t = Instant::now();
+                let body = crate::readers::get_body(ns.name(), metrics, "/metrics")?;
+                took.push(t.elapsed().as_secs_f64() * 1000.0);
+                series = body
+                    .lines()
+                    .filter(|l| !l.is_empty() && !l.starts_with('#'))
+                    .count();
+                bytes = body.len();
+            }
+            Changes::Scrapes(Scrapes {
+                series,
+                bytes,
+                p50_ms: pct(&mut took.clone(), 0.5),
+                max_ms: crate::peak(&took),
+                peak_before,
+                peak_after: status_mib(pid, "VmHWM:"),
+                rss_after: rss_now(pid),
+            })
+        }
         Mode::Heal { flushes } => {
             let (mut ip, mut both) = (Vec::new(), Vec::new());
             for _ in 0..flushes {
@@ -1185,6 +1232,7 @@ pub fn daemon(args: &[String]) -> Result<(), String> {
         "--heal",
         "--readers",
         "--slow-clients",
+        "--scrapes",
     ]
     .into_iter()
     .filter(|m| flag(args, m).is_some())
@@ -1230,9 +1278,16 @@ pub fn daemon(args: &[String]) -> Result<(), String> {
             }
             Mode::SlowClients { clients, secs }
         }
+        ["--scrapes"] => {
+            let scrapes = num("--scrapes", 20)?;
+            if scrapes == 0 || scrapes > 10_000 {
+                return Err(format!("--scrapes 1..=10000\n{USAGE}"));
+            }
+            Mode::Scrapes { scrapes }
+        }
         _ => {
             return Err(format!(
-                "--churn, --inspect, --heal, --readers or --slow-clients, one of them\n{USAGE}"
+                "--churn, --inspect, --heal, --readers, --slow-clients or --scrapes, one of them\n{USAGE}"
             ));
         }
     };
@@ -1318,6 +1373,20 @@ pub fn daemon(args: &[String]) -> Result<(), String> {
             );
             println!("|---:|---:|---:|---:|---:|---:|");
         }
+        Mode::Scrapes { scrapes } => {
+            println!(
+                "### {scrapes} whole scrapes of /metrics from the verdict program {title}, one after another, after the first full sync (K = {k} endpoints in {slices_per} slice(s), {proto} services{title_listener}; verdict's flags: {flags})\n",
+                flags = if extra.is_empty() {
+                    "the defaults".to_owned()
+                } else {
+                    extra.join(" ")
+                },
+            );
+            println!(
+                "| services | first full sync (IPv4) | series | bytes | scrape p50 / max | peak RSS before / after the scrapes | RSS after |"
+            );
+            println!("|---:|---:|---:|---:|---:|---:|---:|");
+        }
         Mode::Heal { flushes } => {
             println!(
                 "### Foreign `nft flush ruleset` repaired by the verdict program {title}, {flushes} flushes (K = {k} endpoints in {slices_per} slice(s), {proto} services{title_listener})\n"
@@ -1385,6 +1454,18 @@ pub fn daemon(args: &[String]) -> Result<(), String> {
                 c.rss_end,
                 c.converged.as_secs_f64(),
                 r.programmed
+            ),
+            Changes::Scrapes(x) => println!(
+                "| {} | {:.2} s | {} | {} | {:.1} / {:.1} ms | {:.0} / {:.0} MiB | {:.0} MiB |",
+                r.n,
+                r.cold.as_secs_f64(),
+                x.series,
+                x.bytes,
+                x.p50_ms,
+                x.max_ms,
+                x.peak_before,
+                x.peak_after,
+                x.rss_after,
             ),
             Changes::Inspect(q) => println!(
                 "| {} | {:.2} s | {:.1} / {:.1} ms | {:.2} ms | {:.1} / {:.1} ms | {:.2} ms | {:.0} ms | {:.0} / {:.0} MiB |",
@@ -1523,6 +1604,13 @@ pub fn daemon(args: &[String]) -> Result<(), String> {
              at once. Meanwhile a loop scrapes the whole /metrics (per-service counters included) and \
              two probes ask /livez (health port) and /healthz (metrics port) every 50 ms over a new \
              connection each."
+        ),
+        Mode::Scrapes { .. } => println!(
+            "\nEach scrape is a GET of the whole /metrics over a new connection from inside verdict's \
+             namespace, 3 s after both families' first full sync; a scrape reads the kernel's counters \
+             at most every 5 s, so the first of a series of scrapes reads them and the others are \
+             served from that reading. \"series\" counts the samples of the last scrape; the peak RSS \
+             is VmHWM, which the cold sync sets before any scrape."
         ),
     }
     Ok(())

@@ -26,6 +26,17 @@ pub struct Sample {
 /// One GET of `path` on `addr`, read to its end; the status and the bytes
 /// of the body.
 pub fn get(addr: SocketAddr, path: &str, timeout: Duration) -> Result<(u16, usize), String> {
+    let (code, _, body) = fetch(addr, path, timeout)?;
+    Ok((code, body.len()))
+}
+
+/// One GET of `path` on `addr`, read to its end: the status, the head and
+/// the body.
+fn fetch(
+    addr: SocketAddr,
+    path: &str,
+    timeout: Duration,
+) -> Result<(u16, String, Vec<u8>), String> {
     let mut s = TcpStream::connect_timeout(&addr, timeout).map_err(|e| e.to_string())?;
     s.set_read_timeout(Some(timeout))
         .map_err(|e| e.to_string())?;
@@ -42,13 +53,13 @@ pub fn get(addr: SocketAddr, path: &str, timeout: Duration) -> Result<(u16, usiz
         .windows(4)
         .position(|w| w == b"\r\n\r\n")
         .ok_or("no header")?;
-    let head = String::from_utf8_lossy(&out[..head_end]);
+    let head = String::from_utf8_lossy(&out[..head_end]).into_owned();
     let code = head
         .split_whitespace()
         .nth(1)
         .and_then(|c| c.parse().ok())
         .ok_or("no status")?;
-    Ok((code, out.len() - head_end - 4))
+    Ok((code, head, out.split_off(head_end + 4)))
 }
 
 /// Moves this thread into the network namespace `name`.
@@ -381,4 +392,26 @@ impl Drop for Floor {
             let _ = t.join();
         }
     }
+}
+
+/// One GET of `path` on `addr` from inside `ns`: the body, which must
+/// come with 200.
+pub fn get_body(ns: &str, addr: SocketAddr, path: &str) -> Result<String, String> {
+    let (ns, path) = (ns.to_owned(), path.to_owned());
+    std::thread::spawn(move || {
+        enter(&ns)?;
+        let (code, head, body) = fetch(addr, &path, Duration::from_secs(60))?;
+        if code != 200 {
+            return Err(format!("GET {path}: {head}"));
+        }
+        if head
+            .to_ascii_lowercase()
+            .contains("transfer-encoding: chunked")
+        {
+            return Err(format!("GET {path}: a chunked answer, not read here"));
+        }
+        String::from_utf8(body).map_err(|e| format!("GET {path}: {e}"))
+    })
+    .join()
+    .map_err(|_| "the scraping thread panicked".to_owned())?
 }

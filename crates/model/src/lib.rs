@@ -17,6 +17,7 @@ kernel nor the API server, so every rule here is unit-tested in isolation.
 * `service` — [`ServicePort`], [`service_ports`], [`should_skip_service`].
 * `endpoints` — [`Endpoint`], its canonical (Display-string) order, [`EndpointsMap`].
 * `topology` — [`categorize_endpoints`] (cluster/local endpoint selection).
+* `selection` — [`MetricsSelection`]: which Services are counted per Service.
 * `slice_cache` — [`EndpointSliceCache`], merging slices per service port.
 * `tracker` — [`ServiceChangeTracker`] and [`EndpointsChangeTracker`], folding
   watch events between syncs.
@@ -31,6 +32,7 @@ mod endpoints;
 mod error;
 mod ip;
 mod names;
+mod selection;
 mod service;
 mod slice_cache;
 mod topology;
@@ -47,6 +49,7 @@ pub use endpoints::{
 pub use error::ModelError;
 pub use ip::{IpFamily, parse_cidr_legacy, parse_ip_legacy};
 pub use names::{Name, NamespacedName, Protocol, ServicePortName};
+pub use selection::{Counting, LabelSelector, MetricsSelection};
 pub use service::{
     DEFAULT_SESSION_AFFINITY_TIMEOUT_SECONDS, LABEL_HEADLESS, LABEL_SERVICE_PROXY_NAME,
     ServicePort, ServicePortMap, is_headless, service_port_map, service_ports, should_skip_service,

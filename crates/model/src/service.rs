@@ -11,6 +11,7 @@ use crate::api::{LoadBalancerIpMode, Service, ServiceType, SessionAffinity, Traf
 use crate::error::ModelError;
 use crate::ip::{IpFamily, parse_cidr_legacy, parse_ip_legacy};
 use crate::names::{Name, NamespacedName, Protocol, ServicePortName};
+use crate::selection::Counting;
 
 /// Label whose presence (any value) hands a Service to another proxy.
 pub const LABEL_SERVICE_PROXY_NAME: &str = "service.kubernetes.io/service-proxy-name";
@@ -59,6 +60,10 @@ pub struct ServicePort {
     pub health_check_node_port: Option<u16>,
     /// `spec.trafficDistribution`.
     pub traffic_distribution: Option<String>,
+    /// How finely the kernel counts this port's traffic
+    /// ([`MetricsSelection`](crate::MetricsSelection)): `None` unless the
+    /// node's selection chooses its Service.
+    pub counting: Counting,
 }
 
 impl ServicePort {
@@ -261,6 +266,7 @@ pub fn service_ports(svc: &Service, family: IpFamily) -> Result<Vec<ServicePort>
                 internal_policy_local,
                 health_check_node_port,
                 traffic_distribution: svc.traffic_distribution.clone(),
+                counting: Counting::None,
             })
         })
         .collect()

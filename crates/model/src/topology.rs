@@ -211,6 +211,7 @@ mod tests {
             internal_policy_local: itp_local,
             health_check_node_port: None,
             traffic_distribution: None,
+            counting: crate::Counting::None,
         }
     }
 

@@ -12,6 +12,7 @@ use crate::endpoints::{Endpoint, EndpointsMap};
 use crate::error::ModelError;
 use crate::ip::IpFamily;
 use crate::names::{NamespacedName, Protocol, ServicePortName};
+use crate::selection::{Counting, MetricsSelection};
 use crate::service::{ServicePort, ServicePortMap, service_port_map};
 use crate::slice_cache::EndpointSliceCache;
 
@@ -57,15 +58,23 @@ pub struct ServiceChangeTracker {
     family: IpFamily,
     items: BTreeMap<NamespacedName, ServiceChange>,
     errors: Vec<ModelError>,
+    selection: MetricsSelection,
 }
 
 impl ServiceChangeTracker {
     /// An empty tracker for one IP family.
     pub fn new(family: IpFamily) -> Self {
+        ServiceChangeTracker::counting(family, MetricsSelection::default())
+    }
+
+    /// An empty tracker whose ports are counted as `selection` says
+    /// ([`ServicePort::counting`]).
+    pub fn counting(family: IpFamily, selection: MetricsSelection) -> Self {
         ServiceChangeTracker {
             family,
             items: BTreeMap::new(),
             errors: Vec::new(),
+            selection,
         }
     }
 
@@ -75,10 +84,20 @@ impl ServiceChangeTracker {
     }
 
     fn port_map(&mut self, svc: Option<&Service>, record_errors: bool) -> Ports {
+        let level = svc.map_or(Counting::None, |s| self.selection.level_for(s));
         match svc.map(|s| service_port_map(s, self.family)) {
             None => Ports::new(),
             // Collected from an exact-size iterator: no spare room.
-            Some(Ok(map)) => map.into_iter().collect(),
+            Some(Ok(map)) => map
+                .into_iter()
+                .map(|(name, mut port)| {
+                    if level != Counting::None {
+                        // Just made, so not shared: no copy.
+                        Arc::make_mut(&mut port).counting = level;
+                    }
+                    (name, port)
+                })
+                .collect(),
             Some(Err(err)) => {
                 if record_errors {
                     self.errors.push(err);

@@ -35,6 +35,19 @@ pub trait Backend {
         set_elements(self.table(family, table)?.as_ref(), family, table, set)
     }
 
+    /// One set or map with its elements and their counters (`None`: the
+    /// table or the set does not exist); cheaper than the whole table.
+    fn set(
+        &mut self,
+        family: Family,
+        table: &str,
+        set: &str,
+    ) -> Result<Option<SetState>, NftError> {
+        Ok(self
+            .table(family, table)?
+            .and_then(|mut t| t.sets.remove(set)))
+    }
+
     /// The ruleset's generation, which every commit changes, whoever makes
     /// it; `None` when this backend cannot tell (the `nft` program does not
     /// say). Equal generations mean nothing was committed in between.
@@ -133,6 +146,15 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
 
     fn generation(&mut self) -> Result<Option<u32>, NftError> {
         (**self).generation()
+    }
+
+    fn set(
+        &mut self,
+        family: Family,
+        table: &str,
+        set: &str,
+    ) -> Result<Option<SetState>, NftError> {
+        (**self).set(family, table, set)
     }
 
     fn skeleton(&mut self, family: Family, name: &str) -> Result<Option<TableState>, NftError> {
@@ -431,6 +453,15 @@ impl<B: Backend> Backend for Counting<B> {
         self.inner.generation()
     }
 
+    fn set(
+        &mut self,
+        family: Family,
+        table: &str,
+        set: &str,
+    ) -> Result<Option<SetState>, NftError> {
+        self.inner.set(family, table, set)
+    }
+
     fn skeleton(&mut self, family: Family, name: &str) -> Result<Option<TableState>, NftError> {
         self.inner.skeleton(family, name)
     }
@@ -476,6 +507,10 @@ mod tests {
         fn generation(&mut self) -> Result<Option<u32>, NftError> {
             self.0.push("generation");
             Ok(Some(1))
+        }
+        fn set(&mut self, _: Family, _: &str, _: &str) -> Result<Option<SetState>, NftError> {
+            self.0.push("set");
+            Ok(None)
         }
         fn skeleton(&mut self, _: Family, _: &str) -> Result<Option<TableState>, NftError> {
             self.0.push("skeleton");
@@ -669,6 +704,7 @@ mod tests {
         c.table(Family::Ip, "t").unwrap();
         c.elements(Family::Ip, "t", "s").unwrap();
         c.generation().unwrap();
+        c.set(Family::Ip, "t", "s").unwrap();
         c.skeleton(Family::Ip, "t").unwrap();
         c.lookup(Family::Ip, "t", "s", &[vec![]]).unwrap();
         assert_eq!(c.commits(), 1);
@@ -681,6 +717,7 @@ mod tests {
                 "table",
                 "elements",
                 "generation",
+                "set",
                 "skeleton",
                 "lookup"
             ]

@@ -588,6 +588,8 @@ pub enum Selector {
     L4Proto,
     /// `th dport`.
     Dport,
+    /// `th sport`.
+    Sport,
     /// `ct original ip daddr`: the destination before NAT.
     CtOriginalDaddr,
     /// `ct original proto-dst`: the destination port before NAT (needs a
@@ -616,6 +618,7 @@ impl Selector {
             Selector::Daddr => format!("{family} daddr"),
             Selector::L4Proto => "meta l4proto".into(),
             Selector::Dport => "th dport".into(),
+            Selector::Sport => "th sport".into(),
             Selector::CtOriginalDaddr => format!("ct original {family} daddr"),
             Selector::CtOriginalDport => "ct original proto-dst".into(),
             Selector::CtReplySaddr => format!("ct reply {family} saddr"),

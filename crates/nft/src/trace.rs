@@ -31,6 +31,8 @@ pub struct Packet {
     pub proto: L4Proto,
     /// Destination port.
     pub dport: u16,
+    /// Source port (0 when the question does not say).
+    pub sport: u16,
     /// Input interface; `None` for a packet sent by the node itself.
     pub iif: Option<String>,
 }
@@ -165,6 +167,7 @@ struct State {
     src: IpAddr,
     dst: IpAddr,
     dport: u16,
+    sport: u16,
     orig_dst: IpAddr,
     orig_dport: u16,
     proto: L4Proto,
@@ -257,6 +260,7 @@ impl<'a> Tracer<'a> {
             src: pkt.src,
             dst: pkt.dst,
             dport: pkt.dport,
+            sport: pkt.sport,
             orig_dst: pkt.dst,
             orig_dport: pkt.dport,
             proto: pkt.proto,
@@ -552,6 +556,7 @@ impl<'a> Tracer<'a> {
             Selector::Daddr => vec![Value::Addr(st.dst)],
             Selector::L4Proto => vec![Value::Proto(st.proto)],
             Selector::Dport => vec![Value::Port(st.dport)],
+            Selector::Sport => vec![Value::Port(st.sport)],
             Selector::CtOriginalDaddr => vec![Value::Addr(st.orig_dst)],
             Selector::CtOriginalDport => vec![Value::Port(st.orig_dport)],
             // After DNAT the replies come from the endpoint.
@@ -815,6 +820,7 @@ mod tests {
             dst: ip(dst),
             proto: L4Proto::Tcp,
             dport,
+            sport: 40000,
             iif: iif.map(str::to_owned),
         })
     }

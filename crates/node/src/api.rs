@@ -30,7 +30,7 @@ use verdict_nft::conntrack::Flow;
 use verdict_nft::{BackendKind, Family, MemoryBackend};
 
 use crate::access::{Exposure, Limiter};
-use crate::inspect::counters::Snapshot;
+use crate::inspect::counters::{Counted, Snapshot};
 use crate::inspect::{self, BadRequest, Kernel, Reading, TraceRequest};
 use crate::view::NodeHandle;
 
@@ -54,13 +54,17 @@ const DEFAULT_PAGE: usize = 100;
 pub fn kernel_reader(backend: BackendKind) -> KernelReader {
     Arc::new(move |family, name, reading| {
         let mut kernel = backend.open().map_err(|e| e.to_string())?;
-        // Only netlink looks an element up by its key; `nft` lists the
-        // whole set for any element, so through it the table is read
-        // whole, once.
-        if reading == Reading::Targeted && backend.looks_up_keys() {
-            Kernel::targeted(kernel, family, name, "kernel")
-        } else {
-            Kernel::whole(&mut *kernel, family, name, "kernel")
+        // Only netlink looks an element up by its key and dumps one set;
+        // `nft` lists the whole set for any element, so through it the
+        // table is read whole, once.
+        match reading {
+            Reading::Targeted if backend.looks_up_keys() => {
+                Kernel::targeted(kernel, family, name, "kernel")
+            }
+            Reading::Counters if backend.looks_up_keys() => {
+                Kernel::counters(&mut *kernel, family, name, "kernel")
+            }
+            _ => Kernel::whole(&mut *kernel, family, name, "kernel"),
         }
         .map_err(|e| e.to_string())
     })
@@ -351,13 +355,20 @@ pub fn counters_fresh_for(took: Duration) -> Duration {
     COUNTERS_FRESH.max(took.saturating_mul(10))
 }
 
-/// The last reading of the per-service counters (`--service-counters`),
-/// shared by `/metrics` and `/api/v1/counters`.
+/// How often the counters are read even if nobody asks: more often than
+/// the problem sets forget a connection (3 minutes), so that every
+/// rejected or dropped connection is attributed to its Service.
+pub const COUNTERS_READ_EVERY: Duration = Duration::from_secs(30);
+
+/// The last reading of the counters (`--service-counters`), shared by
+/// `/metrics` and `/api/v1/counters`, and what is carried from one reading
+/// to the next.
 pub struct CounterCache {
     node: NodeHandle,
     read: KernelReader,
     /// When the last reading began, how long it took, and what it read.
     last: Mutex<Option<(Instant, Duration, Arc<Snapshot>)>>,
+    state: Mutex<Counted>,
 }
 
 impl CounterCache {
@@ -367,7 +378,28 @@ impl CounterCache {
             node,
             read,
             last: Mutex::new(None),
+            state: Mutex::new(Counted::default()),
         })
+    }
+
+    /// Reads the counters every [`COUNTERS_READ_EVERY`] on a thread of its
+    /// own, for as long as the cache lives.
+    pub fn read_periodically(self: &Arc<Self>) {
+        let weak = Arc::downgrade(self);
+        let spawned = std::thread::Builder::new()
+            .name("counters".into())
+            .spawn(move || {
+                loop {
+                    std::thread::sleep(COUNTERS_READ_EVERY);
+                    let Some(cache) = weak.upgrade() else {
+                        return;
+                    };
+                    cache.snapshot();
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "cannot start the counters reader: rejects and drops are attributed only when /metrics or the API is read");
+        }
     }
 
     /// A reading at most [`counters_fresh_for`] old: the tables are read
@@ -385,7 +417,7 @@ impl CounterCache {
             .iter()
             .map(|f| {
                 let (nf, name) = f.table();
-                match (self.read)(nf, name, Reading::Whole) {
+                match (self.read)(nf, name, Reading::Counters) {
                     Ok(k) => (f.config.family, k.table),
                     Err(e) => {
                         tracing::warn!(family = %nf, error = %e, "cannot read the service counters");
@@ -396,7 +428,8 @@ impl CounterCache {
             .collect();
         let pairs: Vec<(IpFamily, Option<&verdict_nft::TableState>)> =
             read.iter().map(|(f, t)| (*f, t.as_ref())).collect();
-        let snap = Arc::new(Snapshot::of(&self.node, &pairs));
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let snap = Arc::new(Snapshot::of(&self.node, &pairs, &mut state));
         *last = Some((started, started.elapsed(), snap.clone()));
         snap
     }

@@ -115,6 +115,7 @@ fn proxier_config(
     };
     c.node_port_addresses = settings.node_ports.clone();
     c.counters = settings.service_counters;
+    c.metrics = settings.service_metrics.clone();
     c.validate()?;
     Ok(c)
 }

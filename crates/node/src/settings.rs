@@ -39,8 +39,13 @@ pub struct NodeSettings {
     pub detect_local: DetectLocal,
     /// NodePort addresses.
     pub node_ports: NodePortAddresses,
-    /// Per-service and per-endpoint counters in the kernel.
+    /// Counting in the kernel: the node's connections, rejects and drops
+    /// (`--service-counters`).
     pub service_counters: bool,
+    /// Which Services are counted per Service, and how finely
+    /// (`--service-metrics`, `--service-metrics-namespaces`,
+    /// `--service-metrics-selector`).
+    pub service_metrics: verdict_model::MetricsSelection,
     /// Leave kube-proxy's own nftables tables in place.
     pub keep_kube_proxy_nftables: bool,
 }
@@ -58,6 +63,7 @@ impl NodeSettings {
             detect_local: DetectLocal::ClusterCidr(Vec::new()),
             node_ports: NodePortAddresses::primary(),
             service_counters: true,
+            service_metrics: verdict_model::MetricsSelection::default(),
             keep_kube_proxy_nftables: false,
         }
     }

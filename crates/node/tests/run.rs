@@ -384,9 +384,9 @@ fn flushed_by_nft() -> Input {
 #[test]
 fn a_large_commit_is_made_unheard_and_a_commit_it_hid_is_repaired() {
     let r = start();
-    // 2,000 Services: a repair writes more than QUIET_AT operations.
+    // 4,000 Services: a repair writes more than QUIET_AT operations.
     let mut updates = Vec::new();
-    for i in 0..2000u32 {
+    for i in 0..4000u32 {
         let addr = format!("172.30.{}.{}", i / 250, i % 250 + 1);
         let name = format!("s{i}");
         updates.push(service(

@@ -142,6 +142,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             dst: ip(dst),
             proto: L4Proto::Tcp,
             dport: port,
+            sport: 40000,
             iif: iif.map(str::to_owned),
         });
         println!(

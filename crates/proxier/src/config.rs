@@ -3,7 +3,7 @@
 use std::net::IpAddr;
 
 use ipnet::IpNet;
-use verdict_model::IpFamily;
+use verdict_model::{Counting, IpFamily, MetricsSelection};
 use verdict_nft::Family;
 
 use crate::error::ProxierError;
@@ -106,11 +106,14 @@ pub struct ProxierConfig {
     /// daemon probes for it and, where it fails, turns affinity off for that
     /// family rather than fail every sync of the table.
     pub session_affinity: bool,
-    /// Whether the service and endpoint maps count each element's packets
-    /// (new connections), and `service-traffic` the packets and bytes of
-    /// every connection per entry and endpoint: verdict's per-service
-    /// counters.
+    /// Whether the kernel counts for the node: new connections sent to an
+    /// endpoint, and each connection rejected or dropped, by reason, once
+    /// (`--service-counters`). Off, the rules are kube-proxy's shape.
     pub counters: bool,
+    /// Which Services are also counted per Service (`--service-metrics`):
+    /// their entry points' connections, packets and bytes, and at the
+    /// endpoint level each endpoint's. Only with [`counters`](Self::counters).
+    pub metrics: MetricsSelection,
 }
 
 impl ProxierConfig {
@@ -130,6 +133,17 @@ impl ProxierConfig {
             service_cidrs: Vec::new(),
             session_affinity: true,
             counters: true,
+            metrics: MetricsSelection::default(),
+        }
+    }
+
+    /// The finest level any Service is counted at (none without the
+    /// counters): which counting rules the table holds.
+    pub fn metrics_level(&self) -> Counting {
+        if self.counters {
+            self.metrics.level
+        } else {
+            Counting::None
         }
     }
 

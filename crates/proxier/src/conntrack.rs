@@ -321,6 +321,7 @@ mod tests {
             internal_policy_local: false,
             health_check_node_port: None,
             traffic_distribution: None,
+            counting: verdict_model::Counting::None,
         };
         let eps = endpoints
             .iter()

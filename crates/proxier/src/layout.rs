@@ -10,9 +10,10 @@
 use std::fmt::{self, Display, Formatter};
 use std::str::FromStr;
 
+use verdict_model::Counting;
 use verdict_nft::{
-    Chain, ChainType, CmpOp, DataType, DnatTarget, Expr, FibAddr, Hook, KeyPart, L4Proto, Rule,
-    Selector, Set, Value, Verdict,
+    Chain, ChainType, CmpOp, DataType, DnatTarget, ElementValue, Expr, FibAddr, Hook, KeyPart,
+    L4Proto, Rule, Selector, Set, Value, Verdict,
 };
 
 use crate::config::{LocalDetector, ProxierConfig};
@@ -34,6 +35,10 @@ pub const NAT_PREROUTING: &str = "nat-prerouting";
 pub const NAT_OUTPUT: &str = "nat-output";
 /// Masquerading.
 pub const NAT_POSTROUTING: &str = "nat-postrouting";
+/// The first packet of connections delivered to the node itself, after
+/// DNAT: with `nat-postrouting`, where each DNATed connection is counted
+/// once (kube-proxy has no such chain).
+pub const NAT_INPUT: &str = "nat-input";
 
 // === fixed regular chains ===
 /// Dispatch to services.
@@ -53,8 +58,18 @@ pub const REJECT_CHAIN: &str = "reject-chain";
 /// Records session affinity after DNAT.
 pub const AFFINITY_RECORD: &str = "affinity-record";
 /// Counts every packet of a Service's connections, in both directions, in
-/// the element of its entry and endpoint (with [`ProxierConfig::counters`]).
+/// the element of its entry and endpoint (for the Services
+/// [`ProxierConfig::metrics`] chooses).
 pub const COUNT_TRAFFIC: &str = "count-traffic";
+/// Drops a new connection from outside `loadBalancerSourceRanges`,
+/// counting it once.
+pub const DROP_SOURCE_RANGE: &str = "drop-source-range";
+/// Drops a new connection to a Service with a Local traffic policy and no
+/// local endpoint, counting it once.
+pub const DROP_NO_LOCAL_ENDPOINT: &str = "drop-no-local-endpoint";
+/// Drops a new connection to an address of the service CIDRs that no
+/// Service has, counting it once.
+pub const DROP_UNALLOCATED: &str = "drop-unallocated";
 
 // === sets and maps ===
 /// Every proxied ClusterIP.
@@ -97,6 +112,29 @@ pub fn service_endpoints(p: L4Proto) -> &'static str {
 /// connections (looked up by [`COUNT_TRAFFIC`] with the connection's
 /// original destination and its replies' source).
 pub const SERVICE_TRAFFIC: &str = "service-traffic";
+/// Entry address . protocol . port of the counted Services: new
+/// connections sent to an endpoint, per entry point.
+pub const SERVICE_CONNECTIONS: &str = "service-connections";
+/// Entry address . protocol . port . endpoint address . port of the
+/// Services counted per endpoint: new connections per endpoint.
+pub const ENDPOINT_CONNECTIONS: &str = "endpoint-connections";
+/// Client . client port . destination . protocol . port of connections
+/// rejected for want of endpoints (dynamic, 3 minutes): each counted once,
+/// and told to a reader with its Service.
+pub const REJECTED_CONNECTIONS: &str = "rejected-connections";
+/// The same for connections dropped by `loadBalancerSourceRanges`.
+pub const DROPPED_SOURCE_RANGE: &str = "dropped-source-range";
+/// The same for connections dropped for want of a local endpoint.
+pub const DROPPED_NO_LOCAL_ENDPOINT: &str = "dropped-no-local-endpoint";
+/// The same for connections to unallocated addresses of the service CIDRs.
+pub const DROPPED_UNALLOCATED: &str = "dropped-unallocated";
+/// How long a rejected or dropped connection is remembered: longer than a
+/// TCP client retries its SYN (127 s with Linux's defaults), so that each
+/// connection counts once.
+pub const PROBLEM_TIMEOUT: u32 = 180;
+/// The most connections each of those sets remembers; past it, a drop or
+/// reject is counted per packet.
+pub const PROBLEM_SIZE: u32 = 65_536;
 /// Client . entry address . protocol . port → endpoint (dynamic).
 pub const AFFINITY: &str = "affinity";
 /// Entry address . protocol . port → affinity-timeout-T chain.
@@ -118,7 +156,7 @@ pub const UNALLOCATED_COMMENT: &str = "Drop traffic to unallocated ClusterIPs";
 
 /// The base chains and fixed regular chains, by name ([`fixed_chains`]
 /// writes them).
-pub const FIXED_CHAINS: [&str; 17] = [
+pub const FIXED_CHAINS: [&str; 21] = [
     FILTER_PREROUTING_PRE_DNAT,
     FILTER_OUTPUT_PRE_DNAT,
     FILTER_INPUT,
@@ -127,6 +165,10 @@ pub const FIXED_CHAINS: [&str; 17] = [
     NAT_PREROUTING,
     NAT_OUTPUT,
     NAT_POSTROUTING,
+    NAT_INPUT,
+    DROP_SOURCE_RANGE,
+    DROP_NO_LOCAL_ENDPOINT,
+    DROP_UNALLOCATED,
     SERVICES,
     MASQUERADING,
     FIREWALL_CHECK,
@@ -139,7 +181,7 @@ pub const FIXED_CHAINS: [&str; 17] = [
 ];
 
 /// Every set and map, by name ([`sets`] defines them).
-pub const SETS: [&str; 15] = [
+pub const SETS: [&str; 21] = [
     CLUSTER_IPS,
     NODEPORT_IPS,
     SERVICE_IPS,
@@ -155,7 +197,64 @@ pub const SETS: [&str; 15] = [
     AFFINITY,
     AFFINITY_SERVICES,
     SERVICE_TRAFFIC,
+    SERVICE_CONNECTIONS,
+    ENDPOINT_CONNECTIONS,
+    REJECTED_CONNECTIONS,
+    DROPPED_SOURCE_RANGE,
+    DROPPED_NO_LOCAL_ENDPOINT,
+    DROPPED_UNALLOCATED,
 ];
+
+/// Each problem set and the reason it records, as the metrics and the
+/// API name it.
+pub const PROBLEMS: [(&str, &str); 4] = [
+    (REJECTED_CONNECTIONS, "no_endpoints"),
+    (DROPPED_SOURCE_RANGE, "source_range"),
+    (DROPPED_NO_LOCAL_ENDPOINT, "no_local_endpoint"),
+    (DROPPED_UNALLOCATED, "unallocated_cluster_ip"),
+];
+
+/// The key of a connection in the problem sets: client, destination,
+/// protocol, client port, destination port.
+pub fn connection_key() -> Vec<Selector> {
+    vec![
+        Selector::Saddr,
+        Selector::Daddr,
+        Selector::L4Proto,
+        Selector::Sport,
+        Selector::Dport,
+    ]
+}
+
+/// Ends a new connection (`reject` or `drop`), remembering it in `set` so
+/// that it counts once: a retry of one already seen ends uncounted; a new
+/// one is remembered and counted; when the set is full, every packet is
+/// counted.
+fn end_once(set: &str, end: Expr) -> Vec<Rule> {
+    let key = connection_key();
+    vec![
+        Rule::new(vec![
+            Expr::Lookup {
+                key: key.clone(),
+                set: set.into(),
+                negate: false,
+            },
+            end.clone(),
+        ])
+        .with_comment("a retry of a connection already counted"),
+        Rule::new(vec![
+            Expr::Update {
+                set: set.into(),
+                key: key.into_iter().map(KeyPart::Field).collect(),
+                timeout: None,
+                value: Vec::new(),
+            },
+            Expr::Counter,
+            end.clone(),
+        ]),
+        Rule::new(vec![Expr::Counter, end]).with_comment("the set is full"),
+    ]
+}
 
 /// The shared chains created on demand. Their names carry their parameters,
 /// so a restarted proxier recognises them in the kernel.
@@ -357,6 +456,16 @@ fn detect_local(d: &LocalDetector, negate: bool) -> Option<Expr> {
 /// A chain with its rules.
 pub type ChainWithRules = (Chain, Vec<Rule>);
 
+/// How a rule drops a new connection: through `chain`, which counts it
+/// once, with the counters; else at once, as kube-proxy does.
+fn drop_verdict(cfg: &ProxierConfig, chain: &str) -> Expr {
+    if cfg.counters {
+        Expr::Verdict(Verdict::Goto(chain.into()))
+    } else {
+        Expr::Verdict(Verdict::Drop)
+    }
+}
+
 /// The base chains and fixed regular chains with their rules.
 pub fn fixed_chains(cfg: &ProxierConfig) -> Vec<ChainWithRules> {
     let family = cfg.nft_family();
@@ -374,12 +483,61 @@ pub fn fixed_chains(cfg: &ProxierConfig) -> Vec<ChainWithRules> {
     // Every packet of a DNATed connection, new or not, is counted first:
     // the filter hooks see both directions of routed, delivered and
     // locally sent traffic.
+    let drop_to = |chain: &str| drop_verdict(cfg, chain);
+    let level = cfg.metrics_level();
     let counted = |rules: Vec<Rule>| {
         let mut all = Vec::new();
-        if cfg.counters {
+        if level != Counting::None {
             all.push(Rule::new(vec![Expr::CtStatusDnat, jump(COUNT_TRAFFIC)]));
         }
         all.extend(rules);
+        all
+    };
+    // The first packet of each DNATed connection meets the NAT chains of
+    // postrouting (routed and locally sent traffic) or of input (traffic
+    // delivered to the node itself), never both: each connection sent to
+    // an endpoint counts once, for the node and, for the Services chosen,
+    // per entry point and endpoint.
+    let after_dnat = |mut rules: Vec<Rule>| {
+        let mut all = Vec::new();
+        if cfg.counters {
+            all.push(
+                Rule::new(vec![Expr::CtStatusDnat, Expr::Counter])
+                    .with_comment("connections sent to an endpoint"),
+            );
+        }
+        for p in L4Proto::ALL {
+            let entry = vec![
+                Selector::CtOriginalDaddr,
+                Selector::L4Proto,
+                Selector::CtOriginalDport,
+            ];
+            if level != Counting::None {
+                all.push(Rule::new(vec![
+                    Expr::CtStatusDnat,
+                    proto_is(p),
+                    Expr::Lookup {
+                        key: entry.clone(),
+                        set: SERVICE_CONNECTIONS.into(),
+                        negate: false,
+                    },
+                ]));
+            }
+            if level == Counting::Endpoint {
+                let mut key = entry;
+                key.extend([Selector::Daddr, Selector::Dport]);
+                all.push(Rule::new(vec![
+                    Expr::CtStatusDnat,
+                    proto_is(p),
+                    Expr::Lookup {
+                        key,
+                        set: ENDPOINT_CONNECTIONS.into(),
+                        negate: false,
+                    },
+                ]));
+            }
+        }
+        all.append(&mut rules);
         all
     };
 
@@ -436,7 +594,11 @@ pub fn fixed_chains(cfg: &ProxierConfig) -> Vec<ChainWithRules> {
         ),
         (
             base(NAT_POSTROUTING, ChainType::Nat, Hook::Postrouting, 100),
-            vec![Rule::new(vec![jump(MASQUERADING)])],
+            after_dnat(vec![Rule::new(vec![jump(MASQUERADING)])]),
+        ),
+        (
+            base(NAT_INPUT, ChainType::Nat, Hook::Input, 100),
+            after_dnat(Vec::new()),
         ),
     ];
 
@@ -521,7 +683,7 @@ pub fn fixed_chains(cfg: &ProxierConfig) -> Vec<ChainWithRules> {
                 set: FIREWALL_ALLOW.into(),
                 negate: true,
             },
-            Expr::Verdict(Verdict::Drop),
+            drop_to(DROP_SOURCE_RANGE),
         ])],
     ));
 
@@ -547,8 +709,8 @@ pub fn fixed_chains(cfg: &ProxierConfig) -> Vec<ChainWithRules> {
         ])],
     ));
 
-    // With the counters, each rule counts what it rejects or drops (for
-    // the whole node: the port or address is one no Service has).
+    // With the counters, each rule counts what it rejects (for the whole
+    // node: the port is one no Service has).
     let count = |mut exprs: Vec<Expr>| {
         if cfg.counters {
             // Before the verdict, the rule's last expression.
@@ -570,13 +732,13 @@ pub fn fixed_chains(cfg: &ProxierConfig) -> Vec<ChainWithRules> {
     ];
     for cidr in &cfg.service_cidrs {
         cluster_ips_check.push(
-            count(vec![
+            Rule::new(vec![
                 Expr::Cmp {
                     selector: Selector::Daddr,
                     op: CmpOp::Eq,
                     value: Value::Prefix(*cidr),
                 },
-                Expr::Verdict(Verdict::Drop),
+                drop_to(DROP_UNALLOCATED),
             ])
             .with_comment(UNALLOCATED_COMMENT),
         );
@@ -586,8 +748,36 @@ pub fn fixed_chains(cfg: &ProxierConfig) -> Vec<ChainWithRules> {
     chains.push((
         Chain::regular(REJECT_CHAIN)
             .with_comment("helper for @no-endpoint-services / @no-endpoint-nodeports"),
-        vec![Rule::new(vec![Expr::Reject])],
+        if cfg.counters {
+            end_once(REJECTED_CONNECTIONS, Expr::Reject)
+        } else {
+            vec![Rule::new(vec![Expr::Reject])]
+        },
     ));
+    for (chain, set, comment) in [
+        (
+            DROP_SOURCE_RANGE,
+            DROPPED_SOURCE_RANGE,
+            "drops connections from outside loadBalancerSourceRanges, counting each once",
+        ),
+        (
+            DROP_NO_LOCAL_ENDPOINT,
+            DROPPED_NO_LOCAL_ENDPOINT,
+            "drops connections to Services with a Local policy and no local endpoint, counting each once",
+        ),
+        (
+            DROP_UNALLOCATED,
+            DROPPED_UNALLOCATED,
+            "drops connections to unallocated ClusterIPs, counting each once",
+        ),
+    ] {
+        let rules = if cfg.counters {
+            end_once(set, Expr::Verdict(Verdict::Drop))
+        } else {
+            Vec::new()
+        };
+        chains.push((Chain::regular(chain).with_comment(comment), rules));
+    }
 
     // meta l4proto tcp ct original ip daddr . meta l4proto . ct original proto-dst vmap @affinity-services
     chains.push((
@@ -639,32 +829,22 @@ pub fn fixed_chains(cfg: &ProxierConfig) -> Vec<ChainWithRules> {
     chains
 }
 
-/// The sets and maps whose elements count their packets (with
-/// [`ProxierConfig::counters`]): every lookup of the NAT chains sees only
-/// a connection's first packet, so these count new connections per
-/// service entry, per endpoint, per reject or drop for want of endpoints,
-/// and per firewalled destination.
-pub const COUNTED: [&str; 9] = [
-    SERVICE_IPS,
-    SERVICE_NODEPORTS,
-    NO_ENDPOINT_SERVICES,
-    NO_ENDPOINT_NODEPORTS,
-    FIREWALL_IPS,
-    SERVICE_ENDPOINTS_TCP,
-    SERVICE_ENDPOINTS_UDP,
-    SERVICE_ENDPOINTS_SCTP,
-    SERVICE_TRAFFIC,
-];
+/// The value of a `no-endpoint-*` element whose Service drops for want of
+/// a local endpoint: through [`DROP_NO_LOCAL_ENDPOINT`], which counts the
+/// connection once, with the counters.
+pub fn no_local_endpoint_drop(cfg: &ProxierConfig) -> ElementValue {
+    match drop_verdict(cfg, DROP_NO_LOCAL_ENDPOINT) {
+        Expr::Verdict(v) => ElementValue::Verdict(v),
+        _ => ElementValue::Verdict(Verdict::Drop),
+    }
+}
 
-/// Every set and map of the table.
+/// Every set and map of the table. The sets that count
+/// (`service-connections`, `endpoint-connections`, `service-traffic`) hold
+/// elements only for the Services [`ProxierConfig::metrics`] chooses, so
+/// the kernel allocates counters for those alone; the others count
+/// nothing per element.
 pub fn sets(cfg: &ProxierConfig) -> Vec<Set> {
-    let counted = |s: Set| {
-        if cfg.counters && COUNTED.contains(&s.name.as_str()) {
-            s.with_counters()
-        } else {
-            s
-        }
-    };
     let addr = cfg.nft_family().addr_type();
     let svc = vec![addr, DataType::InetProto, DataType::InetService];
     let port = vec![DataType::InetProto, DataType::InetService];
@@ -672,30 +852,27 @@ pub fn sets(cfg: &ProxierConfig) -> Vec<Set> {
     allow.push(addr);
     let mut affinity_key = vec![addr];
     affinity_key.extend(svc.iter().copied());
+    let mut entry_endpoint = svc.clone();
+    entry_endpoint.extend([addr, DataType::InetService]);
+    let connection = vec![
+        addr,
+        addr,
+        DataType::InetProto,
+        DataType::InetService,
+        DataType::InetService,
+    ];
     let mut sets = vec![
         Set::set(CLUSTER_IPS, vec![addr]).with_comment("Active ClusterIPs"),
         Set::set(NODEPORT_IPS, vec![addr]).with_comment("IPs that accept NodePort traffic"),
-        counted(Set::map(SERVICE_IPS, svc.clone(), vec![DataType::Verdict]))
+        Set::map(SERVICE_IPS, svc.clone(), vec![DataType::Verdict])
             .with_comment("ClusterIP, ExternalIP and LoadBalancer IP traffic"),
-        counted(Set::map(
-            SERVICE_NODEPORTS,
-            port.clone(),
-            vec![DataType::Verdict],
-        ))
-        .with_comment("NodePort traffic"),
-        counted(Set::map(
-            NO_ENDPOINT_SERVICES,
-            svc.clone(),
-            vec![DataType::Verdict],
-        ))
-        .with_comment("vmap to drop or reject packets to services with no endpoints"),
-        counted(Set::map(
-            NO_ENDPOINT_NODEPORTS,
-            port,
-            vec![DataType::Verdict],
-        ))
-        .with_comment("vmap to drop or reject packets to service nodeports with no endpoints"),
-        counted(Set::set(FIREWALL_IPS, svc.clone()))
+        Set::map(SERVICE_NODEPORTS, port.clone(), vec![DataType::Verdict])
+            .with_comment("NodePort traffic"),
+        Set::map(NO_ENDPOINT_SERVICES, svc.clone(), vec![DataType::Verdict])
+            .with_comment("vmap to drop or reject packets to services with no endpoints"),
+        Set::map(NO_ENDPOINT_NODEPORTS, port, vec![DataType::Verdict])
+            .with_comment("vmap to drop or reject packets to service nodeports with no endpoints"),
+        Set::set(FIREWALL_IPS, svc.clone())
             .with_comment("destinations that are subject to LoadBalancerSourceRanges"),
         Set::set(FIREWALL_ALLOW, allow)
             .with_interval()
@@ -710,21 +887,33 @@ pub fn sets(cfg: &ProxierConfig) -> Vec<Set> {
             .with_comment("ClientIP session affinity"),
         Set::map(AFFINITY_SERVICES, svc.clone(), vec![DataType::Verdict])
             .with_comment("entries of services with ClientIP session affinity"),
-        counted(Set::set(SERVICE_TRAFFIC, {
-            let mut k = svc;
-            k.extend([addr, DataType::InetService]);
-            k
-        }))
-        .with_comment("packets and bytes of Service connections per entry and endpoint"),
+        Set::set(SERVICE_TRAFFIC, entry_endpoint.clone())
+            .with_counters()
+            .with_comment(
+                "packets and bytes of counted Services' connections per entry and endpoint",
+            ),
+        Set::set(SERVICE_CONNECTIONS, svc)
+            .with_counters()
+            .with_comment("connections of counted Services per entry"),
+        Set::set(ENDPOINT_CONNECTIONS, entry_endpoint)
+            .with_counters()
+            .with_comment("connections of counted Services per entry and endpoint"),
     ];
+    for (name, _) in PROBLEMS {
+        sets.push(
+            Set::set(name, connection.clone())
+                .with_timeout(PROBLEM_TIMEOUT, PROBLEM_SIZE)
+                .with_comment("connections ended here in the last 3 minutes, each counted once"),
+        );
+    }
     for p in L4Proto::ALL {
         let port = DataType::PortOf(p);
         sets.push(
-            counted(Set::map(
+            Set::map(
                 service_endpoints(p),
                 vec![addr, port, DataType::Numgen],
                 vec![addr, port],
-            ))
+            )
             .with_comment(format!("{p} service entry and slot to endpoint")),
         );
     }

@@ -6,9 +6,10 @@ use std::collections::BTreeSet;
 use std::net::IpAddr;
 
 use verdict_model::{
-    CategorizedEndpoints, Endpoint, NodeTopology, Protocol, ServicePort, categorize_endpoints,
+    CategorizedEndpoints, Counting, Endpoint, NodeTopology, Protocol, ServicePort,
+    categorize_endpoints,
 };
-use verdict_nft::{Element, ElementValue, L4Proto, Value, Verdict, goto};
+use verdict_nft::{Element, ElementValue, L4Proto, Value, goto};
 
 use crate::config::ProxierConfig;
 use crate::layout::{self, DynChain, LOCAL_SLOT_OFFSET};
@@ -50,11 +51,18 @@ struct Builder {
     name: String,
     proto: L4Proto,
     port: u16,
-    /// Whether each entry and endpoint gets a `service-traffic` element.
-    counted: bool,
+    /// How finely the port is counted: `service` gives each entry that
+    /// sends to endpoints a `service-connections` element and each entry
+    /// and endpoint a `service-traffic` one; `endpoint` also an
+    /// `endpoint-connections` one.
+    counting: Counting,
+    /// The value of a drop for want of a local endpoint.
+    drop: ElementValue,
     /// The (entry, endpoint) pairs given one so far (an endpoint can be in
     /// an entry's cluster list and its local list).
     traffic: BTreeSet<(Vec<Value>, (IpAddr, u16))>,
+    /// The entries given a `service-connections` element so far.
+    entries: BTreeSet<Vec<Value>>,
     out: Contribution,
 }
 
@@ -77,11 +85,19 @@ impl Builder {
         self.push(set, e);
     }
 
+    /// Counts the connections `entry` (address . protocol . port) sends to
+    /// endpoints, if the port is counted.
+    fn count_entry(&mut self, entry: &[Value]) {
+        if self.counting != Counting::None && self.entries.insert(entry.to_vec()) {
+            self.push(layout::SERVICE_CONNECTIONS, Element::key(entry.to_vec()));
+        }
+    }
+
     fn no_endpoints(&mut self, set: &'static str, key: Vec<Value>, reject: bool) {
         let v = if reject {
             goto(layout::REJECT_CHAIN)
         } else {
-            ElementValue::Verdict(Verdict::Drop)
+            self.drop.clone()
         };
         let e = Element::map(key, v).with_comment(self.name.clone());
         self.push(set, e);
@@ -101,9 +117,14 @@ impl Builder {
             key.push(Value::Int(offset + i as u32));
             let v = ElementValue::Data(vec![Value::Addr(ep.ip), Value::Port(ep.port)]);
             self.push(map, Element::map(key, v));
-            if self.counted && self.traffic.insert((entry.to_vec(), (ep.ip, ep.port))) {
+            if self.counting != Counting::None
+                && self.traffic.insert((entry.to_vec(), (ep.ip, ep.port)))
+            {
                 let mut key = entry.to_vec();
                 key.extend([Value::Addr(ep.ip), Value::Port(ep.port)]);
+                if self.counting == Counting::Endpoint {
+                    self.push(layout::ENDPOINT_CONNECTIONS, Element::key(key.clone()));
+                }
                 self.push(layout::SERVICE_TRAFFIC, Element::key(key));
             }
         }
@@ -126,8 +147,14 @@ pub fn contribution(
         name: sp.name.to_string(),
         proto: l4(sp.protocol),
         port: sp.port,
-        counted: cfg.counters,
+        counting: if cfg.counters {
+            sp.counting.min(cfg.metrics.level)
+        } else {
+            Counting::None
+        },
+        drop: layout::no_local_endpoint_drop(cfg),
         traffic: BTreeSet::new(),
+        entries: BTreeSet::new(),
         out: Contribution::default(),
     };
     let set = |eps: &[&Endpoint]| eps.iter().map(|e| (e.ip, e.port)).collect::<BTreeSet<_>>();
@@ -154,6 +181,7 @@ pub fn contribution(
             DynChain::Endpoints(internal.len() as u32),
         );
         b.slots(&cip, internal, 0);
+        b.count_entry(&cip);
         affinity_entries.push((cip, set(&internal.iter().collect::<Vec<_>>())));
     }
 
@@ -192,6 +220,7 @@ pub fn contribution(
                 external_list.extend(cat.local.iter());
             }
             for e in &entries {
+                b.count_entry(e);
                 b.slots(e, &cat.cluster, 0);
                 if local_policy {
                     b.slots(e, &cat.local, LOCAL_SLOT_OFFSET);

@@ -217,7 +217,7 @@ impl Proxier {
     pub fn new(cfg: ProxierConfig) -> Result<Proxier, ProxierError> {
         cfg.validate()?;
         Ok(Proxier {
-            service_changes: ServiceChangeTracker::new(cfg.family),
+            service_changes: ServiceChangeTracker::counting(cfg.family, cfg.metrics.clone()),
             endpoint_changes: EndpointsChangeTracker::new(cfg.family, cfg.node_name.clone()),
             cfg,
             services: ServicePortMap::new(),

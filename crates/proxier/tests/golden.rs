@@ -138,6 +138,23 @@ fn overall_ruleset() {
 }
 
 #[test]
+fn services_counted_per_service_and_per_endpoint() {
+    // The same cluster, ns4 counted per endpoint, the rest not: only its
+    // Service gets elements in the counting sets, and the NAT chains after
+    // DNAT and the filter chains look them up.
+    let mut cfg = upstream_config(IpFamily::V4);
+    cfg.metrics = verdict_model::MetricsSelection {
+        level: verdict_model::Counting::Endpoint,
+        namespaces: vec!["ns4".into()],
+        ..verdict_model::MetricsSelection::default()
+    };
+    let mut fx = Fixture::with_config(cfg);
+    overall(&mut fx);
+    fx.sync();
+    check("counted", &fx);
+}
+
+#[test]
 fn empty_cluster() {
     let mut fx = Fixture::new(IpFamily::V4);
     fx.sync();

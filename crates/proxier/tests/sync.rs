@@ -48,18 +48,18 @@ fn partial_syncs_emit_only_what_changed() {
     assert!(r.full);
     assert_eq!(chains(&fx), ["endpoints-1"]);
 
-    // Add a service with one endpoint: cluster-ips, service-ips, one
-    // service-endpoints slot and its service-traffic counter. The shared
-    // chain endpoints-1 already exists.
+    // Add a service with one endpoint: cluster-ips, service-ips and one
+    // service-endpoints slot (no Service is counted per element by
+    // default). The shared chain endpoints-1 already exists.
     one_ep(&mut fx, "ns3", "svc3", "172.30.0.43", 80, &["10.0.3.1"]);
     let r = fx.sync();
     assert!(!r.full);
-    assert_eq!(r.operations, 4, "add service");
+    assert_eq!(r.operations, 3, "add service");
 
-    // Delete a service: its four elements go.
+    // Delete a service: its three elements go.
     fx.delete_service("ns2", "svc2")
         .delete_slice("ns2", "svc2-1");
-    assert_eq!(fx.sync().operations, 4, "delete service");
+    assert_eq!(fx.sync().operations, 3, "delete service");
 
     // A service without endpoints: cluster-ips + no-endpoint-services.
     one_ep(&mut fx, "ns4", "svc4", "172.30.0.44", 80, &[]);
@@ -69,18 +69,16 @@ fn partial_syncs_emit_only_what_changed() {
             .contains("172.30.0.44 . tcp . 80 comment \"ns4/svc4:p80\" : goto reject-chain")
     );
 
-    // It gets an endpoint: no-endpoint element out, dispatch, slot and
-    // counter in.
+    // It gets an endpoint: no-endpoint element out, dispatch and slot in.
     one_ep(&mut fx, "ns4", "svc4", "172.30.0.44", 80, &["10.0.4.1"]);
-    assert_eq!(fx.sync().operations, 4, "first endpoint");
+    assert_eq!(fx.sync().operations, 3, "first endpoint");
 
-    // Replace svc3's endpoint: one slot changes value (delete + add), and
-    // the old endpoint's counter gives way to the new one's.
+    // Replace svc3's endpoint: one slot changes value (delete + add).
     one_ep(&mut fx, "ns3", "svc3", "172.30.0.43", 80, &["10.0.3.2"]);
-    assert_eq!(fx.sync().operations, 4, "endpoint replaced");
+    assert_eq!(fx.sync().operations, 2, "endpoint replaced");
 
     // A second endpoint: the dispatch moves to endpoints-2 (delete + add),
-    // slot 1 and its counter are added, and the new shared chain
+    // slot 1 is added, and the new shared chain
     // endpoints-2 is created (add chain + 6 rules).
     one_ep(
         &mut fx,
@@ -90,14 +88,14 @@ fn partial_syncs_emit_only_what_changed() {
         80,
         &["10.0.3.2", "10.0.3.3"],
     );
-    assert_eq!(fx.sync().operations, 2 + 2 + 7, "second endpoint");
+    assert_eq!(fx.sync().operations, 2 + 1 + 7, "second endpoint");
     assert_eq!(chains(&fx), ["endpoints-1", "endpoints-2"]);
 
-    // Scale to zero: dispatch, both slots and their counters out, reject
+    // Scale to zero: dispatch and both slots out, reject
     // in; endpoints-2 is no longer used, so it is flushed (and deleted
     // later).
     one_ep(&mut fx, "ns3", "svc3", "172.30.0.43", 80, &[]);
-    assert_eq!(fx.sync().operations, 5 + 1 + 1, "scale to zero");
+    assert_eq!(fx.sync().operations, 3 + 1 + 1, "scale to zero");
 
     // Back at once: the chain, emptied but not yet deleted, is refilled
     // (add + 6 rules; it is already empty), plus the elements.
@@ -110,7 +108,7 @@ fn partial_syncs_emit_only_what_changed() {
         &["10.0.3.2", "10.0.3.3"],
     );
     let r = fx.sync();
-    assert_eq!(r.operations, 6 + 7, "scale back");
+    assert_eq!(r.operations, 4 + 7, "scale back");
     assert_eq!(r.stale_chains_deleted, 0);
 
     // Nothing changed: nothing is sent.
@@ -122,7 +120,7 @@ fn partial_syncs_emit_only_what_changed() {
     // Scale down to one endpoint: endpoints-2 goes stale again, and is
     // deleted by a separate transaction once it has been empty long enough.
     one_ep(&mut fx, "ns3", "svc3", "172.30.0.43", 80, &["10.0.3.2"]);
-    assert_eq!(fx.sync().operations, 2 + 2 + 1, "scale down");
+    assert_eq!(fx.sync().operations, 2 + 1 + 1, "scale down");
     fx.advance(REMOVE_STALE_CHAINS_AFTER / 2);
     assert_eq!(fx.sync().stale_chains_deleted, 0, "too early");
     fx.advance(REMOVE_STALE_CHAINS_AFTER);
@@ -508,9 +506,9 @@ fn shared_chains_do_not_grow_with_services() {
     }
     fx.sync();
     let t = fx.nft.get(Family::Ip, "verdict").unwrap();
-    // 17 fixed chains + endpoints-1..3; 15 sets and maps, whatever the size.
-    assert_eq!(t.chains.len(), 17 + 3);
-    assert_eq!(t.sets.len(), 15);
+    // 21 fixed chains + endpoints-1..3; 21 sets and maps, whatever the size.
+    assert_eq!(t.chains.len(), 21 + 3);
+    assert_eq!(t.sets.len(), 21);
     assert_eq!(t.sets["service-ips"].elements.len(), 300);
     assert_eq!(
         t.sets["service-endpoints-tcp"].elements.len(),
@@ -519,7 +517,7 @@ fn shared_chains_do_not_grow_with_services() {
 }
 
 #[test]
-fn turning_the_counters_off_or_on_rebuilds_the_table_and_keeps_traffic_flowing() {
+fn turning_the_counters_off_or_on_rewrites_the_counting_chains_and_keeps_traffic_flowing() {
     let mut fx = Fixture::new(IpFamily::V4);
     one_ep(
         &mut fx,
@@ -532,12 +530,25 @@ fn turning_the_counters_off_or_on_rebuilds_the_table_and_keeps_traffic_flowing()
     one_ep(&mut fx, "ns", "b", "172.30.0.42", 80, &["10.180.0.3"]);
     fx.sync();
     let before = fx.dump();
-    assert!(
-        before.contains(
-            "service-ips { type ipv4_addr . inet_proto . inet_service : verdict ; counter ;"
-        ),
-        "{before}"
-    );
+    // The node's totals are counted by rules, not by elements: no map
+    // has a counter per element unless a Service is chosen for it.
+    let counting = |dump: &str| {
+        [
+            "update @rejected-connections",
+            "goto drop-unallocated",
+            "ct status dnat counter",
+        ]
+        .map(|rule| dump.contains(rule))
+    };
+    assert_eq!(counting(&before), [true; 3], "{before}");
+    let t = fx.nft.get(Family::Ip, "verdict").unwrap();
+    for set in [
+        "service-connections",
+        "endpoint-connections",
+        "service-traffic",
+    ] {
+        assert!(t.sets[set].elements.is_empty(), "{set}");
+    }
     let flows = |fx: &Fixture| {
         [
             fx.trace(verdict_nft::L4Proto::Tcp, "10.0.0.2", "172.30.0.41", 80)
@@ -557,10 +568,9 @@ fn turning_the_counters_off_or_on_rebuilds_the_table_and_keeps_traffic_flowing()
         fx.proxier.set_config(cfg).unwrap();
         fx.advance(Duration::from_secs(1));
         fx.sync();
-        // The maps changed type: they were replaced, every chain emptied
-        // and written again, shared chains included.
+        // The chains that count were written again, the maps kept.
         assert_eq!(flows(&fx), want, "counters {counters}:\n{}", fx.dump());
-        assert_eq!(fx.dump().contains(" counter ;"), counters);
+        assert_eq!(counting(&fx.dump()), [counters; 3], "{}", fx.dump());
         let again = fx.sync();
         assert_eq!(again.operations, 0, "and then nothing is left to do");
     }

@@ -121,6 +121,9 @@ pub struct Cli {
     /// `--api-bind-address` (verdict's own; none by default: the API and
     /// the web view answer loopback clients on the metrics address).
     pub api_bind_address: Option<std::net::SocketAddr>,
+    /// `--service-metrics`, `--service-metrics-namespaces` and
+    /// `--service-metrics-selector` (verdict's own).
+    pub service_metrics: verdict_model::MetricsSelection,
     /// `--nftables-backend` (verdict's own; netlink by default).
     pub nftables_backend: crate::config::NftablesBackend,
     /// `--help`.
@@ -181,6 +184,9 @@ enum Opt {
     Manifests,
     KeepKubeProxyNftables,
     ServiceCounters,
+    ServiceMetrics,
+    ServiceMetricsNamespaces,
+    ServiceMetricsSelector,
     ApiBindAddress,
     NftablesBackend,
     /// A flag of the introspection commands.
@@ -317,7 +323,34 @@ const OPTIONS: &[OptSpec] = &[
         short: None,
         opt: Opt::ServiceCounters,
         takes_value: false,
-        help: "Count new connections, rejects and drops per Service entry and endpoint in the kernel's maps, and the packets and bytes of every connection per entry and endpoint, exported as verdict_service_* and verdict_endpoint_* on /metrics (--service-counters=false turns them off)",
+        help: "Count in the kernel the node's connections sent to endpoints, and each rejected or dropped connection once, by reason (verdict_connections_total, verdict_rejected_total, verdict_dropped_total), and per Service what --service-metrics chooses; --service-counters=false leaves kube-proxy's rules exactly, counting nothing",
+        kube_proxy: false,
+        commands: &[],
+    },
+    OptSpec {
+        name: "service-metrics",
+        short: None,
+        opt: Opt::ServiceMetrics,
+        takes_value: true,
+        help: "Series of their own for the Services chosen by --service-metrics-namespaces and --service-metrics-selector (every Service if neither is given): service (connections, packets and bytes per entry point, rejects and drops) or endpoint (also per endpoint); none (the default) keeps /metrics to the node's totals, whatever the number of Services",
+        kube_proxy: false,
+        commands: &[],
+    },
+    OptSpec {
+        name: "service-metrics-namespaces",
+        short: None,
+        opt: Opt::ServiceMetricsNamespaces,
+        takes_value: true,
+        help: "With --service-metrics, only the Services of these namespaces (comma-separated)",
+        kube_proxy: false,
+        commands: &[],
+    },
+    OptSpec {
+        name: "service-metrics-selector",
+        short: None,
+        opt: Opt::ServiceMetricsSelector,
+        takes_value: true,
+        help: "With --service-metrics, only the Services whose labels match this label selector (as kubectl -l takes it: app=web,tier in (front,back),!canary)",
         kube_proxy: false,
         commands: &[],
     },
@@ -477,6 +510,7 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, UsageError>
         keep_kube_proxy_nftables: false,
         service_counters: true,
         api_bind_address: None,
+        service_metrics: verdict_model::MetricsSelection::default(),
         nftables_backend: crate::config::NftablesBackend::default(),
         help: false,
         version: None,
@@ -575,6 +609,24 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, UsageError>
                     Opt::Manifests => cli.manifests = Some(value),
                     Opt::KeepKubeProxyNftables => cli.keep_kube_proxy_nftables = boolean(&value)?,
                     Opt::ServiceCounters => cli.service_counters = boolean(&value)?,
+                    Opt::ServiceMetrics => {
+                        cli.service_metrics.level = value
+                            .parse()
+                            .map_err(|e| UsageError(format!("--service-metrics {e}")))?
+                    }
+                    Opt::ServiceMetricsNamespaces => {
+                        cli.service_metrics.namespaces = value
+                            .split(',')
+                            .map(str::trim)
+                            .filter(|n| !n.is_empty())
+                            .map(str::to_owned)
+                            .collect()
+                    }
+                    Opt::ServiceMetricsSelector => {
+                        cli.service_metrics.selector = value.parse().map_err(|e| {
+                            UsageError(format!("--service-metrics-selector {e}"))
+                        })?
+                    }
                     Opt::ApiBindAddress => {
                         cli.api_bind_address = Some(value.parse().map_err(|_| {
                             UsageError(format!(
@@ -589,6 +641,14 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, UsageError>
                 }
             }
         }
+    }
+    let m = &cli.service_metrics;
+    if m.level == verdict_model::Counting::None
+        && (!m.namespaces.is_empty() || !m.selector.is_empty())
+    {
+        return Err(UsageError(
+            "--service-metrics-namespaces and --service-metrics-selector choose Services for --service-metrics service|endpoint, which is not given".into(),
+        ));
     }
     if let [cmd, target] = positional.as_slice()
         && (cmd == "explain" || cmd == "connections" || cmd == "help")

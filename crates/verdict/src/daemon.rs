@@ -95,6 +95,7 @@ fn node_settings(settings: &Settings, source: &Source) -> NodeSettings {
         detect_local: settings.detect_local.clone(),
         node_ports: settings.node_ports.clone(),
         service_counters: settings.service_counters,
+        service_metrics: settings.service_metrics.clone(),
         keep_kube_proxy_nftables: source.keep_kube_proxy_nftables,
     }
 }
@@ -235,6 +236,9 @@ pub fn run(settings: &Settings, source: &Source, verbosity: &Verbosity) -> anyho
     let counters = settings
         .service_counters
         .then(|| api::CounterCache::new(handle.clone(), api::kernel_reader(kind)));
+    if let Some(c) = &counters {
+        c.read_periodically();
+    }
     let api_for = |exposure: Exposure| {
         api::handler(
             kind,

@@ -86,6 +86,7 @@ fn main() -> ExitCode {
     let mut settings = resolved.settings;
     settings.service_counters = cli.service_counters;
     settings.api_bind_address = cli.api_bind_address;
+    settings.service_metrics = cli.service_metrics.clone();
     settings.nftables_backend = cli.nftables_backend;
     let verbosity = logging::init(&settings.logging);
     // The introspection commands are clients: their output is the answer.

@@ -207,6 +207,20 @@ fn the_alerts_pass_promtool_and_their_unit_tests() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A node that exports more than it should must not load Prometheus
+/// without bound: the PodMonitor caps the samples of one scrape, well
+/// above what a node exports with the defaults (about 124 series).
+#[test]
+fn the_podmonitor_limits_the_samples_of_a_scrape() {
+    let text = std::fs::read_to_string(monitoring_dir().join("podmonitor.yaml")).unwrap();
+    let monitor: Value = serde_saphyr::from_str(&text).unwrap();
+    assert_eq!(monitor["kind"], "PodMonitor");
+    let limit = monitor["spec"]["sampleLimit"]
+        .as_u64()
+        .expect("sampleLimit");
+    assert!((1_000..=100_000).contains(&limit), "sampleLimit {limit}");
+}
+
 #[test]
 fn every_dashboard_query_is_valid_promql() {
     let text = std::fs::read_to_string(monitoring_dir().join("grafana-dashboard.json")).unwrap();

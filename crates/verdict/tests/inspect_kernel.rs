@@ -157,6 +157,13 @@ fn node_running_verdict(tag: &str) -> Option<(TestBed, Process, String)> {
     let mut args: Vec<String> = vec!["run".into()];
     args.extend(node_flags(&dir_s));
     args.extend(["--min-sync-period".into(), "0s".into()]);
+    // Every Service of the demo namespace counted per endpoint.
+    args.extend([
+        "--service-metrics".into(),
+        "endpoint".into(),
+        "--service-metrics-namespaces".into(),
+        "demo".into(),
+    ]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let daemon = Process(
         bed.node
@@ -205,7 +212,9 @@ fn trace_and_explain_answer_from_the_running_daemon_and_offline() {
     let _ = bed.connect(ip("10.0.0.2"), ip("172.30.0.43"), "tcp", 80, 500);
     // A port the ClusterIP's Service does not have is rejected, and counted.
     let _ = bed.connect(ip("10.0.0.2"), ip("172.30.0.41"), "tcp", 81, 500);
-    let _ = bed.connect(ip("203.0.113.130"), ip("198.51.100.42"), "tcp", 80, 300);
+    // One connect from outside the source ranges, left to retry its SYN
+    // (at 1 s and 3 s): one connection dropped, however many SYNs.
+    let _ = bed.connect(ip("203.0.113.130"), ip("198.51.100.42"), "tcp", 80, 3500);
     std::thread::sleep(Duration::from_secs(6)); // past the counters' cache
     let metrics = http_on(&bed, 10249, "/metrics");
     let base = "ip_family=\"IPv4\",namespace=\"demo\",service=\"web\",port=\"http\"";
@@ -233,17 +242,28 @@ fn trace_and_explain_answer_from_the_running_daemon_and_offline() {
         &metrics,
         "verdict_service_rejected_total{ip_family=\"IPv4\",namespace=\"demo\",service=\"empty\",port=\"http\"}",
     );
-    assert!(rejected >= Some(1.0), "{metrics}");
+    assert_eq!(rejected, Some(1.0), "{metrics}");
     let dropped = sample(
         &metrics,
-        "verdict_service_dropped_total{ip_family=\"IPv4\",namespace=\"demo\",service=\"lb\",port=\"http\",reason=\"source-ranges\"}",
+        "verdict_service_dropped_total{ip_family=\"IPv4\",namespace=\"demo\",service=\"lb\",port=\"http\",reason=\"source_range\"}",
     );
-    assert!(dropped >= Some(1.0), "{metrics}");
-    let invalid_port = sample(
-        &metrics,
-        "verdict_cluster_ip_rejected_total{ip_family=\"IPv4\"}",
+    assert_eq!(dropped, Some(1.0), "one connection, three SYNs: {metrics}");
+    // The node's totals say the same.
+    let node = |series: &str| sample(&metrics, series).unwrap_or(-1.0);
+    assert_eq!(
+        node("verdict_dropped_total{ip_family=\"IPv4\",reason=\"source_range\"}"),
+        1.0,
+        "{metrics}"
     );
-    assert!(invalid_port >= Some(1.0), "{metrics}");
+    assert_eq!(
+        node("verdict_rejected_total{ip_family=\"IPv4\",reason=\"no_endpoints\"}"),
+        1.0
+    );
+    assert!(node("verdict_rejected_total{ip_family=\"IPv4\",reason=\"invalid_port\"}") >= 1.0);
+    assert!(
+        node("verdict_connections_total{ip_family=\"IPv4\"}") >= cluster_ip,
+        "the node's connections hold the ClusterIP's: {metrics}"
+    );
 
     // Every packet of those connections, both ways, in packets and bytes.
     let traffic = |name: &str, labels: &str| sample(&metrics, &format!("{name}{{{labels}}}"));
@@ -565,22 +585,52 @@ fn the_counters_can_be_turned_off_and_on_across_a_restart() {
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     let on = plan(&[]);
-    let line = |script: &str, set: &str| {
+    let line = |script: &str, what: &str| {
         script
             .lines()
-            .find(|l| l.starts_with(&format!("add map ip verdict {set} ")))
-            .unwrap()
+            .find(|l| l.starts_with(&format!("add {what} ")))
+            .unwrap_or_else(|| panic!("no {what}: {script}"))
             .to_owned()
     };
-    assert!(line(&on, "service-ips").contains(" counter ;"), "{on}");
-    assert!(line(&on, "service-endpoints-tcp").contains(" counter ;"));
-    assert!(!line(&on, "affinity").contains(" counter ;"));
+    // No map counts per element: the sets that count hold the chosen
+    // Services' elements alone (none by default), and the node's totals
+    // are rule counters.
+    assert!(
+        !line(&on, "map ip verdict service-ips").contains(" counter ;"),
+        "{on}"
+    );
+    assert!(!line(&on, "map ip verdict service-endpoints-tcp").contains(" counter ;"));
+    assert!(line(&on, "set ip verdict service-connections").contains(" counter ;"));
+    assert!(
+        !on.contains("add element ip verdict service-connections"),
+        "nothing chosen"
+    );
+    assert!(on.contains("add rule ip verdict nat-postrouting ct status dnat counter"));
+    assert!(on.contains("add rule ip verdict reject-chain update @rejected-connections"));
+    let chosen = plan(&[
+        "--service-metrics",
+        "service",
+        "--service-metrics-namespaces",
+        "demo",
+    ]);
+    assert!(
+        chosen.contains("add element ip verdict service-connections { 172.30.0.41 . tcp . 80"),
+        "{chosen}"
+    );
     let off = plan(&["--service-counters=false"]);
-    assert!(!off.contains(" counter ;"), "{off}");
+    assert!(
+        !off.lines()
+            .filter(|l| l.starts_with("add rule"))
+            .any(|l| l.contains("counter") || l.contains("update @rejected")),
+        "{off}"
+    );
+    assert!(
+        off.contains("add rule ip verdict reject-chain reject\n"),
+        "kube-proxy's rule"
+    );
 
-    // On a node: a verdict without counters (as an older one), then one
-    // with them adopts its table. The maps change type, so the first full
-    // sync replaces them and writes every chain again; traffic flows
+    // On a node: a verdict without counters, then one with them adopts its
+    // table: the first full sync writes the counting rules; traffic flows
     // throughout.
     let Some(mut bed) = bed() else {
         return;
@@ -621,7 +671,10 @@ fn the_counters_can_be_turned_off_and_on_across_a_restart() {
         .node
         .exec("nft", &["list", "table", "ip", "verdict"])
         .unwrap();
-    assert!(!table.contains("counter"), "{table}");
+    assert!(
+        !table.contains("counter packets"),
+        "nothing counts: {table}"
+    );
     drop(old);
     let _new = start(&[]);
     let deadline = Instant::now() + Duration::from_secs(10);

@@ -602,6 +602,7 @@ mod tests {
     fn fixture(name: &str) -> TableState {
         let json = match name {
             "overall" => include_str!("../../tests/fixtures/overall.json"),
+            "counted" => include_str!("../../tests/fixtures/counted.json"),
             "loadbalancer" => include_str!("../../tests/fixtures/loadbalancer.json"),
             "affinity-dynamic" => include_str!("../../tests/fixtures/affinity-dynamic.json"),
             "clusterip-ipv6" => include_str!("../../tests/fixtures/clusterip-ipv6.json"),
@@ -657,9 +658,38 @@ mod tests {
             t.chains["reject-chain"].chain,
             Chain::regular("reject-chain")
         );
+        // Each rejected connection is counted once, its retries not.
+        let tuple = vec![
+            Selector::Saddr,
+            Selector::Daddr,
+            Selector::L4Proto,
+            Selector::Sport,
+            Selector::Dport,
+        ];
         assert_eq!(
             t.chains["reject-chain"].rules,
-            vec![Rule::new(vec![Expr::Reject])]
+            vec![
+                Rule::new(vec![
+                    Expr::Lookup {
+                        key: tuple.clone(),
+                        set: "rejected-connections".into(),
+                        negate: false,
+                    },
+                    Expr::Reject
+                ])
+                .with_comment("a retry of a connection already counted"),
+                Rule::new(vec![
+                    Expr::Update {
+                        set: "rejected-connections".into(),
+                        key: tuple.into_iter().map(KeyPart::Field).collect(),
+                        timeout: None,
+                        value: vec![],
+                    },
+                    Expr::Counter,
+                    Expr::Reject
+                ]),
+                Rule::new(vec![Expr::Counter, Expr::Reject]).with_comment("the set is full"),
+            ]
         );
     }
 
@@ -678,7 +708,6 @@ mod tests {
                 ],
                 vec![DataType::Verdict],
             )
-            .with_counters()
             .with_comment("vmap to drop or reject packets to services with no endpoints")
         );
         let key = vec![
@@ -697,13 +726,30 @@ mod tests {
         let key = vec![addr("1.2.3.4"), Value::Proto(L4Proto::Tcp), Value::Port(80)];
         assert_eq!(
             s.elements[&key].value,
-            Some(ElementValue::Verdict(Verdict::Drop))
+            Some(ElementValue::Verdict(Verdict::Goto(
+                "drop-no-local-endpoint".into()
+            )))
         );
         assert_eq!(s.elements.len(), 3);
+        assert!(s.counters.is_empty());
+    }
+
+    #[test]
+    fn reads_the_counters_of_counted_elements() {
+        let t = fixture("counted");
+        let s = &t.sets["service-connections"];
+        assert!(s.set.counters);
         // Every element's counter is read (none has counted a packet in
         // the captured fixture).
-        assert_eq!(s.counters.len(), 3);
+        assert_eq!(s.elements.len(), 2);
+        assert_eq!(s.counters.len(), 2);
+        let key = vec![
+            addr("172.30.0.44"),
+            Value::Proto(L4Proto::Tcp),
+            Value::Port(80),
+        ];
         assert_eq!(s.counters[&key], Counter::default());
+        assert_eq!(t.sets["endpoint-connections"].counters.len(), 4);
     }
 
     #[test]
@@ -726,11 +772,10 @@ mod tests {
                 DataType::Numgen,
             ],
             vec![DataType::Ipv4Addr, DataType::PortOf(L4Proto::Tcp)],
-        )
-        .with_counters();
+        );
         assert!(s.set.same_type(&declared));
         assert!(!s.set.same_type(&Set {
-            counters: false,
+            counters: true,
             ..declared.clone()
         }));
         let key = vec![addr("172.30.0.44"), Value::Port(80), Value::Int(1)];
@@ -837,7 +882,7 @@ mod tests {
         let t = fixture("clusterip-ipv6");
         assert_eq!(
             t.chains["cluster-ips-check"].rules[1].render(Family::Ip6),
-            "ip6 daddr fd00:10:96::/112 counter drop comment \"Drop traffic to unallocated ClusterIPs\""
+            "ip6 daddr fd00:10:96::/112 goto drop-unallocated comment \"Drop traffic to unallocated ClusterIPs\""
         );
         let t = fixture("detector-prefix");
         let found = t.chains.values().flat_map(|c| &c.rules).any(|r| {

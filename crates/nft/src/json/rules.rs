@@ -153,6 +153,7 @@ impl<'a> RuleParser<'a> {
             ("payload", p, "saddr", _, _) if p == fam => Ok(Selector::Saddr),
             ("payload", p, "daddr", _, _) if p == fam => Ok(Selector::Daddr),
             ("payload", "th", "dport", _, _) => Ok(Selector::Dport),
+            ("payload", "th", "sport", _, _) => Ok(Selector::Sport),
             ("payload", p, "dport", _, _) if proto_name(p).is_some() => {
                 if let Some(p) = proto_name(p) {
                     self.fold(p)?;
@@ -276,9 +277,10 @@ impl<'a> RuleParser<'a> {
             | Selector::CtOriginalDaddr
             | Selector::CtReplySaddr => constant(self.family.addr_type(), right, false)?,
             Selector::L4Proto => Value::Proto(proto(right)?),
-            Selector::Dport | Selector::CtOriginalDport | Selector::CtReplySport => {
-                Value::Port(port(right)?)
-            }
+            Selector::Dport
+            | Selector::Sport
+            | Selector::CtOriginalDport
+            | Selector::CtReplySport => Value::Port(port(right)?),
             Selector::Numgen { .. } => Value::Int(u32_of(right)?),
         };
         Ok(Expr::Cmp {
@@ -431,6 +433,7 @@ impl<'a> RuleParser<'a> {
             "ct reply proto-src" => Selector::CtReplySport,
             "meta l4proto" => Selector::L4Proto,
             "th dport" => Selector::Dport,
+            "th sport" => Selector::Sport,
             _ => {
                 if let Some(p) = s.strip_suffix(" dport").and_then(proto_name) {
                     self.fold(p)?;

@@ -122,7 +122,7 @@ pub(crate) fn selector_len(family: Family, s: Selector) -> usize {
             addr_len(family)
         }
         Selector::L4Proto => 1,
-        Selector::Dport | Selector::CtOriginalDport | Selector::CtReplySport => 2,
+        Selector::Dport | Selector::Sport | Selector::CtOriginalDport | Selector::CtReplySport => 2,
         Selector::Numgen { .. } => 4,
     }
 }
@@ -254,6 +254,7 @@ impl Encoder<'_> {
             },
             Selector::L4Proto => self.meta_load(r, META_L4PROTO),
             Selector::Dport => self.payload(r, PAYLOAD_TRANSPORT, 2, 2),
+            Selector::Sport => self.payload(r, PAYLOAD_TRANSPORT, 0, 2),
             Selector::CtOriginalDaddr => {
                 let key = match fam {
                     Family::Ip => CT_DST_IP,
@@ -606,7 +607,7 @@ pub(crate) fn selector_type(family: Family, s: Selector) -> DataType {
             family.addr_type()
         }
         Selector::L4Proto => DataType::InetProto,
-        Selector::Dport | Selector::CtOriginalDport | Selector::CtReplySport => {
+        Selector::Dport | Selector::Sport | Selector::CtOriginalDport | Selector::CtReplySport => {
             DataType::InetService
         }
         Selector::Numgen { .. } => DataType::Numgen,
@@ -794,6 +795,7 @@ impl Decoder<'_> {
                         Selector::Daddr
                     }
                     (PAYLOAD_TRANSPORT, 2, _) if len == 2 => Selector::Dport,
+                    (PAYLOAD_TRANSPORT, 0, _) if len == 2 => Selector::Sport,
                     _ => {
                         return Err(NftError::Parse(format!(
                             "load of {len} bytes at {offset} of header {base}"
@@ -1024,13 +1026,15 @@ impl Decoder<'_> {
                     (None, None) => Vec::new(),
                     _ => return Err(NftError::Parse("dynset value and map disagree".into())),
                 };
+                // The kernel reports 0 for a rule that leaves the timeout
+                // to the set's own.
                 let timeout = match a.u64_be(6) {
+                    Some(0) | None => None,
                     Some(ms) if ms % 1000 == 0 => Some(
                         u32::try_from(ms / 1000)
                             .map_err(|_| NftError::Parse(format!("timeout {ms} ms")))?,
                     ),
                     Some(ms) => return Err(NftError::Parse(format!("timeout {ms} ms"))),
-                    None => None,
                 };
                 self.out.push(Expr::Update {
                     set: set_name,

@@ -541,6 +541,25 @@ impl Backend for NetlinkBackend {
         let (state, _) = self.read_elements(family, table, &s)?;
         Ok(state.elements.into_values().collect())
     }
+
+    fn set(
+        &mut self,
+        family: Family,
+        table: &str,
+        set: &str,
+    ) -> Result<Option<SetState>, NftError> {
+        let sets = match self.read_sets(family, table) {
+            Ok(s) => s,
+            Err(NftError::NotFound(_)) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let Some(s) = sets.get(set).cloned() else {
+            return Ok(None);
+        };
+        self.known.insert((family, table.to_owned()), sets);
+        let (state, _) = self.read_elements(family, table, &s)?;
+        Ok(Some(state))
+    }
 }
 
 #[cfg(test)]

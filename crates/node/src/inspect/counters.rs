@@ -1,43 +1,57 @@
-//! verdict's per-service and per-endpoint counters, from the kernel's own
-//! element counters (`--service-counters`). The NAT chains see only a
-//! connection's first packet, so the `service-ips`, `service-nodeports`
-//! and `service-endpoints-*` counters count new connections per entry
-//! point and per endpoint; `no-endpoint-*` count the rejects and drops of
-//! Services without (local) endpoints, and `firewall-ips` minus
-//! `service-ips` the connections `loadBalancerSourceRanges` dropped. No
-//! set or map is added for them: the number of sets stays fixed.
+//! What the kernel counted, for `/metrics` and the API
+//! (`--service-counters`, on by default).
 //!
+//! **For the node** (a handful of series, whatever the cluster's size):
+//! rule counters of the fixed chains. `nat-postrouting` and `nat-input`
+//! see the first packet of each connection after DNAT, one or the other,
+//! so their `ct status dnat counter` counts the connections sent to an
+//! endpoint. Every reject and drop of a new connection goes through a
+//! chain that remembers the connection for 3 minutes in a set of its
+//! reason (`rejected-connections`, `dropped-source-range`, …), longer than
+//! a client retries its SYN: each connection counts once, however often it
+//! is retried.
 //!
-//! Packets and bytes are counted apart, in `service-traffic`: the filter
-//! chains send every packet of a DNATed connection, in both directions,
-//! to a lookup of its original destination and its replies' source, which
-//! finds one element per entry and endpoint. One set, whatever the
-//! cluster size; one element per entry and endpoint, as many as the
-//! endpoint maps hold.
+//! **Per Service**, only for the Services `--service-metrics` chooses:
+//! `service-connections` (per entry point), `endpoint-connections` (per
+//! entry point and endpoint, keyed by the endpoint, so a count survives a
+//! change to its siblings) and `service-traffic` (the packets and bytes of
+//! every packet of their connections) hold elements for those alone. The
+//! problem sets name every rejected or dropped connection with its
+//! destination: they are read (at least every 30 s, less than their
+//! timeout) and attributed to Service ports here, for every Service, so
+//! the API and the web view show what went wrong where, and the chosen
+//! Services get `verdict_service_rejected_total` and
+//! `verdict_service_dropped_total` series.
 //!
-//! A counter starts again from zero when its element is replaced (an
-//! endpoint moves to another slot, a Service is re-created), which
-//! Prometheus reads as a counter reset.
+//! A kernel counter starts again from zero when its rule or element is
+//! written again (a repaired table, a re-created Service); every series
+//! here is kept monotonic across that: what a counter had counted before
+//! it went back is carried over.
 
-use std::collections::{BTreeMap, HashMap};
-use std::fmt::Write as _;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::sync::Arc;
 
 use serde_json::{Value as Json, json};
-use verdict_model::{IpFamily, ServicePort, ServicePortName};
-use verdict_nft::{ElementValue, TableState, Value, Verdict};
+use verdict_model::{Counting, IpFamily, Protocol, ServicePort, ServicePortName};
+use verdict_nft::{Counter, L4Proto, TableState, Value};
 use verdict_proxier::layout;
 
 use crate::view::{NodeHandle, ServiceView};
 
-/// New connections per Service port and entry point.
+/// Connections sent to an endpoint, for the node.
+pub const CONNECTIONS: &str = "verdict_connections_total";
+/// Connections rejected, for the node, by reason.
+pub const REJECTED: &str = "verdict_rejected_total";
+/// Connections dropped, for the node, by reason.
+pub const DROPPED: &str = "verdict_dropped_total";
+/// Connections sent to an endpoint, per chosen Service port and entry point.
 pub const SERVICE_CONNECTIONS: &str = "verdict_service_connections_total";
-/// New connections per endpoint.
+/// Connections sent to each endpoint of a Service port counted per endpoint.
 pub const ENDPOINT_CONNECTIONS: &str = "verdict_endpoint_connections_total";
-/// Connections rejected: the Service has no usable endpoint.
+/// Connections rejected because the Service port has no usable endpoint.
 pub const SERVICE_REJECTED: &str = "verdict_service_rejected_total";
-/// Connections dropped, by reason.
+/// Connections to a Service port dropped, by reason.
 pub const SERVICE_DROPPED: &str = "verdict_service_dropped_total";
 /// Packets of a Service port's connections, both ways, per entry point.
 pub const SERVICE_PACKETS: &str = "verdict_service_packets_total";
@@ -47,13 +61,199 @@ pub const SERVICE_BYTES: &str = "verdict_service_bytes_total";
 pub const ENDPOINT_PACKETS: &str = "verdict_endpoint_packets_total";
 /// Their bytes.
 pub const ENDPOINT_BYTES: &str = "verdict_endpoint_bytes_total";
-/// New connections to a ClusterIP on a port no Service has, rejected.
-pub const CLUSTER_IP_REJECTED: &str = "verdict_cluster_ip_rejected_total";
-/// New connections to an address of the service CIDRs that no Service
-/// has, dropped.
-pub const CLUSTER_IP_DROPPED: &str = "verdict_cluster_ip_dropped_total";
+
+/// The sets a counter reading needs besides the table's chains: the
+/// counted Services' sets and the problem sets.
+pub const READ_SETS: [&str; 7] = [
+    layout::SERVICE_CONNECTIONS,
+    layout::ENDPOINT_CONNECTIONS,
+    layout::SERVICE_TRAFFIC,
+    layout::REJECTED_CONNECTIONS,
+    layout::DROPPED_SOURCE_RANGE,
+    layout::DROPPED_NO_LOCAL_ENDPOINT,
+    layout::DROPPED_UNALLOCATED,
+];
+
+/// Recent connections kept per Service port and reason, for the API.
+const RECENT: usize = 5;
 
 type Labels = Vec<(&'static str, String)>;
+
+fn family_label(f: IpFamily) -> &'static str {
+    match f {
+        IpFamily::V4 => "IPv4",
+        IpFamily::V6 => "IPv6",
+    }
+}
+
+fn port_labels(family: IpFamily, port: &ServicePortName) -> Labels {
+    vec![
+        ("ip_family", family_label(family).to_owned()),
+        ("namespace", port.service.namespace.to_string()),
+        ("service", port.service.name.to_string()),
+        ("port", port.port.to_string()),
+    ]
+}
+
+fn protocol_of(p: L4Proto) -> Protocol {
+    match p {
+        L4Proto::Tcp => Protocol::Tcp,
+        L4Proto::Udp => Protocol::Udp,
+        L4Proto::Sctp => Protocol::Sctp,
+    }
+}
+
+/// The Service port an entry point (address . protocol . port) belongs
+/// to, with the kind of entry, from the read model's indexes: a Service
+/// address first, else a NodePort on a node address.
+pub fn entry_owner(
+    node: &NodeHandle,
+    family: IpFamily,
+    addr: IpAddr,
+    proto: L4Proto,
+    port: u16,
+) -> Option<(Arc<ServicePort>, &'static str)> {
+    let protocol = protocol_of(proto);
+    let in_family = |v: &ServiceView| -> Vec<Arc<ServicePort>> {
+        v.family(family)
+            .map(|f| f.ports.iter().map(|p| p.port.clone()).collect())
+            .unwrap_or_default()
+    };
+    for v in node.services_at(addr) {
+        for sp in in_family(&v) {
+            if sp.protocol != protocol || sp.port != port {
+                continue;
+            }
+            let kind = if sp.cluster_ip == addr {
+                "ClusterIP"
+            } else if sp.load_balancer_vips.contains(&addr) {
+                "LoadBalancer"
+            } else if sp.external_ips.contains(&addr) {
+                "ExternalIP"
+            } else {
+                continue;
+            };
+            return Some((sp, kind));
+        }
+    }
+    for v in node.services_at_node_port(family, port) {
+        for sp in in_family(&v) {
+            if sp.protocol == protocol && sp.node_port == Some(port) {
+                return Some((sp, "NodePort"));
+            }
+        }
+    }
+    None
+}
+
+/// Where a raw kernel count came from: its family, its set or chain, and
+/// the element's key or the rule's place.
+type Source = (IpFamily, &'static str, Vec<Value>);
+
+/// Keeps every count monotonic: a raw count lower than the last one read
+/// from the same place means the rule or element was written again, and
+/// what it had before is carried over.
+#[derive(Debug, Default)]
+struct Monotonic {
+    last: HashMap<Source, (u64, u64, u64, u64)>,
+}
+
+impl Monotonic {
+    /// The monotonic (packets, bytes) of `c` read at `src`; `seen` notes
+    /// the places read, so that the others can be forgotten.
+    fn read(&mut self, src: Source, c: Counter, seen: &mut BTreeSet<Source>) -> (u64, u64) {
+        let e = self.last.entry(src.clone()).or_insert((0, 0, 0, 0));
+        let (raw_p, raw_b, off_p, off_b) = *e;
+        let (off_p, off_b) = if c.packets < raw_p || c.bytes < raw_b {
+            (off_p + raw_p, off_b + raw_b)
+        } else {
+            (off_p, off_b)
+        };
+        *e = (c.packets, c.bytes, off_p, off_b);
+        seen.insert(src);
+        (off_p + c.packets, off_b + c.bytes)
+    }
+
+    fn forget_others(&mut self, seen: &BTreeSet<Source>) {
+        self.last.retain(|k, _| seen.contains(k));
+    }
+}
+
+/// Rejected and dropped connections, per Service port and reason, since
+/// verdict started, from the problem sets.
+#[derive(Debug, Default)]
+struct Problems {
+    /// The connections in the sets at the last reading, per set.
+    present: HashMap<(IpFamily, &'static str), BTreeSet<Vec<Value>>>,
+    /// Counted so far, per Service port and reason.
+    counts: BTreeMap<(IpFamily, ServicePortName, &'static str), Problem>,
+}
+
+/// One Service port's rejects or drops for one reason.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct Problem {
+    /// Connections, each counted once.
+    pub connections: u64,
+    /// The last few clients (address:port), newest last.
+    pub recent_clients: Vec<String>,
+}
+
+impl Problems {
+    /// Counts the connections of `set` (one family) not there at the last
+    /// reading.
+    fn read(
+        &mut self,
+        node: &NodeHandle,
+        family: IpFamily,
+        set: &'static str,
+        reason: &'static str,
+        keys: BTreeSet<Vec<Value>>,
+    ) {
+        let before = self.present.remove(&(family, set)).unwrap_or_default();
+        for key in keys.difference(&before) {
+            let [
+                Value::Addr(client),
+                Value::Addr(dst),
+                Value::Proto(proto),
+                Value::Port(sport),
+                Value::Port(dport),
+            ] = key.as_slice()
+            else {
+                continue;
+            };
+            let Some((sp, _)) = entry_owner(node, family, *dst, *proto, *dport) else {
+                continue;
+            };
+            let p = self
+                .counts
+                .entry((family, sp.name.clone(), reason))
+                .or_default();
+            p.connections += 1;
+            p.recent_clients.push(super::show_addr(*client, *sport));
+            if p.recent_clients.len() > RECENT {
+                p.recent_clients.remove(0);
+            }
+        }
+        self.present.insert((family, set), keys);
+    }
+
+    /// Forgets the Service ports that are gone.
+    fn forget_gone(&mut self, node: &NodeHandle) {
+        self.counts.retain(|(family, name, _), _| {
+            node.service(&name.service).is_some_and(|v| {
+                v.family(*family)
+                    .is_some_and(|f| f.ports.iter().any(|p| p.name == *name))
+            })
+        });
+    }
+}
+
+/// What the counters reader keeps between readings.
+#[derive(Debug, Default)]
+pub struct Counted {
+    monotonic: Monotonic,
+    problems: Problems,
+}
 
 #[derive(Default)]
 struct Families(BTreeMap<&'static str, BTreeMap<Labels, u64>>);
@@ -64,254 +264,209 @@ impl Families {
     }
 }
 
-fn port_labels(family: &str, port: &ServicePortName) -> Labels {
-    vec![
-        ("ip_family", family.to_owned()),
-        ("namespace", port.service.namespace.to_string()),
-        ("service", port.service.name.to_string()),
-        ("port", port.port.to_string()),
-    ]
-}
-
-/// Who owns what in one family, from the read model: the service port
-/// each wanted element belongs to, and the ports by name and by the
-/// comment the proxier writes on their elements.
-struct Index<'a> {
-    family: IpFamily,
-    owner: HashMap<(&'a str, &'a [Value]), &'a ServicePortName>,
-    ports: HashMap<&'a ServicePortName, &'a ServicePort>,
-    by_comment: HashMap<String, &'a ServicePortName>,
-}
-
-impl<'a> Index<'a> {
-    fn new(views: &'a [Arc<ServiceView>], family: IpFamily) -> Index<'a> {
-        let mut idx = Index {
-            family,
-            owner: HashMap::new(),
-            ports: HashMap::new(),
-            by_comment: HashMap::new(),
-        };
-        for (f, port) in views.iter().flat_map(|v| v.ports()) {
-            if f != family {
-                continue;
-            }
-            idx.ports.insert(&port.name, &port.port);
-            idx.by_comment.insert(port.name.to_string(), &port.name);
-            for e in port.intent.iter().flat_map(|i| &i.elements) {
-                let who = e.programmed_for.as_ref().unwrap_or(&port.name);
-                let slot = idx
-                    .owner
-                    .entry((e.set, e.element.key.as_slice()))
-                    .or_insert(who);
-                if who < *slot {
-                    *slot = who;
-                }
-            }
-        }
-        idx
-    }
-
-    /// The service port owning an element: the one that wants it, else
-    /// the one its comment names (an element verdict no longer wants).
-    fn owner(&self, set: &str, key: &[Value], table: &TableState) -> Option<ServicePortName> {
-        if let Some(o) = self.owner.get(&(set, key)) {
-            return Some((*o).clone());
-        }
-        let comment = table.sets.get(set)?.elements.get(key)?.comment.as_deref()?;
-        self.by_comment.get(comment).map(|n| (*n).clone())
-    }
-
-    fn port(&self, name: &ServicePortName) -> Option<&ServicePort> {
-        self.ports.get(name).copied()
-    }
-}
-
-fn entry_kind(sp: Option<&ServicePort>, addr: IpAddr) -> &'static str {
-    match sp {
-        Some(sp) if sp.cluster_ip == addr => "ClusterIP",
-        Some(sp) if sp.load_balancer_vips.contains(&addr) => "LoadBalancer",
-        Some(sp) if sp.external_ips.contains(&addr) => "ExternalIP",
-        _ => "unknown",
-    }
-}
-
-/// The entry point of a `service-traffic` key's address and port: a
-/// Service address, or a node address with the NodePort.
-fn traffic_entry(sp: Option<&ServicePort>, addr: IpAddr, port: u16) -> &'static str {
-    let Some(sp) = sp else { return "unknown" };
-    match entry_kind(Some(sp), addr) {
-        kind if port == sp.port && kind != "unknown" => kind,
-        _ if sp.node_port == Some(port) => "NodePort",
-        _ => "unknown",
-    }
-}
-
-fn addr_of(key: &[Value]) -> Option<IpAddr> {
-    match key.first() {
-        Some(Value::Addr(a)) => Some(*a),
-        _ => None,
-    }
-}
-
-/// The counters of one family's table.
-fn collect(p: &Index<'_>, t: &TableState, out: &mut Families) {
-    let family = match p.family {
-        verdict_model::IpFamily::V4 => "IPv4",
-        verdict_model::IpFamily::V6 => "IPv6",
-    };
-    let counters = |set: &str| t.sets.get(set).map(|s| &s.counters);
-    for (key, c) in counters(layout::SERVICE_IPS).into_iter().flatten() {
-        let (Some(port), Some(addr)) = (p.owner(layout::SERVICE_IPS, key, t), addr_of(key)) else {
-            continue;
-        };
-        let mut l = port_labels(family, &port);
-        l.push(("entry", entry_kind(p.port(&port), addr).into()));
-        l.push(("address", addr.to_string()));
-        out.add(SERVICE_CONNECTIONS, l, c.packets);
-    }
-    for (key, c) in counters(layout::SERVICE_NODEPORTS).into_iter().flatten() {
-        let Some(port) = p.owner(layout::SERVICE_NODEPORTS, key, t) else {
-            continue;
-        };
-        let mut l = port_labels(family, &port);
-        l.push(("entry", "NodePort".into()));
-        l.push(("address", String::new()));
-        out.add(SERVICE_CONNECTIONS, l, c.packets);
-    }
-    for set in [
-        layout::SERVICE_ENDPOINTS_TCP,
-        layout::SERVICE_ENDPOINTS_UDP,
-        layout::SERVICE_ENDPOINTS_SCTP,
-    ] {
-        let elements = t.sets.get(set).map(|s| &s.elements);
-        for (key, c) in counters(set).into_iter().flatten() {
-            let target = elements
-                .and_then(|e| e.get(key))
-                .and_then(|e| match &e.value {
-                    Some(ElementValue::Data(d)) => match d.as_slice() {
-                        [Value::Addr(a), Value::Port(port)] => Some((*a, *port)),
-                        _ => None,
-                    },
-                    _ => None,
-                });
-            let (Some(port), Some((a, ep_port))) = (p.owner(set, key, t), target) else {
-                continue;
-            };
-            let mut l = port_labels(family, &port);
-            l.push(("endpoint", super::show_addr(a, ep_port)));
-            out.add(ENDPOINT_CONNECTIONS, l, c.packets);
-        }
-    }
-    for set in [layout::NO_ENDPOINT_SERVICES, layout::NO_ENDPOINT_NODEPORTS] {
-        let elements = t.sets.get(set).map(|s| &s.elements);
-        for (key, c) in counters(set).into_iter().flatten() {
-            let Some(port) = p.owner(set, key, t) else {
-                continue;
-            };
-            let drop = elements
-                .and_then(|e| e.get(key))
-                .is_some_and(|e| e.value == Some(ElementValue::Verdict(Verdict::Drop)));
-            let mut l = port_labels(family, &port);
-            if drop {
-                l.push(("reason", "no-local-endpoints".into()));
-                out.add(SERVICE_DROPPED, l, c.packets);
-            } else {
-                out.add(SERVICE_REJECTED, l, c.packets);
-            }
-        }
-    }
-    // Packets and bytes, per entry point and per endpoint.
-    for (key, c) in counters(layout::SERVICE_TRAFFIC).into_iter().flatten() {
-        let Some(port) = p.owner(layout::SERVICE_TRAFFIC, key, t) else {
-            continue;
-        };
-        let [
-            Value::Addr(entry),
-            _,
-            Value::Port(entry_port),
-            Value::Addr(ep),
-            Value::Port(ep_port),
-        ] = key.as_slice()
-        else {
-            continue;
-        };
-        let sp = p.port(&port);
-        let mut l = port_labels(family, &port);
-        l.push(("entry", traffic_entry(sp, *entry, *entry_port).into()));
-        l.push(("address", entry.to_string()));
-        out.add(SERVICE_PACKETS, l.clone(), c.packets);
-        out.add(SERVICE_BYTES, l, c.bytes);
-        let mut l = port_labels(family, &port);
-        l.push(("endpoint", super::show_addr(*ep, *ep_port)));
-        out.add(ENDPOINT_PACKETS, l.clone(), c.packets);
-        out.add(ENDPOINT_BYTES, l, c.bytes);
-    }
-    // What cluster-ips-check rejects and drops belongs to no Service: the
-    // rules' own counters, for the node.
-    if let Some(c) = t.chains.get(layout::CLUSTER_IPS_CHECK) {
-        for (i, counter) in &c.counters {
-            let name = match c.rules.get(*i).and_then(|r| r.comment.as_deref()) {
-                Some(layout::INVALID_PORT_COMMENT) => CLUSTER_IP_REJECTED,
-                Some(layout::UNALLOCATED_COMMENT) => CLUSTER_IP_DROPPED,
-                _ => continue,
-            };
-            out.add(
-                name,
-                vec![("ip_family", family.to_owned())],
-                counter.packets,
-            );
-        }
-    }
-    // Firewalled destinations: what did not reach `service-ips` was dropped.
-    let accepted = counters(layout::SERVICE_IPS);
-    for (key, c) in counters(layout::FIREWALL_IPS).into_iter().flatten() {
-        let Some(port) = p.owner(layout::SERVICE_IPS, key, t) else {
-            continue;
-        };
-        let passed = accepted.and_then(|a| a.get(key)).map_or(0, |a| a.packets);
-        let mut l = port_labels(family, &port);
-        l.push(("reason", "source-ranges".into()));
-        out.add(SERVICE_DROPPED, l, c.packets.saturating_sub(passed));
-    }
-}
-
-fn escape(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
-}
-
 /// One reading of every family's counters.
 #[derive(Default)]
 pub struct Snapshot {
     families: Families,
+    /// Every Service port with rejects or drops, and what.
+    problems: Vec<(IpFamily, ServicePortName, &'static str, Problem)>,
+}
+
+/// The rule counters of `chain`, with the place of each.
+fn rule_counters<'t>(
+    t: &'t TableState,
+    chain: &'static str,
+) -> impl Iterator<Item = (usize, &'t verdict_nft::Rule, Counter)> + 't {
+    t.chains.get(chain).into_iter().flat_map(|c| {
+        c.counters
+            .iter()
+            .filter_map(|(i, counter)| c.rules.get(*i).map(|r| (*i, r, *counter)))
+    })
+}
+
+impl Counted {
+    /// Reads one family's table (its chains' rules with their counters,
+    /// and the sets of [`READ_SETS`] with their elements).
+    fn collect(
+        &mut self,
+        node: &NodeHandle,
+        family: IpFamily,
+        t: &TableState,
+        seen: &mut BTreeSet<Source>,
+        out: &mut Families,
+    ) {
+        let fam = || vec![("ip_family", family_label(family).to_owned())];
+        let mono = &mut self.monotonic;
+        // The node's connections: one counter in each NAT chain after DNAT.
+        for chain in [layout::NAT_POSTROUTING, layout::NAT_INPUT] {
+            for (i, r, c) in rule_counters(t, chain) {
+                if r.exprs.first() == Some(&verdict_nft::Expr::CtStatusDnat) {
+                    let (n, _) = mono.read((family, chain, vec![Value::Int(i as u32)]), c, seen);
+                    out.add(CONNECTIONS, fam(), n);
+                }
+            }
+        }
+        // Rejects and drops: a new connection's counter, and the one
+        // counting per packet once the set is full.
+        for (chain, metric, reason) in [
+            (layout::REJECT_CHAIN, REJECTED, "no_endpoints"),
+            (layout::DROP_SOURCE_RANGE, DROPPED, "source_range"),
+            (layout::DROP_NO_LOCAL_ENDPOINT, DROPPED, "no_local_endpoint"),
+            (layout::DROP_UNALLOCATED, DROPPED, "unallocated_cluster_ip"),
+        ] {
+            let mut l = fam();
+            l.push(("reason", reason.to_owned()));
+            out.add(metric, l.clone(), 0);
+            for (i, _, c) in rule_counters(t, chain) {
+                let (n, _) = mono.read((family, chain, vec![Value::Int(i as u32)]), c, seen);
+                out.add(metric, l.clone(), n);
+            }
+        }
+        for (i, r, c) in rule_counters(t, layout::CLUSTER_IPS_CHECK) {
+            if r.comment.as_deref() == Some(layout::INVALID_PORT_COMMENT) {
+                let src = (
+                    family,
+                    layout::CLUSTER_IPS_CHECK,
+                    vec![Value::Int(i as u32)],
+                );
+                let (n, _) = mono.read(src, c, seen);
+                let mut l = fam();
+                l.push(("reason", "invalid_port".to_owned()));
+                out.add(REJECTED, l, n);
+            }
+        }
+        // The chosen Services' elements.
+        let counters = |set: &str| t.sets.get(set).map(|s| &s.counters).into_iter().flatten();
+        for (key, c) in counters(layout::SERVICE_CONNECTIONS) {
+            let [Value::Addr(a), Value::Proto(p), Value::Port(port)] = key.as_slice() else {
+                continue;
+            };
+            let Some((sp, kind)) = entry_owner(node, family, *a, *p, *port) else {
+                continue;
+            };
+            let (n, _) = mono.read((family, layout::SERVICE_CONNECTIONS, key.clone()), *c, seen);
+            let mut l = port_labels(family, &sp.name);
+            l.push(("entry", kind.into()));
+            l.push(("address", a.to_string()));
+            out.add(SERVICE_CONNECTIONS, l, n);
+        }
+        for set in [layout::ENDPOINT_CONNECTIONS, layout::SERVICE_TRAFFIC] {
+            for (key, c) in counters(set) {
+                let [
+                    Value::Addr(a),
+                    Value::Proto(p),
+                    Value::Port(port),
+                    Value::Addr(ep),
+                    Value::Port(ep_port),
+                ] = key.as_slice()
+                else {
+                    continue;
+                };
+                let Some((sp, kind)) = entry_owner(node, family, *a, *p, *port) else {
+                    continue;
+                };
+                let (packets, bytes) = mono.read((family, set, key.clone()), *c, seen);
+                let endpoint = super::show_addr(*ep, *ep_port);
+                let mut per_endpoint = port_labels(family, &sp.name);
+                per_endpoint.push(("endpoint", endpoint));
+                if set == layout::ENDPOINT_CONNECTIONS {
+                    out.add(ENDPOINT_CONNECTIONS, per_endpoint, packets);
+                    continue;
+                }
+                let mut per_entry = port_labels(family, &sp.name);
+                per_entry.push(("entry", kind.into()));
+                per_entry.push(("address", a.to_string()));
+                out.add(SERVICE_PACKETS, per_entry.clone(), packets);
+                out.add(SERVICE_BYTES, per_entry, bytes);
+                if sp.counting == Counting::Endpoint {
+                    out.add(ENDPOINT_PACKETS, per_endpoint.clone(), packets);
+                    out.add(ENDPOINT_BYTES, per_endpoint, bytes);
+                }
+            }
+        }
+        // Rejected and dropped connections, for every Service.
+        for (set, reason) in layout::PROBLEMS {
+            let keys = t
+                .sets
+                .get(set)
+                .map(|s| s.elements.keys().cloned().collect())
+                .unwrap_or_default();
+            self.problems.read(node, family, set, reason, keys);
+        }
+    }
 }
 
 impl Snapshot {
-    /// Reads the counters of each family's table (`None`: not read),
-    /// attributed to the Services of the read model.
-    pub fn of(handle: &NodeHandle, tables: &[(IpFamily, Option<&TableState>)]) -> Snapshot {
-        let views = handle.all_services();
+    /// Reads the counters of each family's table (`None`: not read; its
+    /// problem sets are kept as they were), attributed to the Services of
+    /// the read model, carrying `state` over from the last reading.
+    pub fn of(
+        handle: &NodeHandle,
+        tables: &[(IpFamily, Option<&TableState>)],
+        state: &mut Counted,
+    ) -> Snapshot {
         let mut families = Families::default();
+        let mut seen = BTreeSet::new();
         for (f, t) in tables {
             if let Some(t) = t {
-                collect(&Index::new(&views, *f), t, &mut families);
+                state.collect(handle, *f, t, &mut seen, &mut families);
             }
         }
-        Snapshot { families }
+        state.monotonic.forget_others(&seen);
+        state.problems.forget_gone(handle);
+        let mut problems = Vec::new();
+        for ((family, name, reason), p) in &state.problems.counts {
+            problems.push((*family, name.clone(), *reason, p.clone()));
+            let counted = handle
+                .service(&name.service)
+                .and_then(|v| {
+                    v.family(*family)
+                        .and_then(|f| f.ports.iter().find(|x| x.name == *name))
+                        .map(|x| x.port.counting)
+                })
+                .unwrap_or(Counting::None);
+            if counted == Counting::None {
+                continue;
+            }
+            let mut l = port_labels(*family, name);
+            if *reason == "no_endpoints" {
+                families.add(SERVICE_REJECTED, l, p.connections);
+            } else {
+                l.push(("reason", (*reason).to_owned()));
+                families.add(SERVICE_DROPPED, l, p.connections);
+            }
+        }
+        Snapshot { families, problems }
     }
 
-    /// The counters in Prometheus' text format.
-    pub fn exposition(&self) -> String {
+    /// How many series the exposition holds.
+    pub fn series(&self) -> usize {
+        self.families.0.values().map(BTreeMap::len).sum()
+    }
+
+    /// The counters in Prometheus' text format, written to `out`.
+    pub fn write(&self, out: &mut dyn std::fmt::Write) -> std::fmt::Result {
         let help = |name: &str| match name {
+            CONNECTIONS => {
+                "New connections sent to an endpoint of a Service, counted by the kernel"
+            }
+            REJECTED => {
+                "New connections rejected, by reason (no_endpoints: the Service has no usable endpoint; invalid_port: a ClusterIP on a port no Service has), each once"
+            }
+            DROPPED => {
+                "New connections dropped, by reason (source_range: outside loadBalancerSourceRanges; no_local_endpoint: a Local traffic policy and no local endpoint; unallocated_cluster_ip), each once however often it is retried"
+            }
             SERVICE_CONNECTIONS => {
-                "New connections to a Service port, per entry point (ClusterIP, ExternalIP, LoadBalancer, NodePort), counted by the kernel"
+                "New connections of a Service port sent to an endpoint, per entry point (ClusterIP, ExternalIP, LoadBalancer, NodePort), counted by the kernel"
             }
             ENDPOINT_CONNECTIONS => {
                 "New connections sent to an endpoint of a Service port, counted by the kernel"
             }
             SERVICE_REJECTED => {
-                "New connections rejected because the Service port has no usable endpoint"
+                "New connections rejected because the Service port has no usable endpoint, each once"
+            }
+            SERVICE_DROPPED => {
+                "New connections to a Service port dropped, by reason, each once however often it is retried"
             }
             SERVICE_PACKETS => {
                 "Packets of a Service port's connections, both directions, per entry point, counted by the kernel"
@@ -322,37 +477,39 @@ impl Snapshot {
             ENDPOINT_PACKETS => {
                 "Packets of the connections sent to an endpoint of a Service port, both directions, counted by the kernel"
             }
-            ENDPOINT_BYTES => {
+            _ => {
                 "Bytes of the connections sent to an endpoint of a Service port, both directions, counted by the kernel"
             }
-            CLUSTER_IP_REJECTED => {
-                "New connections to a ClusterIP on a port no Service has, rejected, counted by the kernel"
-            }
-            CLUSTER_IP_DROPPED => {
-                "New connections to an address of the service CIDRs that no Service has, dropped, counted by the kernel"
-            }
-            _ => {
-                "New connections dropped: no local endpoint with a Local traffic policy, or a source outside loadBalancerSourceRanges"
-            }
         };
-        let mut out = String::new();
         for (name, series) in &self.families.0 {
-            let _ = writeln!(out, "# HELP {name} [ALPHA] {}", help(name));
-            let _ = writeln!(out, "# TYPE {name} counter");
+            writeln!(out, "# HELP {name} [ALPHA] {}", help(name))?;
+            writeln!(out, "# TYPE {name} counter")?;
             for (labels, v) in series {
-                let l: Vec<String> = labels
-                    .iter()
-                    .map(|(k, v)| format!("{k}=\"{}\"", escape(v)))
-                    .collect();
-                let _ = writeln!(out, "{name}{{{}}} {v}", l.join(","));
+                out.write_str(name)?;
+                out.write_char('{')?;
+                for (i, (k, val)) in labels.iter().enumerate() {
+                    if i > 0 {
+                        out.write_char(',')?;
+                    }
+                    write!(out, "{k}=\"{}\"", escape(val))?;
+                }
+                writeln!(out, "}} {v}")?;
             }
         }
+        Ok(())
+    }
+
+    /// The counters in Prometheus' text format.
+    pub fn exposition(&self) -> String {
+        let mut out = String::new();
+        let _ = self.write(&mut out);
         out
     }
 
-    /// `GET /api/v1/counters`: per Service, its new connections, rejects
-    /// and drops (all ports and families together); with `service`
-    /// (`namespace/name`), every series of that Service.
+    /// `GET /api/v1/counters`: the node's totals, per Service its
+    /// connections, packets and bytes (the Services counted), rejects and
+    /// drops (every Service that had any), and the problems; with
+    /// `service` (`namespace/name`), that Service's series and problems.
     pub fn json(&self, service: Option<(&str, &str)>) -> Json {
         let label = |l: &Labels, k: &str| {
             l.iter()
@@ -360,6 +517,25 @@ impl Snapshot {
                 .map(|(_, v)| v.clone())
                 .unwrap_or_default()
         };
+        let problems: Vec<Json> = self
+            .problems
+            .iter()
+            .filter(|(_, name, _, _)| {
+                service.is_none_or(|(ns, n)| {
+                    name.service.namespace.as_str() == ns && name.service.name.as_str() == n
+                })
+            })
+            .map(|(family, name, reason, p)| {
+                json!({
+                    "ip_family": family_label(*family),
+                    "service": name.service.to_string(),
+                    "port": name.port.to_string(),
+                    "reason": reason,
+                    "connections": p.connections,
+                    "recent_clients": p.recent_clients,
+                })
+            })
+            .collect();
         if let Some((ns, name)) = service {
             let mut series = Vec::new();
             for (family, s) in &self.families.0 {
@@ -375,14 +551,12 @@ impl Snapshot {
                     }
                 }
             }
-            return json!({"service": format!("{ns}/{name}"), "series": series});
+            return json!({"service": format!("{ns}/{name}"), "series": series, "problems": problems});
         }
         let mut totals: BTreeMap<String, [u64; 5]> = BTreeMap::new();
         for (family, s) in &self.families.0 {
             let slot = match *family {
                 SERVICE_CONNECTIONS => 0,
-                SERVICE_REJECTED => 1,
-                SERVICE_DROPPED => 2,
                 SERVICE_PACKETS => 3,
                 SERVICE_BYTES => 4,
                 _ => continue,
@@ -396,6 +570,10 @@ impl Snapshot {
                 totals.entry(key).or_default()[slot] += v;
             }
         }
+        for (_, name, reason, p) in &self.problems {
+            let slot = if *reason == "no_endpoints" { 1 } else { 2 };
+            totals.entry(name.service.to_string()).or_default()[slot] += p.connections;
+        }
         let services: serde_json::Map<String, Json> = totals
             .into_iter()
             .map(|(k, [c, r, d, packets, bytes])| {
@@ -404,8 +582,32 @@ impl Snapshot {
                 (k, doc)
             })
             .collect();
-        json!({"services": services})
+        let mut node = serde_json::Map::new();
+        for name in [CONNECTIONS, REJECTED, DROPPED] {
+            for (labels, v) in self.families.0.get(name).into_iter().flatten() {
+                let f = label(labels, "ip_family");
+                let entry = node.entry(f).or_insert_with(|| json!({}));
+                let reason = label(labels, "reason");
+                let field = match name {
+                    CONNECTIONS => "connections",
+                    REJECTED => "rejected",
+                    _ => "dropped",
+                };
+                if reason.is_empty() {
+                    entry[field] = json!(v);
+                } else {
+                    entry[field][reason] = json!(v);
+                }
+            }
+        }
+        json!({"node": node, "services": services, "problems": problems})
     }
+}
+
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
 #[cfg(test)]
@@ -413,191 +615,215 @@ mod tests {
     use super::*;
     use std::time::Instant;
     use verdict_conformance::{ServiceExt, SliceExt, TCP, slice, svc};
-    use verdict_model::IpFamily;
-    use verdict_nft::{Counter, Family, MemoryBackend};
+    use verdict_model::MetricsSelection;
+    use verdict_nft::{Element, Family, MemoryBackend};
     use verdict_proxier::{LocalDetector, Proxier, ProxierConfig};
 
-    #[test]
-    fn element_counters_become_per_service_and_per_endpoint_series() {
+    /// `shop/web` (counted per endpoint: the selection names `shop`),
+    /// `shop/empty` (no endpoints) and `other/lb` (not counted, source
+    /// ranges), synced into memory.
+    fn node() -> (Proxier, TableState) {
         let mut c = ProxierConfig::new(IpFamily::V4, "n");
         c.local_detector = LocalDetector::Cidr("10.0.0.0/8".parse().unwrap());
+        c.metrics = MetricsSelection {
+            level: Counting::Endpoint,
+            namespaces: vec!["shop".into()],
+            ..MetricsSelection::default()
+        };
         let mut p = Proxier::new(c).unwrap();
-        let lb = svc("ns", "web")
+        let web = svc("shop", "web")
             .cluster_ip("172.30.0.41")
+            .port("http", TCP, 80, 0);
+        let empty = svc("shop", "empty")
+            .cluster_ip("172.30.0.43")
+            .port("http", TCP, 80, 0);
+        let lb = svc("other", "lb")
+            .cluster_ip("172.30.0.51")
             .port("http", TCP, 80, 0)
             .lb(&["5.6.7.8"])
             .source_ranges(&["203.0.113.0/25"]);
-        p.on_service(None, Some(&lb));
-        p.on_service(
-            None,
-            Some(
-                &svc("ns", "empty")
-                    .cluster_ip("172.30.0.43")
-                    .port("http", TCP, 80, 0),
-            ),
-        );
-        p.on_endpoint_slice(
-            &slice("ns", "web", "w")
-                .port("http", TCP, 80)
-                .ep("10.180.0.1", "n")
-                .ep("10.180.0.2", "m"),
-            false,
-        );
+        for s in [&web, &empty, &lb] {
+            p.on_service(None, Some(s));
+        }
+        for (ns, name) in [("shop", "web"), ("other", "lb")] {
+            p.on_endpoint_slice(
+                &slice(ns, name, "s")
+                    .port("http", TCP, 80)
+                    .ep("10.180.0.1", "n")
+                    .ep("10.180.0.2", "m"),
+                false,
+            );
+        }
         let mut nft = MemoryBackend::new();
         p.sync(&mut nft, Instant::now()).unwrap();
-        let mut t = nft.get(Family::Ip, "verdict").unwrap().clone();
-        // What the kernel would have counted: 7 connections to the
-        // ClusterIP, 3 to the VIP (plus 2 the source ranges dropped), 4
-        // and 6 per endpoint, 5 rejects.
-        let mut count = |set: &str, key: Vec<Value>, n: u64| {
-            let s = t.sets.get_mut(set).unwrap();
-            assert!(s.elements.contains_key(&key), "{set}: {key:?}");
-            s.counters.insert(
-                key,
-                Counter {
-                    packets: n,
-                    bytes: 60 * n,
-                },
-            );
-        };
-        let a = |s: &str| Value::Addr(s.parse().unwrap());
-        let tcp = Value::Proto(verdict_nft::L4Proto::Tcp);
-        count(
-            layout::SERVICE_IPS,
-            vec![a("172.30.0.41"), tcp, Value::Port(80)],
-            7,
-        );
-        count(
-            layout::SERVICE_IPS,
-            vec![a("5.6.7.8"), tcp, Value::Port(80)],
-            3,
-        );
-        count(
-            layout::FIREWALL_IPS,
-            vec![a("5.6.7.8"), tcp, Value::Port(80)],
-            5,
-        );
-        for (entry, slot, n) in [
-            ("172.30.0.41", 0, 4),
-            ("172.30.0.41", 1, 3),
-            ("5.6.7.8", 1, 3),
-        ] {
-            count(
-                layout::SERVICE_ENDPOINTS_TCP,
-                vec![a(entry), Value::Port(80), Value::Int(slot)],
-                n,
-            );
-        }
-        count(
-            layout::NO_ENDPOINT_SERVICES,
-            vec![a("172.30.0.43"), tcp, Value::Port(80)],
-            5,
-        );
-        // Every packet of those connections, both ways: 60 bytes each.
-        for (entry, ep, n) in [
-            ("172.30.0.41", "10.180.0.1", 40),
-            ("172.30.0.41", "10.180.0.2", 30),
-            ("5.6.7.8", "10.180.0.2", 20),
-        ] {
-            count(
-                layout::SERVICE_TRAFFIC,
-                vec![a(entry), tcp, Value::Port(80), a(ep), Value::Port(80)],
-                n,
-            );
-        }
-        // Rejected at a port no Service has, dropped at an unallocated
-        // address: the node's, not a Service's.
-        let check = t.chains.get_mut(layout::CLUSTER_IPS_CHECK).unwrap();
-        let at = |comment: &str| {
-            check
-                .rules
-                .iter()
-                .position(|r| r.comment.as_deref() == Some(comment))
-        };
-        let reject = at(layout::INVALID_PORT_COMMENT).expect("the invalid-port rule");
-        assert!(
-            check.rules[reject]
-                .exprs
-                .contains(&verdict_nft::Expr::Counter)
-        );
-        check.counters.insert(
-            reject,
+        let t = nft.get(Family::Ip, "verdict").unwrap().clone();
+        (p, t)
+    }
+
+    fn a(s: &str) -> Value {
+        Value::Addr(s.parse().unwrap())
+    }
+
+    const TCP_: Value = Value::Proto(L4Proto::Tcp);
+
+    fn count(t: &mut TableState, set: &str, key: Vec<Value>, packets: u64) {
+        let s = t.sets.get_mut(set).unwrap();
+        assert!(s.elements.contains_key(&key), "{set} has no {key:?}");
+        s.counters.insert(
+            key,
             Counter {
-                packets: 9,
-                bytes: 540,
+                packets,
+                bytes: 60 * packets,
             },
         );
-        let handle = NodeHandle::of_proxiers(&[&p], &[]);
-        let text = Snapshot::of(&handle, &[(IpFamily::V4, Some(&t))]).exposition();
-        assert!(
-            text.lines()
-                .any(|l| l == "verdict_cluster_ip_rejected_total{ip_family=\"IPv4\"} 9"),
-            "{text}"
-        );
-        let has = |line: &str| assert!(text.lines().any(|l| l == line), "{line}\n{text}");
-        let base = "ip_family=\"IPv4\",namespace=\"ns\",service=\"web\",port=\"http\"";
-        has(&format!(
-            "verdict_service_connections_total{{{base},entry=\"ClusterIP\",address=\"172.30.0.41\"}} 7"
-        ));
-        has(&format!(
-            "verdict_service_connections_total{{{base},entry=\"LoadBalancer\",address=\"5.6.7.8\"}} 3"
-        ));
-        has(&format!(
-            "verdict_endpoint_connections_total{{{base},endpoint=\"10.180.0.1:80\"}} 4"
-        ));
-        has(&format!(
-            "verdict_endpoint_connections_total{{{base},endpoint=\"10.180.0.2:80\"}} 6"
-        ));
-        has(&format!(
-            "verdict_service_dropped_total{{{base},reason=\"source-ranges\"}} 2"
-        ));
-        has(
-            "verdict_service_rejected_total{ip_family=\"IPv4\",namespace=\"ns\",service=\"empty\",port=\"http\"} 5",
-        );
-        has(&format!(
-            "verdict_service_packets_total{{{base},entry=\"ClusterIP\",address=\"172.30.0.41\"}} 70"
-        ));
-        has(&format!(
-            "verdict_service_bytes_total{{{base},entry=\"LoadBalancer\",address=\"5.6.7.8\"}} 1200"
-        ));
-        has(&format!(
-            "verdict_endpoint_packets_total{{{base},endpoint=\"10.180.0.2:80\"}} 50"
-        ));
-        has(&format!(
-            "verdict_endpoint_bytes_total{{{base},endpoint=\"10.180.0.1:80\"}} 2400"
-        ));
-        assert!(text.contains("# TYPE verdict_service_connections_total counter"));
-        assert_eq!(
-            Snapshot::of(&handle, &[(IpFamily::V4, None)]).exposition(),
-            "",
-            "no table, no series"
-        );
-        let snap = Snapshot::of(&handle, &[(IpFamily::V4, Some(&t))]);
-        let all = snap.json(None);
-        assert_eq!(all["services"]["ns/web"]["connections"], 10);
-        assert_eq!(all["services"]["ns/web"]["dropped"], 2);
-        assert_eq!(all["services"]["ns/web"]["packets"], 90);
-        assert_eq!(all["services"]["ns/web"]["bytes"], 5400);
-        assert_eq!(all["services"]["ns/empty"]["rejected"], 5);
-        let one = snap.json(Some(("ns", "web")));
-        let series = one["series"].as_array().unwrap();
-        assert!(series.iter().any(|s| s["metric"] == ENDPOINT_CONNECTIONS
-            && s["endpoint"] == "10.180.0.2:80"
-            && s["value"] == 6));
-        assert!(series.iter().all(|s| s["service"] == "web"));
+    }
 
-        // A NodePort's traffic is keyed by the node's address and the
-        // NodePort.
-        let (_, web) = p
-            .service_ports()
-            .iter()
-            .find(|(k, _)| k.service.name.as_str() == "web")
-            .unwrap();
-        let mut np = web.clone();
-        std::sync::Arc::make_mut(&mut np).node_port = Some(30080);
-        let node: IpAddr = "192.168.0.2".parse().unwrap();
-        assert_eq!(traffic_entry(Some(&*np), node, 30080), "NodePort");
-        assert_eq!(traffic_entry(Some(&*np), np.cluster_ip, 80), "ClusterIP");
-        assert_eq!(traffic_entry(Some(&*np), node, 80), "unknown");
+    fn rule_count(t: &mut TableState, chain: &str, rule: usize, packets: u64) {
+        let c = t.chains.get_mut(chain).unwrap();
+        assert!(rule < c.rules.len(), "{chain} has no rule {rule}");
+        c.counters.insert(rule, Counter { packets, bytes: 0 });
+    }
+
+    /// A connection remembered by a problem set: client 203.0.113.9:port
+    /// to `dst`:80.
+    fn problem(t: &mut TableState, set: &str, dst: &str, client_port: u16) {
+        let key = vec![
+            a("203.0.113.9"),
+            a(dst),
+            TCP_,
+            Value::Port(client_port),
+            Value::Port(80),
+        ];
+        t.sets
+            .get_mut(set)
+            .unwrap()
+            .elements
+            .insert(key.clone(), Element::key(key));
+    }
+
+    fn has(text: &str, line: &str) {
+        assert!(text.lines().any(|l| l == line), "{line}\n{text}");
+    }
+
+    #[test]
+    fn only_the_chosen_services_get_series_and_the_node_its_totals() {
+        let (p, mut t) = node();
+        let handle = NodeHandle::of_proxiers(&[&p], &[]);
+        // The chosen Service's elements are there; the other's are not.
+        let web = vec![a("172.30.0.41"), TCP_, Value::Port(80)];
+        count(&mut t, layout::SERVICE_CONNECTIONS, web.clone(), 7);
+        assert!(
+            !t.sets[layout::SERVICE_CONNECTIONS]
+                .elements
+                .contains_key(&vec![a("172.30.0.51"), TCP_, Value::Port(80)]),
+            "other/lb is not counted per Service"
+        );
+        for (ep, n) in [("10.180.0.1", 4), ("10.180.0.2", 3)] {
+            let mut key = web.clone();
+            key.extend([a(ep), Value::Port(80)]);
+            count(&mut t, layout::ENDPOINT_CONNECTIONS, key.clone(), n);
+            count(&mut t, layout::SERVICE_TRAFFIC, key, 10 * n);
+        }
+        // The node's: 12 connections (7 of them web's), one reject.
+        rule_count(&mut t, layout::NAT_POSTROUTING, 0, 12);
+        rule_count(&mut t, layout::REJECT_CHAIN, 1, 1);
+        problem(&mut t, layout::REJECTED_CONNECTIONS, "172.30.0.43", 40001);
+        // Two drops by other/lb's source ranges: attributed, not exported.
+        rule_count(&mut t, layout::DROP_SOURCE_RANGE, 1, 2);
+        problem(&mut t, layout::DROPPED_SOURCE_RANGE, "5.6.7.8", 40002);
+        problem(&mut t, layout::DROPPED_SOURCE_RANGE, "5.6.7.8", 40003);
+
+        let mut state = Counted::default();
+        let snap = Snapshot::of(&handle, &[(IpFamily::V4, Some(&t))], &mut state);
+        let text = snap.exposition();
+        has(&text, "verdict_connections_total{ip_family=\"IPv4\"} 12");
+        has(
+            &text,
+            "verdict_rejected_total{ip_family=\"IPv4\",reason=\"no_endpoints\"} 1",
+        );
+        has(
+            &text,
+            "verdict_dropped_total{ip_family=\"IPv4\",reason=\"source_range\"} 2",
+        );
+        has(
+            &text,
+            "verdict_dropped_total{ip_family=\"IPv4\",reason=\"no_local_endpoint\"} 0",
+        );
+        let base = "ip_family=\"IPv4\",namespace=\"shop\",service=\"web\",port=\"http\"";
+        has(
+            &text,
+            &format!(
+                "verdict_service_connections_total{{{base},entry=\"ClusterIP\",address=\"172.30.0.41\"}} 7"
+            ),
+        );
+        has(
+            &text,
+            &format!("verdict_endpoint_connections_total{{{base},endpoint=\"10.180.0.1:80\"}} 4"),
+        );
+        has(
+            &text,
+            &format!(
+                "verdict_service_packets_total{{{base},entry=\"ClusterIP\",address=\"172.30.0.41\"}} 70"
+            ),
+        );
+        has(
+            &text,
+            &format!("verdict_endpoint_bytes_total{{{base},endpoint=\"10.180.0.2:80\"}} 1800"),
+        );
+        has(
+            &text,
+            "verdict_service_rejected_total{ip_family=\"IPv4\",namespace=\"shop\",service=\"empty\",port=\"http\"} 1",
+        );
+        assert!(!text.contains("namespace=\"other\""), "{text}");
+        // The API shows other/lb's drops all the same.
+        let all = snap.json(None);
+        assert_eq!(all["services"]["other/lb"]["dropped"], 2, "{all:#}");
+        assert_eq!(all["services"]["shop/empty"]["rejected"], 1);
+        assert_eq!(all["services"]["shop/web"]["connections"], 7);
+        assert_eq!(all["node"]["IPv4"]["connections"], 12);
+        assert_eq!(all["node"]["IPv4"]["dropped"]["source_range"], 2);
+        let lb = snap.json(Some(("other", "lb")));
+        let problems = lb["problems"].as_array().unwrap();
+        assert_eq!(problems.len(), 1, "{lb:#}");
+        assert_eq!(problems[0]["reason"], "source_range");
+        assert_eq!(
+            problems[0]["recent_clients"],
+            json!(["203.0.113.9:40002", "203.0.113.9:40003"])
+        );
+        assert!(snap.series() < 30, "{} series", snap.series());
+    }
+
+    #[test]
+    fn counts_stay_monotonic_and_each_connection_counts_once() {
+        let (p, mut t) = node();
+        let handle = NodeHandle::of_proxiers(&[&p], &[]);
+        let web = vec![a("172.30.0.41"), TCP_, Value::Port(80)];
+        let mut state = Counted::default();
+        let read = |t: &TableState, state: &mut Counted| {
+            Snapshot::of(&handle, &[(IpFamily::V4, Some(t))], state).json(None)
+        };
+        count(&mut t, layout::SERVICE_CONNECTIONS, web.clone(), 7);
+        rule_count(&mut t, layout::NAT_POSTROUTING, 0, 7);
+        problem(&mut t, layout::REJECTED_CONNECTIONS, "172.30.0.43", 40001);
+        let first = read(&t, &mut state);
+        assert_eq!(first["services"]["shop/web"]["connections"], 7);
+        // The table is written again (a repair): the kernel starts from
+        // zero; 2 more connections. The reject is still remembered by the
+        // kernel: not counted twice. A second one is new.
+        count(&mut t, layout::SERVICE_CONNECTIONS, web, 2);
+        rule_count(&mut t, layout::NAT_POSTROUTING, 0, 2);
+        problem(&mut t, layout::REJECTED_CONNECTIONS, "172.30.0.43", 40005);
+        let second = read(&t, &mut state);
+        assert_eq!(second["services"]["shop/web"]["connections"], 9);
+        assert_eq!(second["node"]["IPv4"]["connections"], 9);
+        assert_eq!(second["services"]["shop/empty"]["rejected"], 2);
+        // Both forgotten by the kernel, nothing new: counts stay.
+        t.sets
+            .get_mut(layout::REJECTED_CONNECTIONS)
+            .unwrap()
+            .elements
+            .clear();
+        let third = read(&t, &mut state);
+        assert_eq!(third["services"]["shop/empty"]["rejected"], 2);
     }
 }

@@ -112,8 +112,12 @@ pub struct Kernel {
 /// How much of a table an answer reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Reading {
-    /// Every element (drift, counters, `explain --full`).
+    /// Every element (drift, `explain --full`).
     Whole,
+    /// The chains and rules with their counters, and the elements of the
+    /// few sets that count ([`counters::READ_SETS`]): what `/metrics`
+    /// reads, whatever the number of Services.
+    Counters,
     /// The chains, rules and set definitions, then only the elements the
     /// answer looks up (`trace`, `explain`).
     Targeted,
@@ -191,6 +195,34 @@ impl Kernel {
     ) -> Result<Kernel, NftError> {
         let t = Instant::now();
         let table = backend.table(family, name)?;
+        Ok(Kernel {
+            table,
+            lookups: None,
+            source,
+            read: t.elapsed(),
+        })
+    }
+
+    /// Reads table `family` `name` without its elements, then the
+    /// elements of the sets that count ([`counters::READ_SETS`]).
+    pub fn counters(
+        backend: &mut dyn Backend,
+        family: Family,
+        name: &str,
+        source: &'static str,
+    ) -> Result<Kernel, NftError> {
+        let t = Instant::now();
+        let mut table = backend.skeleton(family, name)?;
+        if let Some(table) = table.as_mut() {
+            for set in counters::READ_SETS {
+                if !table.sets.contains_key(set) {
+                    continue;
+                }
+                if let Some(state) = backend.set(family, name, set)? {
+                    table.sets.insert(set.to_owned(), state);
+                }
+            }
+        }
         Ok(Kernel {
             table,
             lookups: None,
@@ -454,9 +486,13 @@ fn reason(p: &Owners, path: &TracePath) -> String {
             .unwrap_or_else(|| "a Service".into())
     };
     let last_chain = path.steps.last().map(|s| s.chain.as_str()).unwrap_or("");
+    // With the counters, a drop ends in the chain of its reason.
+    let through = |chain: &str| last_chain == chain || path.steps.iter().any(|s| s.chain == chain);
     let no_endpoints = lookup_of(&[layout::NO_ENDPOINT_SERVICES, layout::NO_ENDPOINT_NODEPORTS]);
     match (path.disposition, path.dnat) {
-        (Disposition::Drop, _) if last_chain == layout::FIREWALL_CHECK => {
+        (Disposition::Drop, _)
+            if last_chain == layout::FIREWALL_CHECK || through(layout::DROP_SOURCE_RANGE) =>
+        {
             let svc = lookup_of(&[layout::FIREWALL_IPS])
                 .map(|(l, e)| who(&l.set, &l.key, e))
                 .unwrap_or_else(|| "the Service".into());
@@ -465,7 +501,9 @@ fn reason(p: &Owners, path: &TracePath) -> String {
         (Disposition::Reject, _) if last_chain == layout::CLUSTER_IPS_CHECK => {
             "rejected: the ClusterIP is a Service's, but no Service port of it is this protocol and port".into()
         }
-        (Disposition::Drop, _) if last_chain == layout::CLUSTER_IPS_CHECK => {
+        (Disposition::Drop, _)
+            if last_chain == layout::CLUSTER_IPS_CHECK || through(layout::DROP_UNALLOCATED) =>
+        {
             "dropped: the address is in the service CIDR but no Service has it".into()
         }
         (Disposition::Reject, _) => match no_endpoints {
@@ -546,6 +584,7 @@ fn walk(
             dst: req.dst,
             proto: req.proto,
             dport: req.dport,
+            sport: req.sport.unwrap_or(0),
             iif: input_interface(cfg, req.from),
         }),
     )

@@ -56,6 +56,9 @@ fn node() -> (Vec<Proxier>, MemoryBackend) {
     c.local_detector = LocalDetector::Cidr("10.0.0.0/8".parse().unwrap());
     c.service_cidrs = vec!["172.30.0.0/16".parse().unwrap()];
     c.node_port_addresses = NodePortAddresses::cidrs(vec!["192.168.0.2/32".parse().unwrap()]);
+    // Every Service counted per endpoint: the trace meets the counting
+    // rules too.
+    c.metrics.level = verdict_model::Counting::Endpoint;
     let mut p = Proxier::new(c).unwrap();
     let services = [
         svc("ns", "web")

@@ -141,6 +141,7 @@ impl Fixture {
             dst: ip(dst),
             proto,
             dport,
+            sport: 40000,
             iif,
         })
     }

@@ -162,6 +162,10 @@ pub struct Settings {
     /// Where the API and the web view are served to other hosts, with a
     /// bearer token (`--api-bind-address`, verdict's own).
     pub api_bind_address: Option<SocketAddr>,
+    /// Which Services get series of their own (`--service-metrics`,
+    /// `--service-metrics-namespaces`, `--service-metrics-selector`,
+    /// verdict's own; none by default).
+    pub service_metrics: verdict_model::MetricsSelection,
     /// How nftables is programmed (`--nftables-backend`, verdict's own).
     pub nftables_backend: NftablesBackend,
     // What the detector is made of, checked into `detect_local`.
@@ -202,6 +206,7 @@ impl std::default::Default for Settings {
             effective: Value::Null,
             service_counters: true,
             api_bind_address: None,
+            service_metrics: verdict_model::MetricsSelection::default(),
             nftables_backend: NftablesBackend::default(),
             detect_local_mode: DetectLocalMode::ClusterCidr,
             detect_bridge: String::new(),
