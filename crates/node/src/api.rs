@@ -5,14 +5,15 @@
 //!
 //! | path | answer |
 //! |---|---|
-//! | `/api/v1/services?q=&offset=&limit=` | the Services, one page |
+//! | `/api/v1/services?q=&problems=&offset=&limit=` | the Services, one page (`q`: a part of `namespace/name` or of an address; `problems=1`: only those with rejects, drops, no ready endpoint or a quarantined port), with their counts |
+//! | `/api/v1/problems` | what is wrong on this node: health, Service ports with rejects or drops, quarantined ports, failed syncs, foreign changes |
 //! | `/api/v1/services/NAMESPACE/NAME` | `explain`: one Service, with the drift check |
 //! | `/api/v1/trace?from=&src=&sport=&dst=&proto=&dport=` | `trace` through the kernel's table |
 //! | `/api/v1/syncs` | the last syncs |
 //! | `/api/v1/foreign` | the last foreign changes to verdict's tables |
 //! | `/api/v1/drift` | the kernel's elements against verdict's intent, per family |
 //! | `/api/v1/counters?service=` | the per-service counters (a reading at least 5 s, and ten times its own duration, old at most) |
-//! | `/api/v1/connections?service=&limit=` | the DNATed connections in conntrack, by Service and endpoint, stale ones flagged |
+//! | `/api/v1/connections?service=&limit=&state=&stale=` | the DNATed connections in conntrack, by Service and endpoint, stale ones (open, to an endpoint that is gone) flagged; `state` and `stale=1` choose the flows listed |
 //! | `/ui` | the web view, a page of its own that reads the API |
 //!
 //! Every answer comes from the read model ([`NodeHandle`]) and the kernel,
@@ -123,7 +124,7 @@ pub fn handler(
             return Some(Response::json(200, c.snapshot().json(service).to_string()));
         }
         let flows = |family: Family| conntrack_flows(backend, family);
-        let (code, body) = answer(&node, read.as_ref(), &flows, req)?;
+        let (code, body) = answer(&node, read.as_ref(), &flows, counters.as_deref(), req)?;
         Some(Response::json(code, body.to_string()))
     })
 }
@@ -154,6 +155,7 @@ pub fn answer(
     node: &NodeHandle,
     read: &ReadTable<'_>,
     flows: FlowReader,
+    counted: Option<&CounterCache>,
     req: &Request,
 ) -> Option<(u16, Json)> {
     let rest = req.path.strip_prefix("/api/v1")?;
@@ -192,8 +194,12 @@ pub fn answer(
         "" => json!({"paths": [
             "/api/v1/services", "/api/v1/services/NAMESPACE/NAME", "/api/v1/trace",
             "/api/v1/syncs", "/api/v1/foreign", "/api/v1/drift", "/api/v1/counters",
-            "/api/v1/connections",
+            "/api/v1/connections", "/api/v1/problems",
         ]}),
+        "/problems" => to_json(&inspect::problems(
+            node,
+            counted.map(|c| c.snapshot()).as_deref(),
+        )),
         "/services" => {
             let num = |k: &str, default: usize| -> Result<usize, BadRequest> {
                 match req.query_param(k) {
@@ -208,7 +214,25 @@ pub fn answer(
                 (Err(e), _) | (_, Err(e)) => return Some(bad(e)),
             };
             let q = req.query_param("q").unwrap_or_default();
-            to_json(&inspect::services(node, &q, offset, limit))
+            let snap = counted.map(|c| c.snapshot());
+            let only_problems = match req.query_param("problems").as_deref() {
+                None | Some("0" | "false") => false,
+                Some("1" | "true" | "") => true,
+                Some(v) => {
+                    return Some(bad(BadRequest(format!(
+                        "problems {v:?}: give true or false"
+                    ))));
+                }
+            };
+            let mut page = if only_problems {
+                inspect::services_with_problems(node, snap.as_deref(), &q, offset, limit)
+            } else {
+                inspect::services(node, &q, offset, limit)
+            };
+            if let Some(snap) = &snap {
+                snap.annotate_page(node, &mut page);
+            }
+            to_json(&page)
         }
         "/syncs" => to_json(&node.history().syncs()),
         "/connections" => {
@@ -250,7 +274,17 @@ pub fn answer(
                     }
                 }
             }
-            to_json(&inspect::connections(node, &all, service.as_ref(), limit))
+            let filter = inspect::FlowFilter {
+                state: req.query_param("state").filter(|s| !s.is_empty()),
+                stale: matches!(req.query_param("stale").as_deref(), Some("1" | "true" | "")),
+            };
+            to_json(&inspect::connections(
+                node,
+                &all,
+                service.as_ref(),
+                limit,
+                &filter,
+            ))
         }
         "/foreign" => to_json(&node.history().foreign_changes()),
         "/trace" => {
@@ -332,9 +366,12 @@ pub fn answer(
             if let Some(v) = &view {
                 inspect::prefetch_explained(&inspect::explained_elements(v), &kernels);
             }
-            let doc = inspect::explain(node, &svc, &kernels);
+            let mut doc = inspect::explain(node, &svc, &kernels);
             if let Some(e) = kernels.iter().find_map(|(f, k)| failed(*f, k)) {
                 return Some(e);
+            }
+            if let Some(c) = counted {
+                c.snapshot().annotate_explain(node, &mut doc);
             }
             let code = if doc.found { 200 } else { 404 };
             return Some((code, to_json(&doc)));
@@ -466,7 +503,7 @@ impl Offline {
         let flows = |_: Family| -> Result<Vec<Flow>, String> {
             Err("offline (--manifests) there is no conntrack table to read".into())
         };
-        answer(&self.node, &read, &flows, &Request::get(target))
+        answer(&self.node, &read, &flows, None, &Request::get(target))
             .unwrap_or_else(|| (404, json!({"error": format!("no such path: {target}")})))
     }
 }

@@ -118,6 +118,16 @@ impl ServiceView {
             .flat_map(|f| f.ports.iter().map(move |p| (f.family, p)))
     }
 
+    /// Whether `query` is a part of its `namespace/name`, of one of its
+    /// addresses or of one of its endpoints' addresses.
+    pub fn matches(&self, query: &str) -> bool {
+        self.name.to_string().contains(query)
+            || self.addresses().any(|a| a.to_string().contains(query))
+            || self
+                .ports()
+                .any(|(_, p)| p.endpoints.iter().any(|e| e.ip.to_string().contains(query)))
+    }
+
     /// The addresses its ports take traffic on: ClusterIPs, external IPs,
     /// load-balancer addresses.
     fn addresses(&self) -> impl Iterator<Item = IpAddr> + '_ {
@@ -141,6 +151,9 @@ pub struct FamilyView {
     pub config: ProxierConfig,
     /// The addresses NodePorts are served on.
     pub node_port_ips: Vec<IpAddr>,
+    /// The service ports the kernel refused, and why (as many as are
+    /// quarantined, whatever the number of Services).
+    pub quarantined: Vec<(ServicePortName, String)>,
 }
 
 impl FamilyView {
@@ -149,6 +162,11 @@ impl FamilyView {
         Arc::new(FamilyView {
             config: p.config().clone(),
             node_port_ips: p.config().node_port_ips(),
+            quarantined: p
+                .quarantined()
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
         })
     }
 
@@ -280,8 +298,8 @@ impl NodeHandle {
         }
         let mut total = 0;
         let mut page = Vec::new();
-        for (name, v) in &s.by_name {
-            if !name.to_string().contains(query) {
+        for v in s.by_name.values() {
+            if !v.matches(query) {
                 continue;
             }
             if total >= offset && page.len() < limit {

@@ -745,11 +745,47 @@ fn the_web_view_shows_services_endpoints_and_counters_in_a_real_browser() {
     let Some(browser) = chromium() else {
         return;
     };
-    let Some((bed, _daemon, _)) = node_running_verdict("inspect-ui") else {
+    let Some((bed, _daemon, dir)) = node_running_verdict("inspect-ui") else {
         return;
     };
     for _ in 0..30 {
         who(&bed);
+    }
+    // Three connections to a Service without endpoints (rejected), one
+    // from outside the LoadBalancer's source ranges (dropped).
+    for _ in 0..3 {
+        let _ = bed.connect(ip("10.0.0.2"), ip("172.30.0.43"), "tcp", 80, 500);
+    }
+    let _ = bed.connect(ip("203.0.113.130"), ip("198.51.100.42"), "tcp", 80, 500);
+    // A Service of 2,000 endpoints, in two slices.
+    let slice = |n: usize| {
+        let eps: String = (0..1000)
+            .map(|i| {
+                let k = n * 1000 + i;
+                format!(
+                    "- {{addresses: [10.181.{}.{}], nodeName: other-node}}\n",
+                    k / 250,
+                    k % 250 + 1
+                )
+            })
+            .collect();
+        format!(
+            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: big-{n}\n  namespace: bulk\n  labels: {{kubernetes.io/service-name: big}}\naddressType: IPv4\nports: [{{name: http, port: 80, protocol: TCP}}]\nendpoints:\n{eps}---\n"
+        )
+    };
+    write(
+        std::path::Path::new(&dir),
+        "big.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: big, namespace: bulk}}\nspec:\n  clusterIP: 172.30.0.45\n  ports: [{{name: http, port: 80, protocol: TCP}}]\n---\n{}{}",
+            slice(0),
+            slice(1)
+        ),
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !text(&bed, &["services", "--search", "bulk/big"]).contains("2000/2000 ready") {
+        assert!(Instant::now() < deadline, "bulk/big was never programmed");
+        std::thread::sleep(Duration::from_millis(300));
     }
     let ui = "http://127.0.0.1:10249/ui";
 
@@ -769,9 +805,9 @@ fn the_web_view_shows_services_endpoints_and_counters_in_a_real_browser() {
         .next()
         .unwrap();
     let connections: u64 = row
-        .split("data-connections=\"\">")
+        .split("data-connections=\"")
         .nth(1)
-        .and_then(|c| c.split('<').next())
+        .and_then(|c| c.split('"').next())
         .and_then(|n| n.trim().parse().ok())
         .unwrap_or_else(|| panic!("no connection count in {row}"));
     assert!(connections >= 30, "{connections}: {row}");
@@ -812,6 +848,88 @@ fn the_web_view_shows_services_endpoints_and_counters_in_a_real_browser() {
     let overview = browse(&bed, &browser, &format!("{ui}#/"), None);
     assert!(overview.contains("id=\"syncs\""), "{overview}");
     assert!(overview.contains("first sync"), "{overview}");
+    // What is wrong comes first: the Service without endpoints that
+    // received connections, and the source-range drops, with reasons.
+    let problem = |page: &str, svc: &str| -> String {
+        page.split(&format!("<li data-problem=\"{svc}\">"))
+            .nth(1)
+            .and_then(|r| r.split("</li>").next())
+            .unwrap_or_else(|| panic!("{svc} is not listed as a problem: {page}"))
+            .to_owned()
+    };
+    assert!(
+        overview.find("id=\"problems\"") < overview.find("id=\"syncs\""),
+        "problems first: {overview}"
+    );
+    let empty = problem(&overview, "demo/empty");
+    assert!(
+        empty.contains("receives traffic with no usable endpoint"),
+        "{empty}"
+    );
+    assert!(empty.contains("no_endpoints: 3 connections"), "{empty}");
+    let lb = problem(&overview, "demo/lb");
+    assert!(lb.contains("source_range: 1 connection "), "{lb}");
+    assert!(lb.contains("loadBalancerSourceRanges"), "{lb}");
+    assert!(
+        !overview.contains("data-problem=\"demo/web\""),
+        "{overview}"
+    );
+
+    // Their pages say they are broken, and why; a working one says so.
+    for (svc, why) in [
+        ("demo/empty", "data-reason=\"no_endpoints\""),
+        ("demo/lb", "data-reason=\"source_range\""),
+    ] {
+        let page = browse(&bed, &browser, &format!("{ui}#/service/{svc}"), None);
+        assert!(page.contains("data-broken=\"true\""), "{svc}: {page}");
+        assert!(page.contains(why), "{svc}: {page}");
+    }
+    let empty_page = browse(&bed, &browser, &format!("{ui}#/service/demo/empty"), None);
+    assert!(
+        empty_page.contains("no usable endpoint: new connections are rejected"),
+        "{empty_page}"
+    );
+    assert!(
+        page.contains("data-broken=\"false\""),
+        "demo/web works: {page}"
+    );
+    // explain and services show the same counts as the page.
+    let explained = text(&bed, &["explain", "demo/empty"]);
+    assert!(
+        explained.contains("REJECTED no_endpoints: 3 connections"),
+        "{explained}"
+    );
+    let listed = text(&bed, &["services", "--search", "demo/lb"]);
+    assert!(listed.contains("1 dropped source_range"), "{listed}");
+
+    // A Service of 2,000 endpoints: a page of 50 rows per table, sorted by
+    // address as numbers, and paged.
+    let big = browse(&bed, &browser, &format!("{ui}#/service/bulk/big"), None);
+    let rows = big.matches("<tr").count();
+    assert!(rows < 200, "{rows} rows");
+    assert!(big.contains("1–50 of 2000"), "paged: {big}");
+    let first: Vec<&str> = big
+        .split("data-endpoint=\"")
+        .skip(1)
+        .take(3)
+        .map(|r| r.split('"').next().unwrap())
+        .collect();
+    assert_eq!(
+        first,
+        ["10.181.0.1:80", "10.181.0.2:80", "10.181.0.3:80"],
+        "numeric order (as text 10.181.0.10 would come before 10.181.0.2)"
+    );
+    // The list finds a Service by an address.
+    let by_ip = browse(
+        &bed,
+        &browser,
+        &format!("{ui}#/services?q=198.51.100"),
+        None,
+    );
+    assert!(by_ip.contains("data-service=\"demo/lb\""), "{by_ip}");
+    assert!(!by_ip.contains("data-service=\"demo/web\""), "{by_ip}");
+    let past = browse(&bed, &browser, &format!("{ui}#/services?q=demo&p=5"), None);
+    assert!(past.contains("past the end (4 Services in all)"), "{past}");
 
     let traced = browse(
         &bed,
@@ -870,8 +988,43 @@ fn connections_show_where_traffic_went_and_flag_the_flows_of_a_removed_endpoint(
         .collect();
     assert_eq!(endpoints, sent, "conntrack saw what the clients saw");
 
-    // 10.180.0.2 leaves: its flows are stale, and the answer says what
-    // happens to them.
+    // Connections held open from the client (bash keeps the socket, sleep
+    // keeps bash), until one of them reached 10.180.0.2.
+    let client = bed.sender(ip("10.0.0.2")).unwrap();
+    let mut held = Vec::new();
+    // (The echo server answers and closes: a held connection is
+    // half-closed, CLOSE_WAIT, and still open.)
+    let established = |bed: &TestBed| -> Json {
+        let answer = http_on(bed, 10249, "/api/v1/connections?service=demo/web");
+        let body = answer.split("\r\n\r\n").nth(1).unwrap_or(&answer);
+        serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {answer}"))
+    };
+    let reached = |doc: &Json| {
+        doc["flows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f["endpoint"] == "10.180.0.2:80" && f["open"] == true)
+    };
+    loop {
+        let doc = established(&bed);
+        if reached(&doc) {
+            break;
+        }
+        assert!(
+            held.len() < 30,
+            "30 held connections, none to 10.180.0.2: {doc:#}"
+        );
+        held.push(Process(
+            client
+                .spawn("bash", &["-c", "exec 3<>/dev/tcp/172.30.0.41/80; sleep 60"])
+                .unwrap(),
+        ));
+        std::thread::sleep(Duration::from_millis(300));
+    }
+
+    // 10.180.0.2 leaves: its open flows are stale, its closed ones
+    // (TIME_WAIT) are not, and the answer says what happens to them.
     write(
         &dir,
         "cluster.yaml",
@@ -888,8 +1041,14 @@ fn connections_show_where_traffic_went_and_flag_the_flows_of_a_removed_endpoint(
             .collect();
         if !stale.is_empty() {
             assert!(
-                stale.iter().all(|f| f["endpoint"] == "10.180.0.2:80"),
+                stale
+                    .iter()
+                    .all(|f| f["endpoint"] == "10.180.0.2:80" && f["open"] == true),
                 "{doc:#}"
+            );
+            assert!(
+                doc["services"][0]["closed_to_gone"].as_u64().unwrap() > 0,
+                "the closed connections to it are counted apart: {doc:#}"
             );
             assert!(
                 stale[0]["what_verdict_does"]
@@ -904,6 +1063,9 @@ fn connections_show_where_traffic_went_and_flag_the_flows_of_a_removed_endpoint(
         std::thread::sleep(Duration::from_millis(200));
     }
     let out = text(&bed, &["connections", "demo/web"]);
-    assert!(out.contains("STALE: the endpoint is gone"), "{out}");
+    assert!(
+        out.contains("GONE: the endpoint is no longer the Service's"),
+        "{out}"
+    );
     println!("{out}");
 }

@@ -157,8 +157,12 @@ pub struct LiveStepAnswer {
     pub verdict: Option<String>,
 }
 
+fn yes() -> bool {
+    true
+}
+
 /// `GET /api/v1/services`: one page of Services.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ServicesPage {
     /// Services that match, in all.
     pub total: usize,
@@ -168,10 +172,117 @@ pub struct ServicesPage {
     pub limit: usize,
     /// This page.
     pub items: Vec<ServiceItem>,
+    /// When the kernel's counters in `counts` were read (Unix seconds,
+    /// the node's clock; `None`: not counted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub counted_at: Option<f64>,
+}
+
+/// What the kernel counted for one Service port (`--service-counters`).
+/// Rejects and drops are counted for every Service, each connection
+/// once; connections, packets and bytes only for the Services
+/// `--service-metrics` chooses.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PortCounts {
+    /// `service` or `endpoint`: the level it is counted at; `none`: only
+    /// its rejects and drops are.
+    pub level: String,
+    /// Connections sent to an endpoint (all entry points), when counted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connections: Option<u64>,
+    /// Packets and bytes of those connections, both ways, when counted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub packets: Option<u64>,
+    /// See `packets`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<u64>,
+    /// Connections rejected or dropped, by reason.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub problems: Vec<ProblemCount>,
+}
+
+impl PortCounts {
+    /// Connections rejected or dropped, all reasons.
+    pub fn refused(&self) -> u64 {
+        self.problems.iter().map(|p| p.connections).sum()
+    }
+}
+
+/// `GET /api/v1/problems`: what is wrong on this node.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ProblemsAnswer {
+    /// When the kernel's counters were read (Unix seconds; `None`: the
+    /// counters are off).
+    pub counted_at: Option<f64>,
+    /// What `/healthz` says now.
+    pub healthy: bool,
+    /// Its JSON.
+    pub health: serde_json::Value,
+    /// Service ports with connections rejected or dropped, the most first.
+    pub refused: Vec<RefusedPort>,
+    /// Service ports the kernel refused.
+    pub quarantined: Vec<QuarantinedPort>,
+    /// Failed syncs among the last ones kept.
+    pub failed_syncs: usize,
+    /// Foreign changes to verdict's tables since start, and the last one's
+    /// time.
+    pub foreign_changes: u64,
+    /// See `foreign_changes`.
+    pub last_foreign_change: Option<String>,
+}
+
+/// A Service port whose connections were rejected or dropped.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RefusedPort {
+    /// `ip` or `ip6`.
+    pub family: String,
+    /// `namespace/name`.
+    pub service: String,
+    /// The port's name.
+    pub port: String,
+    /// `TCP`, `UDP`, `SCTP`.
+    pub protocol: String,
+    /// Its endpoints, and the ready ones.
+    pub endpoints: usize,
+    /// See `endpoints`.
+    pub ready: usize,
+    /// What was counted.
+    pub counts: PortCounts,
+}
+
+/// A service port the kernel refused.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QuarantinedPort {
+    /// `ip` or `ip6`.
+    pub family: String,
+    /// `namespace/name`.
+    pub service: String,
+    /// The port's name.
+    pub port: String,
+    /// `TCP`, `UDP`, `SCTP`.
+    pub protocol: String,
+    /// The kernel's refusal.
+    pub why: String,
+}
+
+/// Connections of one Service port rejected or dropped for one reason.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProblemCount {
+    /// `no_endpoints` (rejected), `source_range`, `no_local_endpoint`
+    /// (dropped).
+    pub reason: String,
+    /// `rejected` or `dropped`.
+    pub verdict: String,
+    /// What the reason means, in words.
+    pub what: String,
+    /// Connections, each once however often it was retried.
+    pub connections: u64,
+    /// The last clients (`IP:port`), newest last.
+    pub recent_clients: Vec<String>,
 }
 
 /// A Service of the list.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ServiceItem {
     /// Its namespace.
     pub namespace: String,
@@ -204,6 +315,9 @@ pub struct ServiceItemPort {
     pub local: usize,
     /// The kernel refused it.
     pub quarantined: bool,
+    /// What the kernel counted (`None`: the counters are off).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub counts: Option<PortCounts>,
 }
 
 /// `GET /api/v1/services/NAMESPACE/NAME`: `explain`.
@@ -219,6 +333,10 @@ pub struct ExplainAnswer {
     pub families: Vec<ExplainFamily>,
     /// What the kernel lacks or holds otherwise.
     pub drift: DriftCounts,
+    /// When the kernel's counters in `counts` were read (Unix seconds,
+    /// the node's clock; `None`: not counted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub counted_at: Option<f64>,
 }
 
 /// A Service in one family.
@@ -276,6 +394,9 @@ pub struct ExplainPortDetail {
     pub elements: Vec<ExplainElement>,
     /// The shared chains its elements jump to.
     pub chains: Vec<String>,
+    /// What the kernel counted (`None`: the counters are off).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub counts: Option<PortCounts>,
 }
 
 /// Where a port takes traffic.
@@ -337,6 +458,16 @@ pub struct ExplainEndpoint {
     pub used_by: Vec<String>,
     /// Why it is used, or not.
     pub why: String,
+    /// Connections sent to it, and their packets and bytes, when its
+    /// Service is counted at `endpoint`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connections: Option<u64>,
+    /// See `connections`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub packets: Option<u64>,
+    /// See `connections`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<u64>,
 }
 
 /// An element a port asks for.
@@ -418,10 +549,15 @@ pub struct ConnectionsOfPort {
     pub port: String,
     /// `TCP`, `UDP`, `SCTP`.
     pub protocol: String,
-    /// Connections, and how many of them are to an endpoint that is gone.
+    /// Connections, and how many of them are stale: still open, to an
+    /// endpoint that is gone.
     pub flows: usize,
     /// See `flows`.
     pub stale: usize,
+    /// Entries of closed connections (TIME_WAIT, …) to an endpoint that is
+    /// gone, which conntrack still lists.
+    #[serde(default)]
+    pub closed_to_gone: usize,
     /// Per endpoint.
     pub endpoints: Vec<ConnectionsOfEndpoint>,
 }
@@ -452,8 +588,11 @@ pub struct FlowAnswer {
     pub entry: String,
     /// See `client`.
     pub endpoint: String,
-    /// The endpoint is gone.
+    /// Still open, to an endpoint that is gone.
     pub stale: bool,
+    /// Still a connection (not closing or closed: TIME_WAIT, CLOSE, …).
+    #[serde(default = "yes")]
+    pub open: bool,
     /// Replies were seen.
     pub replied: bool,
     /// Seconds until the entry expires.

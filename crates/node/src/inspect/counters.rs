@@ -31,13 +31,53 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use serde_json::{Value as Json, json};
-use verdict_model::{Counting, IpFamily, Protocol, ServicePort, ServicePortName};
+use verdict_model::{Counting, IpFamily, NamespacedName, Protocol, ServicePort, ServicePortName};
 use verdict_nft::{Counter, L4Proto, TableState, Value};
 use verdict_proxier::layout;
 
+use crate::inspect::answers::{ExplainAnswer, PortCounts, ProblemCount, ServicesPage};
 use crate::view::{NodeHandle, ServiceView};
+
+/// A reason's verdict and what it means, in words.
+pub fn reason_words(reason: &str) -> (&'static str, &'static str) {
+    match reason {
+        "no_endpoints" => ("rejected", "the Service port has no usable endpoint"),
+        "invalid_port" => (
+            "rejected",
+            "a ClusterIP on a port its Service does not have",
+        ),
+        "source_range" => ("dropped", "the client is outside loadBalancerSourceRanges"),
+        "no_local_endpoint" => (
+            "dropped",
+            "the traffic policy is Local and no endpoint is on this node",
+        ),
+        "unallocated_cluster_ip" => (
+            "dropped",
+            "an address of the service CIDRs that no Service has",
+        ),
+        _ => ("dropped", "unknown reason"),
+    }
+}
+
+fn level_name(level: Counting) -> &'static str {
+    match level {
+        Counting::None => "none",
+        Counting::Service => "service",
+        Counting::Endpoint => "endpoint",
+    }
+}
+
+/// The IP family of an nftables family's name (`ip`, `ip6`).
+fn family_of(nft: &str) -> Option<IpFamily> {
+    match nft {
+        "ip" => Some(IpFamily::V4),
+        "ip6" => Some(IpFamily::V6),
+        _ => None,
+    }
+}
 
 /// Connections sent to an endpoint, for the node.
 pub const CONNECTIONS: &str = "verdict_connections_total";
@@ -264,12 +304,35 @@ impl Families {
     }
 }
 
-/// One reading of every family's counters.
+/// Connections, packets and bytes of one Service port or endpoint.
+type Tally = [u64; 3];
+
+/// The chosen Services' counts by port and by endpoint, for the answers.
 #[derive(Default)]
+struct ByPort {
+    ports: HashMap<(IpFamily, ServicePortName), Tally>,
+    endpoints: HashMap<(IpFamily, ServicePortName, String), Tally>,
+}
+
+/// One reading of every family's counters.
 pub struct Snapshot {
     families: Families,
     /// Every Service port with rejects or drops, and what.
     problems: Vec<(IpFamily, ServicePortName, &'static str, Problem)>,
+    by_port: ByPort,
+    /// When the kernel was read.
+    read_at: SystemTime,
+}
+
+impl Default for Snapshot {
+    fn default() -> Snapshot {
+        Snapshot {
+            families: Families::default(),
+            problems: Vec::new(),
+            by_port: ByPort::default(),
+            read_at: SystemTime::now(),
+        }
+    }
 }
 
 /// The rule counters of `chain`, with the place of each.
@@ -294,6 +357,7 @@ impl Counted {
         t: &TableState,
         seen: &mut BTreeSet<Source>,
         out: &mut Families,
+        by: &mut ByPort,
     ) {
         let fam = || vec![("ip_family", family_label(family).to_owned())];
         let mono = &mut self.monotonic;
@@ -349,6 +413,7 @@ impl Counted {
             l.push(("entry", kind.into()));
             l.push(("address", a.to_string()));
             out.add(SERVICE_CONNECTIONS, l, n);
+            by.ports.entry((family, sp.name.clone())).or_default()[0] += n;
         }
         for set in [layout::ENDPOINT_CONNECTIONS, layout::SERVICE_TRAFFIC] {
             for (key, c) in counters(set) {
@@ -367,12 +432,17 @@ impl Counted {
                 };
                 let (packets, bytes) = mono.read((family, set, key.clone()), *c, seen);
                 let endpoint = super::show_addr(*ep, *ep_port);
+                let at_endpoint = (family, sp.name.clone(), endpoint.clone());
                 let mut per_endpoint = port_labels(family, &sp.name);
                 per_endpoint.push(("endpoint", endpoint));
                 if set == layout::ENDPOINT_CONNECTIONS {
                     out.add(ENDPOINT_CONNECTIONS, per_endpoint, packets);
+                    by.endpoints.entry(at_endpoint).or_default()[0] += packets;
                     continue;
                 }
+                let port_tally = by.ports.entry((family, sp.name.clone())).or_default();
+                port_tally[1] += packets;
+                port_tally[2] += bytes;
                 let mut per_entry = port_labels(family, &sp.name);
                 per_entry.push(("entry", kind.into()));
                 per_entry.push(("address", a.to_string()));
@@ -381,6 +451,9 @@ impl Counted {
                 if sp.counting == Counting::Endpoint {
                     out.add(ENDPOINT_PACKETS, per_endpoint.clone(), packets);
                     out.add(ENDPOINT_BYTES, per_endpoint, bytes);
+                    let t = by.endpoints.entry(at_endpoint).or_default();
+                    t[1] += packets;
+                    t[2] += bytes;
                 }
             }
         }
@@ -405,11 +478,13 @@ impl Snapshot {
         tables: &[(IpFamily, Option<&TableState>)],
         state: &mut Counted,
     ) -> Snapshot {
+        let read_at = SystemTime::now();
         let mut families = Families::default();
+        let mut by_port = ByPort::default();
         let mut seen = BTreeSet::new();
         for (f, t) in tables {
             if let Some(t) = t {
-                state.collect(handle, *f, t, &mut seen, &mut families);
+                state.collect(handle, *f, t, &mut seen, &mut families, &mut by_port);
             }
         }
         state.monotonic.forget_others(&seen);
@@ -436,7 +511,136 @@ impl Snapshot {
                 families.add(SERVICE_DROPPED, l, p.connections);
             }
         }
-        Snapshot { families, problems }
+        Snapshot {
+            families,
+            problems,
+            by_port,
+            read_at,
+        }
+    }
+
+    /// When the kernel was read, in Unix seconds.
+    pub fn counted_at(&self) -> f64 {
+        self.read_at
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or_default()
+    }
+
+    /// What was counted for one Service port, counted at `level`.
+    pub fn port_counts(
+        &self,
+        family: IpFamily,
+        name: &ServicePortName,
+        level: Counting,
+    ) -> PortCounts {
+        let tally = (level != Counting::None).then(|| {
+            self.by_port
+                .ports
+                .get(&(family, name.clone()))
+                .copied()
+                .unwrap_or_default()
+        });
+        let problems = self
+            .problems
+            .iter()
+            .filter(|(f, n, _, _)| *f == family && n == name)
+            .map(|(_, _, reason, p)| {
+                let (verdict, what) = reason_words(reason);
+                ProblemCount {
+                    reason: (*reason).to_owned(),
+                    verdict: verdict.to_owned(),
+                    what: what.to_owned(),
+                    connections: p.connections,
+                    recent_clients: p.recent_clients.clone(),
+                }
+            })
+            .collect();
+        PortCounts {
+            level: level_name(level).to_owned(),
+            connections: tally.map(|t| t[0]),
+            packets: tally.map(|t| t[1]),
+            bytes: tally.map(|t| t[2]),
+            problems,
+        }
+    }
+
+    /// Puts the counts into a page of the Service list.
+    pub fn annotate_page(&self, handle: &NodeHandle, page: &mut ServicesPage) {
+        page.counted_at = Some(self.counted_at());
+        for item in &mut page.items {
+            let Some(view) = handle.service(&NamespacedName::new(&item.namespace, &item.name))
+            else {
+                continue;
+            };
+            for p in &mut item.ports {
+                let Some(family) = family_of(&p.family) else {
+                    continue;
+                };
+                let found = view.family(family).and_then(|f| {
+                    f.ports.iter().find(|x| {
+                        x.name.port.as_str() == p.port && x.port.protocol.to_string() == p.protocol
+                    })
+                });
+                if let Some(port) = found {
+                    p.counts = Some(self.port_counts(family, &port.name, port.port.counting));
+                }
+            }
+        }
+    }
+
+    /// Puts the counts into an `explain` answer: per port, and per
+    /// endpoint when its Service is counted at `endpoint`.
+    pub fn annotate_explain(&self, handle: &NodeHandle, doc: &mut ExplainAnswer) {
+        doc.counted_at = Some(self.counted_at());
+        let Some(view) = handle.service(&NamespacedName::new(&doc.namespace, &doc.name)) else {
+            return;
+        };
+        for fam in &mut doc.families {
+            let Some(family) = family_of(&fam.family) else {
+                continue;
+            };
+            let Some(fv) = view.family(family) else {
+                continue;
+            };
+            for p in &mut fam.ports {
+                let Some(port) = fv.ports.iter().find(|x| {
+                    x.name.port.as_str() == p.port && x.port.protocol.to_string() == p.protocol
+                }) else {
+                    continue;
+                };
+                let Some(detail) = p.detail.as_mut() else {
+                    continue;
+                };
+                let level = port.port.counting;
+                detail.counts = Some(self.port_counts(family, &port.name, level));
+                if level != Counting::Endpoint {
+                    continue;
+                }
+                for ep in &mut detail.endpoints {
+                    let t = self
+                        .by_port
+                        .endpoints
+                        .get(&(family, port.name.clone(), ep.address.clone()))
+                        .copied()
+                        .unwrap_or_default();
+                    ep.connections = Some(t[0]);
+                    ep.packets = Some(t[1]);
+                    ep.bytes = Some(t[2]);
+                }
+            }
+        }
+    }
+
+    /// The Service ports with rejects or drops, the most first.
+    pub fn problem_ports(&self) -> Vec<(IpFamily, ServicePortName)> {
+        let mut by: BTreeMap<(IpFamily, ServicePortName), u64> = BTreeMap::new();
+        for (f, n, _, p) in &self.problems {
+            *by.entry((*f, n.clone())).or_default() += p.connections;
+        }
+        let mut out: Vec<_> = by.into_iter().filter(|(_, n)| *n > 0).collect();
+        out.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        out.into_iter().map(|(k, _)| k).collect()
     }
 
     /// How many series the exposition holds.
@@ -791,6 +995,66 @@ mod tests {
             json!(["203.0.113.9:40002", "203.0.113.9:40003"])
         );
         assert!(snap.series() < 30, "{} series", snap.series());
+
+        // The answers carry the same counts: the most refused port first.
+        let ports = snap.problem_ports();
+        let names: Vec<String> = ports.iter().map(|(_, n)| n.service.to_string()).collect();
+        assert_eq!(names, ["other/lb", "shop/empty"]);
+        let mut page = crate::inspect::services(&handle, "", 0, 10);
+        snap.annotate_page(&handle, &mut page);
+        let counts = |ns: &str, name: &str| {
+            page.items
+                .iter()
+                .find(|i| i.namespace == ns && i.name == name)
+                .and_then(|i| i.ports[0].counts.clone())
+                .unwrap()
+        };
+        assert_eq!(counts("shop", "web").connections, Some(7));
+        assert_eq!(counts("shop", "web").packets, Some(70));
+        let lb = counts("other", "lb");
+        assert_eq!((lb.level.as_str(), lb.connections), ("none", None));
+        assert_eq!(lb.refused(), 2);
+        assert_eq!(lb.problems[0].verdict, "dropped");
+        let empty = counts("shop", "empty");
+        assert_eq!(empty.problems[0].reason, "no_endpoints");
+        assert_eq!(empty.problems[0].verdict, "rejected");
+        assert!(page.counted_at.is_some());
+        // explain: per endpoint, for a Service counted at `endpoint`.
+        let name = verdict_model::NamespacedName::new("shop", "web");
+        let mut doc = crate::inspect::explain(&handle, &name, &[]);
+        snap.annotate_explain(&handle, &mut doc);
+        let detail = doc.families[0].ports[0].detail.as_ref().unwrap();
+        assert_eq!(detail.counts.as_ref().unwrap().connections, Some(7));
+        let per_ep: Vec<(String, Option<u64>)> = detail
+            .endpoints
+            .iter()
+            .map(|e| (e.address.clone(), e.connections))
+            .collect();
+        assert_eq!(
+            per_ep,
+            [
+                ("10.180.0.1:80".to_owned(), Some(4)),
+                ("10.180.0.2:80".to_owned(), Some(3))
+            ]
+        );
+        // The overview's answer: the same ports, with their reasons.
+        let problems = crate::inspect::problems(&handle, Some(&snap));
+        let refused: Vec<(&str, &str)> = problems
+            .refused
+            .iter()
+            .map(|r| (r.service.as_str(), r.counts.problems[0].reason.as_str()))
+            .collect();
+        assert_eq!(
+            refused,
+            [("other/lb", "source_range"), ("shop/empty", "no_endpoints")]
+        );
+        assert_eq!(problems.refused[1].ready, 0);
+        let only = crate::inspect::services_with_problems(&handle, Some(&snap), "", 0, 10);
+        assert_eq!(only.total, 2);
+        let by_ip = crate::inspect::services(&handle, "5.6.7", 0, 10);
+        assert_eq!(by_ip.items[0].name, "lb", "a search matches addresses");
+        let by_endpoint = crate::inspect::services(&handle, "10.180.0.2", 0, 10);
+        assert_eq!(by_endpoint.total, 2, "and endpoints' addresses");
     }
 
     #[test]

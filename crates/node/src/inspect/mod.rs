@@ -32,9 +32,11 @@ use crate::view::{FamilyView, NodeHandle, ServiceView};
 use answers::{
     ConnectionsAnswer, ConnectionsOfEndpoint, ConnectionsOfPort, DriftCounts, EntryPoint,
     ExplainAnswer, ExplainElement, ExplainEndpoint, ExplainFamily, ExplainPort, ExplainPortDetail,
-    FamilyDrift, FlowAnswer, HealthCheck, ServiceItem, ServiceItemPort, ServicesPage, TraceAnswer,
-    TraceOutcome, TracePacket, TraceStep, TraceUpdate,
+    FamilyDrift, FlowAnswer, HealthCheck, ProblemsAnswer, QuarantinedPort, RefusedPort,
+    ServiceItem, ServiceItemPort, ServicesPage, TraceAnswer, TraceOutcome, TracePacket, TraceStep,
+    TraceUpdate,
 };
+use serde_json::Value as Json;
 
 /// The Service a dispatch element's comment names (`ns/name:port`, as the
 /// proxier writes it).
@@ -712,40 +714,162 @@ fn disposition(d: Disposition) -> &'static str {
 }
 
 /// `GET /api/v1/services`: the Services both proxiers know, filtered by
-/// `query` (a substring of `namespace/name`), one page.
+/// `query` (a part of `namespace/name`, or of one of their addresses or
+/// their endpoints' addresses), one page.
 pub fn services(handle: &NodeHandle, query: &str, offset: usize, limit: usize) -> ServicesPage {
     let (total, page) = handle.services_page(query, offset, limit);
-    let items = page
-        .iter()
-        .map(|v| ServiceItem {
-            namespace: v.name.namespace.to_string(),
-            name: v.name.name.to_string(),
-            ports: v
-                .ports()
-                .map(|(family, port)| {
-                    let sp = &port.port;
-                    let eps = &port.endpoints;
-                    ServiceItemPort {
-                        family: nft_family(family).to_string(),
-                        port: port.name.port.to_string(),
-                        protocol: sp.protocol.to_string(),
-                        cluster_ip: sp.cluster_ip.to_string(),
-                        service_port: sp.port,
-                        node_port: sp.node_port,
-                        endpoints: eps.len(),
-                        ready: eps.iter().filter(|e| e.ready).count(),
-                        local: eps.iter().filter(|e| e.is_local && e.ready).count(),
-                        quarantined: port.quarantined.is_some(),
-                    }
-                })
-                .collect(),
-        })
-        .collect();
     ServicesPage {
         total,
         offset,
         limit,
-        items,
+        items: page.iter().map(|v| service_item(v)).collect(),
+        counted_at: None,
+    }
+}
+
+/// `GET /api/v1/services?problems=1`: the Services with a quarantined
+/// port or with connections rejected or dropped (`snap`), the most
+/// refused first, filtered by `query` like [`services`]. Its cost grows
+/// with the number of such Services, not with the cluster.
+pub fn services_with_problems(
+    handle: &NodeHandle,
+    snap: Option<&counters::Snapshot>,
+    query: &str,
+    offset: usize,
+    limit: usize,
+) -> ServicesPage {
+    let mut names: Vec<NamespacedName> = Vec::new();
+    let mut add = |n: &NamespacedName| {
+        if !names.contains(n) {
+            names.push(n.clone());
+        }
+    };
+    for f in handle.families() {
+        for (q, _) in &f.quarantined {
+            add(&q.service);
+        }
+    }
+    for (_, port) in snap
+        .map(counters::Snapshot::problem_ports)
+        .unwrap_or_default()
+    {
+        add(&port.service);
+    }
+    let views: Vec<Arc<ServiceView>> = names
+        .iter()
+        .filter_map(|n| handle.service(n))
+        .filter(|v| query.is_empty() || v.matches(query))
+        .collect();
+    ServicesPage {
+        total: views.len(),
+        offset,
+        limit,
+        items: views
+            .iter()
+            .skip(offset)
+            .take(limit)
+            .map(|v| service_item(v))
+            .collect(),
+        counted_at: None,
+    }
+}
+
+/// A Service as the list shows it.
+fn service_item(v: &ServiceView) -> ServiceItem {
+    ServiceItem {
+        namespace: v.name.namespace.to_string(),
+        name: v.name.name.to_string(),
+        ports: v
+            .ports()
+            .map(|(family, port)| {
+                let sp = &port.port;
+                let eps = &port.endpoints;
+                ServiceItemPort {
+                    family: nft_family(family).to_string(),
+                    port: port.name.port.to_string(),
+                    protocol: sp.protocol.to_string(),
+                    cluster_ip: sp.cluster_ip.to_string(),
+                    service_port: sp.port,
+                    node_port: sp.node_port,
+                    endpoints: eps.len(),
+                    ready: eps.iter().filter(|e| e.ready).count(),
+                    local: eps.iter().filter(|e| e.is_local && e.ready).count(),
+                    quarantined: port.quarantined.is_some(),
+                    counts: None,
+                }
+            })
+            .collect(),
+    }
+}
+
+/// `GET /api/v1/problems`: what is wrong on this node, for the web
+/// view's overview. Its cost grows with what is wrong, not with the
+/// cluster.
+pub fn problems(handle: &NodeHandle, snap: Option<&counters::Snapshot>) -> ProblemsAnswer {
+    let now = std::time::SystemTime::now();
+    let (healthy, health) = {
+        let h = handle.health().lock().unwrap_or_else(|e| e.into_inner());
+        let body = h.healthz(now).text_body();
+        (
+            h.healthy(now),
+            serde_json::from_str(&body).unwrap_or(Json::Null),
+        )
+    };
+    let mut quarantined = Vec::new();
+    for f in handle.families() {
+        for (q, why) in &f.quarantined {
+            quarantined.push(QuarantinedPort {
+                family: f.config.nft_family().to_string(),
+                service: q.service.to_string(),
+                port: q.port.to_string(),
+                protocol: q.protocol.to_string(),
+                why: why.clone(),
+            });
+        }
+    }
+    let mut refused = Vec::new();
+    if let Some(snap) = snap {
+        for (family, name) in snap.problem_ports() {
+            let Some(v) = handle.service(&name.service) else {
+                continue;
+            };
+            let Some(port) = v
+                .family(family)
+                .and_then(|f| f.ports.iter().find(|p| p.name == name))
+            else {
+                continue;
+            };
+            let eps = &port.endpoints;
+            refused.push(RefusedPort {
+                family: nft_family(family).to_string(),
+                service: name.service.to_string(),
+                port: name.port.to_string(),
+                protocol: name.protocol.to_string(),
+                endpoints: eps.len(),
+                ready: eps.iter().filter(|e| e.ready).count(),
+                counts: snap.port_counts(family, &name, port.port.counting),
+            });
+        }
+    }
+    let (failed_syncs, foreign_changes, last_foreign) = {
+        let h = handle.history();
+        let syncs = h.syncs();
+        let foreign = h.foreign_changes();
+        (
+            syncs.items.iter().filter(|s| s.error.is_some()).count(),
+            foreign.total,
+            foreign.items.first().map(|f| f.at.clone()),
+        )
+    };
+    ProblemsAnswer {
+        counted_at: snap.map(counters::Snapshot::counted_at),
+        healthy,
+        health,
+        refused,
+        quarantined,
+        failed_syncs,
+        foreign_changes,
+        last_foreign_change: last_foreign,
     }
 }
 
@@ -811,6 +935,9 @@ fn endpoint_answer(ep: &Endpoint, sp: &ServicePort, cluster: bool, local: bool) 
         node_hints: ep.node_hints.clone(),
         used_by: used.into_iter().map(str::to_owned).collect(),
         why,
+        connections: None,
+        packets: None,
+        bytes: None,
     }
 }
 
@@ -1039,6 +1166,7 @@ pub fn explain(
                     endpoints,
                     elements,
                     chains: intent.map(|i| i.chains.clone()).unwrap_or_default(),
+                    counts: None,
                 }),
             });
         }
@@ -1069,6 +1197,7 @@ pub fn explain(
             differs,
             extra: extra_checked.then_some(extra),
         },
+        counted_at: None,
     }
 }
 
@@ -1182,20 +1311,42 @@ fn stale_policy(proto: &str) -> &'static str {
     }
 }
 
+/// Whether a conntrack entry in `state` is still a connection: TCP and
+/// SCTP entries that are closing or closed (TIME_WAIT, CLOSE, …) are not;
+/// UDP entries have no state and are.
+pub fn is_open(state: &str) -> bool {
+    !matches!(
+        state,
+        "TIME_WAIT" | "CLOSE" | "CLOSED" | "SHUTDOWN_SENT" | "SHUTDOWN_RECD" | "SHUTDOWN_ACK_SENT"
+    )
+}
+
+/// Which flows `connections` lists (the counts cover all of them).
+#[derive(Clone, Debug, Default)]
+pub struct FlowFilter {
+    /// Only this conntrack state (`ESTABLISHED`, `TIME_WAIT`, …).
+    pub state: Option<String>,
+    /// Only the stale ones.
+    pub stale: bool,
+}
+
 /// `verdict connections`: the DNATed connections in the kernel's
 /// conntrack table, by Service port and endpoint, with the stale ones
-/// (their endpoint is gone) flagged; `service` narrows it to one Service,
-/// `limit` caps the flows listed (the counts cover all of them).
+/// (still open, to an endpoint that is gone) flagged; `service` narrows
+/// it to one Service, `limit` caps the flows listed and `filter` chooses
+/// them (the counts cover all of them).
 pub fn connections(
     handle: &NodeHandle,
     flows: &[(IpFamily, Vec<verdict_nft::conntrack::Flow>)],
     service: Option<&NamespacedName>,
     limit: usize,
+    filter: &FlowFilter,
 ) -> ConnectionsAnswer {
     let mut total = 0usize;
     let mut other = 0usize;
-    // (service port) → (flows, stale, endpoint → (flows, stale)).
-    type Tally = (usize, usize, BTreeMap<String, (usize, bool)>);
+    // (service port) → (flows, stale, closed to a gone endpoint,
+    // endpoint → (flows, gone)).
+    type Tally = (usize, usize, usize, BTreeMap<String, (usize, bool)>);
     let mut by_port: BTreeMap<ServicePortName, Tally> = BTreeMap::new();
     let mut listed = Vec::new();
     for (family, list) in flows {
@@ -1244,17 +1395,25 @@ pub fn connections(
                 continue;
             }
             total += 1;
-            let stale = !port
+            let gone = !port
                 .endpoints
                 .iter()
                 .any(|e| e.ip == f.reply_src && e.port == f.reply_sport);
+            let open = is_open(&f.state);
+            let stale = gone && open;
             let endpoint = show_addr(f.reply_src, f.reply_sport);
             let t = by_port.entry(port.name.clone()).or_default();
             t.0 += 1;
             t.1 += usize::from(stale);
-            let e = t.2.entry(endpoint.clone()).or_insert((0, stale));
+            t.2 += usize::from(gone && !open);
+            let e = t.3.entry(endpoint.clone()).or_insert((0, gone));
             e.0 += 1;
-            if listed.len() < limit {
+            let chosen = (!filter.stale || stale)
+                && filter
+                    .state
+                    .as_deref()
+                    .is_none_or(|s| s.eq_ignore_ascii_case(&f.state));
+            if chosen && listed.len() < limit {
                 listed.push(FlowAnswer {
                     service: port.name.to_string(),
                     proto: f.proto.clone(),
@@ -1263,6 +1422,7 @@ pub fn connections(
                     entry: show_addr(f.dst, f.dport),
                     endpoint,
                     stale,
+                    open,
                     replied: f.replied,
                     expires_in: f.timeout,
                     packets: f.packets,
@@ -1274,12 +1434,13 @@ pub fn connections(
     }
     let services = by_port
         .into_iter()
-        .map(|(port, (n, stale, eps))| ConnectionsOfPort {
+        .map(|(port, (n, stale, closed, eps))| ConnectionsOfPort {
             service: port.service.to_string(),
             port: port.port.to_string(),
             protocol: port.protocol.to_string(),
             flows: n,
             stale,
+            closed_to_gone: closed,
             endpoints: eps
                 .into_iter()
                 .map(|(endpoint, (flows, stale))| ConnectionsOfEndpoint {

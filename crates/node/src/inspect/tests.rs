@@ -37,7 +37,13 @@ fn connections(
     svc: Option<&NamespacedName>,
     limit: usize,
 ) -> Json {
-    as_json(&super::connections(h, flows, svc, limit))
+    as_json(&super::connections(
+        h,
+        flows,
+        svc,
+        limit,
+        &super::FlowFilter::default(),
+    ))
 }
 
 fn ip(s: &str) -> IpAddr {
@@ -461,8 +467,13 @@ fn connections_are_grouped_by_service_and_endpoint_and_stale_ones_flagged() {
         vec![
             flow("tcp", "172.30.0.41", 80, "10.180.0.1", 80),
             flow("tcp", "172.30.0.41", 80, "10.180.0.2", 80),
-            // An endpoint no slice lists any more.
+            // An endpoint no slice lists any more: one connection still
+            // open, one closed that conntrack keeps in TIME_WAIT.
             flow("tcp", "172.30.0.41", 80, "10.180.9.9", 80),
+            verdict_nft::conntrack::Flow {
+                state: "TIME_WAIT".into(),
+                ..flow("tcp", "172.30.0.41", 80, "10.180.9.9", 80)
+            },
             // UDP to a port the Service has only for TCP: not a Service's.
             flow("udp", "172.30.0.41", 80, "10.180.9.9", 80),
             // The NodePort, on a NodePort address.
@@ -473,7 +484,7 @@ fn connections_are_grouped_by_service_and_endpoint_and_stale_ones_flagged() {
         ],
     )];
     let all = connections(&view, &flows, None, 100);
-    assert_eq!(all["total"], 5);
+    assert_eq!(all["total"], 6);
     assert_eq!(all["not_services"], 2);
     let web = all["services"]
         .as_array()
@@ -481,8 +492,9 @@ fn connections_are_grouped_by_service_and_endpoint_and_stale_ones_flagged() {
         .iter()
         .find(|s| s["service"] == "ns/web")
         .unwrap();
-    assert_eq!(web["flows"], 4, "{web:#}");
-    assert_eq!(web["stale"], 1);
+    assert_eq!(web["flows"], 5, "{web:#}");
+    assert_eq!(web["stale"], 1, "the closed one is not stale");
+    assert_eq!(web["closed_to_gone"], 1);
     let stale: Vec<&Json> = all["flows"]
         .as_array()
         .unwrap()
@@ -503,13 +515,31 @@ fn connections_are_grouped_by_service_and_endpoint_and_stale_ones_flagged() {
     assert_eq!(lb["flows"][0]["endpoint"], "10.180.1.1:80");
     let capped = connections(&view, &flows, None, 2);
     assert_eq!(capped["flows"].as_array().unwrap().len(), 2);
-    assert_eq!(capped["total"], 5, "the counts cover every flow");
+    assert_eq!(capped["total"], 6, "the counts cover every flow");
+    // Filters choose the flows listed, not the counts.
+    let only =
+        |filter: super::FlowFilter| as_json(&super::connections(&view, &flows, None, 100, &filter));
+    let stale_only = only(super::FlowFilter {
+        stale: true,
+        ..Default::default()
+    });
+    assert_eq!(stale_only["flows"].as_array().unwrap().len(), 1);
+    assert_eq!(stale_only["total"], 6);
+    let waiting = only(super::FlowFilter {
+        state: Some("time_wait".into()),
+        ..Default::default()
+    });
+    assert_eq!(waiting["flows"].as_array().unwrap().len(), 1);
+    assert_eq!(waiting["flows"][0]["open"], false);
     let text = text::connections(&typed(&all));
     assert!(
-        text.contains("ns/web:p80 tcp: 4 connections, 1 STALE"),
+        text.contains("ns/web:p80 tcp: 5 connections, 1 STALE"),
         "{text}"
     );
-    assert!(text.contains("STALE: the endpoint is gone"), "{text}");
+    assert!(
+        text.contains("GONE: the endpoint is no longer the Service's"),
+        "{text}"
+    );
 }
 
 /// A kernel that counts the keys it is asked for and can be made to fail.

@@ -5,8 +5,8 @@
 use std::fmt::Write as _;
 
 use super::answers::{
-    ConnectionsAnswer, ExplainAnswer, ExplainPortDetail, ForeignAnswer, ServicesPage, SyncsAnswer,
-    TraceAnswer, TraceStep,
+    ConnectionsAnswer, ExplainAnswer, ExplainPortDetail, ForeignAnswer, PortCounts, ServicesPage,
+    SyncsAnswer, TraceAnswer, TraceStep,
 };
 
 fn p(v: f64) -> String {
@@ -196,13 +196,20 @@ fn port_detail(out: &mut String, d: &ExplainPortDetail) {
         } else {
             format!("used by the {} list", ep.used_by.join(" and "))
         };
+        let counted = ep
+            .connections
+            .map(|c| format!("  [{c} connections, {} bytes]", ep.bytes.unwrap_or(0)))
+            .unwrap_or_default();
         let _ = writeln!(
             out,
-            "      {:<24} {:<32} {used}: {}",
+            "      {:<24} {:<32} {used}: {}{counted}",
             ep.address,
             state.join(" "),
             ep.why
         );
+    }
+    if let Some(c) = &d.counts {
+        counts(out, c);
     }
     let _ = writeln!(out, "    kernel elements:");
     for el in &d.elements {
@@ -210,6 +217,45 @@ fn port_detail(out: &mut String, d: &ExplainPortDetail) {
     }
     if !d.chains.is_empty() {
         let _ = writeln!(out, "    shared chains: {}", d.chains.join(", "));
+    }
+}
+
+/// What the kernel counted for a port, as `explain` shows it.
+fn counts(out: &mut String, c: &PortCounts) {
+    match c.connections {
+        Some(n) => {
+            let _ = writeln!(
+                out,
+                "    counted ({} level): {n} connections, {} packets, {} bytes",
+                c.level,
+                c.packets.unwrap_or(0),
+                c.bytes.unwrap_or(0)
+            );
+        }
+        None => {
+            let _ = writeln!(
+                out,
+                "    counted: rejects and drops only (choose it with --service-metrics for its connections)"
+            );
+        }
+    }
+    if c.problems.is_empty() {
+        let _ = writeln!(out, "    rejected or dropped: none");
+    }
+    for p in &c.problems {
+        let _ = writeln!(
+            out,
+            "    {} {}: {} connections ({}; last clients {})",
+            p.verdict.to_uppercase(),
+            p.reason,
+            p.connections,
+            p.what,
+            if p.recent_clients.is_empty() {
+                "-".to_owned()
+            } else {
+                p.recent_clients.join(", ")
+            }
+        );
     }
 }
 
@@ -301,8 +347,8 @@ pub fn explain(doc: &ExplainAnswer) -> String {
 /// `verdict services`.
 pub fn services(doc: &ServicesPage) -> String {
     let mut out = format!(
-        "{:<48} {:<5} {:<12} {:<6} {:<40} {:<9} {}\n",
-        "SERVICE", "FAM", "PORT", "PROTO", "CLUSTER-IP:PORT", "NODEPORT", "ENDPOINTS"
+        "{:<48} {:<5} {:<12} {:<6} {:<40} {:<9} {:<24} {}\n",
+        "SERVICE", "FAM", "PORT", "PROTO", "CLUSTER-IP:PORT", "NODEPORT", "ENDPOINTS", "COUNTED"
     );
     for item in &doc.items {
         let name = format!("{}/{}", item.namespace, item.name);
@@ -322,9 +368,26 @@ pub fn services(doc: &ServicesPage) -> String {
                 "" => "-",
                 n => n,
             };
+            let counted = match &port.counts {
+                None => "-".to_owned(),
+                Some(c) => {
+                    let mut parts = Vec::new();
+                    if let Some(n) = c.connections {
+                        parts.push(format!("{n} connections"));
+                    }
+                    for p in &c.problems {
+                        parts.push(format!("{} {} {}", p.connections, p.verdict, p.reason));
+                    }
+                    if parts.is_empty() {
+                        "no rejects or drops".to_owned()
+                    } else {
+                        parts.join(", ")
+                    }
+                }
+            };
             let _ = writeln!(
                 out,
-                "{name:<48} {:<5} {pname:<12} {:<6} {:<40} {np:<9} {eps}",
+                "{name:<48} {:<5} {pname:<12} {:<6} {:<40} {np:<9} {eps:<24} {counted}",
                 port.family,
                 port.protocol,
                 format!("{}:{}", port.cluster_ip, port.service_port),
@@ -409,6 +472,13 @@ pub fn connections(doc: &ConnectionsAnswer) -> String {
                 String::new()
             }
         );
+        if svc.closed_to_gone > 0 {
+            let _ = writeln!(
+                out,
+                "  and {} closed (TIME_WAIT, …) to endpoints that are gone, which conntrack still lists",
+                svc.closed_to_gone
+            );
+        }
         for ep in &svc.endpoints {
             let _ = writeln!(
                 out,
@@ -416,7 +486,7 @@ pub fn connections(doc: &ConnectionsAnswer) -> String {
                 ep.endpoint,
                 ep.flows,
                 if ep.stale {
-                    "  STALE: the endpoint is gone"
+                    "  GONE: the endpoint is no longer the Service's"
                 } else {
                     ""
                 }

@@ -37,7 +37,7 @@ mod tests {
             "#/services",
             "#/trace",
             "const API = \"/api/v1\"",
-            "\"/counters\"",
+            "\"/problems\"",
             "\"/syncs\"",
         ] {
             assert!(body.contains(route), "{route}");
