@@ -1601,7 +1601,7 @@ pub fn daemon(args: &[String]) -> Result<(), String> {
         Mode::SlowClients { .. } => println!(
             "\nThe slow clients each open a connection and send one byte of a request every 3 s, never \
              the whole header; a connection the server closes (its 10 s header timeout) is opened again \
-             at once. Meanwhile a loop scrapes the whole /metrics (per-service counters included) and \
+             at once. Meanwhile a loop scrapes the whole /metrics (with the flags given, e.g. --service-metrics) and \
              two probes ask /livez (health port) and /healthz (metrics port) every 50 ms over a new \
              connection each."
         ),
