@@ -111,6 +111,12 @@ impl ServiceView {
         self.families.iter().find(|f| f.family == family)
     }
 
+    /// One of its ports in one family.
+    pub fn port(&self, family: IpFamily, name: &ServicePortName) -> Option<&PortView> {
+        self.family(family)
+            .and_then(|f| f.ports.iter().find(|p| p.name == *name))
+    }
+
     /// Every port, of every family.
     pub fn ports(&self) -> impl Iterator<Item = (IpFamily, &PortView)> {
         self.families

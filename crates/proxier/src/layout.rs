@@ -458,11 +458,11 @@ pub type ChainWithRules = (Chain, Vec<Rule>);
 
 /// How a rule drops a new connection: through `chain`, which counts it
 /// once, with the counters; else at once, as kube-proxy does.
-fn drop_verdict(cfg: &ProxierConfig, chain: &str) -> Expr {
+fn drop_verdict(cfg: &ProxierConfig, chain: &str) -> Verdict {
     if cfg.counters {
-        Expr::Verdict(Verdict::Goto(chain.into()))
+        Verdict::Goto(chain.into())
     } else {
-        Expr::Verdict(Verdict::Drop)
+        Verdict::Drop
     }
 }
 
@@ -483,7 +483,7 @@ pub fn fixed_chains(cfg: &ProxierConfig) -> Vec<ChainWithRules> {
     // Every packet of a DNATed connection, new or not, is counted first:
     // the filter hooks see both directions of routed, delivered and
     // locally sent traffic.
-    let drop_to = |chain: &str| drop_verdict(cfg, chain);
+    let drop_to = |chain: &str| Expr::Verdict(drop_verdict(cfg, chain));
     let level = cfg.metrics_level();
     let counted = |rules: Vec<Rule>| {
         let mut all = Vec::new();
@@ -833,10 +833,7 @@ pub fn fixed_chains(cfg: &ProxierConfig) -> Vec<ChainWithRules> {
 /// a local endpoint: through [`DROP_NO_LOCAL_ENDPOINT`], which counts the
 /// connection once, with the counters.
 pub fn no_local_endpoint_drop(cfg: &ProxierConfig) -> ElementValue {
-    match drop_verdict(cfg, DROP_NO_LOCAL_ENDPOINT) {
-        Expr::Verdict(v) => ElementValue::Verdict(v),
-        _ => ElementValue::Verdict(Verdict::Drop),
-    }
+    ElementValue::Verdict(drop_verdict(cfg, DROP_NO_LOCAL_ENDPOINT))
 }
 
 /// Every set and map of the table. The sets that count

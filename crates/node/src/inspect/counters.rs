@@ -70,6 +70,21 @@ fn level_name(level: Counting) -> &'static str {
     }
 }
 
+/// The port of `view` an answer names by its name and protocol.
+fn answered_port<'v>(
+    view: &'v ServiceView,
+    family: IpFamily,
+    port: &str,
+    protocol: &str,
+) -> Option<&'v crate::view::PortView> {
+    let name = ServicePortName {
+        service: view.name.clone(),
+        port: port.into(),
+        protocol: protocol.parse().ok()?,
+    };
+    view.port(family, &name)
+}
+
 /// The IP family of an nftables family's name (`ip`, `ip6`).
 fn family_of(nft: &str) -> Option<IpFamily> {
     match nft {
@@ -280,10 +295,8 @@ impl Problems {
     /// Forgets the Service ports that are gone.
     fn forget_gone(&mut self, node: &NodeHandle) {
         self.counts.retain(|(family, name, _), _| {
-            node.service(&name.service).is_some_and(|v| {
-                v.family(*family)
-                    .is_some_and(|f| f.ports.iter().any(|p| p.name == *name))
-            })
+            node.service(&name.service)
+                .is_some_and(|v| v.port(*family, name).is_some())
         });
     }
 }
@@ -494,11 +507,7 @@ impl Snapshot {
             problems.push((*family, name.clone(), *reason, p.clone()));
             let counted = handle
                 .service(&name.service)
-                .and_then(|v| {
-                    v.family(*family)
-                        .and_then(|f| f.ports.iter().find(|x| x.name == *name))
-                        .map(|x| x.port.counting)
-                })
+                .and_then(|v| v.port(*family, name).map(|x| x.port.counting))
                 .unwrap_or(Counting::None);
             if counted == Counting::None {
                 continue;
@@ -577,12 +586,7 @@ impl Snapshot {
                 let Some(family) = family_of(&p.family) else {
                     continue;
                 };
-                let found = view.family(family).and_then(|f| {
-                    f.ports.iter().find(|x| {
-                        x.name.port.as_str() == p.port && x.port.protocol.to_string() == p.protocol
-                    })
-                });
-                if let Some(port) = found {
+                if let Some(port) = answered_port(&view, family, &p.port, &p.protocol) {
                     p.counts = Some(self.port_counts(family, &port.name, port.port.counting));
                 }
             }
@@ -600,13 +604,8 @@ impl Snapshot {
             let Some(family) = family_of(&fam.family) else {
                 continue;
             };
-            let Some(fv) = view.family(family) else {
-                continue;
-            };
             for p in &mut fam.ports {
-                let Some(port) = fv.ports.iter().find(|x| {
-                    x.name.port.as_str() == p.port && x.port.protocol.to_string() == p.protocol
-                }) else {
+                let Some(port) = answered_port(&view, family, &p.port, &p.protocol) else {
                     continue;
                 };
                 let Some(detail) = p.detail.as_mut() else {
@@ -758,21 +757,11 @@ impl Snapshot {
             return json!({"service": format!("{ns}/{name}"), "series": series, "problems": problems});
         }
         let mut totals: BTreeMap<String, [u64; 5]> = BTreeMap::new();
-        for (family, s) in &self.families.0 {
-            let slot = match *family {
-                SERVICE_CONNECTIONS => 0,
-                SERVICE_PACKETS => 3,
-                SERVICE_BYTES => 4,
-                _ => continue,
-            };
-            for (labels, v) in s {
-                let key = format!(
-                    "{}/{}",
-                    label(labels, "namespace"),
-                    label(labels, "service")
-                );
-                totals.entry(key).or_default()[slot] += v;
-            }
+        for ((_, name), [connections, packets, bytes]) in &self.by_port.ports {
+            let t = totals.entry(name.service.to_string()).or_default();
+            t[0] += connections;
+            t[3] += packets;
+            t[4] += bytes;
         }
         for (_, name, reason, p) in &self.problems {
             let slot = if *reason == "no_endpoints" { 1 } else { 2 };

@@ -833,10 +833,7 @@ pub fn problems(handle: &NodeHandle, snap: Option<&counters::Snapshot>) -> Probl
             let Some(v) = handle.service(&name.service) else {
                 continue;
             };
-            let Some(port) = v
-                .family(family)
-                .and_then(|f| f.ports.iter().find(|p| p.name == name))
-            else {
+            let Some(port) = v.port(family, &name) else {
                 continue;
             };
             let eps = &port.endpoints;
