@@ -12,9 +12,11 @@
 //! [`REPAIR_WINDOW`]. kube-proxy would answer 200 until the next change
 //! had waited 2 × syncPeriod.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
-use std::fmt;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
+use std::{fmt, io};
 
 use crate::time::rfc3339_nano;
 
@@ -53,28 +55,78 @@ struct FamilyState {
 pub struct Response {
     /// Status code.
     pub code: u16,
-    /// The body.
+    /// The body (empty when it is [`Response::stream`]ed).
     pub body: Vec<u8>,
     /// Its `Content-Type`.
     pub content_type: &'static str,
     /// More headers.
     pub headers: Vec<(&'static str, String)>,
+    /// A body written as it is sent, instead of [`Response::body`].
+    pub stream: Option<Stream>,
 }
+
+/// A body written piece by piece as the client takes it: a large answer
+/// (a scrape of many series) is never held whole. The server sends it
+/// chunked and cuts the connection if the writer fails, so a client never
+/// takes half an answer for a whole one.
+#[derive(Clone)]
+pub struct Stream(Arc<StreamWriter>);
+
+/// What writes a [`Stream`]'s body; it may be called more than once.
+type StreamWriter = dyn Fn(&mut dyn io::Write) -> io::Result<()> + Send + Sync;
+
+impl Stream {
+    /// A body that `write` writes.
+    pub fn new(
+        write: impl Fn(&mut dyn io::Write) -> io::Result<()> + Send + Sync + 'static,
+    ) -> Stream {
+        Stream(Arc::new(write))
+    }
+
+    /// Writes the body to `out`.
+    pub fn write(&self, out: &mut dyn io::Write) -> io::Result<()> {
+        (self.0)(out)
+    }
+}
+
+impl fmt::Debug for Stream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Stream")
+    }
+}
+
+impl PartialEq for Stream {
+    fn eq(&self, other: &Stream) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for Stream {}
 
 impl Response {
     /// The body as text (lossy), for checks and logs.
     pub fn text_body(&self) -> String {
-        String::from_utf8_lossy(&self.body).into_owned()
+        String::from_utf8_lossy(&self.bytes()).into_owned()
+    }
+
+    /// The whole body: [`Response::body`], or the stream written out (an
+    /// error cuts it where it happened).
+    pub fn bytes(&self) -> Cow<'_, [u8]> {
+        match &self.stream {
+            None => Cow::Borrowed(&self.body),
+            Some(s) => {
+                let mut out = Vec::new();
+                if let Err(e) = s.write(&mut out) {
+                    tracing::debug!(error = %e, "a streamed body failed");
+                }
+                Cow::Owned(out)
+            }
+        }
     }
 
     /// A JSON answer.
     pub fn json(code: u16, body: String) -> Response {
-        Response {
-            code,
-            body: body.into_bytes(),
-            content_type: "application/json",
-            headers: Vec::new(),
-        }
+        Response::text(code, body, "application/json")
     }
 
     /// A plain-text answer (`text/plain; charset=utf-8`, or Prometheus'
@@ -85,6 +137,18 @@ impl Response {
             body: body.into_bytes(),
             content_type,
             headers: Vec::new(),
+            stream: None,
+        }
+    }
+
+    /// An answer whose body `stream` writes as it is sent.
+    pub fn streamed(code: u16, content_type: &'static str, stream: Stream) -> Response {
+        Response {
+            code,
+            body: Vec::new(),
+            content_type,
+            headers: Vec::new(),
+            stream: Some(stream),
         }
     }
 }

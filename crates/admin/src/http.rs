@@ -16,20 +16,31 @@
 //!
 //! Every method reaches the handler, as with Go's handlers; a HEAD answer
 //! has no body.
+//!
+//! A [`Stream`](crate::Stream)ed answer is written on its blocking thread as the client
+//! takes it, [`CHUNK`] bytes at a time and at most [`CHUNKS_AHEAD`] chunks
+//! ahead of the client, and sent chunked: a scrape of 270,000 series never
+//! holds its 35 MB of text. A client that takes nothing for
+//! [`STREAM_STALL`] is cut off, so it holds its slow-route turn for that
+//! long at most.
 
 use std::convert::Infallible;
+use std::io;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use std::task::{Context, Poll};
+
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
-use hyper::body::Incoming;
+use http_body_util::{BodyExt, Either, Full, Limited};
+use hyper::body::{Frame, Incoming};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use nix::unistd::{Pid, gettid};
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use crate::health::Response;
 
@@ -46,6 +57,14 @@ pub const MAX_SLOW_IN_FLIGHT: usize = 16;
 pub const SLOW_QUEUE_WAIT: Duration = Duration::from_secs(30);
 /// The largest request body read (`PUT /debug/flags/v` sends a number).
 const MAX_BODY: usize = 64 * 1024;
+/// The size of the chunks a [`Stream`](crate::Stream)ed answer is sent in.
+pub const CHUNK: usize = 64 * 1024;
+/// How many chunks of a [`Stream`](crate::Stream)ed answer are written ahead of the
+/// client at most.
+pub const CHUNKS_AHEAD: usize = 4;
+/// How long a [`Stream`](crate::Stream)ed answer waits for the client to take a chunk
+/// before the connection is cut.
+pub const STREAM_STALL: Duration = Duration::from_secs(30);
 /// Worker threads of the runtime every server shares: they only read
 /// requests, answer the fast routes and write answers.
 const WORKERS: usize = 2;
@@ -316,48 +335,182 @@ async fn read(req: hyper::Request<Incoming>, peer: SocketAddr) -> Result<Request
     })
 }
 
+/// An answer's body: whole, or streamed from its writer.
+type AnswerBody = Either<Full<Bytes>, Streamed>;
+
 async fn answer(
     server: Arc<Server>,
     req: hyper::Request<Incoming>,
     peer: SocketAddr,
-) -> Result<hyper::Response<Full<Bytes>>, Infallible> {
+) -> Result<hyper::Response<AnswerBody>, Infallible> {
     let request = match read(req, peer).await {
         Ok(r) => r,
-        Err(r) => return Ok(to_hyper(r)),
+        Err(r) => return Ok(to_hyper(r, None)),
     };
     if let Some(fast) = &server.routes.fast
         && let Some(r) = fast(&request)
     {
-        return Ok(to_hyper(r));
+        return Ok(to_hyper(r, None));
     }
     let Some(slow) = server.routes.slow.clone() else {
-        return Ok(to_hyper(not_found()));
+        return Ok(to_hyper(not_found(), None));
     };
     let permit =
         match tokio::time::timeout(SLOW_QUEUE_WAIT, server.slow.clone().acquire_owned()).await {
             Ok(Ok(p)) => p,
             _ => {
-                return Ok(to_hyper(Response::text(
-                    503,
-                    "too many requests in flight; try again\n".into(),
-                    "text/plain; charset=utf-8",
-                )));
+                return Ok(to_hyper(
+                    Response::text(
+                        503,
+                        "too many requests in flight; try again\n".into(),
+                        "text/plain; charset=utf-8",
+                    ),
+                    None,
+                ));
             }
         };
-    let answered = tokio::task::spawn_blocking(move || {
+    // The head comes back as soon as the handler returns; a streamed body
+    // is then written on the same thread, which keeps the turn until the
+    // client has it all (or is cut off).
+    let (head, answered) = oneshot::channel();
+    let rt = tokio::runtime::Handle::current();
+    tokio::task::spawn_blocking(move || {
         let _permit = permit;
-        slow(&request)
-    })
-    .await;
-    Ok(to_hyper(match answered {
-        Ok(Some(r)) => r,
-        Ok(None) => not_found(),
-        Err(_) => Response::text(
-            500,
-            "the handler failed\n".into(),
-            "text/plain; charset=utf-8",
+        let mut r = slow(&request).unwrap_or_else(not_found);
+        let Some(stream) = r.stream.take() else {
+            let _ = head.send((r, None));
+            return;
+        };
+        let (tx, rx) = mpsc::channel(CHUNKS_AHEAD);
+        if head.send((r, Some(rx))).is_err() {
+            return;
+        }
+        let mut out = ChunkWriter::new(tx, rt);
+        if let Err(e) = stream.write(&mut out).and_then(|()| out.finish()) {
+            tracing::debug!(path = %request.path, error = %e, "a streamed answer was cut off");
+        }
+    });
+    Ok(match answered.await {
+        Ok((r, rx)) => to_hyper(r, rx),
+        Err(_) => to_hyper(
+            Response::text(
+                500,
+                "the handler failed\n".into(),
+                "text/plain; charset=utf-8",
+            ),
+            None,
         ),
-    }))
+    })
+}
+
+/// One piece of a streamed body, or its end.
+enum Chunk {
+    Data(Bytes),
+    End,
+}
+
+/// Writes a streamed body into the channel the connection reads, in
+/// chunks of [`CHUNK`] bytes.
+struct ChunkWriter {
+    tx: mpsc::Sender<Chunk>,
+    rt: tokio::runtime::Handle,
+    buf: Vec<u8>,
+}
+
+impl ChunkWriter {
+    fn new(tx: mpsc::Sender<Chunk>, rt: tokio::runtime::Handle) -> ChunkWriter {
+        ChunkWriter {
+            tx,
+            rt,
+            buf: Vec::with_capacity(CHUNK),
+        }
+    }
+
+    /// Waits (on this blocking thread) until the client has room for one
+    /// more chunk.
+    fn send(&self, chunk: Chunk) -> io::Result<()> {
+        self.rt
+            .block_on(self.tx.send_timeout(chunk, STREAM_STALL))
+            .map_err(|e| match e {
+                mpsc::error::SendTimeoutError::Timeout(_) => io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("the client took nothing for {STREAM_STALL:?}"),
+                ),
+                mpsc::error::SendTimeoutError::Closed(_) => {
+                    io::Error::new(io::ErrorKind::BrokenPipe, "the client is gone")
+                }
+            })
+    }
+
+    fn send_buffered(&mut self) -> io::Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let full = std::mem::replace(&mut self.buf, Vec::with_capacity(CHUNK));
+        self.send(Chunk::Data(Bytes::from(full)))
+    }
+
+    /// Sends what is buffered and the end of the body.
+    fn finish(&mut self) -> io::Result<()> {
+        self.send_buffered()?;
+        self.send(Chunk::End)
+    }
+}
+
+impl io::Write for ChunkWriter {
+    fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+        self.buf.extend_from_slice(b);
+        if self.buf.len() >= CHUNK {
+            self.send_buffered()?;
+        }
+        Ok(b.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The writer stopped before the end of the body: the connection is cut,
+/// so that the client does not take a part for the whole.
+#[derive(Debug, thiserror::Error)]
+#[error("the answer was cut off before its end")]
+pub struct CutOff;
+
+/// A streamed body, as the connection reads it.
+pub struct Streamed {
+    rx: mpsc::Receiver<Chunk>,
+    ended: bool,
+}
+
+impl hyper::body::Body for Streamed {
+    type Data = Bytes;
+    type Error = CutOff;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, CutOff>>> {
+        if self.ended {
+            return Poll::Ready(None);
+        }
+        match self.rx.poll_recv(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Some(Chunk::Data(b))) => Poll::Ready(Some(Ok(Frame::data(b)))),
+            Poll::Ready(Some(Chunk::End)) => {
+                self.ended = true;
+                Poll::Ready(None)
+            }
+            Poll::Ready(None) => {
+                self.ended = true;
+                Poll::Ready(Some(Err(CutOff)))
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.ended
+    }
 }
 
 fn not_found() -> Response {
@@ -368,8 +521,18 @@ fn not_found() -> Response {
     )
 }
 
-fn to_hyper(r: Response) -> hyper::Response<Full<Bytes>> {
-    let mut out = hyper::Response::new(Full::new(Bytes::from(r.body)));
+fn to_hyper(
+    mut r: Response,
+    streamed: Option<mpsc::Receiver<Chunk>>,
+) -> hyper::Response<AnswerBody> {
+    let body = match streamed {
+        Some(rx) => Either::Right(Streamed { rx, ended: false }),
+        // A stream not written on the blocking pool (a fast route's) is
+        // written here, whole.
+        None if r.stream.is_some() => Either::Left(Full::new(Bytes::from(r.bytes().into_owned()))),
+        None => Either::Left(Full::new(Bytes::from(std::mem::take(&mut r.body)))),
+    };
+    let mut out = hyper::Response::new(body);
     *out.status_mut() =
         hyper::StatusCode::from_u16(r.code).unwrap_or(hyper::StatusCode::INTERNAL_SERVER_ERROR);
     let h = out.headers_mut();
@@ -430,6 +593,7 @@ mod tests {
     }
 
     use super::*;
+    use crate::Stream;
 
     use std::io::{Read, Write};
     use std::net::TcpStream;
@@ -546,6 +710,142 @@ mod tests {
             assert!(s.join().unwrap().ends_with("big"));
         }
         drop(idle);
+    }
+
+    /// The body of a chunked answer, and whether it ended properly (the
+    /// zero-length chunk).
+    fn dechunk(mut rest: &[u8]) -> (Vec<u8>, bool) {
+        let mut out = Vec::new();
+        loop {
+            let Some(eol) = rest.windows(2).position(|w| w == b"\r\n") else {
+                return (out, false);
+            };
+            let size = std::str::from_utf8(&rest[..eol]).unwrap();
+            let size = usize::from_str_radix(size.trim(), 16).unwrap();
+            rest = &rest[eol + 2..];
+            if size == 0 {
+                return (out, rest == b"\r\n");
+            }
+            if rest.len() < size + 2 {
+                out.extend_from_slice(rest);
+                return (out, false);
+            }
+            out.extend_from_slice(&rest[..size]);
+            rest = &rest[size + 2..];
+        }
+    }
+
+    fn get_bytes(addr: SocketAddr, path: &str) -> (String, Vec<u8>) {
+        let mut s = TcpStream::connect(addr).unwrap();
+        write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut out = Vec::new();
+        let _ = s.read_to_end(&mut out);
+        // A connection cut before the head was sent has none.
+        let Some(end) = out.windows(4).position(|w| w == b"\r\n\r\n") else {
+            return (String::new(), out);
+        };
+        let head = String::from_utf8_lossy(&out[..end]).into_owned();
+        (head, out.split_off(end + 4))
+    }
+
+    /// `n` lines of text, numbered.
+    fn lines(n: usize) -> Stream {
+        Stream::new(move |out| {
+            for i in 0..n {
+                writeln!(out, "line {i} of the streamed answer")?;
+            }
+            Ok(())
+        })
+    }
+
+    #[test]
+    fn a_streamed_answer_arrives_whole_and_chunked() {
+        let slow: Handler =
+            Arc::new(|_: &Request| Some(Response::streamed(200, "text/plain", lines(100_000))));
+        let addr = serve("127.0.0.1:0".parse().unwrap(), Routes::slow(slow)).unwrap();
+        let (head, body) = get_bytes(addr, "/");
+        assert!(head.starts_with("HTTP/1.1 200 OK"), "{head}");
+        assert!(head.contains("Transfer-Encoding: chunked"), "{head}");
+        assert!(!head.contains("Content-Length"), "{head}");
+        let (body, ended) = dechunk(&body);
+        assert!(ended, "the answer ends with the last chunk");
+        let want = Response::streamed(200, "text/plain", lines(100_000))
+            .bytes()
+            .into_owned();
+        assert!(want.len() > 10 * CHUNK, "{}", want.len());
+        assert_eq!(body, want);
+    }
+
+    #[test]
+    fn a_stream_that_fails_cuts_the_connection_without_its_end() {
+        let slow: Handler = Arc::new(|_: &Request| {
+            Some(Response::streamed(
+                200,
+                "text/plain",
+                Stream::new(|out| {
+                    out.write_all(&vec![b'x'; 3 * CHUNK])?;
+                    Err(io::Error::other("the counters cannot be read"))
+                }),
+            ))
+        });
+        let addr = serve("127.0.0.1:0".parse().unwrap(), Routes::slow(slow)).unwrap();
+        let (head, body) = get_bytes(addr, "/");
+        // The head may have gone out before the failure, or not.
+        assert!(
+            head.is_empty() || head.starts_with("HTTP/1.1 200 OK"),
+            "{head}"
+        );
+        let (body, ended) = dechunk(&body);
+        assert!(!ended, "a cut answer must not look whole");
+        assert!(body.len() <= 3 * CHUNK, "{}", body.len());
+    }
+
+    #[test]
+    fn a_stream_is_written_only_as_fast_as_the_client_reads() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        const TOTAL: usize = 200 * 1024 * 1024;
+        let written = Arc::new(AtomicUsize::new(0));
+        let w = written.clone();
+        let slow: Handler = Arc::new(move |_: &Request| {
+            let w = w.clone();
+            Some(Response::streamed(
+                200,
+                "application/octet-stream",
+                Stream::new(move |out| {
+                    let piece = vec![b'y'; 16 * 1024];
+                    while w.load(Ordering::SeqCst) < TOTAL {
+                        out.write_all(&piece)?;
+                        w.fetch_add(piece.len(), Ordering::SeqCst);
+                    }
+                    Ok(())
+                }),
+            ))
+        });
+        let addr = serve("127.0.0.1:0".parse().unwrap(), Routes::slow(slow)).unwrap();
+        let mut s = TcpStream::connect(addr).unwrap();
+        write!(s, "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+        // The client reads nothing for a while: the writer must stop after
+        // what the channel and the sockets' buffers hold.
+        std::thread::sleep(Duration::from_secs(1));
+        let ahead = written.load(Ordering::SeqCst);
+        assert!(
+            ahead < 32 * 1024 * 1024,
+            "{ahead} bytes written ahead of the client"
+        );
+        let mut n = 0usize;
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            match s.read(&mut buf).unwrap() {
+                0 => break,
+                k => n += k,
+            }
+        }
+        assert!(n > TOTAL, "{n} bytes read, chunk sizes included");
+        assert_eq!(written.load(Ordering::SeqCst), TOTAL);
     }
 
     #[test]

@@ -16,5 +16,5 @@ pub mod process;
 pub mod service_health;
 pub mod time;
 
-pub use health::{Family, Health, Response};
+pub use health::{Family, Health, Response, Stream};
 pub use metrics::Metrics;

@@ -404,12 +404,11 @@ pub fn get_body(ns: &str, addr: SocketAddr, path: &str) -> Result<String, String
         if code != 200 {
             return Err(format!("GET {path}: {head}"));
         }
-        if head
-            .to_ascii_lowercase()
-            .contains("transfer-encoding: chunked")
-        {
-            return Err(format!("GET {path}: a chunked answer, not read here"));
-        }
+        let body = if verdict_e2e::http::is_chunked(&head) {
+            verdict_e2e::http::decode_chunked(&body).map_err(|e| format!("GET {path}: {e}"))?
+        } else {
+            body
+        };
         String::from_utf8(body).map_err(|e| format!("GET {path}: {e}"))
     })
     .join()

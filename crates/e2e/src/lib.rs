@@ -11,10 +11,12 @@
 //! - [`bed`]: the topology (node, lan router, second node, external client, pods).
 //! - [`apiserver`]: a fake Kubernetes API server (list, watch, bookmarks,
 //!   410 Gone) for the Kubernetes source's tests.
+//! - [`http`]: decoding answers read off the wire by hand.
 //! - [`runner`]: replays `verdict-conformance` scenarios as real traffic.
 
 pub mod apiserver;
 pub mod bed;
+pub mod http;
 pub mod netns;
 pub mod rbac;
 pub mod runner;

@@ -397,6 +397,9 @@ pub fn counters_fresh_for(took: Duration) -> Duration {
 /// rejected or dropped connection is attributed to its Service.
 pub const COUNTERS_READ_EVERY: Duration = Duration::from_secs(30);
 
+/// Writes text (a part of `/metrics`) as it goes.
+pub type WriteText = Arc<dyn Fn(&mut dyn std::fmt::Write) -> std::fmt::Result + Send + Sync>;
+
 /// The last reading of the counters (`--service-counters`), shared by
 /// `/metrics` and `/api/v1/counters`, and what is carried from one reading
 /// to the next.
@@ -471,9 +474,9 @@ impl CounterCache {
         snap
     }
 
-    /// The counters for `/metrics`.
-    pub fn metrics(self: Arc<Self>) -> Arc<dyn Fn() -> String + Send + Sync> {
-        Arc::new(move || self.snapshot().exposition())
+    /// The counters for `/metrics`, written as text.
+    pub fn metrics(self: Arc<Self>) -> WriteText {
+        Arc::new(move |out| self.snapshot().write(out))
     }
 }
 

@@ -11,15 +11,15 @@
 //! A port that cannot be bound is tried again every 5 s, as kube-proxy
 //! does, unless `bindAddressHardFail`, which makes it fatal.
 
-use std::io::Write as _;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
+use std::{fmt, io};
 
 use verdict_admin::http::{Handler, Request, Routes};
 use verdict_admin::metrics as m;
-use verdict_admin::{Health, Metrics, Response};
+use verdict_admin::{Health, Metrics, Response, Stream};
 
 use crate::logging::Verbosity;
 
@@ -57,6 +57,22 @@ impl ProbeCounts {
     }
 }
 
+/// Text written into a byte stream; the stream's error is kept, since
+/// `fmt::Error` carries none.
+struct Text<'a> {
+    out: &'a mut dyn io::Write,
+    error: Option<io::Error>,
+}
+
+impl fmt::Write for Text<'_> {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        self.out.write_all(s.as_bytes()).map_err(|e| {
+            self.error = Some(e);
+            fmt::Error
+        })
+    }
+}
+
 /// What the metrics address serves.
 #[derive(Clone)]
 pub struct MetricsSite {
@@ -76,7 +92,7 @@ pub struct MetricsSite {
     pub api: Option<Handler>,
     /// More of `/metrics`: verdict's per-service counters, read from the
     /// kernel (`--service-counters`).
-    pub more_metrics: Option<Arc<dyn Fn() -> String + Send + Sync>>,
+    pub more_metrics: Option<verdict_node::api::WriteText>,
 }
 
 /// The routes of the health address: every one is fast, answered from
@@ -151,10 +167,32 @@ impl MetricsSite {
         }
     }
 
-    /// `/metrics`: the registry and the process, gzipped if the scraper
-    /// accepts it.
+    /// `/metrics`: the registry, the counters and the process, gzipped if
+    /// the scraper accepts it, written as the scraper takes it (the text
+    /// is never whole in memory: 270,000 series are 35 MB).
     fn metrics(&self, req: &Request) -> Response {
-        let mut body = self
+        let gzip = req
+            .header("accept-encoding")
+            .is_some_and(|e| e.split(',').any(|c| c.trim().starts_with("gzip")));
+        let site = self.clone();
+        let stream = Stream::new(move |out| {
+            if !gzip {
+                return site.write_metrics(out);
+            }
+            let mut zipped = flate2::write::GzEncoder::new(out, flate2::Compression::default());
+            site.write_metrics(&mut zipped)?;
+            zipped.finish().map(drop)
+        });
+        let mut r = Response::streamed(200, EXPOSITION, stream);
+        if gzip {
+            r.headers.push(("Content-Encoding", "gzip".into()));
+        }
+        r
+    }
+
+    /// The exposition of `/metrics`, written to `out`.
+    fn write_metrics(&self, out: &mut dyn io::Write) -> io::Result<()> {
+        let registry = self
             .metrics
             .lock()
             .map(|mut x| {
@@ -162,26 +200,20 @@ impl MetricsSite {
                 x.render()
             })
             .unwrap_or_default();
+        out.write_all(registry.as_bytes())?;
+        drop(registry);
         if let Some(more) = &self.more_metrics {
-            body.push_str(&more());
-        }
-        if let Some(p) = verdict_admin::process::Process::now() {
-            body.push_str(&p.render());
-        }
-        let gzip = req
-            .header("accept-encoding")
-            .is_some_and(|e| e.split(',').any(|c| c.trim().starts_with("gzip")));
-        let mut r = Response::text(200, body, EXPOSITION);
-        if gzip {
-            let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
-            if enc.write_all(&r.body).is_ok()
-                && let Ok(zipped) = enc.finish()
-            {
-                r.body = zipped;
-                r.headers.push(("Content-Encoding", "gzip".into()));
+            let mut text = Text { out, error: None };
+            if more(&mut text).is_err() {
+                return Err(text
+                    .error
+                    .unwrap_or_else(|| io::Error::other("the counters could not be written")));
             }
         }
-        r
+        if let Some(p) = verdict_admin::process::Process::now() {
+            out.write_all(p.render().as_bytes())?;
+        }
+        Ok(())
     }
 
     /// `/debug/*`, with `enableProfiling`.
@@ -375,8 +407,11 @@ mod tests {
                 .any(|(k, v)| *k == "Content-Encoding" && v == "gzip")
         );
         let mut plain = String::new();
-        std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(&r.body[..]), &mut plain)
-            .unwrap();
+        std::io::Read::read_to_string(
+            &mut flate2::read::GzDecoder::new(&r.bytes()[..]),
+            &mut plain,
+        )
+        .unwrap();
         assert!(
             plain.contains("kubeproxy_sync_proxy_rules_endpoint_changes_total 0"),
             "{plain}"

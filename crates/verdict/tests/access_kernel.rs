@@ -33,6 +33,7 @@ fn get(ns: &Netns, host: &str, port: u16, path: &str, token: Option<&str>) -> (u
     let out = ns
         .exec("bash", &["-c", &script])
         .unwrap_or_else(|e| e.to_string());
+    let out = verdict_e2e::http::unchunked(&out);
     let code = out
         .split_whitespace()
         .nth(1)

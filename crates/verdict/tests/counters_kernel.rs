@@ -142,6 +142,11 @@ fn the_chosen_namespace_gets_exact_series_and_an_endpoint_keeps_its_count() {
         http_on(&bed, 10249, "/metrics")
     };
     let metrics = read();
+    assert!(
+        verdict_e2e::http::is_chunked(metrics.split_once("\r\n\r\n").map_or("", |(h, _)| h)),
+        "/metrics is streamed: {}",
+        &metrics[..metrics.len().min(300)]
+    );
     let per_entry = samples(&metrics, "verdict_service_connections_total");
     let shop: Vec<&String> = per_entry
         .keys()

@@ -129,6 +129,13 @@ pub const READ_SETS: [&str; 7] = [
     layout::DROPPED_UNALLOCATED,
 ];
 
+/// The sets of [`READ_SETS`] whose counters are read, not their elements.
+pub const COUNTED_SETS: [&str; 3] = [
+    layout::SERVICE_CONNECTIONS,
+    layout::ENDPOINT_CONNECTIONS,
+    layout::SERVICE_TRAFFIC,
+];
+
 /// Recent connections kept per Service port and reason, for the API.
 const RECENT: usize = 5;
 
@@ -201,36 +208,62 @@ pub fn entry_owner(
     None
 }
 
-/// Where a raw kernel count came from: its family, its set or chain, and
-/// the element's key or the rule's place.
-type Source = (IpFamily, &'static str, Vec<Value>);
+/// Where a raw kernel count came from: its family and its set or chain
+/// (then the element's key or the rule's place).
+type Place = (IpFamily, &'static str);
+
+/// What is carried over for one counter.
+#[derive(Clone, Copy, Debug, Default)]
+struct Carried {
+    /// The raw packets and bytes last read.
+    raw: (u64, u64),
+    /// What the counter had counted before it was last written again.
+    offset: (u64, u64),
+    /// The reading that last saw it.
+    reading: u64,
+}
 
 /// Keeps every count monotonic: a raw count lower than the last one read
 /// from the same place means the rule or element was written again, and
-/// what it had before is carried over.
+/// what it had before is carried over. A reading looks every counter up
+/// by the key it read, without copying it; only a new counter's key is
+/// kept.
 #[derive(Debug, Default)]
 struct Monotonic {
-    last: HashMap<Source, (u64, u64, u64, u64)>,
+    last: HashMap<Place, HashMap<Vec<Value>, Carried>>,
+    reading: u64,
 }
 
 impl Monotonic {
-    /// The monotonic (packets, bytes) of `c` read at `src`; `seen` notes
-    /// the places read, so that the others can be forgotten.
-    fn read(&mut self, src: Source, c: Counter, seen: &mut BTreeSet<Source>) -> (u64, u64) {
-        let e = self.last.entry(src.clone()).or_insert((0, 0, 0, 0));
-        let (raw_p, raw_b, off_p, off_b) = *e;
-        let (off_p, off_b) = if c.packets < raw_p || c.bytes < raw_b {
-            (off_p + raw_p, off_b + raw_b)
-        } else {
-            (off_p, off_b)
-        };
-        *e = (c.packets, c.bytes, off_p, off_b);
-        seen.insert(src);
-        (off_p + c.packets, off_b + c.bytes)
+    /// Starts a reading: what it does not read is forgotten at its end.
+    fn begin(&mut self) {
+        self.reading += 1;
     }
 
-    fn forget_others(&mut self, seen: &BTreeSet<Source>) {
-        self.last.retain(|k, _| seen.contains(k));
+    /// The monotonic (packets, bytes) of `c`, read at `key` of `place`.
+    fn read(&mut self, place: Place, key: &[Value], c: Counter) -> (u64, u64) {
+        let at = self.last.entry(place).or_default();
+        if !at.contains_key(key) {
+            at.insert(key.to_vec(), Carried::default());
+        }
+        let Some(e) = at.get_mut(key) else {
+            return (c.packets, c.bytes);
+        };
+        if c.packets < e.raw.0 || c.bytes < e.raw.1 {
+            e.offset = (e.offset.0 + e.raw.0, e.offset.1 + e.raw.1);
+        }
+        e.raw = (c.packets, c.bytes);
+        e.reading = self.reading;
+        (e.offset.0 + c.packets, e.offset.1 + c.bytes)
+    }
+
+    /// Forgets the counters the reading did not see.
+    fn forget_others(&mut self) {
+        let reading = self.reading;
+        for at in self.last.values_mut() {
+            at.retain(|_, e| e.reading == reading);
+        }
+        self.last.retain(|_, at| !at.is_empty());
     }
 }
 
@@ -320,16 +353,160 @@ impl Families {
 /// Connections, packets and bytes of one Service port or endpoint.
 type Tally = [u64; 3];
 
-/// The chosen Services' counts by port and by endpoint, for the answers.
+/// The chosen Services' counts by port, for the answers.
 #[derive(Default)]
 struct ByPort {
     ports: HashMap<(IpFamily, ServicePortName), Tally>,
-    endpoints: HashMap<(IpFamily, ServicePortName, String), Tally>,
 }
+
+/// A chosen Service port's entry point: the port, the kind of entry
+/// (`ClusterIP`, …) and its address.
+type EntryKey = (IpFamily, ServicePortName, &'static str, IpAddr);
+/// An endpoint of a chosen Service port: its address and port.
+type EndpointKey = (IpFamily, ServicePortName, IpAddr, u16);
+
+/// What was counted at one entry point or endpoint: its connections if
+/// its set has it, its packets and bytes if `service-traffic` has it.
+#[derive(Clone, Copy, Debug, Default)]
+struct Counts {
+    connections: Option<u64>,
+    traffic: Option<(u64, u64)>,
+}
+
+impl Counts {
+    fn add_connections(&mut self, n: u64) {
+        *self.connections.get_or_insert(0) += n;
+    }
+
+    fn add_traffic(&mut self, packets: u64, bytes: u64) {
+        let t = self.traffic.get_or_insert((0, 0));
+        t.0 += packets;
+        t.1 += bytes;
+    }
+}
+
+/// Every series of a reading. The chosen Services' (as many as
+/// `--service-metrics` asks for) are kept as typed keys, whose names are
+/// shared with the read model, and labelled only as they are written:
+/// 270,000 series cost their counts, not 270,000 label lists.
+#[derive(Default)]
+struct Series {
+    /// The node's series and the chosen ports' rejects and drops.
+    labelled: Families,
+    entries: BTreeMap<EntryKey, Counts>,
+    endpoints: BTreeMap<EndpointKey, Counts>,
+}
+
+/// A label list, as written.
+type LabelRefs<'a> = [(&'static str, &'a str)];
+
+/// One sample's line in Prometheus' text format.
+fn write_sample(
+    out: &mut dyn std::fmt::Write,
+    name: &str,
+    labels: &LabelRefs<'_>,
+    v: u64,
+) -> std::fmt::Result {
+    out.write_str(name)?;
+    out.write_char('{')?;
+    for (i, (k, val)) in labels.iter().enumerate() {
+        if i > 0 {
+            out.write_char(',')?;
+        }
+        out.write_str(k)?;
+        out.write_str("=\"")?;
+        write_escaped(out, val)?;
+        out.write_char('"')?;
+    }
+    writeln!(out, "}} {v}")
+}
+
+impl Series {
+    /// Calls `f` with each series of the metric `name`: its labels and
+    /// value.
+    fn each(
+        &self,
+        name: &'static str,
+        f: &mut dyn FnMut(&LabelRefs<'_>, u64) -> std::fmt::Result,
+    ) -> std::fmt::Result {
+        for (labels, v) in self.labelled.0.get(name).into_iter().flatten() {
+            let refs: Vec<(&'static str, &str)> =
+                labels.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            f(&refs, *v)?;
+        }
+        let traffic = |c: &Counts| {
+            c.traffic.map(|(packets, bytes)| {
+                if matches!(name, SERVICE_PACKETS | ENDPOINT_PACKETS) {
+                    packets
+                } else {
+                    bytes
+                }
+            })
+        };
+        match name {
+            SERVICE_CONNECTIONS | SERVICE_PACKETS | SERVICE_BYTES => {
+                for ((family, port, kind, addr), c) in &self.entries {
+                    let v = if name == SERVICE_CONNECTIONS {
+                        c.connections
+                    } else {
+                        traffic(c)
+                    };
+                    let Some(v) = v else { continue };
+                    let addr = addr.to_string();
+                    let labels = [
+                        ("ip_family", family_label(*family)),
+                        ("namespace", port.service.namespace.as_str()),
+                        ("service", port.service.name.as_str()),
+                        ("port", port.port.as_str()),
+                        ("entry", kind),
+                        ("address", addr.as_str()),
+                    ];
+                    f(&labels, v)?;
+                }
+            }
+            ENDPOINT_CONNECTIONS | ENDPOINT_PACKETS | ENDPOINT_BYTES => {
+                for ((family, port, ep, ep_port), c) in &self.endpoints {
+                    let v = if name == ENDPOINT_CONNECTIONS {
+                        c.connections
+                    } else {
+                        traffic(c)
+                    };
+                    let Some(v) = v else { continue };
+                    let endpoint = super::show_addr(*ep, *ep_port);
+                    let labels = [
+                        ("ip_family", family_label(*family)),
+                        ("namespace", port.service.namespace.as_str()),
+                        ("service", port.service.name.as_str()),
+                        ("port", port.port.as_str()),
+                        ("endpoint", endpoint.as_str()),
+                    ];
+                    f(&labels, v)?;
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+/// Every metric a reading may hold, in the order they are written.
+const METRICS: [&str; 11] = [
+    CONNECTIONS,
+    DROPPED,
+    ENDPOINT_BYTES,
+    ENDPOINT_CONNECTIONS,
+    ENDPOINT_PACKETS,
+    REJECTED,
+    SERVICE_BYTES,
+    SERVICE_CONNECTIONS,
+    SERVICE_DROPPED,
+    SERVICE_PACKETS,
+    SERVICE_REJECTED,
+];
 
 /// One reading of every family's counters.
 pub struct Snapshot {
-    families: Families,
+    series: Series,
     /// Every Service port with rejects or drops, and what.
     problems: Vec<(IpFamily, ServicePortName, &'static str, Problem)>,
     by_port: ByPort,
@@ -340,7 +517,7 @@ pub struct Snapshot {
 impl Default for Snapshot {
     fn default() -> Snapshot {
         Snapshot {
-            families: Families::default(),
+            series: Series::default(),
             problems: Vec::new(),
             by_port: ByPort::default(),
             read_at: SystemTime::now(),
@@ -368,17 +545,17 @@ impl Counted {
         node: &NodeHandle,
         family: IpFamily,
         t: &TableState,
-        seen: &mut BTreeSet<Source>,
-        out: &mut Families,
+        series: &mut Series,
         by: &mut ByPort,
     ) {
+        let out = &mut series.labelled;
         let fam = || vec![("ip_family", family_label(family).to_owned())];
         let mono = &mut self.monotonic;
         // The node's connections: one counter in each NAT chain after DNAT.
         for chain in [layout::NAT_POSTROUTING, layout::NAT_INPUT] {
             for (i, r, c) in rule_counters(t, chain) {
                 if r.exprs.first() == Some(&verdict_nft::Expr::CtStatusDnat) {
-                    let (n, _) = mono.read((family, chain, vec![Value::Int(i as u32)]), c, seen);
+                    let (n, _) = mono.read((family, chain), &[Value::Int(i as u32)], c);
                     out.add(CONNECTIONS, fam(), n);
                 }
             }
@@ -395,18 +572,14 @@ impl Counted {
             l.push(("reason", reason.to_owned()));
             out.add(metric, l.clone(), 0);
             for (i, _, c) in rule_counters(t, chain) {
-                let (n, _) = mono.read((family, chain, vec![Value::Int(i as u32)]), c, seen);
+                let (n, _) = mono.read((family, chain), &[Value::Int(i as u32)], c);
                 out.add(metric, l.clone(), n);
             }
         }
         for (i, r, c) in rule_counters(t, layout::CLUSTER_IPS_CHECK) {
             if r.comment.as_deref() == Some(layout::INVALID_PORT_COMMENT) {
-                let src = (
-                    family,
-                    layout::CLUSTER_IPS_CHECK,
-                    vec![Value::Int(i as u32)],
-                );
-                let (n, _) = mono.read(src, c, seen);
+                let place = (family, layout::CLUSTER_IPS_CHECK);
+                let (n, _) = mono.read(place, &[Value::Int(i as u32)], c);
                 let mut l = fam();
                 l.push(("reason", "invalid_port".to_owned()));
                 out.add(REJECTED, l, n);
@@ -421,11 +594,12 @@ impl Counted {
             let Some((sp, kind)) = entry_owner(node, family, *a, *p, *port) else {
                 continue;
             };
-            let (n, _) = mono.read((family, layout::SERVICE_CONNECTIONS, key.clone()), *c, seen);
-            let mut l = port_labels(family, &sp.name);
-            l.push(("entry", kind.into()));
-            l.push(("address", a.to_string()));
-            out.add(SERVICE_CONNECTIONS, l, n);
+            let (n, _) = mono.read((family, layout::SERVICE_CONNECTIONS), key, *c);
+            series
+                .entries
+                .entry((family, sp.name.clone(), kind, *a))
+                .or_default()
+                .add_connections(n);
             by.ports.entry((family, sp.name.clone())).or_default()[0] += n;
         }
         for set in [layout::ENDPOINT_CONNECTIONS, layout::SERVICE_TRAFFIC] {
@@ -443,30 +617,30 @@ impl Counted {
                 let Some((sp, kind)) = entry_owner(node, family, *a, *p, *port) else {
                     continue;
                 };
-                let (packets, bytes) = mono.read((family, set, key.clone()), *c, seen);
-                let endpoint = super::show_addr(*ep, *ep_port);
-                let at_endpoint = (family, sp.name.clone(), endpoint.clone());
-                let mut per_endpoint = port_labels(family, &sp.name);
-                per_endpoint.push(("endpoint", endpoint));
+                let (packets, bytes) = mono.read((family, set), key, *c);
+                let at_endpoint = (family, sp.name.clone(), *ep, *ep_port);
                 if set == layout::ENDPOINT_CONNECTIONS {
-                    out.add(ENDPOINT_CONNECTIONS, per_endpoint, packets);
-                    by.endpoints.entry(at_endpoint).or_default()[0] += packets;
+                    series
+                        .endpoints
+                        .entry(at_endpoint)
+                        .or_default()
+                        .add_connections(packets);
                     continue;
                 }
                 let port_tally = by.ports.entry((family, sp.name.clone())).or_default();
                 port_tally[1] += packets;
                 port_tally[2] += bytes;
-                let mut per_entry = port_labels(family, &sp.name);
-                per_entry.push(("entry", kind.into()));
-                per_entry.push(("address", a.to_string()));
-                out.add(SERVICE_PACKETS, per_entry.clone(), packets);
-                out.add(SERVICE_BYTES, per_entry, bytes);
+                series
+                    .entries
+                    .entry((family, sp.name.clone(), kind, *a))
+                    .or_default()
+                    .add_traffic(packets, bytes);
                 if sp.counting == Counting::Endpoint {
-                    out.add(ENDPOINT_PACKETS, per_endpoint.clone(), packets);
-                    out.add(ENDPOINT_BYTES, per_endpoint, bytes);
-                    let t = by.endpoints.entry(at_endpoint).or_default();
-                    t[1] += packets;
-                    t[2] += bytes;
+                    series
+                        .endpoints
+                        .entry(at_endpoint)
+                        .or_default()
+                        .add_traffic(packets, bytes);
                 }
             }
         }
@@ -492,15 +666,15 @@ impl Snapshot {
         state: &mut Counted,
     ) -> Snapshot {
         let read_at = SystemTime::now();
-        let mut families = Families::default();
+        let mut series = Series::default();
         let mut by_port = ByPort::default();
-        let mut seen = BTreeSet::new();
+        state.monotonic.begin();
         for (f, t) in tables {
             if let Some(t) = t {
-                state.collect(handle, *f, t, &mut seen, &mut families, &mut by_port);
+                state.collect(handle, *f, t, &mut series, &mut by_port);
             }
         }
-        state.monotonic.forget_others(&seen);
+        state.monotonic.forget_others();
         state.problems.forget_gone(handle);
         let mut problems = Vec::new();
         for ((family, name, reason), p) in &state.problems.counts {
@@ -514,14 +688,14 @@ impl Snapshot {
             }
             let mut l = port_labels(*family, name);
             if *reason == "no_endpoints" {
-                families.add(SERVICE_REJECTED, l, p.connections);
+                series.labelled.add(SERVICE_REJECTED, l, p.connections);
             } else {
                 l.push(("reason", (*reason).to_owned()));
-                families.add(SERVICE_DROPPED, l, p.connections);
+                series.labelled.add(SERVICE_DROPPED, l, p.connections);
             }
         }
         Snapshot {
-            families,
+            series,
             problems,
             by_port,
             read_at,
@@ -617,15 +791,24 @@ impl Snapshot {
                     continue;
                 }
                 for ep in &mut detail.endpoints {
-                    let t = self
-                        .by_port
-                        .endpoints
-                        .get(&(family, port.name.clone(), ep.address.clone()))
+                    let counted = ep
+                        .address
+                        .parse::<std::net::SocketAddr>()
+                        .ok()
+                        .and_then(|at| {
+                            self.series.endpoints.get(&(
+                                family,
+                                port.name.clone(),
+                                at.ip(),
+                                at.port(),
+                            ))
+                        })
                         .copied()
                         .unwrap_or_default();
-                    ep.connections = Some(t[0]);
-                    ep.packets = Some(t[1]);
-                    ep.bytes = Some(t[2]);
+                    let (packets, bytes) = counted.traffic.unwrap_or_default();
+                    ep.connections = Some(counted.connections.unwrap_or_default());
+                    ep.packets = Some(packets);
+                    ep.bytes = Some(bytes);
                 }
             }
         }
@@ -644,7 +827,14 @@ impl Snapshot {
 
     /// How many series the exposition holds.
     pub fn series(&self) -> usize {
-        self.families.0.values().map(BTreeMap::len).sum()
+        let mut n = 0;
+        for name in METRICS {
+            let _ = self.series.each(name, &mut |_, _| {
+                n += 1;
+                Ok(())
+            });
+        }
+        n
     }
 
     /// The counters in Prometheus' text format, written to `out`.
@@ -684,20 +874,16 @@ impl Snapshot {
                 "Bytes of the connections sent to an endpoint of a Service port, both directions, counted by the kernel"
             }
         };
-        for (name, series) in &self.families.0 {
-            writeln!(out, "# HELP {name} [ALPHA] {}", help(name))?;
-            writeln!(out, "# TYPE {name} counter")?;
-            for (labels, v) in series {
-                out.write_str(name)?;
-                out.write_char('{')?;
-                for (i, (k, val)) in labels.iter().enumerate() {
-                    if i > 0 {
-                        out.write_char(',')?;
-                    }
-                    write!(out, "{k}=\"{}\"", escape(val))?;
+        for name in METRICS {
+            let mut first = true;
+            self.series.each(name, &mut |labels, v| {
+                if first {
+                    writeln!(out, "# HELP {name} [ALPHA] {}", help(name))?;
+                    writeln!(out, "# TYPE {name} counter")?;
+                    first = false;
                 }
-                writeln!(out, "}} {v}")?;
-            }
+                write_sample(out, name, labels, v)
+            })?;
         }
         Ok(())
     }
@@ -714,10 +900,10 @@ impl Snapshot {
     /// drops (every Service that had any), and the problems; with
     /// `service` (`namespace/name`), that Service's series and problems.
     pub fn json(&self, service: Option<(&str, &str)>) -> Json {
-        let label = |l: &Labels, k: &str| {
+        let label = |l: &LabelRefs<'_>, k: &str| {
             l.iter()
                 .find(|(n, _)| *n == k)
-                .map(|(_, v)| v.clone())
+                .map(|(_, v)| (*v).to_owned())
                 .unwrap_or_default()
         };
         let problems: Vec<Json> = self
@@ -741,18 +927,19 @@ impl Snapshot {
             .collect();
         if let Some((ns, name)) = service {
             let mut series = Vec::new();
-            for (family, s) in &self.families.0 {
-                for (labels, v) in s {
+            for metric in METRICS {
+                let _ = self.series.each(metric, &mut |labels, v| {
                     if label(labels, "namespace") == ns && label(labels, "service") == name {
                         let mut doc = serde_json::Map::new();
-                        doc.insert("metric".into(), json!(family));
+                        doc.insert("metric".into(), json!(metric));
                         for (k, val) in labels {
                             doc.insert((*k).into(), json!(val));
                         }
                         doc.insert("value".into(), json!(v));
                         series.push(Json::Object(doc));
                     }
-                }
+                    Ok(())
+                });
             }
             return json!({"service": format!("{ns}/{name}"), "series": series, "problems": problems});
         }
@@ -777,9 +964,10 @@ impl Snapshot {
             .collect();
         let mut node = serde_json::Map::new();
         for name in [CONNECTIONS, REJECTED, DROPPED] {
-            for (labels, v) in self.families.0.get(name).into_iter().flatten() {
-                let f = label(labels, "ip_family");
-                let entry = node.entry(f).or_insert_with(|| json!({}));
+            let _ = self.series.each(name, &mut |labels, v| {
+                let entry = node
+                    .entry(label(labels, "ip_family"))
+                    .or_insert_with(|| json!({}));
                 let reason = label(labels, "reason");
                 let field = match name {
                     CONNECTIONS => "connections",
@@ -791,16 +979,26 @@ impl Snapshot {
                 } else {
                     entry[field][reason] = json!(v);
                 }
-            }
+                Ok(())
+            });
         }
         json!({"node": node, "services": services, "problems": problems})
     }
 }
 
-fn escape(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
+/// A label's value, escaped as the text format wants it.
+fn write_escaped(out: &mut dyn std::fmt::Write, v: &str) -> std::fmt::Result {
+    let mut rest = v;
+    while let Some(i) = rest.find(['\\', '"', '\n']) {
+        out.write_str(&rest[..i])?;
+        out.write_str(match rest.as_bytes()[i] {
+            b'\\' => "\\\\",
+            b'"' => "\\\"",
+            _ => "\\n",
+        })?;
+        rest = &rest[i + 1..];
+    }
+    out.write_str(rest)
 }
 
 #[cfg(test)]
@@ -896,6 +1094,13 @@ mod tests {
 
     fn has(text: &str, line: &str) {
         assert!(text.lines().any(|l| l == line), "{line}\n{text}");
+    }
+
+    #[test]
+    fn label_values_are_escaped_as_the_text_format_wants() {
+        let mut out = String::new();
+        write_sample(&mut out, "m", &[("a", "x\\y\"z\nw"), ("b", "plain")], 3).unwrap();
+        assert_eq!(out, "m{a=\"x\\\\y\\\"z\\nw\",b=\"plain\"} 3\n");
     }
 
     #[test]

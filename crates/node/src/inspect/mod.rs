@@ -206,7 +206,9 @@ impl Kernel {
     }
 
     /// Reads table `family` `name` without its elements, then the
-    /// elements of the sets that count ([`counters::READ_SETS`]).
+    /// elements of the sets that count ([`counters::READ_SETS`]). Of a
+    /// counted set only the counters are kept: its elements (a copy of
+    /// each key, with its comment) are dropped as soon as it is read.
     pub fn counters(
         backend: &mut dyn Backend,
         family: Family,
@@ -220,7 +222,10 @@ impl Kernel {
                 if !table.sets.contains_key(set) {
                     continue;
                 }
-                if let Some(state) = backend.set(family, name, set)? {
+                if let Some(mut state) = backend.set(family, name, set)? {
+                    if counters::COUNTED_SETS.contains(&set) {
+                        state.elements = BTreeMap::new();
+                    }
                     table.sets.insert(set.to_owned(), state);
                 }
             }

@@ -52,14 +52,17 @@ pub fn http_on(bed: &TestBed, port: u16, path: &str) -> String {
     http_at(bed, "127.0.0.1", port, path)
 }
 
-/// An HTTP GET to `host:port`, from the node.
+/// An HTTP GET to `host:port`, from the node: the answer, its body
+/// decoded if chunked (`/metrics` is streamed).
 pub fn http_at(bed: &TestBed, host: &str, port: u16, path: &str) -> String {
     let script = format!(
         "exec 3<>/dev/tcp/{host}/{port} && printf 'GET {path} HTTP/1.1\\r\\nHost: x\\r\\nConnection: close\\r\\n\\r\\n' >&3 && cat <&3"
     );
-    bed.node
+    let raw = bed
+        .node
         .exec("bash", &["-c", &script])
-        .unwrap_or_else(|e| e.to_string())
+        .unwrap_or_else(|e| e.to_string());
+    verdict_e2e::http::unchunked(&raw)
 }
 
 /// The fake API server, inside the node's namespace on its loopback at
