@@ -142,6 +142,8 @@ struct Store {
     epoch: u64,
     not_served: BTreeSet<Resource>,
     requests: Vec<String>,
+    /// Each request's `User-Agent`, in the same order.
+    user_agents: Vec<String>,
     /// Events created (`POST .../events`), as received.
     events: Vec<Value>,
     /// Permissions a SelfSubjectAccessReview is denied, as `verb resource`.
@@ -313,10 +315,17 @@ impl FakeApiServer {
         self.shared.lock().requests.clone()
     }
 
+    /// The `User-Agent` of each request so far, in the order of
+    /// [`FakeApiServer::requests`] (empty for a request without one).
+    pub fn user_agents(&self) -> Vec<String> {
+        self.shared.lock().user_agents.clone()
+    }
+
     /// Runs commands, one JSON document per line, answering each with one
     /// line: `ok <resourceVersion>` or `error <message>`. Commands:
     /// `{"apply": OBJECT}`, `{"delete": {"kind", "namespace", "name"}}`,
     /// `{"expire": true}`, `{"served": {"kind", "served"}}`, `{"requests": true}`,
+    /// `{"user_agents": true}`,
     /// `{"events": true}` (answer `ok <json array>`),
     /// `{"deny": {"verb", "resource"}}` (SelfSubjectAccessReviews of it
     /// answer not allowed; everything else is allowed) and
@@ -346,6 +355,8 @@ impl FakeApiServer {
             }
         } else if v.get("requests").is_some() {
             return format!("ok {}", json!(self.requests()));
+        } else if v.get("user_agents").is_some() {
+            return format!("ok {}", json!(self.user_agents()));
         } else if v.get("events").is_some() {
             return format!("ok {}", json!(self.shared.lock().events));
         } else if let Some(d) = v.get("token") {
@@ -488,6 +499,12 @@ impl ApiServerProcess {
         serde_json::from_str(&text).map_err(|e| e.to_string())
     }
 
+    /// Each request's `User-Agent` so far, in the order of the requests.
+    pub fn user_agents(&mut self) -> Result<Vec<String>, String> {
+        let text = self.command(&json!({"user_agents": true}))?;
+        serde_json::from_str(&text).map_err(|e| e.to_string())
+    }
+
     /// The Events created so far.
     pub fn events(&mut self) -> Result<Vec<Value>, String> {
         let text = self.command(&json!({"events": true}))?;
@@ -605,6 +622,8 @@ fn matches(obj: &Value, labels: &[Term], fields: &[Term]) -> bool {
 
 struct Request {
     line: String,
+    /// The `User-Agent` header (empty without one).
+    user_agent: String,
     path: String,
     query: BTreeMap<String, String>,
     body: Vec<u8>,
@@ -617,15 +636,18 @@ fn read_request(reader: &mut BufReader<TcpStream>) -> std::io::Result<Option<Req
     }
     let line = line.trim_end().to_string();
     let mut length = 0usize;
+    let mut user_agent = String::new();
     loop {
         let mut h = String::new();
         if reader.read_line(&mut h)? == 0 || h.trim_end().is_empty() {
             break;
         }
-        if let Some((k, v)) = h.split_once(':')
-            && k.eq_ignore_ascii_case("content-length")
-        {
-            length = v.trim().parse().unwrap_or(0);
+        if let Some((k, v)) = h.split_once(':') {
+            if k.eq_ignore_ascii_case("content-length") {
+                length = v.trim().parse().unwrap_or(0);
+            } else if k.eq_ignore_ascii_case("user-agent") {
+                user_agent = v.trim().to_owned();
+            }
         }
     }
     let mut body = vec![0; length.min(1 << 20)];
@@ -643,6 +665,7 @@ fn read_request(reader: &mut BufReader<TcpStream>) -> std::io::Result<Option<Req
     Ok(Some(Request {
         path: path.to_string(),
         line,
+        user_agent,
         query,
         body,
     }))
@@ -680,7 +703,11 @@ fn serve(shared: &Shared, conn: TcpStream) -> std::io::Result<()> {
     let Some(req) = read_request(&mut reader)? else {
         return Ok(());
     };
-    shared.lock().requests.push(req.line.clone());
+    {
+        let mut s = shared.lock();
+        s.requests.push(req.line.clone());
+        s.user_agents.push(req.user_agent.clone());
+    }
     // The server's version, and access reviews: allowed unless denied.
     if req.line.starts_with("GET ") && req.path == "/version" {
         let v = json!({"major": "1", "minor": "33", "gitVersion": "v1.33.0-verdict-fake"});

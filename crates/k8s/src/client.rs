@@ -46,6 +46,11 @@ pub struct ClientOptions {
     pub burst: u32,
     /// Where request records go.
     pub observer: Option<Observer>,
+    /// The `User-Agent` of every request (`verdict/v0.1.0 (linux/amd64)
+    /// <commit>`, as client-go's `kube-proxy/v1.36.0 (linux/amd64)
+    /// kubernetes/<commit>`), so that the API server's audit log and its
+    /// priority and fairness can tell verdict's requests apart.
+    pub user_agent: Option<String>,
 }
 
 impl std::fmt::Debug for ClientOptions {
@@ -54,6 +59,7 @@ impl std::fmt::Debug for ClientOptions {
             .field("qps", &self.qps)
             .field("burst", &self.burst)
             .field("observer", &self.observer.is_some())
+            .field("user_agent", &self.user_agent)
             .finish()
     }
 }
@@ -102,7 +108,15 @@ pub fn build(config: Config, opts: &ClientOptions) -> Result<Client, SourceError
         .map_or_else(|| "none".to_owned(), ToString::to_string);
     let builder =
         ClientBuilder::try_from(config).map_err(|e| SourceError::Client(e.to_string()))?;
+    let user_agent = match &opts.user_agent {
+        Some(ua) => Some(
+            http::HeaderValue::from_str(ua)
+                .map_err(|e| SourceError::Client(format!("the User-Agent {ua:?}: {e}")))?,
+        ),
+        None => None,
+    };
     let layer = Observed {
+        user_agent,
         host: host.into(),
         bucket: (opts.qps > 0.0).then(|| {
             Arc::new(Mutex::new(Bucket::new(
@@ -118,6 +132,7 @@ pub fn build(config: Config, opts: &ClientOptions) -> Result<Client, SourceError
 
 #[derive(Clone)]
 struct Observed {
+    user_agent: Option<http::HeaderValue>,
     host: Arc<str>,
     bucket: Option<Arc<Mutex<Bucket>>>,
     observer: Option<Observer>,
@@ -157,7 +172,11 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: Request<Body>) -> Self::Future {
+    fn call(&mut self, mut req: Request<Body>) -> Self::Future {
+        if let Some(ua) = &self.layer.user_agent {
+            req.headers_mut()
+                .insert(http::header::USER_AGENT, ua.clone());
+        }
         let method = req.method().to_string();
         let next_page = req
             .uri()
@@ -237,6 +256,7 @@ mod tests {
         let records = Arc::new(Mutex::new(Vec::new()));
         let seen = records.clone();
         let layer = Observed {
+            user_agent: None,
             host: "10.0.0.1:6443".into(),
             bucket: Some(Arc::new(Mutex::new(Bucket::new(10.0, 2, Instant::now())))),
             observer: Some(Arc::new(move |r: &RequestRecord| {

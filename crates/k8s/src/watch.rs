@@ -145,6 +145,9 @@ pub(crate) async fn client_config(src: &ApiSource) -> Result<Config, SourceError
     if let Some(url) = master {
         config.cluster_url = url;
     }
+    // kube-rs reads without a timeout: a connection that goes silent in a
+    // list would hang it for good.
+    config.read_timeout = Some(READ_TIMEOUT);
     Ok(config)
 }
 
@@ -303,9 +306,67 @@ const CHECK_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often an API server that does not serve ServiceCIDRs (or does not let
 /// verdict list them) is asked again, say after an upgrade.
 const RECHECK_EVERY: Duration = Duration::from_secs(600);
-/// Watches end after this many seconds and are resumed from their last
-/// resourceVersion; a connection that went silent is noticed within it.
-const WATCH_TIMEOUT_SECS: u32 = 60;
+/// Watches last between this many seconds and twice as long (chosen at
+/// random for each watch, as client-go's reflectors do, so that a
+/// thousand nodes do not come back at once), then are resumed from their
+/// last resourceVersion.
+const MIN_WATCH_TIMEOUT_SECS: u32 = 300;
+/// A response silent for this long is abandoned (a list or a watch): the
+/// API server sends every watch a bookmark each minute.
+pub const READ_TIMEOUT: Duration = Duration::from_secs(75);
+/// The first wait before a failed list or watch is tried again; it
+/// doubles with each failure up to [`MAX_BACKOFF`] and starts again after
+/// a success.
+const FIRST_BACKOFF: Duration = Duration::from_millis(500);
+/// The longest wait between two tries: once the API server is back, the
+/// watches are within this of it.
+pub const MAX_BACKOFF: Duration = Duration::from_secs(4);
+
+/// A number from the process's random keys (no generator needed for
+/// spreading timeouts).
+fn random() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(0);
+    h.finish()
+}
+
+/// A watch timeout between [`MIN_WATCH_TIMEOUT_SECS`] and twice that.
+fn watch_timeout() -> u32 {
+    MIN_WATCH_TIMEOUT_SECS + (random() % u64::from(MIN_WATCH_TIMEOUT_SECS)) as u32
+}
+
+/// Exponential back-off from [`FIRST_BACKOFF`] to [`MAX_BACKOFF`], each
+/// wait shortened by up to a fifth at random; reset by every success.
+#[derive(Debug)]
+pub struct Backoff {
+    next: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Backoff {
+        Backoff {
+            next: FIRST_BACKOFF,
+        }
+    }
+}
+
+impl Iterator for Backoff {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        let wait = self.next;
+        self.next = (self.next * 2).min(MAX_BACKOFF);
+        let jitter = wait.mul_f64((random() % 1000) as f64 / 5000.0);
+        Some(wait - jitter)
+    }
+}
+
+impl kube::runtime::utils::Backoff for Backoff {
+    fn reset(&mut self) {
+        self.next = FIRST_BACKOFF;
+    }
+}
 
 /// Returns once the API server serves ServiceCIDRs (networking.k8s.io/v1)
 /// and lets verdict list them; until then it asks again now and then.
@@ -346,30 +407,39 @@ fn boxed<'a, T>(s: impl Stream<Item = T> + 'a) -> std::pin::Pin<Box<dyn Stream<I
 
 async fn watch_all(client: Client, node: String, tx: Sender<Vec<Update>>) {
     let selector = proxied_selector();
-    let base = watcher::Config::default().timeout(WATCH_TIMEOUT_SECS);
-    let proxied = base.clone().labels(&selector);
+    // Lists are served from the API server's watch cache
+    // (`resourceVersion=0`, whole, not paged), as client-go's informers
+    // list, rather than read from etcd in pages of 500.
+    let base = || {
+        let mut c = watcher::Config::default()
+            .timeout(watch_timeout())
+            .any_semantic();
+        c.page_size = None;
+        c
+    };
+    let proxied = |b: watcher::Config| b.labels(&selector);
     let cidr_client = client.clone();
-    let cidr_base = base.clone();
+    let cidr_base = base();
     let streams = vec![
         boxed(
-            watcher::watcher(Api::<core::Service>::all(client.clone()), proxied.clone())
-                .default_backoff()
+            watcher::watcher(Api::<core::Service>::all(client.clone()), proxied(base()))
+                .backoff(Backoff::default())
                 .map(Watched::Service),
         ),
         boxed(
             watcher::watcher(
                 Api::<discovery::EndpointSlice>::all(client.clone()),
-                proxied,
+                proxied(base()),
             )
-            .default_backoff()
+            .backoff(Backoff::default())
             .map(Watched::Slice),
         ),
         boxed(
             watcher::watcher(
                 Api::<core::Node>::all(client.clone()),
-                base.fields(&format!("metadata.name={node}")),
+                base().fields(&format!("metadata.name={node}")),
             )
-            .default_backoff()
+            .backoff(Backoff::default())
             .map(Watched::Node),
         ),
         // Not every API server serves ServiceCIDRs: this watch starts once
@@ -381,7 +451,7 @@ async fn watch_all(client: Client, node: String, tx: Sender<Vec<Update>>) {
                         Api::<networking::ServiceCIDR>::all(cidr_client.clone()),
                         cidr_base.clone(),
                     )
-                    .default_backoff()
+                    .backoff(Backoff::default())
                 })
                 .map(Watched::Cidr),
         ),

@@ -78,6 +78,9 @@ pub fn manifests(path: &Path, node_name: &str, tx: Sender<Input>) -> bool {
             for e in &r.errors {
                 tracing::error!(error = %e, "skipping a manifest");
             }
+            for (file, took) in &r.slow {
+                tracing::warn!(file = %file.display(), elapsed = ?took, "a manifest is still being parsed; the other files are not held back, and it is applied once parsed");
+            }
             if !r.parsed.is_empty() {
                 let files: Vec<String> = r.parsed.iter().map(|f| f.display().to_string()).collect();
                 tracing::info!(

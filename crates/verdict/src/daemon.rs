@@ -71,7 +71,16 @@ fn client_options(settings: &Settings, metrics: &Arc<Mutex<Metrics>>) -> ClientO
         qps: settings.client.qps,
         burst: settings.client.burst,
         observer: Some(observer),
+        user_agent: Some(user_agent()),
     }
+}
+
+/// The `User-Agent` of verdict's requests, in client-go's form:
+/// `verdict/v0.1.0 (linux/amd64) 292229a`.
+pub fn user_agent() -> String {
+    let b = crate::version::BUILD;
+    let commit = b.git_commit.get(..7).unwrap_or(b.git_commit);
+    format!("verdict/{} ({}) {commit}", b.git_version, b.platform)
 }
 
 /// The node's name: `hostnameOverride`, else the host name (lower-case).

@@ -210,6 +210,28 @@ fn traffic_follows_the_api_server_across_a_watch_expiry() {
         asked("GET /apis/networking.k8s.io/v1/servicecidrs?"),
         "{requests:#?}"
     );
+    // As client-go's informers: lists from the watch cache, whole; watches
+    // of 5 to 10 minutes; every request says who sends it.
+    for r in requests.iter().filter(|r| r.starts_with("GET ")) {
+        if r.contains("watch=true") {
+            let secs: u32 = r
+                .split(['?', '&'])
+                .find_map(|p| p.strip_prefix("timeoutSeconds="))
+                .and_then(|t| t.split(' ').next()?.parse().ok())
+                .unwrap_or_else(|| panic!("a watch without timeoutSeconds: {r}"));
+            assert!((300..600).contains(&secs), "{r}");
+        } else if r.contains("/services?") || r.contains("/endpointslices?") {
+            assert!(r.contains("resourceVersion=0"), "not from the cache: {r}");
+            assert!(!r.contains("limit="), "paged: {r}");
+        }
+    }
+    // (More requests may have come since: the first ones are compared.)
+    let agents = api.user_agents().unwrap();
+    assert!(agents.len() >= requests.len());
+    let want = format!("verdict/v{} (linux/", env!("CARGO_PKG_VERSION"));
+    for (r, a) in requests.iter().zip(&agents) {
+        assert!(a.starts_with(&want), "{r}: User-Agent {a:?}");
+    }
 
     // kube-proxy's birth cry, on this node's Node, through the recorder.
     let events = api.events().unwrap();
@@ -556,6 +578,77 @@ fn a_service_the_kernel_refuses_gets_an_event() {
             "node test-node failed to start healthcheck \"demo/lb-local\" on port 30553:"
         ),
         "{note}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The API server cannot be reached for 60 s (every packet to its port is
+/// refused, the open watches too): verdict keeps its rules meanwhile, and
+/// a change made as the server is reachable again reaches the data plane
+/// within 5 s, since its back-off never waits more than 4 s.
+#[test]
+fn a_change_flows_within_5_s_of_the_api_server_coming_back() {
+    let Some(mut bed) = bed() else {
+        return;
+    };
+    for pod in ["10.180.0.1", "10.180.0.2"] {
+        bed.add_pod(ip(pod), Placement::Local, &[80], &[]).unwrap();
+    }
+    bed.add_pod(ip("10.0.0.2"), Placement::Local, &[], &[])
+        .unwrap();
+    let mut api = fake_api_server(&bed, 16444);
+    api.apply(node()).unwrap();
+    api.apply(service("web", "172.30.0.41", json!({}))).unwrap();
+    api.apply(slice("web-1", "web", "10.180.0.1")).unwrap();
+    let dir = scratch_dir("outage");
+    let kubeconfig_s = fake_kubeconfig(&dir, 16444);
+    let args = [
+        "--kubeconfig",
+        &kubeconfig_s,
+        "--hostname-override",
+        "test-node",
+        "--cluster-cidr",
+        "10.0.0.0/8",
+        "--min-sync-period",
+        "0s",
+    ];
+    let verdict = env!("CARGO_BIN_EXE_verdict");
+    let _daemon = Process(bed.node.spawn(verdict, &args).unwrap());
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while who_at(&bed, "172.30.0.41") != "10.180.0.1:80" {
+        assert!(Instant::now() < deadline, "never programmed");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // The outage: a table of the test's own refuses the API server's port.
+    for cmd in [
+        "add table inet outage",
+        "add chain inet outage input { type filter hook input priority -500; }",
+        "add rule inet outage input tcp dport 16444 reject with tcp reset",
+    ] {
+        bed.node.exec("nft", &[cmd]).unwrap();
+    }
+    let gone = Instant::now();
+    while gone.elapsed() < Duration::from_secs(60) {
+        assert_eq!(
+            who_at(&bed, "172.30.0.41"),
+            "10.180.0.1:80",
+            "the rules stay while the API server is away"
+        );
+        std::thread::sleep(Duration::from_secs(5));
+    }
+    bed.node.exec("nft", &["delete table inet outage"]).unwrap();
+    api.apply(slice("web-1", "web", "10.180.0.2")).unwrap();
+    let back = Instant::now();
+    while who_at(&bed, "172.30.0.41") != "10.180.0.2:80" {
+        assert!(
+            back.elapsed() < Duration::from_secs(5),
+            "the change is not through 5 s after the API server came back"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    println!(
+        "the change was through {:?} after the API server came back",
+        back.elapsed()
     );
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -258,6 +258,77 @@ fn traffic_follows_the_manifests() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A file nested 100,000 levels deep beside good ones: it is refused at
+/// once with the limit named, once; the good files are programmed and
+/// their edits keep flowing.
+#[test]
+fn a_file_nested_too_deep_holds_nothing_back() {
+    let Some(mut bed) = bed() else {
+        return;
+    };
+    bed.add_pod(ip("10.180.0.1"), Placement::Local, &[80], &[])
+        .unwrap();
+    bed.add_pod(ip("10.180.0.2"), Placement::Local, &[80], &[])
+        .unwrap();
+    bed.add_pod(ip("10.0.0.2"), Placement::Local, &[], &[])
+        .unwrap();
+    let dir = scratch_dir("nested");
+    write(
+        &dir,
+        "nested.yaml",
+        &format!("spec: {}{}\n", "[".repeat(100_000), "]".repeat(100_000)),
+    );
+    write(&dir, "service.yaml", SERVICE);
+    write(&dir, "slice.yaml", &slice("10.180.0.1"));
+    let verdict = env!("CARGO_BIN_EXE_verdict");
+    let dir_s = dir.to_string_lossy().into_owned();
+    let args = [
+        "--manifests",
+        &dir_s,
+        "--hostname-override",
+        "test-node",
+        "--cluster-cidr",
+        "10.0.0.0/8",
+        "--min-sync-period",
+        "0s",
+        "--healthz-bind-address",
+        "",
+        "--metrics-bind-address",
+        "",
+    ];
+    let started = Instant::now();
+    let mut daemon = Process(bed.node.spawn(verdict, &args).unwrap());
+    assert_eq!(wait_for(&bed, "10.180.0.1:80"), "10.180.0.1:80");
+    let served = started.elapsed();
+    assert!(served < Duration::from_secs(5), "served after {served:?}");
+    write(&dir, "slice.yaml", &slice("10.180.0.2"));
+    assert_eq!(
+        wait_for(&bed, "10.180.0.2:80"),
+        "10.180.0.2:80",
+        "an edit beside the bad file"
+    );
+    // Fixed, the file is read without a restart.
+    write(&dir, "nested.yaml", "spec: [[1]]\n");
+    std::thread::sleep(Duration::from_millis(500));
+    let pid = daemon.0.id().to_string();
+    verdict_e2e::netns::run("kill", &["-TERM", &pid]).unwrap();
+    daemon.0.wait().unwrap();
+    let mut log = String::new();
+    if let Some(mut e) = daemon.0.stderr.take() {
+        let _ = std::io::Read::read_to_string(&mut e, &mut log);
+    }
+    let named: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("nested.yaml: file: is nested more than 100 levels deep"))
+        .collect();
+    assert_eq!(named.len(), 1, "{log}");
+    assert!(
+        log.contains("nested.yaml: object (document 1): has no kind"),
+        "the fixed file is read: {log}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A restart must not refuse a single new connection: a client connects
 /// in a loop while a second verdict starts and runs its first full sync.
 /// Each round edits the manifests just before the stop, so the stopped
@@ -315,13 +386,25 @@ fn restart_keeps_every_connection() {
                 .unwrap_or_else(|e| format!("ERROR {e:?}"));
             if round > 0 && !line.starts_with("OK 10.180.0.") {
                 let at = started.elapsed();
+                // What the kernel held just after: the ruleset, and the
+                // connections to the Service.
+                let ruleset = bed
+                    .node
+                    .exec("nft", &["list", "ruleset"])
+                    .unwrap_or_else(|e| e.to_string());
+                let flows = bed
+                    .node
+                    .exec("conntrack", &["-L", "-d", "172.30.0.41"])
+                    .unwrap_or_else(|e| e.to_string());
                 let _ = daemon.0.kill();
                 let _ = daemon.0.wait();
                 let mut log = String::new();
                 if let Some(mut e) = daemon.0.stderr.take() {
                     let _ = std::io::Read::read_to_string(&mut e, &mut log);
                 }
-                panic!("restart {round}, after {at:?}: {line}\n{log}");
+                panic!(
+                    "restart {round}, after {at:?}: {line}\n{log}\n# the ruleset just after\n{ruleset}\n# conntrack\n{flows}"
+                );
             }
         }
         // An edit just before the stop leaves the old process with chains

@@ -10,7 +10,10 @@
 //!   API source does: the daemon's source.
 //!
 //! Parsing is parallel: the files, and the documents of a big file, are
-//! shared among the machine's cores.
+//! shared among the machine's cores. A file over a [`Limits`] (size,
+//! documents, nesting) is refused whole, with the limit named, before it is
+//! parsed; the daemon's source parses each file on its own, so that a slow
+//! one never holds the others back.
 //!
 //! [`Update`]: crate::watch::Update
 
@@ -25,6 +28,7 @@ use verdict_model::{EndpointSlice, Service};
 
 use crate::convert::NodeInfo;
 
+pub use parse::Limits;
 pub use source::{Manifests, Refresh};
 
 /// A document that could not be used.
@@ -110,9 +114,9 @@ pub(crate) fn is_manifest(p: &Path) -> bool {
     )
 }
 
-/// Parses each file (in parallel).
+/// Parses each file (in parallel), within [`Limits::DEFAULT`].
 pub fn parse_files(files: &[PathBuf]) -> Vec<Parsed> {
-    parse::files(files)
+    parse::files(files, Limits::DEFAULT)
 }
 
 /// Loads every object under `path`. An object defined in several files is

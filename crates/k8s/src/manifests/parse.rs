@@ -28,6 +28,35 @@ use crate::validate;
 /// A YAML file at least this big is cut into pieces parsed in parallel.
 const SPLIT_AT: usize = 512 * 1024;
 
+/// What one file may cost. A file over a limit is refused whole, with the
+/// limit named, before any parser sees it: the cost of a file is then
+/// bounded by its size, and no file can hold the others back for long.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// The largest file read, in bytes. 30,000 Services with an
+    /// EndpointSlice each, as `kubectl get -o yaml` writes them, are
+    /// about 40 MiB.
+    pub bytes: u64,
+    /// The most documents (`---`) in one file.
+    pub documents: usize,
+    /// The deepest nesting of flow collections (`[…]`, `{…}`) in YAML.
+    /// libyaml's work for each token grows with this depth, so a document
+    /// nested 100,000 deep (`[[[[…]]]]`) would hold its parser for
+    /// minutes; a Kubernetes object is nested a dozen levels at most.
+    /// (Block nesting is bounded by the deserializer, 128 levels; JSON
+    /// by serde_json, 128.)
+    pub flow_depth: usize,
+}
+
+impl Limits {
+    /// The limits the sources use.
+    pub const DEFAULT: Limits = Limits {
+        bytes: 256 * 1024 * 1024,
+        documents: 1_000_000,
+        flow_depth: 100,
+    };
+}
+
 /// What a document yields, in order.
 enum Item {
     Service(Service),
@@ -59,8 +88,20 @@ fn workers() -> usize {
 }
 
 /// Parses each file; the result is in the files' order.
-pub(super) fn files(files: &[PathBuf]) -> Vec<Parsed> {
-    let texts: Vec<Result<String, ManifestError>> = files.iter().map(|f| read(f)).collect();
+pub(super) fn files(files: &[PathBuf], limits: Limits) -> Vec<Parsed> {
+    let texts: Vec<Result<String, ManifestError>> = files
+        .iter()
+        .map(|f| {
+            let json = f.extension().is_some_and(|e| e == "json");
+            let text = read(f, limits.bytes)?;
+            within(&text, json, limits).map_err(|message| ManifestError {
+                file: f.to_path_buf(),
+                object: "file".into(),
+                message,
+            })?;
+            Ok(text)
+        })
+        .collect();
     let workers = workers();
     let mut units = Vec::new();
     for (i, (file, text)) in files.iter().zip(&texts).enumerate() {
@@ -116,16 +157,19 @@ pub(super) fn files(files: &[PathBuf]) -> Vec<Parsed> {
         .collect()
 }
 
-/// Reads a file that is a regular file (through links). Reading a FIFO
-/// would block the source forever, and a directory or device is not a
-/// manifest.
-fn read(file: &Path) -> Result<String, ManifestError> {
+/// Reads a file that is a regular file (through links), of `max` bytes at
+/// most. Reading a FIFO would block the source forever, and a directory or
+/// device is not a manifest.
+fn read(file: &Path, max: u64) -> Result<String, ManifestError> {
     let err = |message: String| ManifestError {
         file: file.to_path_buf(),
         object: "file".into(),
         message,
     };
     match std::fs::metadata(file) {
+        Ok(m) if m.is_file() && m.len() > max => {
+            return Err(err(too_big(m.len(), max)));
+        }
         Ok(m) if m.is_file() => {}
         Ok(m) => {
             let what = if m.is_dir() {
@@ -141,7 +185,134 @@ fn read(file: &Path) -> Result<String, ManifestError> {
         }
         Err(e) => return Err(err(e.to_string())),
     }
-    std::fs::read_to_string(file).map_err(|e| err(e.to_string()))
+    // The file may grow between the two looks: no more than the limit is
+    // read in any case.
+    let mut text = String::new();
+    std::fs::File::open(file)
+        .and_then(|f| {
+            std::io::Read::read_to_string(&mut std::io::Read::take(f, max + 1), &mut text)
+        })
+        .map_err(|e| err(e.to_string()))?;
+    if text.len() as u64 > max {
+        return Err(err(too_big(text.len() as u64, max)));
+    }
+    Ok(text)
+}
+
+fn too_big(len: u64, max: u64) -> String {
+    const MIB: u64 = 1024 * 1024;
+    let limit = if max.is_multiple_of(MIB) {
+        format!("{} MiB", max / MIB)
+    } else {
+        format!("{max} bytes")
+    };
+    format!("is {len} bytes, more than the {limit} a manifest file may be; not read")
+}
+
+/// Whether a text is within `limits` (its documents and, for YAML, the
+/// nesting of its flow collections); the error names the limit and where
+/// it was passed. One pass over the bytes, before any parser runs.
+///
+/// The depth is counted as libyaml would see it: `[` and `{` open a flow
+/// collection where a node may start (anywhere inside one; after a space,
+/// a line's start, `-`, `:` or `?` outside), quoted scalars and
+/// comments are skipped up to their end or the line's. A bracket inside a
+/// block scalar or a plain one may be counted: that errs towards refusing
+/// a file nested deeper than a hundred levels by its text, never towards
+/// handing the parser a deeper one.
+pub(crate) fn within(text: &str, json: bool, limits: Limits) -> Result<(), String> {
+    if json {
+        return Ok(());
+    }
+    let b = text.as_bytes();
+    let mut documents = 1usize;
+    let mut line = 1usize;
+    let mut depth = 0usize;
+    // The last byte that was not a space, outside scalars and comments; a
+    // line starts as if after a space.
+    let mut last = b' ';
+    let mut i = 0;
+    while i < b.len() {
+        let c = b[i];
+        if (i == 0 || b[i - 1] == b'\n')
+            && b[i..].starts_with(b"---")
+            && b.get(i + 3).is_none_or(u8::is_ascii_whitespace)
+        {
+            documents += 1;
+            if documents > limits.documents {
+                return Err(format!(
+                    "has more than {} documents (line {line}); not read",
+                    limits.documents
+                ));
+            }
+            // What the last document left open is a syntax error, which
+            // the parser reports.
+            depth = 0;
+            last = b' ';
+            i += 3;
+            continue;
+        }
+        let node_may_start = depth > 0 || last.is_ascii_whitespace() || b"-:?".contains(&last);
+        match c {
+            b'\n' => {
+                line += 1;
+                last = b' ';
+            }
+            b' ' | b'\t' | b'\r' => {}
+            b'#' if last.is_ascii_whitespace() => {
+                while i < b.len() && b[i] != b'\n' {
+                    i += 1;
+                }
+                continue;
+            }
+            b'"' | b'\'' if node_may_start => {
+                i = skip_quoted(b, i);
+                last = c;
+                continue;
+            }
+            b'[' | b'{' if node_may_start => {
+                depth += 1;
+                if depth > limits.flow_depth {
+                    return Err(format!(
+                        "is nested more than {} levels deep (line {line}); not read",
+                        limits.flow_depth
+                    ));
+                }
+                last = c;
+            }
+            b']' | b'}' => {
+                depth = depth.saturating_sub(1);
+                last = c;
+            }
+            _ => last = c,
+        }
+        i += 1;
+    }
+    Ok(())
+}
+
+/// Where the quoted scalar opening at `i` ends: just past its closing
+/// quote, or at the end of its line (a scalar quoted over several lines is
+/// scanned as text from the next one on).
+fn skip_quoted(b: &[u8], i: usize) -> usize {
+    let quote = b[i];
+    let mut j = i + 1;
+    while j < b.len() && b[j] != b'\n' {
+        if quote == b'"' && b[j] == b'\\' && b.get(j + 1).is_some_and(|n| *n != b'\n') {
+            j += 2;
+            continue;
+        }
+        if b[j] == quote {
+            // Two single quotes are one, inside the scalar.
+            if quote == b'\'' && b.get(j + 1) == Some(&b'\'') {
+                j += 2;
+                continue;
+            }
+            return j + 1;
+        }
+        j += 1;
+    }
+    j.min(b.len())
 }
 
 /// Runs `f` on every unit on up to `workers` threads; the results are in
@@ -422,6 +593,65 @@ fn api_version_ok(kind: &str, v: Option<&Value>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_file_nested_too_deep_is_refused_before_it_is_parsed() {
+        let deep = format!("spec: {}{}\n", "[".repeat(100_000), "]".repeat(100_000));
+        let t = std::time::Instant::now();
+        let e = within(&deep, false, Limits::DEFAULT).unwrap_err();
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(1),
+            "{:?}",
+            t.elapsed()
+        );
+        assert_eq!(e, "is nested more than 100 levels deep (line 1); not read");
+        let at = |n: usize| format!("a: 1\nb: {}{}\n", "{x: [".repeat(n / 2), "]}".repeat(n / 2));
+        assert_eq!(within(&at(100), false, Limits::DEFAULT), Ok(()));
+        assert!(within(&at(102), false, Limits::DEFAULT).is_err());
+        // Closing brackets that are text do not hide the nesting.
+        let hidden = format!("a: {}\n", "[[ \"]]\", ".repeat(60));
+        assert!(within(&hidden, false, Limits::DEFAULT).is_err(), "{hidden}");
+        // Brackets that are text do not count.
+        let text = format!(
+            "# {}\na: \"{}\"\nb: '{}'\nc: 'it''s [['\nd: x{}y\n",
+            "[".repeat(500),
+            "[".repeat(500),
+            "{".repeat(500),
+            "[".repeat(500)
+        );
+        assert_eq!(within(&text, false, Limits::DEFAULT), Ok(()));
+        // A document marker starts again from the top.
+        let docs = format!("a: {}\n---\nb: {}\n", "[".repeat(90), "[".repeat(90));
+        assert_eq!(within(&docs, false, Limits::DEFAULT), Ok(()));
+    }
+
+    #[test]
+    fn too_many_documents_or_bytes_are_refused_with_the_limit() {
+        let limits = Limits {
+            bytes: 1000,
+            documents: 3,
+            flow_depth: 100,
+        };
+        assert_eq!(
+            within("a: 1\n---\nb: 2\n---\nc: 3\n", false, limits),
+            Ok(())
+        );
+        assert_eq!(
+            within("a: 1\n---\nb: 2\n---\nc: 3\n---\nd: 4\n", false, limits),
+            Err("has more than 3 documents (line 6); not read".into())
+        );
+        let dir = std::env::temp_dir().join(format!("verdict-limits-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let big = dir.join("big.yaml");
+        std::fs::write(&big, "#".repeat(1001)).unwrap();
+        let parsed = files(std::slice::from_ref(&big), limits);
+        assert_eq!(parsed[0].errors.len(), 1, "{parsed:?}");
+        assert_eq!(
+            parsed[0].errors[0].message,
+            "is 1001 bytes, more than the 1000 bytes a manifest file may be; not read"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn pieces_cut_at_markers_and_count_the_documents_before_them() {

@@ -8,17 +8,27 @@
 //! parsed again once it is closed after writing, moved in, or touched,
 //! never while it is half written. Without inotify, the files' sizes,
 //! times and inodes are compared on every call instead.
+//!
+//! Each file is parsed on a thread of its own (a few at once), within the
+//! [`Limits`]. A refresh waits for them [`HOLD`] at most (the first load,
+//! [`FIRST_HOLD`], since its batch is taken as the whole truth), applies
+//! what is done in the files' order, and leaves the rest to finish on
+//! their own: their results come out of a later call, so a slow file never
+//! holds back an edit of another. A file edited while it is being parsed is
+//! parsed again once that parse ends; one still being parsed after
+//! [`SLOW`] is named, once.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
 use std::time::{Duration, Instant};
 
 use ipnet::IpNet;
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 
-use super::{ManifestError, Parsed, duplicate, files, is_manifest, parse_files};
+use super::{Limits, ManifestError, Parsed, duplicate, files, is_manifest, parse};
 use crate::convert::NodeInfo;
 use crate::watch::{Key, Update};
 
@@ -32,8 +42,43 @@ pub struct Refresh {
     pub errors: Vec<ManifestError>,
     /// The files parsed now.
     pub parsed: Vec<PathBuf>,
+    /// Files still being parsed after [`SLOW`], each named once.
+    pub slow: Vec<(PathBuf, Duration)>,
     /// How long the refresh took (reading and parsing).
     pub took: Duration,
+}
+
+/// How long a refresh waits for the files it parses.
+pub const HOLD: Duration = Duration::from_secs(2);
+/// How long the first load waits for every file: its batch is the whole
+/// truth, and a Service of a file left out would be withdrawn until that
+/// file is done.
+pub const FIRST_HOLD: Duration = Duration::from_secs(60);
+/// A file still being parsed after this long is named.
+pub const SLOW: Duration = Duration::from_secs(10);
+
+/// Files parsed at once, each on its thread.
+fn parsing_at_once() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get().max(2))
+}
+
+/// A file being parsed.
+struct Job {
+    id: u64,
+    /// The file's stamp when its parse began.
+    stamp: Option<Stamp>,
+    since: Instant,
+    /// Edited meanwhile: parsed again once this parse ends.
+    again: bool,
+    /// Named as slow already.
+    named: bool,
+}
+
+/// A parse that ended.
+struct Done {
+    file: PathBuf,
+    id: u64,
+    parsed: Parsed,
 }
 
 /// A file as last parsed.
@@ -100,12 +145,23 @@ pub struct Manifests {
     watch: Option<Watch>,
     /// Why the path could not be listed, as last said.
     path_error: Option<String>,
+    limits: Limits,
+    /// The files being parsed, and those waiting for their turn.
+    parsing: HashMap<PathBuf, Job>,
+    queue: BTreeSet<PathBuf>,
+    next_job: u64,
+    done_tx: Sender<Done>,
+    done_rx: Receiver<Done>,
+    hold: Duration,
+    first_hold: Duration,
+    slow: Duration,
 }
 
 impl Manifests {
     /// The manifests under `path` (a file or a directory), for the node
     /// `node_name`. Nothing is read until [`Manifests::changes`].
     pub fn new(path: &Path, node_name: &str) -> Manifests {
+        let (done_tx, done_rx) = channel();
         Manifests {
             path: path.to_path_buf(),
             node_name: node_name.to_owned(),
@@ -116,6 +172,15 @@ impl Manifests {
             loaded: false,
             watch: None,
             path_error: None,
+            limits: Limits::DEFAULT,
+            parsing: HashMap::new(),
+            queue: BTreeSet::new(),
+            next_job: 0,
+            done_tx,
+            done_rx,
+            hold: HOLD,
+            first_hold: FIRST_HOLD,
+            slow: SLOW,
         }
     }
 
@@ -133,11 +198,14 @@ impl Manifests {
         }
         if !self.loaded {
             self.loaded = true;
-            return Some(self.refresh(None));
+            let started = Instant::now();
+            let mut out = self.refresh_inner(None, self.first_hold);
+            out.took = started.elapsed();
+            return Some(out);
         }
         match &mut self.watch {
             Some(w) => match w.wait(wait) {
-                Seen::Nothing => None,
+                Seen::Nothing => self.finished_since(),
                 Seen::Files(names) => Some(self.refresh(Some(&names))),
                 Seen::Anything => Some(self.refresh(None)),
                 Seen::Lost => {
@@ -156,15 +224,34 @@ impl Manifests {
     }
 
     /// Parses the files that changed (of `only`, if given, and any file not
-    /// seen before) and returns the differences.
+    /// seen before) and returns the differences, with what files parsed
+    /// before finished since.
     pub fn refresh(&mut self, only: Option<&BTreeSet<PathBuf>>) -> Refresh {
         let started = Instant::now();
-        let mut out = self.refresh_inner(only);
+        let mut out = self.refresh_inner(only, self.hold);
         out.took = started.elapsed();
         out
     }
 
-    fn refresh_inner(&mut self, only: Option<&BTreeSet<PathBuf>>) -> Refresh {
+    /// What the parses still running when a refresh returned did since;
+    /// `None` if nothing.
+    fn finished_since(&mut self) -> Option<Refresh> {
+        if self.parsing.is_empty() && self.queue.is_empty() {
+            return None;
+        }
+        let started = Instant::now();
+        let mut out = Refresh::default();
+        self.settle(&mut out, Duration::ZERO);
+        self.facts(&mut out);
+        out.took = started.elapsed();
+        (!out.parsed.is_empty()
+            || !out.updates.is_empty()
+            || !out.errors.is_empty()
+            || !out.slow.is_empty())
+        .then_some(out)
+    }
+
+    fn refresh_inner(&mut self, only: Option<&BTreeSet<PathBuf>>, hold: Duration) -> Refresh {
         let mut out = Refresh::default();
         let listed = match files(&self.path) {
             Ok(l) => l,
@@ -195,6 +282,10 @@ impl Manifests {
         };
         let mut todo: BTreeSet<PathBuf> = BTreeSet::new();
         for f in gone {
+            // A parse of it still running is forgotten: its result is not
+            // used.
+            self.parsing.remove(&f);
+            self.queue.remove(&f);
             self.replace(&f, None, Parsed::default(), &mut out, &mut todo);
             self.files.remove(&f);
         }
@@ -203,28 +294,135 @@ impl Manifests {
             // writes within one tick of the file system's clock leave the
             // same times.
             let named = only.is_some_and(|o| o.contains(&f));
-            let stale = match self.files.get(&f) {
+            let last = match self.parsing.get(&f) {
+                Some(job) => Some(&job.stamp),
+                None => self.files.get(&f).map(|seen| &seen.stamp),
+            };
+            let stale = match last {
                 None => true,
-                Some(seen) => only.is_none() && seen.stamp != stamp(&f),
+                Some(st) => only.is_none() && *st != stamp(&f),
             };
             if named || stale {
                 todo.insert(f);
             }
         }
+        self.schedule(todo);
+        self.settle(&mut out, hold);
+        self.facts(&mut out);
+        out
+    }
+
+    /// Starts parsing `files` (a file being parsed is parsed again once
+    /// that parse ends).
+    fn schedule(&mut self, files: BTreeSet<PathBuf>) {
+        for f in files {
+            match self.parsing.get_mut(&f) {
+                Some(job) => job.again = true,
+                None => {
+                    self.queue.insert(f);
+                }
+            }
+        }
+        while self.parsing.len() < parsing_at_once() {
+            let Some(file) = self.queue.pop_first() else {
+                break;
+            };
+            self.next_job += 1;
+            let id = self.next_job;
+            let job = Job {
+                id,
+                stamp: stamp(&file),
+                since: Instant::now(),
+                again: false,
+                named: false,
+            };
+            let (tx, limits, f) = (self.done_tx.clone(), self.limits, file.clone());
+            let spawned = std::thread::Builder::new()
+                .name("manifest-parse".into())
+                .spawn(move || {
+                    let parsed = parse::files(std::slice::from_ref(&f), limits)
+                        .pop()
+                        .unwrap_or_default();
+                    let _ = tx.send(Done {
+                        file: f,
+                        id,
+                        parsed,
+                    });
+                });
+            if let Err(e) = spawned {
+                // No thread: parsed here, holding the others back.
+                tracing::debug!(error = %e, "cannot start a thread to parse a manifest");
+                let parsed = parse::files(std::slice::from_ref(&file), self.limits)
+                    .pop()
+                    .unwrap_or_default();
+                let _ = self.done_tx.send(Done {
+                    file: file.clone(),
+                    id,
+                    parsed,
+                });
+            }
+            self.parsing.insert(file, job);
+        }
+    }
+
+    /// Waits up to `hold` for the parses to end, and applies those that
+    /// did, in the files' order (and what they in turn make parse again).
+    /// Names the files still being parsed after [`SLOW`].
+    fn settle(&mut self, out: &mut Refresh, hold: Duration) {
+        let deadline = Instant::now() + hold;
         // A file whose definitions became the first ones (the one before it
         // dropped them) is parsed again, to learn them: rare, and bounded
         // by the number of files.
         for _ in 0..=self.files.len() + 1 {
-            if todo.is_empty() {
+            let mut arrived: BTreeMap<PathBuf, (Option<Stamp>, Parsed)> = BTreeMap::new();
+            while !self.parsing.is_empty() {
+                let left = deadline.saturating_duration_since(Instant::now());
+                let done = match self.done_rx.try_recv() {
+                    Ok(d) => d,
+                    Err(_) if left.is_zero() => break,
+                    Err(_) => match self.done_rx.recv_timeout(left) {
+                        Ok(d) => d,
+                        Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => break,
+                    },
+                };
+                let Some(job) = self.parsing.get(&done.file) else {
+                    continue;
+                };
+                if job.id != done.id {
+                    continue;
+                }
+                let Some(job) = self.parsing.remove(&done.file) else {
+                    continue;
+                };
+                if job.again {
+                    self.queue.insert(done.file);
+                } else {
+                    arrived.insert(done.file, (job.stamp, done.parsed));
+                }
+                self.schedule(BTreeSet::new());
+            }
+            if arrived.is_empty() {
                 break;
             }
-            let batch: Vec<PathBuf> = std::mem::take(&mut todo).into_iter().collect();
-            let stamps: Vec<Option<Stamp>> = batch.iter().map(|f| stamp(f)).collect();
-            for ((f, st), parsed) in batch.iter().zip(stamps).zip(parse_files(&batch)) {
-                self.replace(f, st, parsed, &mut out, &mut todo);
+            let mut todo = BTreeSet::new();
+            for (f, (st, parsed)) in arrived {
+                self.replace(&f, st, parsed, out, &mut todo);
+                out.parsed.push(f);
             }
-            out.parsed.extend(batch);
+            self.schedule(todo);
         }
+        for (f, job) in &mut self.parsing {
+            let took = job.since.elapsed();
+            if took >= self.slow && !job.named {
+                job.named = true;
+                out.slow.push((f.clone(), took));
+            }
+        }
+        out.slow.sort();
+    }
+
+    /// The node's facts, as the files now say them.
+    fn facts(&mut self, out: &mut Refresh) {
         // The node's facts come first: the proxiers are reconfigured before
         // the Services arrive, not once they all have.
         let mut facts = Vec::new();
@@ -241,7 +439,6 @@ impl Manifests {
             self.cidrs = cidrs;
         }
         out.updates.splice(0..0, facts);
-        out
     }
 
     /// Puts what `file` defines now in place of what it defined before.
@@ -622,6 +819,103 @@ mod tests {
         let r = next(&mut m);
         assert!(r.parsed.is_empty(), "{:?}", r.parsed);
         assert_eq!(keys(&r), ["EndpointSlice demo/web-1 false"]);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_file_over_a_limit_is_named_and_the_others_keep_flowing() {
+        let d = tmpdir("limits");
+        std::fs::write(d.join("a.yaml"), service("web", "10.97.0.1")).unwrap();
+        let nested = format!(
+            "{}---\napiVersion: v1\nkind: Service\nmetadata: {{name: deep, namespace: demo}}\nspec: {}{}\n",
+            service("x", "10.97.0.5"),
+            "[".repeat(100_000),
+            "]".repeat(100_000)
+        );
+        std::fs::write(d.join("b.yaml"), &nested).unwrap();
+        let mut m = Manifests::new(&d, "node-a");
+        let started = Instant::now();
+        let r = m.changes(Duration::ZERO).unwrap();
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(keys(&r), ["Service demo/web true"]);
+        assert_eq!(r.errors.len(), 1, "{:?}", r.errors);
+        assert_eq!(
+            r.errors[0].to_string(),
+            format!(
+                "{}: file: is nested more than 100 levels deep (line 10); not read",
+                d.join("b.yaml").display()
+            )
+        );
+        // Edits of the good file flow; the bad one is not named again.
+        std::fs::write(d.join("a.yaml"), service("web", "10.97.0.2")).unwrap();
+        let r = next(&mut m);
+        assert_eq!(keys(&r), ["Service demo/web true"]);
+        assert!(r.errors.is_empty(), "{:?}", r.errors);
+        // Fixed, it is read: no restart.
+        std::fs::write(d.join("b.yaml"), service("x", "10.97.0.5")).unwrap();
+        let r = next(&mut m);
+        assert_eq!(keys(&r), ["Service demo/x true"]);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_slow_file_does_not_hold_back_an_edit_of_another() {
+        let d = tmpdir("slow");
+        let big = |ip: &str| {
+            let mut big = String::new();
+            for i in 0..20_000 {
+                big.push_str(&service(
+                    &format!("s{i}"),
+                    &format!("10.96.{}.{}", i / 250, i % 250 + 1),
+                ));
+                big.push_str(&slice(&format!("s{i}"), ip));
+            }
+            big
+        };
+        std::fs::write(d.join("big.yaml"), big("10.244.0.1")).unwrap();
+        std::fs::write(d.join("small.yaml"), service("web", "10.97.0.1")).unwrap();
+        let mut m = Manifests::new(&d, "node-a");
+        let first = m.changes(Duration::ZERO).unwrap();
+        assert_eq!(first.updates.len(), 40_001);
+        // The big file is rewritten, the small one edited just after: the
+        // small edit comes out without waiting for the big file.
+        m.hold = Duration::from_millis(100);
+        m.slow = Duration::from_millis(200);
+        std::fs::write(d.join("big.yaml"), big("10.244.0.2")).unwrap();
+        std::fs::write(d.join("small.yaml"), service("web", "10.97.0.2")).unwrap();
+        let started = Instant::now();
+        let mut small_at = None;
+        let mut big_at = None;
+        let mut named_slow = false;
+        while big_at.is_none() || small_at.is_none() {
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "neither file came out"
+            );
+            let Some(r) = m.changes(Duration::from_millis(50)) else {
+                continue;
+            };
+            named_slow |= r.slow.iter().any(|(f, _)| f == &d.join("big.yaml"));
+            if r.parsed.contains(&d.join("small.yaml")) {
+                assert_eq!(keys(&r)[0], "Service demo/web true", "{:?}", &keys(&r)[..1]);
+                small_at.get_or_insert(started.elapsed());
+            }
+            if r.parsed.contains(&d.join("big.yaml")) {
+                assert_eq!(r.updates.len(), 40_000);
+                big_at.get_or_insert(started.elapsed());
+            }
+        }
+        let (small_at, big_at) = (small_at.unwrap(), big_at.unwrap());
+        assert!(small_at < big_at, "small {small_at:?}, big {big_at:?}");
+        assert!(small_at < Duration::from_secs(1), "small {small_at:?}");
+        assert!(
+            named_slow || big_at < Duration::from_millis(250),
+            "big {big_at:?}"
+        );
         std::fs::remove_dir_all(&d).unwrap();
     }
 
