@@ -396,6 +396,31 @@ fn restart_keeps_every_connection() {
                     .node
                     .exec("conntrack", &["-L", "-d", "172.30.0.41"])
                     .unwrap_or_else(|e| e.to_string());
+                // Who sent resets: each namespace's TCP counters.
+                let prefix = bed.node.name().trim_end_matches("-node").to_owned();
+                let mut counters = String::new();
+                for ns in ["node".to_owned(), "p0".into(), "p1".into(), "p2".into()] {
+                    let name = format!("{prefix}-{ns}");
+                    let out =
+                        verdict_e2e::netns::run("ip", &["netns", "exec", &name, "nstat", "-az"])
+                            .unwrap_or_else(|e| e.to_string());
+                    counters.push_str(&format!("## {name}\n"));
+                    for l in out.lines().filter(|l| {
+                        let k = l.split_whitespace().next().unwrap_or("");
+                        (k.contains("Rst")
+                            || k.contains("Reset")
+                            || k.contains("TW")
+                            || k.contains("Paws")
+                            || k.contains("Refus")
+                            || k.contains("Abort")
+                            || k.contains("ListenDrop")
+                            || k.contains("ListenOverflow"))
+                            && l.split_whitespace().nth(1) != Some("0")
+                    }) {
+                        counters.push_str(l);
+                        counters.push('\n');
+                    }
+                }
                 let _ = daemon.0.kill();
                 let _ = daemon.0.wait();
                 let mut log = String::new();
@@ -403,7 +428,7 @@ fn restart_keeps_every_connection() {
                     let _ = std::io::Read::read_to_string(&mut e, &mut log);
                 }
                 panic!(
-                    "restart {round}, after {at:?}: {line}\n{log}\n# the ruleset just after\n{ruleset}\n# conntrack\n{flows}"
+                    "restart {round}, after {at:?}: {line}\n{log}\n# the ruleset just after\n{ruleset}\n# conntrack\n{flows}\n# TCP counters\n{counters}"
                 );
             }
         }
