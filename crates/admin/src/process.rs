@@ -105,6 +105,15 @@ impl Process {
         )
     }
 
+    /// `process_start_time_seconds` as component-base registers it in
+    /// every registry, `/metrics/slis`'s too.
+    pub fn render_start_time(&self) -> String {
+        format!(
+            "# HELP process_start_time_seconds [ALPHA] Start time of the process since unix epoch in seconds.\n# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds {}\n",
+            self.start_time
+        )
+    }
+
     /// The metrics, in the text exposition format.
     pub fn render(&self) -> String {
         let mut out = String::new();

@@ -44,6 +44,9 @@ pub enum NodeError {
     /// A check before anything is changed failed.
     #[error("{0}")]
     Startup(String),
+    /// The cleanup would break a kube-proxy that runs: nothing was done.
+    #[error("{0}")]
+    CleanupRefused(String),
     /// A step of the cleanup failed (the others ran).
     #[error("cleanup of kube-proxy's leftovers failed: {0}")]
     Cleanup(String),

@@ -253,6 +253,23 @@ fn remove_kube_proxy_tables(backend: &mut dyn verdict_nft::Backend) -> Vec<Strin
     problems
 }
 
+/// A kube-proxy process in this network namespace, if one runs: its pid
+/// (the first found). A kube-proxy of another namespace does not count.
+pub fn kube_proxy_running() -> Option<u32> {
+    let here = std::fs::read_link("/proc/self/ns/net").ok()?;
+    let mut pids: Vec<u32> = std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect();
+    pids.sort_unstable();
+    pids.into_iter().find(|pid| {
+        let dir = std::path::Path::new("/proc").join(pid.to_string());
+        std::fs::read_to_string(dir.join("comm")).is_ok_and(|c| c.trim_end() == "kube-proxy")
+            && std::fs::read_link(dir.join("ns/net")).is_ok_and(|ns| ns == here)
+    })
+}
+
 /// Removes kube-proxy's iptables and IPVS leftovers, and its nftables
 /// tables unless `keep_nftables`. Returns the problems met (each step
 /// still ran).

@@ -109,7 +109,22 @@ pub fn offline(
 
 /// Removes verdict's tables (both families) and kube-proxy's state: its
 /// iptables and IPVS leftovers and, unless kept, its nftables tables.
-pub fn cleanup(kind: BackendKind, keep_kube_proxy_nftables: bool) -> Result<(), NodeError> {
+/// Unless `force`, it refuses (and changes nothing) while a kube-proxy
+/// process runs in this network namespace: kube-proxy does not write its
+/// rules again until something changes or its periodic resync (up to an
+/// hour), and its Services would not work meanwhile.
+pub fn cleanup(
+    kind: BackendKind,
+    keep_kube_proxy_nftables: bool,
+    force: bool,
+) -> Result<(), NodeError> {
+    if !force && let Some(pid) = crate::leftovers::kube_proxy_running() {
+        return Err(NodeError::CleanupRefused(format!(
+            "kube-proxy runs in this network namespace (pid {pid}): deleting its rules now would \
+             stop its Services until it writes them again, which it may not do for an hour. \
+             Stop it first (or pass --force); nothing was changed"
+        )));
+    }
     let mut nft = kind
         .open()
         .map_err(|e| NodeError::kernel("opening nftables", e))?;

@@ -33,6 +33,8 @@ pub struct Finished<'a> {
     /// UDP Services whose stale conntrack entries still wait for a
     /// cleanup from an earlier sync.
     pub udp_pending: usize,
+    /// When the node started tracking changes.
+    pub tracking_since: SystemTime,
 }
 
 /// A change to the metrics.
@@ -148,9 +150,12 @@ pub fn decide(f: &Finished) -> Outcome {
         ),
     ];
     // Network programming latency: from each change's trigger time (the
-    // EndpointSlice's annotation) to the end of the sync.
+    // EndpointSlice's annotation) to the end of the sync. As kube-proxy, a
+    // trigger time from before the node started tracking changes is not
+    // counted: the first sync would count how long the object had existed.
     for t in r.last_change_trigger_times.values().flatten() {
         if let Some(at) = verdict_admin::time::parse_rfc3339(t)
+            && at >= f.tracking_since
             && let Ok(d) = f.ended.duration_since(at)
         {
             metrics.push(Metric::Observe(
@@ -216,6 +221,7 @@ mod tests {
             ended: at(1_001),
             result,
             udp_pending: 0,
+            tracking_since: at(900),
         }
     }
 
@@ -239,10 +245,12 @@ mod tests {
             ServicePortName::new("ns", "bad", "p", verdict_model::Protocol::Tcp),
             "refused".into(),
         )];
-        // The change was made 3 s before the sync ended.
+        // The change was made 3 s before the sync ended; another one
+        // before the node started tracking changes (at 900 s) is not
+        // counted.
         r.last_change_trigger_times.insert(
             NamespacedName::new("ns", "web"),
-            vec!["1970-01-01T00:16:38Z".into()],
+            vec!["1970-01-01T00:16:38Z".into(), "1970-01-01T00:13:20Z".into()],
         );
         let o = decide(&finished(Ok(&r)));
         assert_eq!(o.after, After::Touched);

@@ -15,7 +15,9 @@ use verdict_admin::{Family as HealthFamily, Health, Metrics};
 use verdict_k8s::NodeInfo;
 use verdict_k8s::events::{Notice, Regarding};
 use verdict_k8s::watch::Update;
-use verdict_model::{EndpointSlice, IpFamily, NamespacedName, Service, ServicePortName};
+use verdict_model::{
+    AddressType, EndpointSlice, IpFamily, NamespacedName, Service, ServicePortName,
+};
 use verdict_nft::conntrack::Conntrack;
 use verdict_nft::{Backend, Family, NftError};
 use verdict_proxier::{LocalDetector, Proxier, ProxierConfig, SyncResult};
@@ -174,6 +176,9 @@ pub struct NodeProxy {
     view: NodeHandle,
     /// Everything has been listed once: the node may be programmed.
     ready: bool,
+    /// When the node started tracking changes: trigger times before it
+    /// are not counted as programming latency.
+    tracking_since: SystemTime,
 }
 
 impl NodeProxy {
@@ -216,6 +221,7 @@ impl NodeProxy {
             events: None,
             view,
             ready: false,
+            tracking_since: SystemTime::now(),
         };
         node.publish_node();
         Ok(node)
@@ -501,15 +507,19 @@ impl NodeProxy {
         if old == new.as_ref() {
             return false;
         }
+        // As kube-proxy, whose change tracker of each family counts the
+        // event: twice on a dual-stack node.
+        let trackers = self.planes.len() as f64;
         record(self.metrics(), |x| {
-            x.add(m::SERVICE_CHANGES_TOTAL, &[], 1.0)
+            x.add(m::SERVICE_CHANGES_TOTAL, &[], trackers)
         });
         let what = match (old.is_some(), new.is_some()) {
             (false, _) => "added",
             (true, true) => "changed",
             (true, false) => "deleted",
         };
-        tracing::debug!(service = %format!("{}/{}", key.0, key.1), "Service {what}");
+        // One line per object: at V(4), as kube-proxy logs them.
+        tracing::trace!(service = %format!("{}/{}", key.0, key.1), "Service {what}");
         let mut changed = false;
         for plane in &mut self.planes {
             changed |= plane.proxier.on_service(old, new.as_ref());
@@ -527,10 +537,24 @@ impl NodeProxy {
         if old == new.as_ref() {
             return false;
         }
-        record(self.metrics(), |x| {
-            x.add(m::ENDPOINT_CHANGES_TOTAL, &[], 1.0)
+        // As kube-proxy: counted by the change tracker of the slice's
+        // address family (an FQDN slice by none).
+        let slice_family = new.as_ref().or(old).and_then(|s| match s.address_type {
+            AddressType::IPv4 => Some(IpFamily::V4),
+            AddressType::IPv6 => Some(IpFamily::V6),
+            _ => None,
         });
-        tracing::debug!(
+        let trackers = self
+            .planes
+            .iter()
+            .filter(|p| Some(p.proxier.config().family) == slice_family)
+            .count() as f64;
+        if trackers > 0.0 {
+            record(self.metrics(), |x| {
+                x.add(m::ENDPOINT_CHANGES_TOTAL, &[], trackers)
+            });
+        }
+        tracing::trace!(
             endpoint_slice = %format!("{}/{}", key.0, key.1),
             endpoints = new.as_ref().map_or(0, |s| s.endpoints.len()),
             "EndpointSlice {}",
@@ -698,6 +722,7 @@ impl NodeProxy {
             ended: SystemTime::now(),
             result: result.as_ref(),
             udp_pending: plane.udp.pending(),
+            tracking_since: self.tracking_since,
         });
         if let Ok(r) = &result {
             report_quarantine(self.view.metrics(), self.events.as_ref(), &label, r);

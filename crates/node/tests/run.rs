@@ -325,6 +325,23 @@ fn nothing_is_programmed_before_the_lists_then_changes_flow_through_to_readers()
     });
     assert!(!r.memory.has("service-ips", &entry("172.30.0.41", 80)));
     assert!(r.handle.services_at(ip("172.30.0.41")).is_empty());
+    // Counted as kube-proxy counts them on a dual-stack node: a Service
+    // event by each family's tracker (2 events, 4), an IPv4 slice's by the
+    // IPv4 tracker alone (2 events, 2).
+    assert_eq!(
+        metric(
+            &r.handle,
+            "kubeproxy_sync_proxy_rules_service_changes_total "
+        ),
+        Some(4.0)
+    );
+    assert_eq!(
+        metric(
+            &r.handle,
+            "kubeproxy_sync_proxy_rules_endpoint_changes_total "
+        ),
+        Some(2.0)
+    );
     assert!(r.stop().is_ok(), "a stop leaves the loop cleanly");
 }
 

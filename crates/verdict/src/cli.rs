@@ -134,6 +134,10 @@ pub struct Cli {
     pub flags: Vec<GivenFlag>,
     /// Every flag as given (`name`, value), for the start-up log.
     pub given: Vec<(String, String)>,
+    /// Flags accepted without effect, as kube-proxy accepts them.
+    pub inert: Vec<&'static str>,
+    /// `cleanup --force` (verdict's own).
+    pub force: bool,
     /// The introspection commands' flags (`server`, `output`, `src`, …),
     /// by name; the last given wins.
     pub inspect: Vec<(&'static str, String)>,
@@ -181,6 +185,10 @@ enum Opt {
     MetricsPort,
     Help,
     Version,
+    Force,
+    /// A flag kube-proxy accepts and does not use (`--boot-id-file`,
+    /// `--machine-id-file`, which it inherits from cAdvisor).
+    Inert,
     Manifests,
     KeepKubeProxyNftables,
     ServiceCounters,
@@ -206,6 +214,21 @@ struct OptSpec {
     /// The commands the flag belongs to (empty: `run`'s, which `plan`,
     /// `cleanup` and `doctor` take too).
     commands: &'static [Command],
+}
+
+impl OptSpec {
+    /// A flag kube-proxy accepts from cAdvisor and does not use.
+    const fn inert(name: &'static str) -> OptSpec {
+        OptSpec {
+            name,
+            short: None,
+            opt: Opt::Inert,
+            takes_value: true,
+            help: "Accepted as kube-proxy accepts it (a cAdvisor flag it inherits); no effect",
+            kube_proxy: true,
+            commands: &[],
+        }
+    }
 }
 
 /// They and `doctor`, which asks the API for the drift.
@@ -282,6 +305,17 @@ const OPTIONS: &[OptSpec] = &[
         kube_proxy: true,
         commands: &[],
     },
+    OptSpec {
+        name: "force",
+        short: None,
+        opt: Opt::Force,
+        takes_value: false,
+        help: "cleanup: delete kube-proxy's state even while a kube-proxy process runs in this network namespace",
+        kube_proxy: false,
+        commands: &[Command::Cleanup],
+    },
+    OptSpec::inert("boot-id-file"),
+    OptSpec::inert("machine-id-file"),
     OptSpec {
         name: "help",
         short: Some('h'),
@@ -516,6 +550,8 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, UsageError>
         version: None,
         flags: Vec::new(),
         given: Vec::new(),
+        inert: Vec::new(),
+        force: false,
         inspect: Vec::new(),
         target: None,
     };
@@ -599,6 +635,8 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, UsageError>
                     Opt::Master => cli.master = Some(value),
                     Opt::HealthzPort => cli.healthz_port = Some(value),
                     Opt::MetricsPort => cli.metrics_port = Some(value),
+                    Opt::Inert => cli.inert.push(o.name),
+                    Opt::Force => cli.force = boolean(&value)?,
                     Opt::Help => cli.help = boolean(&value)?,
                     Opt::Version => {
                         cli.version = match value.as_str() {

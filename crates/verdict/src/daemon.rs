@@ -370,11 +370,13 @@ pub fn offline(settings: &Settings, source: &Source) -> anyhow::Result<Offline> 
     )?)
 }
 
-/// Removes verdict's tables and kube-proxy's leftovers.
-pub fn cleanup(settings: &Settings, source: &Source) -> anyhow::Result<()> {
+/// Removes verdict's tables and kube-proxy's leftovers (unless `force`,
+/// not while kube-proxy runs).
+pub fn cleanup(settings: &Settings, source: &Source, force: bool) -> anyhow::Result<()> {
     Ok(once::cleanup(
         settings.nftables_backend,
         source.keep_kube_proxy_nftables,
+        force,
     )?)
 }
 

@@ -157,7 +157,11 @@ impl MetricsSite {
                     *s = Metrics::slis();
                     return text("metrics reset\n");
                 }
-                Some(Response::text(200, s.render(), EXPOSITION))
+                let mut text = s.render();
+                if let Some(p) = verdict_admin::process::Process::now() {
+                    text.push_str(&p.render_start_time());
+                }
+                Some(Response::text(200, text, EXPOSITION))
             }
             path if self.profiling && path.starts_with("/debug/") => self.debug(req),
             path if path.starts_with("/api/") || path == "/ui" || path.starts_with("/ui/") => {
@@ -383,6 +387,11 @@ mod tests {
         );
         assert!(
             slis.contains("# HELP kubernetes_healthcheck [STABLE]"),
+            "{slis}"
+        );
+        assert!(
+            slis.lines()
+                .any(|l| l.starts_with("process_start_time_seconds ")),
             "{slis}"
         );
         let metrics = get("/metrics").unwrap().text_body();

@@ -112,6 +112,11 @@ fn main() -> ExitCode {
     for w in resolved.warnings.iter().filter(|_| daemon_like) {
         tracing::warn!("{w}");
     }
+    for flag in cli.inert.iter().filter(|_| daemon_like) {
+        tracing::info!(
+            "--{flag} has no effect (kube-proxy accepts it too, from cAdvisor, and does not use it)"
+        );
+    }
     if let Some(path) = &cli.write_config_to {
         return match config::render::v1alpha1_yaml(&settings.effective)
             .map_err(|e| e.to_string())
@@ -138,7 +143,7 @@ fn main() -> ExitCode {
         Command::Run if cli.init_only => daemon::init_only(&settings),
         Command::Run => daemon::run(&settings, &source, &verbosity),
         Command::Plan => daemon::plan(&settings, &source).map(|script| print!("{script}")),
-        Command::Cleanup => daemon::cleanup(&settings, &source),
+        Command::Cleanup => daemon::cleanup(&settings, &source, cli.force),
         Command::Trace
         | Command::Explain
         | Command::Services

@@ -147,6 +147,17 @@ fn logs_are_klogs_text_or_components_json() {
         levels.contains(&0) && levels.contains(&2),
         "-v=2 adds V(2) lines: {levels:?}\n{err}"
     );
+    // One line per object only from V(4), as kube-proxy.
+    assert!(!err.contains("Service added"), "{err}");
+    let out = verdict(&[
+        "plan",
+        "--manifests",
+        &example(),
+        "--hostname-override",
+        "node-a",
+        "-v=4",
+    ]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("\"Service added\""));
 }
 
 #[test]

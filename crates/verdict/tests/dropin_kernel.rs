@@ -200,10 +200,11 @@ fn kubeadms_configuration_runs_unchanged() {
     let body = configz.split_once("\r\n\r\n").unwrap().1;
     let z: serde_json::Value = serde_json::from_str(body).unwrap();
     let c = &z["kubeproxy.config.k8s.io"];
-    assert_eq!(c["SyncPeriod"], "30s", "{body}");
-    assert_eq!(c["MinSyncPeriod"], "1s");
-    assert_eq!(c["HealthzBindAddress"], "0.0.0.0:10256");
-    assert_eq!(c["NFTables"]["MasqueradeBit"], 14);
+    assert_eq!(c["kind"], "KubeProxyConfiguration", "{body}");
+    assert_eq!(c["nftables"]["syncPeriod"], "30s", "{body}");
+    assert_eq!(c["nftables"]["minSyncPeriod"], "1s");
+    assert_eq!(c["healthzBindAddress"], "0.0.0.0:10256");
+    assert_eq!(c["nftables"]["masqueradeBit"], 14);
     // The metrics address's own /healthz records its result as an SLI.
     assert!(http_on(&bed, 10249, "/healthz").ends_with("ok"));
     let slis = http_on(&bed, 10249, "/metrics/slis");

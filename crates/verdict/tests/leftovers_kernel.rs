@@ -113,3 +113,63 @@ fn cleanup_removes_iptables_and_ipvs_leftovers() {
     };
     assert_eq!(strip(&before), strip(&dump(&ns, "iptables-nft-save")));
 }
+
+/// While a kube-proxy runs in the node's network namespace, `cleanup`
+/// changes nothing and says why (kube-proxy would not write its rules
+/// again for up to an hour); a kube-proxy of another namespace does not
+/// count; `--force` cleans up all the same.
+#[test]
+fn cleanup_refuses_while_kube_proxy_runs_here() {
+    if let Err(why) = can_run() {
+        println!("skipped: {why}");
+        return;
+    }
+    let prefix = unique_prefix();
+    let ns = Netns::create(&format!("{prefix}kp")).unwrap();
+    let elsewhere = Netns::create(&format!("{prefix}kp2")).unwrap();
+    // A process named kube-proxy: a copy of sleep.
+    let dir = std::env::temp_dir().join(format!("verdict-kube-proxy-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let fake = dir.join("kube-proxy");
+    let sleep = verdict_e2e::netns::run("sh", &["-c", "command -v sleep"]).unwrap();
+    std::fs::copy(sleep.trim(), &fake).unwrap();
+    let fake = fake.to_string_lossy().into_owned();
+    ns.exec("nft", &["add table ip kube-proxy"]).unwrap();
+    let has_table = || {
+        ns.exec("nft", &["list tables"])
+            .unwrap()
+            .contains("table ip kube-proxy")
+    };
+
+    // In another namespace: not in the way.
+    let mut other = elsewhere.spawn(&fake, &["60"]).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    ns.exec(env!("CARGO_BIN_EXE_verdict"), &["cleanup"])
+        .unwrap();
+    assert!(!has_table(), "cleaned up");
+    let _ = other.kill();
+    let _ = other.wait();
+
+    // Here: refused, nothing changed.
+    ns.exec("nft", &["add table ip kube-proxy"]).unwrap();
+    let mut here = ns.spawn(&fake, &["60"]).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let refused = ns
+        .exec(env!("CARGO_BIN_EXE_verdict"), &["cleanup"])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains(&format!(
+            "kube-proxy runs in this network namespace (pid {})",
+            here.id()
+        )),
+        "{refused}"
+    );
+    assert!(has_table(), "nothing changed");
+    ns.exec(env!("CARGO_BIN_EXE_verdict"), &["cleanup", "--force"])
+        .unwrap();
+    assert!(!has_table(), "--force cleans up");
+    let _ = here.kill();
+    let _ = here.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,7 +1,6 @@
 //! Every setting of kube-proxy's `KubeProxyConfiguration`
 //! (`kubeproxy.config.k8s.io/v1alpha1`), defined once: its path in the
-//! file, the flags that set it, what it holds, its default, its name in
-//! kube-proxy's internal configuration (what `/configz` shows), and what
+//! file, the flags that set it, what it holds, its default, and what
 //! verdict does with it: applied, or accepted with the reason it has no
 //! effect in nftables mode.
 
@@ -98,9 +97,6 @@ pub struct Setting {
     /// and `--hostname-override`, as in kube-proxy); other flags are
     /// ignored.
     pub overrides_file: bool,
-    /// Its name in kube-proxy's internal configuration (`/configz`);
-    /// empty when the internal configuration has no such field.
-    pub internal: &'static str,
     /// What it is, for `--help`.
     pub help: &'static str,
     /// What verdict does with it.
@@ -149,7 +145,6 @@ pub const SETTINGS: &[Setting] = &[
         kind: Kind::Gates,
         default: Default::Zero,
         overrides_file: false,
-        internal: "FeatureGates",
         help: "Feature gates, as Name=true,Other=false",
         effect: Effect::Apply(|s, v, w| {
             s.feature_gates = super::gates::Gates::resolve(v, w)?;
@@ -162,7 +157,6 @@ pub const SETTINGS: &[Setting] = &[
         kind: Kind::Str,
         default: Default::Zero,
         overrides_file: false,
-        internal: "ClientConnection.Kubeconfig",
         help: "kubeconfig of the Kubernetes API (empty: the in-cluster service account)",
         effect: Effect::Apply(|s, v, _| {
             s.client.kubeconfig = Some(string(v)).filter(|k| !k.is_empty());
@@ -175,7 +169,6 @@ pub const SETTINGS: &[Setting] = &[
         kind: Kind::Str,
         default: Default::Zero,
         overrides_file: false,
-        internal: "ClientConnection.AcceptContentTypes",
         help: "Accept header of API requests",
         effect: Effect::None("verdict's client (kube-rs) accepts application/json only"),
     },
@@ -185,7 +178,6 @@ pub const SETTINGS: &[Setting] = &[
         kind: Kind::Str,
         default: Default::WhenZero(Literal::Str("application/vnd.kubernetes.protobuf")),
         overrides_file: false,
-        internal: "ClientConnection.ContentType",
         help: "Content type of requests to the API server",
         effect: Effect::None(
             "verdict's client (kube-rs) sends application/json, which every API server serves",
@@ -197,7 +189,6 @@ pub const SETTINGS: &[Setting] = &[
         kind: Kind::Float,
         default: Default::WhenZero(Literal::Float(5.0)),
         overrides_file: false,
-        internal: "ClientConnection.QPS",
         help: "Requests per second to the API server (with kube-api-burst)",
         // As client-go: 0 is its default (5), a negative rate no limit.
         effect: Effect::Apply(|s, v, _| {
@@ -212,7 +203,6 @@ pub const SETTINGS: &[Setting] = &[
         kind: Kind::Int32,
         default: Default::WhenZero(Literal::Int(10)),
         overrides_file: false,
-        internal: "ClientConnection.Burst",
         help: "Burst of requests to the API server",
         // As client-go: 0 is its default (10).
         effect: Effect::Apply(|s, v, _| {
@@ -227,7 +217,6 @@ pub const SETTINGS: &[Setting] = &[
         kind: Kind::Str,
         default: Default::WhenZero(Literal::Str("text")),
         overrides_file: true,
-        internal: "Logging.format",
         help: "Log format: text (klog's) or json",
         effect: Effect::Apply(|s, v, _| {
             s.logging.format = match string(v).as_str() {
@@ -244,7 +233,6 @@ pub const SETTINGS: &[Setting] = &[
         kind: Kind::NanosOrDuration,
         default: Default::WhenZero(Literal::Str("5s")),
         overrides_file: true,
-        internal: "Logging.flushFrequency",
         help: "Longest time between log flushes",
         effect: Effect::None(
             "verdict writes every log line as it happens, so there is nothing to flush",
@@ -256,7 +244,6 @@ pub const SETTINGS: &[Setting] = &[
         kind: Kind::Uint32,
         default: Default::Zero,
         overrides_file: true,
-        internal: "Logging.verbosity",
         help: "Log verbosity: 2 logs every sync and Service change, 4 every element change",
         effect: Effect::Apply(|s, v, _| {
             s.logging.verbosity = non_negative(v)?;
@@ -269,7 +256,6 @@ pub const SETTINGS: &[Setting] = &[
         kind: Kind::VModule,
         default: Default::Zero,
         overrides_file: true,
-        internal: "Logging.vmodule",
         help: "Per-file verbosity, as pattern=N,... (patterns match source file names)",
         effect: Effect::Apply(|s, v, _| {
             s.logging.vmodule = v
@@ -293,7 +279,6 @@ pub const SETTINGS: &[Setting] = &[
         kind: Kind::Bool,
         default: Default::Zero,
         overrides_file: true,
-        internal: "Logging.options.text.splitStream",
         help: "Text logs: info to stdout, errors to stderr (needs LoggingAlphaOptions)",
         effect: Effect::Apply(|s, v, _| {
             s.logging.text_split_stream = v.as_bool().unwrap_or(false);
@@ -306,7 +291,6 @@ pub const SETTINGS: &[Setting] = &[
         kind: Kind::Quantity,
         default: Default::WhenNull(Literal::Str("0")),
         overrides_file: true,
-        internal: "Logging.options.text.infoBufferSize",
         help: "Text logs: buffer for info messages with split streams",
         effect: Effect::None("verdict does not buffer info messages"),
     },
@@ -316,7 +300,6 @@ pub const SETTINGS: &[Setting] = &[
         kind: Kind::Bool,
         default: Default::Zero,
         overrides_file: true,
-        internal: "Logging.options.json.splitStream",
         help: "JSON logs: info to stdout, errors to stderr (needs LoggingAlphaOptions)",
         effect: Effect::Apply(|s, v, _| {
             s.logging.json_split_stream = v.as_bool().unwrap_or(false);
@@ -329,7 +312,6 @@ pub const SETTINGS: &[Setting] = &[
         kind: Kind::Quantity,
         default: Default::WhenNull(Literal::Str("0")),
         overrides_file: true,
-        internal: "Logging.options.json.infoBufferSize",
         help: "JSON logs: buffer for info messages with split streams",
         effect: Effect::None("verdict does not buffer info messages"),
     },
@@ -339,7 +321,6 @@ pub const SETTINGS: &[Setting] = &[
         kind: Kind::Str,
         default: Default::Zero,
         overrides_file: true,
-        internal: "HostnameOverride",
         help: "The Node's name, if not the host name",
         effect: Effect::Apply(|s, v, _| {
             let name = string(v);
@@ -359,7 +340,6 @@ pub const SETTINGS: &[Setting] = &[
         kind: Kind::Str,
         default: Default::WhenZero(Literal::Str("0.0.0.0")),
         overrides_file: false,
-        internal: "BindAddress",
         help: "The node's primary IP, if not the Node object's (no socket is bound to it)",
         effect: Effect::Apply(|s, v, _| {
             let text = string(v);
@@ -376,7 +356,6 @@ pub const SETTINGS: &[Setting] = &[
         kind: Kind::Str,
         default: Default::Computed,
         overrides_file: false,
-        internal: "HealthzBindAddress",
         help: "IP:port of /healthz and /livez (an IP alone takes port 10256; empty disables)",
         effect: Effect::Apply(|s, v, _| {
             s.healthz_bind_address = super::socket_address(&string(v))?;
@@ -389,7 +368,6 @@ pub const SETTINGS: &[Setting] = &[
         kind: Kind::Str,
         default: Default::Computed,
         overrides_file: false,
-        internal: "MetricsBindAddress",
         help: "IP:port of /metrics (an IP alone takes port 10249; empty disables)",
         effect: Effect::Apply(|s, v, _| {
             s.metrics_bind_address = super::socket_address(&string(v))?;
@@ -402,7 +380,6 @@ pub const SETTINGS: &[Setting] = &[
         kind: Kind::Bool,
         default: Default::Zero,
         overrides_file: false,
-        internal: "BindAddressHardFail",
         help: "Exit if the health or metrics port cannot be bound",
         effect: Effect::Apply(|s, v, _| {
             s.bind_address_hard_fail = v.as_bool().unwrap_or(false);
@@ -415,7 +392,6 @@ pub const SETTINGS: &[Setting] = &[
         kind: Kind::Bool,
         default: Default::Zero,
         overrides_file: false,
-        internal: "EnableProfiling",
         help: "Serve /debug/pprof and /debug/flags/v on the metrics address",
         effect: Effect::Apply(|s, v, _| {
             s.enable_profiling = v.as_bool().unwrap_or(false);
@@ -428,7 +404,6 @@ pub const SETTINGS: &[Setting] = &[
         kind: Kind::Str,
         default: Default::Zero,
         overrides_file: false,
-        internal: "ShowHiddenMetricsForVersion",
         help: "Show metrics hidden since this version (major.minor)",
         effect: Effect::Checked(
             |_, v, _| {
@@ -450,7 +425,6 @@ pub const SETTINGS: &[Setting] = &[
         kind: Kind::Str,
         default: Default::Zero,
         overrides_file: false,
-        internal: "Mode",
         help: "Proxy mode; verdict implements nftables",
         effect: Effect::Apply(|_, v, w| match string(v).as_str() {
             "nftables" => Ok(()),
@@ -470,7 +444,6 @@ pub const SETTINGS: &[Setting] = &[
         kind: Kind::Int32,
         default: Default::WhenNull(Literal::Int(14)),
         overrides_file: false,
-        internal: "IPTables.MasqueradeBit",
         help: "iptables and IPVS modes' masquerade bit",
         effect: Effect::None(
             "it applies to the iptables and IPVS modes only; nftables mode uses nftables.masqueradeBit",
@@ -482,7 +455,6 @@ pub const SETTINGS: &[Setting] = &[
         kind: Kind::Bool,
         default: Default::Zero,
         overrides_file: false,
-        internal: "",
         help: "iptables mode's masqueradeAll",
         effect: Effect::None(IPTABLES_ONLY),
     },
@@ -492,7 +464,6 @@ pub const SETTINGS: &[Setting] = &[
         kind: Kind::Bool,
         default: Default::WhenNull(Literal::Bool(true)),
         overrides_file: false,
-        internal: "IPTables.LocalhostNodePorts",
         help: "iptables mode's NodePorts on localhost",
         effect: Effect::None(
             "it applies to the iptables mode only; in nftables mode NodePorts are never served on localhost",
@@ -504,7 +475,6 @@ pub const SETTINGS: &[Setting] = &[
         kind: Kind::Bool,
         default: Default::Zero,
         overrides_file: false,
-        internal: "",
         help: "iptables mode's SNAT to the node's InternalIP",
         effect: Effect::None(IPTABLES_ONLY),
     },
@@ -514,7 +484,6 @@ pub const SETTINGS: &[Setting] = &[
         kind: Kind::Duration,
         default: Default::WhenZero(Literal::Str("30s")),
         overrides_file: false,
-        internal: "",
         help: "iptables mode's sync period",
         effect: Effect::None(IPTABLES_ONLY),
     },
@@ -524,7 +493,6 @@ pub const SETTINGS: &[Setting] = &[
         kind: Kind::Duration,
         default: Default::WhenZero(Literal::Str("1s")),
         overrides_file: false,
-        internal: "",
         help: "iptables mode's minimum sync period",
         effect: Effect::None(IPTABLES_ONLY),
     },
@@ -534,7 +502,6 @@ pub const SETTINGS: &[Setting] = &[
         kind: Kind::Duration,
         default: Default::WhenZero(Literal::Str("30s")),
         overrides_file: false,
-        internal: "",
         help: "IPVS mode's sync period",
         effect: Effect::None(IPVS_ONLY),
     },
@@ -544,7 +511,6 @@ pub const SETTINGS: &[Setting] = &[
         kind: Kind::Duration,
         default: Default::Zero,
         overrides_file: false,
-        internal: "",
         help: "IPVS mode's minimum sync period",
         effect: Effect::None(IPVS_ONLY),
     },
@@ -554,7 +520,6 @@ pub const SETTINGS: &[Setting] = &[
         kind: Kind::Str,
         default: Default::Zero,
         overrides_file: false,
-        internal: "IPVS.Scheduler",
         help: "IPVS scheduler",
         effect: Effect::None(IPVS_ONLY),
     },
@@ -564,7 +529,6 @@ pub const SETTINGS: &[Setting] = &[
         kind: Kind::List,
         default: Default::Zero,
         overrides_file: false,
-        internal: "IPVS.ExcludeCIDRs",
         help: "CIDRs the IPVS cleanup leaves alone",
         effect: Effect::None(IPVS_ONLY),
     },
@@ -574,7 +538,6 @@ pub const SETTINGS: &[Setting] = &[
         kind: Kind::Bool,
         default: Default::Zero,
         overrides_file: false,
-        internal: "IPVS.StrictARP",
         help: "IPVS mode's strict ARP",
         effect: Effect::None(IPVS_ONLY),
     },
@@ -584,7 +547,6 @@ pub const SETTINGS: &[Setting] = &[
         kind: Kind::Duration,
         default: Default::Zero,
         overrides_file: false,
-        internal: "IPVS.TCPTimeout",
         help: "IPVS TCP idle timeout",
         effect: Effect::None(IPVS_ONLY),
     },
@@ -594,7 +556,6 @@ pub const SETTINGS: &[Setting] = &[
         kind: Kind::Duration,
         default: Default::Zero,
         overrides_file: false,
-        internal: "IPVS.TCPFinTimeout",
         help: "IPVS TCP FIN timeout",
         effect: Effect::None(IPVS_ONLY),
     },
@@ -604,7 +565,6 @@ pub const SETTINGS: &[Setting] = &[
         kind: Kind::Duration,
         default: Default::Zero,
         overrides_file: false,
-        internal: "IPVS.UDPTimeout",
         help: "IPVS UDP timeout",
         effect: Effect::None(IPVS_ONLY),
     },
@@ -614,7 +574,6 @@ pub const SETTINGS: &[Setting] = &[
         kind: Kind::Int32,
         default: Default::WhenNull(Literal::Int(14)),
         overrides_file: false,
-        internal: "NFTables.MasqueradeBit",
         help: "Bit of the packet mark that requests masquerading, in [0, 31]",
         effect: Effect::Apply(|s, v, _| {
             s.masquerade_bit = u8::try_from(int(v))
@@ -630,7 +589,6 @@ pub const SETTINGS: &[Setting] = &[
         kind: Kind::Bool,
         default: Default::Zero,
         overrides_file: false,
-        internal: "Linux.MasqueradeAll",
         help: "Masquerade all traffic to ClusterIPs",
         effect: Effect::Apply(|s, v, _| {
             s.masquerade_all = v.as_bool().unwrap_or(false);
@@ -643,7 +601,6 @@ pub const SETTINGS: &[Setting] = &[
         kind: Kind::Duration,
         default: Default::WhenZero(Literal::Str("30s")),
         overrides_file: false,
-        internal: "SyncPeriod",
         help: "Full resync and retry interval (health fails after twice this)",
         effect: Effect::Apply(|s, v, _| {
             s.sync_period = duration(v)?;
@@ -659,7 +616,6 @@ pub const SETTINGS: &[Setting] = &[
         kind: Kind::Duration,
         default: Default::WhenZero(Literal::Str("1s")),
         overrides_file: false,
-        internal: "MinSyncPeriod",
         help: "Least time between syncs (0: every change at once)",
         effect: Effect::Apply(|s, v, _| {
             s.min_sync_period = duration(v)?;
@@ -672,7 +628,6 @@ pub const SETTINGS: &[Setting] = &[
         kind: Kind::Str,
         default: Default::Zero,
         overrides_file: false,
-        internal: "Winkernel.NetworkName",
         help: "Windows: HNS network",
         effect: Effect::None(WINDOWS_ONLY),
     },
@@ -682,7 +637,6 @@ pub const SETTINGS: &[Setting] = &[
         kind: Kind::Str,
         default: Default::Zero,
         overrides_file: false,
-        internal: "Winkernel.SourceVip",
         help: "Windows: source VIP",
         effect: Effect::None(WINDOWS_ONLY),
     },
@@ -692,7 +646,6 @@ pub const SETTINGS: &[Setting] = &[
         kind: Kind::Bool,
         default: Default::Zero,
         overrides_file: false,
-        internal: "Winkernel.EnableDSR",
         help: "Windows: direct server return",
         effect: Effect::None(WINDOWS_ONLY),
     },
@@ -702,7 +655,6 @@ pub const SETTINGS: &[Setting] = &[
         kind: Kind::Str,
         default: Default::Zero,
         overrides_file: false,
-        internal: "Winkernel.RootHnsEndpointName",
         help: "Windows: root HNS endpoint",
         effect: Effect::None(WINDOWS_ONLY),
     },
@@ -712,7 +664,6 @@ pub const SETTINGS: &[Setting] = &[
         kind: Kind::Bool,
         default: Default::Zero,
         overrides_file: false,
-        internal: "Winkernel.ForwardHealthCheckVip",
         help: "Windows: forward the health-check VIP",
         effect: Effect::None(WINDOWS_ONLY),
     },
@@ -722,7 +673,6 @@ pub const SETTINGS: &[Setting] = &[
         kind: Kind::Str,
         default: Default::WhenZero(Literal::Str("ClusterCIDR")),
         overrides_file: false,
-        internal: "DetectLocalMode",
         help: "How pod traffic is told apart: ClusterCIDR, NodeCIDR, BridgeInterface, InterfaceNamePrefix",
         effect: Effect::Apply(|s, v, _| {
             s.detect_local_mode = match string(v).as_str() {
@@ -741,7 +691,6 @@ pub const SETTINGS: &[Setting] = &[
         kind: Kind::Str,
         default: Default::Zero,
         overrides_file: false,
-        internal: "DetectLocal.BridgeInterface",
         help: "Pod bridge, for detect-local-mode BridgeInterface",
         effect: Effect::Apply(|s, v, _| {
             s.detect_bridge = string(v);
@@ -754,7 +703,6 @@ pub const SETTINGS: &[Setting] = &[
         kind: Kind::Str,
         default: Default::Zero,
         overrides_file: false,
-        internal: "DetectLocal.InterfaceNamePrefix",
         help: "Pod interface prefix, for detect-local-mode InterfaceNamePrefix",
         effect: Effect::Apply(|s, v, _| {
             s.detect_prefix = string(v);
@@ -767,7 +715,6 @@ pub const SETTINGS: &[Setting] = &[
         kind: Kind::Str,
         default: Default::Zero,
         overrides_file: false,
-        internal: "DetectLocal.ClusterCIDRs",
         help: "Pod CIDR(s), one per family, comma-separated",
         effect: Effect::Apply(|s, v, _| {
             let text = string(v);
@@ -795,7 +742,6 @@ pub const SETTINGS: &[Setting] = &[
         kind: Kind::List,
         default: Default::WhenZero(Literal::List(&["primary"])),
         overrides_file: false,
-        internal: "NodePortAddresses",
         help: "Where NodePorts are served: CIDRs and the keywords primary, all, localhost",
         effect: Effect::Apply(|s, v, w| {
             s.node_ports = super::node_ports(&list(v), w)?;
@@ -808,7 +754,6 @@ pub const SETTINGS: &[Setting] = &[
         kind: Kind::Int32,
         default: Default::WhenNull(Literal::Int(-999)),
         overrides_file: false,
-        internal: "Linux.OOMScoreAdj",
         help: "oom_score_adj of the process, in [-1000, 1000]",
         effect: Effect::Apply(|s, v, _| {
             let adj = i32::try_from(int(v))
@@ -825,7 +770,6 @@ pub const SETTINGS: &[Setting] = &[
         kind: Kind::Int32,
         default: Default::WhenNull(Literal::Int(32768)),
         overrides_file: false,
-        internal: "Linux.Conntrack.MaxPerCore",
         help: "Conntrack entries per CPU (0 leaves nf_conntrack_max alone)",
         effect: Effect::Apply(|s, v, _| {
             s.conntrack.max_per_core = non_negative(v)?;
@@ -838,7 +782,6 @@ pub const SETTINGS: &[Setting] = &[
         kind: Kind::Int32,
         default: Default::WhenNull(Literal::Int(131072)),
         overrides_file: false,
-        internal: "Linux.Conntrack.Min",
         help: "Least nf_conntrack_max",
         effect: Effect::Apply(|s, v, _| {
             s.conntrack.min = non_negative(v)?;
@@ -851,7 +794,6 @@ pub const SETTINGS: &[Setting] = &[
         kind: Kind::Duration,
         default: Default::WhenNull(Literal::Str("24h0m0s")),
         overrides_file: false,
-        internal: "Linux.Conntrack.TCPEstablishedTimeout",
         help: "Idle timeout of established TCP connections (0 leaves it alone)",
         effect: Effect::Apply(|s, v, _| {
             s.conntrack.tcp_established_timeout = duration(v)?;
@@ -864,7 +806,6 @@ pub const SETTINGS: &[Setting] = &[
         kind: Kind::Duration,
         default: Default::WhenNull(Literal::Str("1h0m0s")),
         overrides_file: false,
-        internal: "Linux.Conntrack.TCPCloseWaitTimeout",
         help: "Timeout of TCP connections in CLOSE_WAIT (0 leaves it alone)",
         effect: Effect::Apply(|s, v, _| {
             s.conntrack.tcp_close_wait_timeout = duration(v)?;
@@ -877,7 +818,6 @@ pub const SETTINGS: &[Setting] = &[
         kind: Kind::Bool,
         default: Default::Zero,
         overrides_file: false,
-        internal: "Linux.Conntrack.TCPBeLiberal",
         help: "Set nf_conntrack_tcp_be_liberal",
         effect: Effect::Apply(|s, v, _| {
             s.conntrack.tcp_be_liberal = v.as_bool().unwrap_or(false);
@@ -890,7 +830,6 @@ pub const SETTINGS: &[Setting] = &[
         kind: Kind::Duration,
         default: Default::Zero,
         overrides_file: false,
-        internal: "Linux.Conntrack.UDPTimeout",
         help: "Idle timeout of unreplied UDP flows (0 leaves it alone)",
         effect: Effect::Apply(|s, v, _| {
             s.conntrack.udp_timeout = duration(v)?;
@@ -903,7 +842,6 @@ pub const SETTINGS: &[Setting] = &[
         kind: Kind::Duration,
         default: Default::Zero,
         overrides_file: false,
-        internal: "Linux.Conntrack.UDPStreamTimeout",
         help: "Idle timeout of UDP streams (0 leaves it alone)",
         effect: Effect::Apply(|s, v, _| {
             s.conntrack.udp_stream_timeout = duration(v)?;
@@ -916,7 +854,6 @@ pub const SETTINGS: &[Setting] = &[
         kind: Kind::Duration,
         default: Default::WhenZero(Literal::Str("15m0s")),
         overrides_file: false,
-        internal: "ConfigSyncPeriod",
         help: "How often informers re-deliver cached API objects",
         effect: Effect::Checked(
             |_, v, _| {
@@ -934,7 +871,6 @@ pub const SETTINGS: &[Setting] = &[
         kind: Kind::Str,
         default: Default::Zero,
         overrides_file: false,
-        internal: "",
         help: "The userspace proxy's port range",
         effect: Effect::None("it configured the userspace proxy, which no longer exists"),
     },
@@ -944,7 +880,6 @@ pub const SETTINGS: &[Setting] = &[
         kind: Kind::Bool,
         default: Default::Zero,
         overrides_file: false,
-        internal: "Windows.RunAsService",
         help: "Windows: run as a service",
         effect: Effect::None(WINDOWS_ONLY),
     },

@@ -547,23 +547,38 @@ fn the_written_configuration_reads_back_the_same() {
 }
 
 #[test]
-fn configz_is_kube_proxys_internal_configuration() {
+fn configz_is_the_versioned_configuration_with_every_field_path() {
     let (s, _) = ok(Some(FILE), &[]);
     let z = render::configz(&s.effective);
     let c = &z["kubeproxy.config.k8s.io"];
-    assert_eq!(c["SyncPeriod"], "1m0s");
-    assert_eq!(c["MinSyncPeriod"], "2s");
-    assert_eq!(c["Linux"]["MasqueradeAll"], true);
-    assert_eq!(c["Linux"]["Conntrack"]["MaxPerCore"], 32768);
-    assert_eq!(c["NFTables"]["MasqueradeBit"], 15);
-    assert_eq!(
-        c["DetectLocal"]["ClusterCIDRs"],
-        serde_json::json!(["10.244.0.0/16", "fd00:10:244::/56"])
-    );
-    assert_eq!(c["ClientConnection"]["QPS"], 5.0);
-    assert_eq!(c["Logging"]["format"], "text");
-    assert_eq!(c["Mode"], "nftables");
-    assert!(c.get("iptables").is_none() && c.get("IPTables").is_some());
+    assert_eq!(c["kind"], "KubeProxyConfiguration");
+    assert_eq!(c["apiVersion"], "kubeproxy.config.k8s.io/v1alpha1");
+    assert_eq!(c["syncPeriod"], serde_json::Value::Null, "{c:#}");
+    assert_eq!(c["nftables"]["syncPeriod"], "1m0s");
+    assert_eq!(c["nftables"]["minSyncPeriod"], "2s");
+    assert_eq!(c["nftables"]["masqueradeBit"], 15);
+    assert_eq!(c["conntrack"]["maxPerCore"], 32768);
+    assert_eq!(c["clientConnection"]["qps"], 5.0);
+    assert_eq!(c["logging"]["format"], "text");
+    assert_eq!(c["mode"], "nftables");
+    // Every field path of the file kube-proxy would write is there.
+    let yaml = render::v1alpha1_yaml(&s.effective).unwrap();
+    let file: serde_json::Value = serde_saphyr::from_str(&yaml).unwrap();
+    fn paths(v: &serde_json::Value, at: String, out: &mut Vec<String>) {
+        match v.as_object() {
+            Some(m) => {
+                for (k, v) in m {
+                    paths(v, format!("{at}.{k}"), out);
+                }
+            }
+            None => out.push(at),
+        }
+    }
+    let (mut want, mut got) = (Vec::new(), Vec::new());
+    paths(&file, String::new(), &mut want);
+    paths(c, String::new(), &mut got);
+    assert!(want.len() >= 57, "{}", want.len());
+    assert_eq!(got, want);
 }
 
 /// What a kube-proxy flag does in verdict.
@@ -595,6 +610,19 @@ fn kube_proxy_flags() -> Vec<(&'static str, Vec<&'static str>, Expect)> {
             "cleanup",
             vec!["--cleanup"],
             Cli(|c| c.command == cli::Command::Cleanup),
+        ),
+        (
+            "boot-id-file",
+            vec!["--boot-id-file=/proc/sys/kernel/random/boot_id"],
+            Cli(|c| c.inert == ["boot-id-file"]),
+        ),
+        (
+            "machine-id-file",
+            vec![
+                "--machine-id-file",
+                "/etc/machine-id,/var/lib/dbus/machine-id",
+            ],
+            Cli(|c| c.inert == ["machine-id-file"]),
         ),
         (
             "feature-gates",
@@ -876,7 +904,7 @@ fn kube_proxy_flags() -> Vec<(&'static str, Vec<&'static str>, Expect)> {
 #[test]
 fn every_kube_proxy_flag_is_applied_or_accepted_with_its_warning() {
     let table = kube_proxy_flags();
-    assert_eq!(table.len(), 57, "kube-proxy has 57 flags");
+    assert_eq!(table.len(), 59, "kube-proxy 1.36 has 59 flags");
     // `--proxy-port-range` is accepted for older command lines; kube-proxy
     // no longer has it.
     let mut known: Vec<&str> = cli::kube_proxy_flags()
