@@ -335,11 +335,22 @@ fn a_file_nested_too_deep_holds_nothing_back() {
 /// process leaves chains it had flushed but not yet deleted, which the next
 /// one adopts. `VERDICT_RESTARTS=N` runs N rounds (default 5).
 ///
-/// History: an earlier form of `traffic_follows_the_manifests` saw one new
-/// connection REFUSED in 3 of about 20 runs, around a restarted process's
-/// first full sync. It has not been reproduced since: 35 restarts of an
-/// earlier form of this test, then 80 of this one (60 with the other tests
-/// of this file running in parallel) refused nothing.
+/// History: a connection is refused now and then (twice in two CI runs of
+/// 2026-12-03, and about once in 40 to 80 rounds run alone). What is known
+/// (2026-12-03, from the diagnostics this test prints):
+/// - it is not the restart: the same loop with no restart at all, checked
+///   once the rules are in, was refused after 73 s and after 16 s
+///   (~10,000 and ~2,000 connections), and not in two further runs of 120 s;
+/// - the node answers the SYN with ICMP port unreachable (its only
+///   `IcmpOutDestUnreachs`; the pods sent no reset), from
+///   `cluster-ips-check`, whose counter is 1: the SYN reached the filter
+///   chains with the ClusterIP still as its destination, not DNATed,
+///   though `service-ips` and the endpoint map held the Service;
+/// - the client reuses source ports whose earlier connection is still in
+///   conntrack's TIME_WAIT (it closes second; the pods hold the TIME-WAIT
+///   sockets), so a SYN often reopens a conntrack entry.
+///
+/// Not known yet: why that SYN was not DNATed.
 #[test]
 fn restart_keeps_every_connection() {
     let Some(mut bed) = bed() else {
@@ -414,7 +425,8 @@ fn restart_keeps_every_connection() {
                             || k.contains("Refus")
                             || k.contains("Abort")
                             || k.contains("ListenDrop")
-                            || k.contains("ListenOverflow"))
+                            || k.contains("ListenOverflow")
+                            || k.contains("Unreach"))
                             && l.split_whitespace().nth(1) != Some("0")
                     }) {
                         counters.push_str(l);
