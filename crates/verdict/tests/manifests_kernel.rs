@@ -335,22 +335,17 @@ fn a_file_nested_too_deep_holds_nothing_back() {
 /// process leaves chains it had flushed but not yet deleted, which the next
 /// one adopts. `VERDICT_RESTARTS=N` runs N rounds (default 5).
 ///
-/// History: a connection is refused now and then (twice in two CI runs of
-/// 2026-12-03, and about once in 40 to 80 rounds run alone). What is known
-/// (2026-12-03, from the diagnostics this test prints):
-/// - it is not the restart: the same loop with no restart at all, checked
-///   once the rules are in, was refused after 73 s and after 16 s
-///   (~10,000 and ~2,000 connections), and not in two further runs of 120 s;
-/// - the node answers the SYN with ICMP port unreachable (its only
-///   `IcmpOutDestUnreachs`; the pods sent no reset), from
-///   `cluster-ips-check`, whose counter is 1: the SYN reached the filter
-///   chains with the ClusterIP still as its destination, not DNATed,
-///   though `service-ips` and the endpoint map held the Service;
-/// - the client reuses source ports whose earlier connection is still in
-///   conntrack's TIME_WAIT (it closes second; the pods hold the TIME-WAIT
-///   sockets), so a SYN often reopens a conntrack entry.
-///
-/// Not known yet: why that SYN was not DNATed.
+/// History: until 2026-12-03 a connection was refused now and then (twice
+/// in two CI runs, about once in 40 to 80 rounds alone), not because of
+/// the restart: the connections this test made in round 0 before verdict's
+/// first sync left conntrack entries without DNAT (SYN_SENT, unreplied,
+/// kept 2 minutes); a later connection that reused one's source port was
+/// taken for a retransmission of it, so not DNATed, and `cluster-ips-check`
+/// rejected it (ICMP port unreachable from the node, whose
+/// `IcmpOutDestUnreachs` this test prints). With the client's ports
+/// limited to 256 every reuse was refused; the events showed the one
+/// un-DNATed entry of each port. Round 0 now waits for the rules before
+/// its first connection, and every round is checked.
 #[test]
 fn restart_keeps_every_connection() {
     let Some(mut bed) = bed() else {
@@ -390,12 +385,31 @@ fn restart_keeps_every_connection() {
         .unwrap_or(5);
     for round in 0..rounds {
         let mut daemon = Process(bed.node.spawn(verdict, &args).unwrap());
+        if round == 0 {
+            // No connection before the first rules: one sent to the
+            // ClusterIP before anything DNATs it leaves a conntrack entry
+            // without DNAT (unreplied, 2 minutes), and a later connection
+            // that happens to reuse its source port would be taken for it
+            // and refused (how this test failed until 2026-12-03).
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !bed
+                .node
+                .exec(
+                    "nft",
+                    &["list", "map", "ip", "verdict", "service-endpoints-tcp"],
+                )
+                .is_ok_and(|m| m.contains("172.30.0.41 . 80"))
+            {
+                assert!(Instant::now() < deadline, "never programmed");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
         let started = Instant::now();
         while started.elapsed() < Duration::from_secs(2) {
             let line = bed
                 .connect(ip("10.0.0.2"), ip("172.30.0.41"), "tcp", 80, 500)
                 .unwrap_or_else(|e| format!("ERROR {e:?}"));
-            if round > 0 && !line.starts_with("OK 10.180.0.") {
+            if !line.starts_with("OK 10.180.0.") {
                 let at = started.elapsed();
                 // What the kernel held just after: the ruleset, and the
                 // connections to the Service.
