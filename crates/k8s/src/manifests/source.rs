@@ -241,7 +241,7 @@ impl Manifests {
         }
         let started = Instant::now();
         let mut out = Refresh::default();
-        self.settle(&mut out, Duration::ZERO);
+        self.settle(&mut out, Duration::ZERO, started);
         self.facts(&mut out);
         out.took = started.elapsed();
         (!out.parsed.is_empty()
@@ -306,8 +306,9 @@ impl Manifests {
                 todo.insert(f);
             }
         }
+        let began = Instant::now();
         self.schedule(todo);
-        self.settle(&mut out, hold);
+        self.settle(&mut out, hold, began);
         self.facts(&mut out);
         out
     }
@@ -365,11 +366,16 @@ impl Manifests {
         }
     }
 
-    /// Waits up to `hold` for the parses to end, and applies those that
-    /// did, in the files' order (and what they in turn make parse again).
-    /// Names the files still being parsed after [`SLOW`].
-    fn settle(&mut self, out: &mut Refresh, hold: Duration) {
+    /// Waits up to `hold` for the parses started since `began` to end, and
+    /// applies those that did (and any other that has), in the files'
+    /// order, and what they in turn make parse again. Names the files still
+    /// being parsed after [`SLOW`].
+    fn settle(&mut self, out: &mut Refresh, hold: Duration, began: Instant) {
         let deadline = Instant::now() + hold;
+        // Only the parses started since `began` (by this refresh) are
+        // waited for: one that was already running (a slow file) holds
+        // nothing back.
+        let waited = |parsing: &HashMap<PathBuf, Job>| parsing.values().any(|j| j.since >= began);
         // A file whose definitions became the first ones (the one before it
         // dropped them) is parsed again, to learn them: rare, and bounded
         // by the number of files.
@@ -379,7 +385,7 @@ impl Manifests {
                 let left = deadline.saturating_duration_since(Instant::now());
                 let done = match self.done_rx.try_recv() {
                     Ok(d) => d,
-                    Err(_) if left.is_zero() => break,
+                    Err(_) if left.is_zero() || !waited(&self.parsing) => break,
                     Err(_) => match self.done_rx.recv_timeout(left) {
                         Ok(d) => d,
                         Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => break,
@@ -881,39 +887,56 @@ mod tests {
         let mut m = Manifests::new(&d, "node-a");
         let first = m.changes(Duration::ZERO).unwrap();
         assert_eq!(first.updates.len(), 40_001);
-        // The big file is rewritten, the small one edited just after: the
-        // small edit comes out without waiting for the big file.
-        m.hold = Duration::from_millis(100);
+        // The big file is rewritten and its parse starts; the small one is
+        // edited while it runs: the small edit comes out at once, though the
+        // refresh would wait 10 s for a parse of its own.
+        m.hold = Duration::from_millis(50);
         m.slow = Duration::from_millis(200);
         std::fs::write(d.join("big.yaml"), big("10.244.0.2")).unwrap();
-        std::fs::write(d.join("small.yaml"), service("web", "10.97.0.2")).unwrap();
         let started = Instant::now();
-        let mut small_at = None;
         let mut big_at = None;
         let mut named_slow = false;
-        while big_at.is_none() || small_at.is_none() {
-            assert!(
-                started.elapsed() < Duration::from_secs(60),
-                "neither file came out"
-            );
-            let Some(r) = m.changes(Duration::from_millis(50)) else {
-                continue;
-            };
+        let mut see = |r: &Refresh, big_at: &mut Option<Duration>| {
             named_slow |= r.slow.iter().any(|(f, _)| f == &d.join("big.yaml"));
-            if r.parsed.contains(&d.join("small.yaml")) {
-                assert_eq!(keys(&r)[0], "Service demo/web true", "{:?}", &keys(&r)[..1]);
-                small_at.get_or_insert(started.elapsed());
-            }
             if r.parsed.contains(&d.join("big.yaml")) {
                 assert_eq!(r.updates.len(), 40_000);
                 big_at.get_or_insert(started.elapsed());
             }
+        };
+        if let Some(r) = m.changes(Duration::from_millis(500)) {
+            see(&r, &mut big_at);
         }
-        let (small_at, big_at) = (small_at.unwrap(), big_at.unwrap());
-        assert!(small_at < big_at, "small {small_at:?}, big {big_at:?}");
-        assert!(small_at < Duration::from_secs(1), "small {small_at:?}");
         assert!(
-            named_slow || big_at < Duration::from_millis(250),
+            big_at.is_none(),
+            "the big file parsed in {:?}",
+            started.elapsed()
+        );
+        m.hold = Duration::from_secs(10);
+        std::fs::write(d.join("small.yaml"), service("web", "10.97.0.2")).unwrap();
+        let edited = Instant::now();
+        let r = next(&mut m);
+        let small_took = edited.elapsed();
+        assert!(r.parsed.contains(&d.join("small.yaml")), "{:?}", r.parsed);
+        assert!(keys(&r).contains(&"Service demo/web true".to_owned()));
+        assert!(
+            small_took < Duration::from_secs(2),
+            "the small edit took {small_took:?}"
+        );
+        assert!(
+            !r.parsed.contains(&d.join("big.yaml")),
+            "the big file was done first: nothing shown"
+        );
+        while big_at.is_none() {
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "the big file never came out"
+            );
+            if let Some(r) = m.changes(Duration::from_millis(50)) {
+                see(&r, &mut big_at);
+            }
+        }
+        assert!(
+            named_slow || big_at < Some(Duration::from_millis(250)),
             "big {big_at:?}"
         );
         std::fs::remove_dir_all(&d).unwrap();
