@@ -353,12 +353,6 @@ impl Families {
 /// Connections, packets and bytes of one Service port or endpoint.
 type Tally = [u64; 3];
 
-/// The chosen Services' counts by port, for the answers.
-#[derive(Default)]
-struct ByPort {
-    ports: HashMap<(IpFamily, ServicePortName), Tally>,
-}
-
 /// A chosen Service port's entry point: the port, the kind of entry
 /// (`ClusterIP`, …) and its address.
 type EntryKey = (IpFamily, ServicePortName, &'static str, IpAddr);
@@ -422,6 +416,24 @@ fn write_sample(
 }
 
 impl Series {
+    /// A chosen Service port's connections, packets and bytes: the sums
+    /// over its entry points.
+    fn port_tally(&self, family: IpFamily, name: &ServicePortName) -> Tally {
+        let from = (family, name.clone(), "", IpAddr::from([0, 0, 0, 0]));
+        let mut t = Tally::default();
+        for (_, c) in self
+            .entries
+            .range(from..)
+            .take_while(|((f, n, _, _), _)| *f == family && n == name)
+        {
+            let (packets, bytes) = c.traffic.unwrap_or_default();
+            t[0] += c.connections.unwrap_or_default();
+            t[1] += packets;
+            t[2] += bytes;
+        }
+        t
+    }
+
     /// Calls `f` with each series of the metric `name`: its labels and
     /// value.
     fn each(
@@ -509,7 +521,6 @@ pub struct Snapshot {
     series: Series,
     /// Every Service port with rejects or drops, and what.
     problems: Vec<(IpFamily, ServicePortName, &'static str, Problem)>,
-    by_port: ByPort,
     /// When the kernel was read.
     read_at: SystemTime,
 }
@@ -519,7 +530,6 @@ impl Default for Snapshot {
         Snapshot {
             series: Series::default(),
             problems: Vec::new(),
-            by_port: ByPort::default(),
             read_at: SystemTime::now(),
         }
     }
@@ -546,7 +556,6 @@ impl Counted {
         family: IpFamily,
         t: &TableState,
         series: &mut Series,
-        by: &mut ByPort,
     ) {
         let out = &mut series.labelled;
         let fam = || vec![("ip_family", family_label(family).to_owned())];
@@ -600,7 +609,6 @@ impl Counted {
                 .entry((family, sp.name.clone(), kind, *a))
                 .or_default()
                 .add_connections(n);
-            by.ports.entry((family, sp.name.clone())).or_default()[0] += n;
         }
         for set in [layout::ENDPOINT_CONNECTIONS, layout::SERVICE_TRAFFIC] {
             for (key, c) in counters(set) {
@@ -627,9 +635,6 @@ impl Counted {
                         .add_connections(packets);
                     continue;
                 }
-                let port_tally = by.ports.entry((family, sp.name.clone())).or_default();
-                port_tally[1] += packets;
-                port_tally[2] += bytes;
                 series
                     .entries
                     .entry((family, sp.name.clone(), kind, *a))
@@ -667,11 +672,10 @@ impl Snapshot {
     ) -> Snapshot {
         let read_at = SystemTime::now();
         let mut series = Series::default();
-        let mut by_port = ByPort::default();
         state.monotonic.begin();
         for (f, t) in tables {
             if let Some(t) = t {
-                state.collect(handle, *f, t, &mut series, &mut by_port);
+                state.collect(handle, *f, t, &mut series);
             }
         }
         state.monotonic.forget_others();
@@ -697,7 +701,6 @@ impl Snapshot {
         Snapshot {
             series,
             problems,
-            by_port,
             read_at,
         }
     }
@@ -717,13 +720,7 @@ impl Snapshot {
         name: &ServicePortName,
         level: Counting,
     ) -> PortCounts {
-        let tally = (level != Counting::None).then(|| {
-            self.by_port
-                .ports
-                .get(&(family, name.clone()))
-                .copied()
-                .unwrap_or_default()
-        });
+        let tally = (level != Counting::None).then(|| self.series.port_tally(family, name));
         let problems = self
             .problems
             .iter()
@@ -944,9 +941,10 @@ impl Snapshot {
             return json!({"service": format!("{ns}/{name}"), "series": series, "problems": problems});
         }
         let mut totals: BTreeMap<String, [u64; 5]> = BTreeMap::new();
-        for ((_, name), [connections, packets, bytes]) in &self.by_port.ports {
+        for ((_, name, _, _), c) in &self.series.entries {
             let t = totals.entry(name.service.to_string()).or_default();
-            t[0] += connections;
+            let (packets, bytes) = c.traffic.unwrap_or_default();
+            t[0] += c.connections.unwrap_or_default();
             t[3] += packets;
             t[4] += bytes;
         }
