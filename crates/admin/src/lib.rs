@@ -8,6 +8,7 @@
 //! - [`metrics`]: the metrics registry and its text format.
 //! - [`process`]: the `process_*` metrics, from `/proc/self`.
 //! - [`time`]: Go's RFC 3339 time format, as kube-proxy's JSON uses it.
+//! - [`zpages`]: `/flagz` and `/statusz`, as component-base serves them.
 
 pub mod health;
 pub mod http;
@@ -15,6 +16,7 @@ pub mod metrics;
 pub mod process;
 pub mod service_health;
 pub mod time;
+pub mod zpages;
 
 pub use health::{Family, Health, Response, Stream};
 pub use metrics::Metrics;

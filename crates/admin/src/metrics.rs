@@ -90,12 +90,16 @@ const FAMILY: &[&str] = &["ip_family"];
 /// `verdict_foreign_changes_total`: commits by other processes that
 /// changed verdict's tables (each brings a full resync).
 pub const FOREIGN_CHANGES: &str = "verdict_foreign_changes_total";
-/// `verdict_quarantined_service_port`: 1 for each service port the kernel
-/// refused and that is left out of the rules until it changes.
+/// `verdict_quarantined_service_port`: 1 for each service port with
+/// elements the kernel refused, left out of the rules until it changes.
 pub const QUARANTINED: &str = "verdict_quarantined_service_port";
 /// `verdict_quarantines_total`: how many times a service port was
 /// quarantined.
 pub const QUARANTINES_TOTAL: &str = "verdict_quarantines_total";
+/// `verdict_destination_conflicts`: 1 for each service port left without
+/// a destination (an address and port, or a node port) that another
+/// Service holds.
+pub const DESTINATION_CONFLICTS: &str = "verdict_destination_conflicts";
 
 /// `kubernetes_build_info`: 1, labelled with what this build is.
 pub const BUILD_INFO: &str = "kubernetes_build_info";
@@ -307,14 +311,21 @@ impl Metrics {
             QUARANTINED,
             Gauge,
             &["ip_family", "namespace", "service", "port"],
-            "Service ports the kernel refused, left out of the rules until they change (1 each)",
+            "Service ports with elements the kernel refused, left out of the rules until the Service changes (1 each)",
+            vec![],
+        );
+        add(
+            DESTINATION_CONFLICTS,
+            Gauge,
+            &["ip_family", "namespace", "service", "port"],
+            "Service ports left without an address and port (or node port) that another Service holds (1 each)",
             vec![],
         );
         add(
             QUARANTINES_TOTAL,
             Counter,
             FAMILY,
-            "Service ports quarantined because the kernel refused them",
+            "Service ports with elements quarantined because the kernel refused them",
             vec![],
         );
         m.generic();
@@ -584,6 +595,7 @@ kubernetes_build_info gauge
 kubernetes_feature_enabled gauge
 rest_client_request_duration_seconds histogram
 rest_client_requests_total counter
+verdict_destination_conflicts gauge
 verdict_foreign_changes_total counter
 verdict_quarantined_service_port gauge
 verdict_quarantines_total counter

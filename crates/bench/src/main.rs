@@ -28,6 +28,7 @@ mod daemon;
 mod probe;
 mod readers;
 mod report;
+mod restarts;
 mod topo;
 mod workload;
 
@@ -52,6 +53,7 @@ fn main() -> ExitCode {
         Some("probe") => probe::probe(&args[1..]),
         Some("one") => one(&args[1..]),
         Some("daemon") => daemon::daemon(&args[1..]),
+        Some("restarts") => restarts::restarts(&args[1..]),
         Some("backends") => backends::backends(&args[1..]),
         Some("backend-one") => backends::backend_one(&args[1..]),
         _ => orchestrate(&args),

@@ -816,10 +816,17 @@ fn serve(shared: &Shared, conn: TcpStream) -> std::io::Result<()> {
     let q = |k: &str| req.query.get(k).cloned().unwrap_or_default();
     let labels = parse_selector(&q("labelSelector"));
     let fields = parse_selector(&q("fieldSelector"));
-    if let Some(bad) = fields.iter().find(|t| {
-        !matches!(t, Term::Equals(k, _) | Term::Differs(k, _)
-            if k == "metadata.name" || k == "metadata.namespace")
-    }) {
+    // The fields the API server selects on: every kind's name and
+    // namespace, and a Service's `spec.clusterIP` and `spec.type`.
+    let selectable = |k: &str| {
+        k == "metadata.name"
+            || k == "metadata.namespace"
+            || (resource == Resource::Services && (k == "spec.clusterIP" || k == "spec.type"))
+    };
+    if let Some(bad) = fields
+        .iter()
+        .find(|t| !matches!(t, Term::Equals(k, _) | Term::Differs(k, _) if selectable(k)))
+    {
         return respond(
             &mut conn,
             400,

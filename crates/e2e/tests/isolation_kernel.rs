@@ -1,6 +1,7 @@
-//! Failure isolation against the real kernel: a service port the kernel
-//! refuses is quarantined and everything else is programmed in the same
-//! sync; names at Kubernetes' maximum lengths are programmed. Needs root.
+//! Failure isolation against the real kernel: an element the kernel
+//! refuses is left out and everything else, the rest of its service port
+//! too, is programmed in the same sync; two LoadBalancers on one address
+//! never reach the kernel as overlapping intervals; names at Kubernetes' maximum lengths are programmed. Needs root.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -61,9 +62,16 @@ fn lb(p: &mut Proxier, name: &str, ip: &str, node_port: i32, range: &str) {
     );
 }
 
+fn dump(nft: &mut NftCli) -> String {
+    nft.table(Family::Ip, "verdict")
+        .unwrap()
+        .unwrap()
+        .dump(Family::Ip, "verdict")
+}
+
 #[test]
-fn the_kernel_refuses_one_service_port_and_the_rest_is_programmed() {
-    let Some((_ns, mut nft, mut p)) = setup() else {
+fn the_kernel_refuses_one_element_and_the_rest_of_its_service_port_is_programmed() {
+    let Some((ns, mut nft, mut p)) = setup() else {
         return;
     };
     for i in 0..20 {
@@ -75,67 +83,110 @@ fn the_kernel_refuses_one_service_port_and_the_rest_is_programmed() {
             "10.180.0.1",
         );
     }
-    // Two LoadBalancers on one VIP and port with overlapping source
-    // ranges: the kernel refuses their interval elements together.
-    lb(&mut p, "a", "172.30.1.1", 30080, "10.0.0.0/8");
-    lb(&mut p, "b", "172.30.1.2", 30081, "10.1.0.0/16");
-    let r = p.sync(&mut nft, Instant::now()).unwrap();
-    let b = ServicePortName::new("ns", "b", "p80", Protocol::Tcp);
-    assert_eq!(
-        r.quarantined.iter().map(|q| &q.0).collect::<Vec<_>>(),
-        vec![&b]
+    p.sync(&mut nft, Instant::now()).unwrap();
+    // Another agent puts an element of its own where verdict is about to
+    // want one: the kernel refuses verdict's ("File exists").
+    ns.exec(
+        "nft",
+        &["add element ip verdict service-ips { 1.2.3.4 . tcp . 80 : drop }"],
+    )
+    .unwrap();
+    p.on_service(
+        None,
+        Some(
+            &svc("ns", "web")
+                .cluster_ip("172.30.1.7")
+                .port("p80", TCP, 80, 30007)
+                .external_ips(&["1.2.3.4", "1.2.3.5"]),
+        ),
     );
-    assert!(
-        r.quarantined[0].1.contains("File exists"),
-        "the kernel's reason: {:?}",
-        r.quarantined
+    p.on_endpoint_slice(
+        &slice("ns", "web", "web-1")
+            .port("p80", TCP, 80)
+            .ep("10.180.0.1", ""),
+        false,
     );
-    let table = nft.table(Family::Ip, "verdict").unwrap().unwrap();
-    let dump = table.dump(Family::Ip, "verdict");
-    assert!(dump.contains("good/s19:p80"), "{dump}");
-    assert!(dump.contains("ns/a:p80"), "{dump}");
-    assert!(!dump.contains("ns/b:p80"), "{dump}");
-
-    // A later change to another service is a partial sync that lands at
-    // once, even with the conflict still there.
-    plain(&mut p, "good", "late", "172.30.2.1", "10.180.0.2");
-    let t = Instant::now();
     let r = p
         .sync(&mut nft, Instant::now() + Duration::from_secs(2))
         .unwrap();
-    let took = t.elapsed();
-    assert!(!r.full && r.quarantined.is_empty());
-    assert!(took < Duration::from_secs(1), "{took:?}");
-    let dump = nft
-        .table(Family::Ip, "verdict")
-        .unwrap()
-        .unwrap()
-        .dump(Family::Ip, "verdict");
-    assert!(dump.contains("good/late:p80"), "{dump}");
-
-    // Fixing b (a range that does not overlap) programs it.
-    p.on_service(
-        Some(
-            &svc("ns", "b")
-                .cluster_ip("172.30.1.2")
-                .port("p80", TCP, 80, 30081)
-                .lb(&["5.6.7.8"])
-                .source_ranges(&["10.1.0.0/16"]),
-        ),
-        Some(
-            &svc("ns", "b")
-                .cluster_ip("172.30.1.2")
-                .port("p80", TCP, 80, 30081)
-                .lb(&["5.6.7.9"])
-                .source_ranges(&["10.1.0.0/16"]),
-        ),
+    let web = ServicePortName::new("ns", "web", "p80", Protocol::Tcp);
+    assert_eq!(
+        r.quarantined.iter().map(|q| &q.0).collect::<Vec<_>>(),
+        vec![&web]
     );
+    let reason = &r.quarantined[0].1;
+    assert!(
+        reason.contains("service-ips element 1.2.3.4 . tcp . 80 : goto")
+            && reason.contains("exists"),
+        "the element and the kernel's reason: {reason}"
+    );
+    assert_eq!(p.quarantined()[&web].len(), 1);
+    // The port's other entry points are programmed.
+    let table = dump(&mut nft);
+    for want in [
+        "172.30.1.7 . tcp . 80 comment \"ns/web:p80\" : goto",
+        "1.2.3.5 . tcp . 80 comment \"ns/web:p80\" : goto",
+        "tcp . 30007 comment \"ns/web:p80\" : goto",
+        "good/s19:p80",
+    ] {
+        assert!(table.contains(want), "{want}: {table}");
+    }
+
+    // A later change to another service is a partial sync that lands at
+    // once, without trying the refused element again.
+    plain(&mut p, "good", "late", "172.30.2.1", "10.180.0.2");
+    let t = Instant::now();
     let r = p
         .sync(&mut nft, Instant::now() + Duration::from_secs(4))
         .unwrap();
-    assert_eq!(r.retried, vec![b]);
+    let took = t.elapsed();
+    assert!(!r.full && r.quarantined.is_empty() && r.retried.is_empty());
+    assert!(took < Duration::from_secs(1), "{took:?}");
+    assert!(dump(&mut nft).contains("good/late:p80"));
+}
+
+#[test]
+fn two_load_balancers_on_one_address_reach_the_kernel_without_a_refusal() {
+    let Some((_ns, mut nft, mut p)) = setup() else {
+        return;
+    };
+    // Overlapping source ranges on one address and port: the kernel would
+    // refuse the overlapping intervals; only the holder's are programmed.
+    lb(&mut p, "a", "172.30.1.1", 30080, "10.0.0.0/8");
+    lb(&mut p, "b", "172.30.1.2", 30081, "10.1.2.3/32");
+    let r = p.sync(&mut nft, Instant::now()).unwrap();
     assert!(r.quarantined.is_empty(), "{:?}", r.quarantined);
-    assert!(p.quarantined().is_empty());
+    assert_eq!(r.conflicts.len(), 1, "{:?}", r.conflicts);
+    let b = ServicePortName::new("ns", "b", "p80", Protocol::Tcp);
+    assert_eq!(r.conflicts[0].loser, b);
+    let table = dump(&mut nft);
+    assert!(table.contains("5.6.7.8 . tcp . 80 . 10.0.0.0/8"), "{table}");
+    assert!(!table.contains("10.1.2.3"), "{table}");
+    assert!(
+        table.contains("172.30.1.2 . tcp . 80"),
+        "b's ClusterIP: {table}"
+    );
+    assert!(table.contains("tcp . 30081"), "b's NodePort: {table}");
+
+    // a goes: b has the address, with its range, in a partial sync.
+    p.on_service(
+        Some(
+            &svc("ns", "a")
+                .cluster_ip("172.30.1.1")
+                .port("p80", TCP, 80, 30080)
+                .lb(&["5.6.7.8"])
+                .source_ranges(&["10.0.0.0/8"]),
+        ),
+        None,
+    );
+    let r = p
+        .sync(&mut nft, Instant::now() + Duration::from_secs(2))
+        .unwrap();
+    assert!(!r.full && r.quarantined.is_empty());
+    assert_eq!(r.conflicts_resolved.len(), 1);
+    let table = dump(&mut nft);
+    assert!(table.contains("5.6.7.8 . tcp . 80 . 10.1.2.3"), "{table}");
+    assert!(!table.contains("80 . 10.0.0.0/8"), "{table}");
 }
 
 #[test]

@@ -1,35 +1,55 @@
-//! Events, as kube-proxy's recorder posts them (`events.k8s.io/v1`),
-//! through kube-rs's recorder, which folds repeats of one event into a
-//! series (a patch) instead of posting it again:
+//! Events, as kube-proxy's recorder posts them (`events.k8s.io/v1`):
 //! - `Starting` on this node's Node when verdict starts (kube-proxy's
 //!   birth cry);
 //! - `FailedToStartServiceHealthcheck` on a Service whose health-check node
 //!   port cannot be opened;
 //! - `FailedToStartProxierHealthcheck` / `FailedToStartMetricServer` on the
 //!   Node when the health or metrics port cannot be bound;
-//! - `FailedToProgram` on a Service the kernel refused.
+//! - `FailedToProgram` on a Service the kernel refused elements of;
+//! - `DestinationConflict` on a Service left without an address and port
+//!   that another Service holds.
+//!
+//! Repeats are folded as client-go's recorder (`k8s.io/client-go/tools/
+//! events`) folds them, so that a flapping condition costs the API server
+//! a bounded number of requests: the Events of one type, reason and action
+//! about one object are one series. The first is created; the second
+//! patches the series (count 2) at once; later ones are only counted,
+//! and the count is written every 30 minutes while the series goes on,
+//! and a last time when it has been quiet for 6 minutes (then the next
+//! one starts a new Event). The note is the first one's.
 //!
 //! Posting never holds up the proxy: notices go through a channel to a
 //! thread of their own, and one that cannot be posted is logged and
 //! dropped.
 
-use std::sync::mpsc::{Receiver, Sender};
-use std::time::Duration;
+use std::collections::BTreeMap;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
+use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::core::v1::ObjectReference;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use k8s_openapi::api::events::v1::{Event as K8sEvent, EventSeries};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::jiff::Timestamp;
+use kube::Api;
+use kube::api::{Patch, PatchParams, PostParams};
 
 use crate::watch::{ApiSource, SourceError};
 
 /// How long one Event may take to post.
 const POST_TIMEOUT: Duration = Duration::from_secs(10);
+/// A series quiet this long is finished (client-go's `finishTime`).
+const FINISH_AFTER: Duration = Duration::from_secs(6 * 60);
+/// A series going on is written this often (client-go's `refreshTime`).
+const REFRESH_EVERY: Duration = Duration::from_secs(30 * 60);
+/// How often the poster looks for series to finish or refresh.
+const HOUSEKEEPING: Duration = Duration::from_secs(30);
 /// The longest note the API server accepts.
 const MAX_NOTE: usize = 1024;
 /// The reporting controller, as Events name it.
 pub const CONTROLLER: &str = "verdict";
 
 /// What an Event is about.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Regarding {
     /// A Service.
     Service {
@@ -119,59 +139,315 @@ impl Events {
 pub fn start(src: &ApiSource) -> Result<Events, SourceError> {
     let (rt, client) = crate::client::on_own_runtime(src)?;
     let node = src.node_name.clone();
-    let recorder = Recorder::new(
-        client,
-        Reporter {
-            controller: CONTROLLER.into(),
-            instance: Some(format!("{CONTROLLER}-{node}")),
-        },
-    );
     let (tx, rx) = std::sync::mpsc::channel();
     let (done_tx, done) = std::sync::mpsc::channel();
     std::thread::Builder::new()
         .name("kube-events".into())
         .spawn(move || {
-            post_all(&rt, &recorder, &node, &rx);
+            let mut sink = ApiSink { rt, client };
+            let mut series = Series::new(&node);
+            post_all(&mut series, &mut sink, &rx);
             let _ = done_tx.send(());
         })
         .map_err(|e| SourceError::Client(e.to_string()))?;
     Ok(Events { tx, done })
 }
 
-fn post_all(rt: &tokio::runtime::Runtime, recorder: &Recorder, node: &str, rx: &Receiver<Notice>) {
-    for notice in rx.iter() {
-        let event = Event {
-            type_: if notice.warning {
-                EventType::Warning
-            } else {
-                EventType::Normal
-            },
-            reason: notice.reason.into(),
-            note: Some(notice.fitted_note()),
-            action: notice.action.into(),
-            secondary: None,
-        };
-        let reference = notice.reference(node);
-        let result = rt
+/// Where Events go: the API server, or a test's record.
+trait Sink {
+    /// Creates `event`.
+    fn create(&mut self, event: &K8sEvent) -> Result<(), String>;
+    /// Writes `event`'s series; `Ok(false)` if the Event is gone.
+    fn patch_series(&mut self, event: &K8sEvent) -> Result<bool, String>;
+}
+
+struct ApiSink {
+    rt: tokio::runtime::Runtime,
+    client: kube::Client,
+}
+
+impl ApiSink {
+    fn api(&self, event: &K8sEvent) -> Api<K8sEvent> {
+        let ns = event.metadata.namespace.as_deref().unwrap_or("default");
+        Api::namespaced(self.client.clone(), ns)
+    }
+}
+
+impl Sink for ApiSink {
+    fn create(&mut self, event: &K8sEvent) -> Result<(), String> {
+        let api = self.api(event);
+        self.rt
             .block_on(async {
-                tokio::time::timeout(POST_TIMEOUT, recorder.publish(&event, &reference)).await
+                tokio::time::timeout(POST_TIMEOUT, api.create(&PostParams::default(), event)).await
             })
-            .map_err(|_| "timed out".to_string())
-            .and_then(|r| r.map_err(|e| e.to_string()));
-        if let Err(error) = result {
-            tracing::warn!(
-                regarding = ?notice.regarding,
-                reason = notice.reason,
-                %error,
-                "cannot post an Event"
-            );
+            .map_err(|_| "timed out".to_string())?
+            .map(drop)
+            .map_err(|e| e.to_string())
+    }
+
+    fn patch_series(&mut self, event: &K8sEvent) -> Result<bool, String> {
+        let api = self.api(event);
+        let name = event.metadata.name.clone().unwrap_or_default();
+        let patch = serde_json::json!({ "series": event.series });
+        let result = self
+            .rt
+            .block_on(async {
+                tokio::time::timeout(
+                    POST_TIMEOUT,
+                    api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)),
+                )
+                .await
+            })
+            .map_err(|_| "timed out".to_string())?;
+        match result {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+            Err(e) => Err(e.to_string()),
         }
     }
+}
+
+/// The key that folds Events into one series, as client-go's: type,
+/// reason, action and the object (the reporter is this process).
+type Key = (bool, &'static str, &'static str, Regarding);
+
+/// One Event posted, and how its series stands.
+struct Posted {
+    event: K8sEvent,
+    /// When it was last seen.
+    last_seen: SystemTime,
+    /// When its series was last written (or the Event created).
+    written: SystemTime,
+    /// The count written last (1 for none).
+    written_count: i32,
+}
+
+/// client-go's folding of repeated Events into series.
+struct Series {
+    node: String,
+    cache: BTreeMap<Key, Posted>,
+}
+
+impl Series {
+    fn new(node: &str) -> Series {
+        Series {
+            node: node.to_owned(),
+            cache: BTreeMap::new(),
+        }
+    }
+
+    /// One notice, at `now`.
+    fn record(&mut self, notice: &Notice, now: SystemTime, sink: &mut dyn Sink) {
+        let key: Key = (
+            notice.warning,
+            notice.reason,
+            notice.action,
+            notice.regarding.clone(),
+        );
+        if let Some(p) = self.cache.get_mut(&key) {
+            p.last_seen = now;
+            let count = p.event.series.as_ref().map_or(2, |s| s.count + 1);
+            p.event.series = Some(EventSeries {
+                count,
+                last_observed_time: MicroTime(timestamp(now)),
+            });
+            // The second is written at once, the rest by housekeeping.
+            if count == 2 {
+                write_series(p, now, sink, &self.node);
+            }
+            return;
+        }
+        let event = self.event_of(notice, now);
+        if let Err(error) = sink.create(&event) {
+            log_failure(notice, &error);
+        }
+        self.cache.insert(
+            key,
+            Posted {
+                event,
+                last_seen: now,
+                written: now,
+                written_count: 1,
+            },
+        );
+    }
+
+    /// Finishes series quiet for 6 minutes (writing their last count) and
+    /// forgets single Events as old; writes the count of series going on
+    /// every 30 minutes.
+    fn housekeeping(&mut self, now: SystemTime, sink: &mut dyn Sink) {
+        let since = |t: SystemTime| now.duration_since(t).unwrap_or_default();
+        let node = self.node.clone();
+        self.cache.retain(|_, p| {
+            let quiet = since(p.last_seen) >= FINISH_AFTER;
+            let count = p.event.series.as_ref().map_or(1, |s| s.count);
+            if quiet {
+                if count != p.written_count {
+                    write_series(p, now, sink, &node);
+                }
+                return false;
+            }
+            if p.event.series.is_some() && since(p.written) >= REFRESH_EVERY {
+                write_series(p, now, sink, &node);
+            }
+            true
+        });
+    }
+
+    fn event_of(&self, notice: &Notice, now: SystemTime) -> K8sEvent {
+        let reference = notice.reference(&self.node);
+        let at = timestamp(now);
+        let nanos = now
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos();
+        K8sEvent {
+            metadata: ObjectMeta {
+                name: Some(format!(
+                    "{}.{nanos:x}",
+                    reference.name.as_deref().unwrap_or(CONTROLLER)
+                )),
+                namespace: Some(
+                    reference
+                        .namespace
+                        .clone()
+                        .unwrap_or_else(|| "default".into()),
+                ),
+                ..ObjectMeta::default()
+            },
+            event_time: Some(MicroTime(at)),
+            action: Some(notice.action.into()),
+            reason: Some(notice.reason.into()),
+            note: Some(notice.fitted_note()),
+            type_: Some(if notice.warning { "Warning" } else { "Normal" }.into()),
+            regarding: Some(reference),
+            reporting_controller: Some(CONTROLLER.into()),
+            reporting_instance: Some(format!("{CONTROLLER}-{}", self.node)),
+            ..K8sEvent::default()
+        }
+    }
+}
+
+/// Writes a series' count (creating the Event again if it is gone, as
+/// client-go does).
+fn write_series(p: &mut Posted, now: SystemTime, sink: &mut dyn Sink, node: &str) {
+    let result = match sink.patch_series(&p.event) {
+        Ok(true) => Ok(()),
+        Ok(false) => sink.create(&p.event),
+        Err(e) => Err(e),
+    };
+    match result {
+        Ok(()) => {
+            p.written = now;
+            p.written_count = p.event.series.as_ref().map_or(1, |s| s.count);
+        }
+        Err(error) => tracing::warn!(
+            event = p.event.metadata.name.as_deref().unwrap_or_default(),
+            node,
+            %error,
+            "cannot write an Event's series"
+        ),
+    }
+}
+
+fn log_failure(notice: &Notice, error: &str) {
+    tracing::warn!(
+        regarding = ?notice.regarding,
+        reason = notice.reason,
+        %error,
+        "cannot post an Event"
+    );
+}
+
+fn timestamp(t: SystemTime) -> Timestamp {
+    Timestamp::try_from(t).unwrap_or(Timestamp::UNIX_EPOCH)
+}
+
+fn post_all(series: &mut Series, sink: &mut dyn Sink, rx: &Receiver<Notice>) {
+    loop {
+        match rx.recv_timeout(HOUSEKEEPING) {
+            Ok(notice) => series.record(&notice, SystemTime::now(), sink),
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => break,
+        }
+        series.housekeeping(SystemTime::now(), sink);
+    }
+    // Closing: what is counted but not written yet is written now.
+    let mut later = SystemTime::now() + FINISH_AFTER;
+    later += Duration::from_secs(1);
+    series.housekeeping(later, sink);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What was sent: ("create" | "patch", series count).
+    #[derive(Default)]
+    struct Record(Vec<(&'static str, i32)>);
+
+    impl Sink for Record {
+        fn create(&mut self, e: &K8sEvent) -> Result<(), String> {
+            self.0
+                .push(("create", e.series.as_ref().map_or(1, |s| s.count)));
+            Ok(())
+        }
+        fn patch_series(&mut self, e: &K8sEvent) -> Result<bool, String> {
+            self.0
+                .push(("patch", e.series.as_ref().map_or(1, |s| s.count)));
+            Ok(true)
+        }
+    }
+
+    fn notice(name: &str, note: &str) -> Notice {
+        Notice {
+            regarding: Regarding::Service {
+                namespace: "demo".into(),
+                name: name.into(),
+            },
+            warning: true,
+            reason: "DestinationConflict",
+            action: "Programming",
+            note: note.into(),
+        }
+    }
+
+    #[test]
+    fn repeats_are_one_series_written_as_client_go_writes_it() {
+        let mut sink = Record::default();
+        let mut series = Series::new("node-1");
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        // 100 repeats in a minute: one create, one patch (count 2).
+        for i in 0..100 {
+            series.record(
+                &notice("lb2", &format!("note {i}")),
+                at(i * 60 / 100),
+                &mut sink,
+            );
+            series.housekeeping(at(i * 60 / 100), &mut sink);
+        }
+        assert_eq!(sink.0, vec![("create", 1), ("patch", 2)]);
+        // Another object is another Event.
+        series.record(&notice("lb3", "x"), at(61), &mut sink);
+        assert_eq!(sink.0.len(), 3);
+        // Going on for 40 minutes, once a minute: the count is written
+        // every 30 minutes, not per repeat.
+        for m in 1..=40 {
+            series.record(&notice("lb2", "again"), at(60 * m), &mut sink);
+            series.housekeeping(at(60 * m), &mut sink);
+        }
+        let patches: Vec<i32> = sink.0[3..].iter().map(|(_, c)| *c).collect();
+        assert_eq!(patches.len(), 1, "{:?}", sink.0);
+        assert!(patches[0] > 100, "the count so far: {patches:?}");
+        // Quiet for 6 minutes: the last count is written and the series
+        // ends; the next one is a new Event.
+        series.housekeeping(at(60 * 40 + 6 * 60), &mut sink);
+        assert_eq!(sink.0.last(), Some(&("patch", 140)));
+        let n = sink.0.len();
+        series.record(&notice("lb2", "later"), at(60 * 50), &mut sink);
+        assert_eq!(&sink.0[n..], &[("create", 1)]);
+    }
 
     #[test]
     fn notices_name_their_object_and_fit_the_api() {

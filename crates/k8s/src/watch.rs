@@ -52,10 +52,22 @@ pub enum Update {
     Synced,
 }
 
-/// The label selector kube-proxy lists Services and EndpointSlices with:
-/// objects another proxy serves, and headless ones, are not even fetched.
-pub fn proxied_selector() -> String {
-    format!("!{LABEL_SERVICE_PROXY_NAME},!{LABEL_HEADLESS}")
+/// The selectors kube-proxy 1.36 lists and watches Services with: not
+/// those another proxy serves (a `service-proxy-name` label), and not
+/// headless ones (`spec.clusterIP` `None`), which are not even fetched.
+/// (label selector, field selector).
+pub fn service_selectors() -> (String, String) {
+    (
+        format!("!{LABEL_SERVICE_PROXY_NAME}"),
+        "spec.clusterIP!=None".to_owned(),
+    )
+}
+
+/// The label selector kube-proxy 1.36 lists and watches EndpointSlices
+/// with: not those of headless Services (the EndpointSlice controller
+/// labels them).
+pub fn slice_selector() -> String {
+    format!("!{LABEL_HEADLESS}")
 }
 
 /// Where the API server is and how to authenticate.
@@ -406,7 +418,8 @@ fn boxed<'a, T>(s: impl Stream<Item = T> + 'a) -> std::pin::Pin<Box<dyn Stream<I
 }
 
 async fn watch_all(client: Client, node: String, tx: Sender<Vec<Update>>) {
-    let selector = proxied_selector();
+    let (service_labels, service_fields) = service_selectors();
+    let slice_labels = slice_selector();
     // Lists are served from the API server's watch cache
     // (`resourceVersion=0`, whole, not paged), as client-go's informers
     // list, rather than read from etcd in pages of 500.
@@ -417,19 +430,21 @@ async fn watch_all(client: Client, node: String, tx: Sender<Vec<Update>>) {
         c.page_size = None;
         c
     };
-    let proxied = |b: watcher::Config| b.labels(&selector);
     let cidr_client = client.clone();
     let cidr_base = base();
     let streams = vec![
         boxed(
-            watcher::watcher(Api::<core::Service>::all(client.clone()), proxied(base()))
-                .backoff(Backoff::default())
-                .map(Watched::Service),
+            watcher::watcher(
+                Api::<core::Service>::all(client.clone()),
+                base().labels(&service_labels).fields(&service_fields),
+            )
+            .backoff(Backoff::default())
+            .map(Watched::Service),
         ),
         boxed(
             watcher::watcher(
                 Api::<discovery::EndpointSlice>::all(client.clone()),
-                proxied(base()),
+                base().labels(&slice_labels),
             )
             .backoff(Backoff::default())
             .map(Watched::Slice),
@@ -478,6 +493,8 @@ struct Mirrors {
     /// The ranges of every ServiceCIDR object.
     cidr_values: BTreeMap<Key, Vec<IpNet>>,
     synced: bool,
+    /// Failures in a row of each watch since it last worked.
+    failing: BTreeMap<&'static str, u32>,
 }
 
 impl Mirrors {
@@ -490,11 +507,36 @@ impl Mirrors {
             cidrs: Mirror::default(),
             cidr_values: BTreeMap::new(),
             synced: false,
+            failing: BTreeMap::new(),
         }
     }
 
     fn take(&mut self, w: Watched) -> Vec<Update> {
         let mut out = Vec::new();
+        let what = match &w {
+            Watched::Service(_) => "Services",
+            Watched::Slice(_) => "EndpointSlices",
+            Watched::Node(_) => "Node",
+            Watched::Cidr(_) => "ServiceCIDRs",
+        };
+        let failed = match &w {
+            Watched::Service(r) => r.as_ref().err(),
+            Watched::Slice(r) => r.as_ref().err(),
+            Watched::Node(r) => r.as_ref().err(),
+            Watched::Cidr(r) => r.as_ref().err(),
+        };
+        match failed {
+            Some(e) => {
+                let n = self.failing.entry(what).or_default();
+                *n += 1;
+                log_error(what, e, *n);
+            }
+            None => {
+                if let Some(n) = self.failing.remove(what) {
+                    tracing::info!(watch = what, failures = n, "the watch works again");
+                }
+            }
+        }
         match w {
             Watched::Service(Ok(e)) => out.extend(
                 self.services
@@ -534,10 +576,10 @@ impl Mirrors {
                     out.push(Update::ServiceCidrs(all));
                 }
             }
-            Watched::Service(Err(e)) => log_error("Services", &e),
-            Watched::Slice(Err(e)) => log_error("EndpointSlices", &e),
-            Watched::Node(Err(e)) => log_error("Node", &e),
-            Watched::Cidr(Err(e)) => log_error("ServiceCIDRs", &e),
+            Watched::Service(Err(_))
+            | Watched::Slice(Err(_))
+            | Watched::Node(Err(_))
+            | Watched::Cidr(Err(_)) => {}
         }
         if !self.synced && self.services.listed() && self.slices.listed() && self.nodes.listed() {
             self.synced = true;
@@ -552,7 +594,9 @@ impl Mirrors {
     }
 }
 
-fn log_error(what: &str, e: &watcher::Error) {
+/// One line per failure of a watch (one per back-off step): what failed
+/// and its root cause, without the client's internals.
+fn log_error(what: &str, e: &watcher::Error, in_a_row: u32) {
     match e {
         watcher::Error::WatchError(s) if s.code == 410 => {
             tracing::info!(
@@ -560,7 +604,45 @@ fn log_error(what: &str, e: &watcher::Error) {
                 "watch expired (410 Gone): relisting; rules stay as they are"
             )
         }
-        _ => tracing::warn!(watch = what, error = %e, "watch failed; retrying with backoff"),
+        _ => tracing::warn!(
+            watch = what,
+            error = %brief(e),
+            failures = in_a_row,
+            "cannot reach the API server; retrying with back-off, rules stay as they are"
+        ),
+    }
+}
+
+/// What failed, and why, in a few words: `list: Connection refused (os
+/// error 111)`, `watch: 403 Forbidden: services is forbidden …`.
+pub fn brief(e: &watcher::Error) -> String {
+    use watcher::Error as W;
+    let (step, inner) = match e {
+        W::InitialListFailed(k) => ("list", k),
+        W::WatchStartFailed(k) => ("watch", k),
+        W::WatchFailed(k) => ("watch", k),
+        W::WatchError(s) => return format!("watch: {} {}: {}", s.code, s.reason, s.message),
+        other => return cut(&other.to_string()),
+    };
+    let why = match inner {
+        kube::Error::Api(s) => format!("{} {}: {}", s.code, s.reason, s.message),
+        other => {
+            // The root cause: the innermost error says it shortest.
+            let mut cause: &dyn std::error::Error = other;
+            while let Some(next) = cause.source() {
+                cause = next;
+            }
+            cause.to_string()
+        }
+    };
+    cut(&format!("{step}: {why}"))
+}
+
+/// At most 160 characters.
+fn cut(s: &str) -> String {
+    match s.char_indices().nth(160) {
+        Some((i, _)) => format!("{}…", &s[..i]),
+        None => s.to_owned(),
     }
 }
 
@@ -702,10 +784,14 @@ mod tests {
     }
 
     #[test]
-    fn selector_matches_kube_proxy() {
+    fn selectors_match_kube_proxy_1_36() {
         assert_eq!(
-            proxied_selector(),
-            "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless"
+            service_selectors(),
+            (
+                "!service.kubernetes.io/service-proxy-name".to_string(),
+                "spec.clusterIP!=None".to_string()
+            )
         );
+        assert_eq!(slice_selector(), "!service.kubernetes.io/headless");
     }
 }

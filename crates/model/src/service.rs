@@ -100,13 +100,14 @@ pub fn is_headless(svc: &Service) -> bool {
 }
 
 /// Why a service is not proxied at all (headless, ExternalName, label
-/// service.kubernetes.io/service-proxy-name present, label
-/// service.kubernetes.io/headless present).
+/// service.kubernetes.io/service-proxy-name present), as kube-proxy 1.36
+/// selects Services. The label service.kubernetes.io/headless is the
+/// EndpointSlice controller's, on slices: kube-proxy leaves out the slices
+/// that carry it, not a Service with a ClusterIP that does.
 pub fn should_skip_service(svc: &Service) -> bool {
     svc.service_type == ServiceType::ExternalName
         || is_headless(svc)
         || svc.labels.contains_key(LABEL_SERVICE_PROXY_NAME)
-        || svc.labels.contains_key(LABEL_HEADLESS)
 }
 
 /// The `spec.clusterIPs` entry that looks like it belongs to `family` (contains a
@@ -475,12 +476,16 @@ mod tests {
         assert!(should_skip_service(&s));
         assert_eq!(service_ports(&s, IpFamily::V4), Ok(vec![]));
 
-        for label in [LABEL_SERVICE_PROXY_NAME, LABEL_HEADLESS] {
-            let mut s = svc(&["10.0.0.1"]);
-            s.labels.insert(label.into(), String::new());
-            assert!(should_skip_service(&s), "{label}");
-            assert_eq!(service_ports(&s, IpFamily::V4), Ok(vec![]));
-        }
+        let mut s = svc(&["10.0.0.1"]);
+        s.labels
+            .insert(LABEL_SERVICE_PROXY_NAME.into(), String::new());
+        assert!(should_skip_service(&s));
+        assert_eq!(service_ports(&s, IpFamily::V4), Ok(vec![]));
+        // The slices' label on a Service with a ClusterIP: proxied, as by
+        // kube-proxy 1.36 (which selects Services by spec.clusterIP).
+        let mut s = svc(&["10.0.0.1"]);
+        s.labels.insert(LABEL_HEADLESS.into(), String::new());
+        assert!(!should_skip_service(&s));
 
         let mut s = svc(&["10.0.0.1"]);
         s.labels.insert("app".into(), "x".into());

@@ -270,6 +270,34 @@ pub fn kube_proxy_running() -> Option<u32> {
     })
 }
 
+/// What kube-proxy's health server at `addr` says, if one answers there:
+/// `Some(when it last synced its rules)` (`None` inside when it has not
+/// yet). verdict's own health server (a superset, with per-family
+/// `status`) does not count.
+pub fn kube_proxy_health(addr: std::net::SocketAddr) -> Option<Option<std::time::SystemTime>> {
+    use std::io::{Read, Write};
+    let timeout = std::time::Duration::from_millis(500);
+    let mut stream = std::net::TcpStream::connect_timeout(&addr, timeout).ok()?;
+    stream.set_read_timeout(Some(timeout * 2)).ok()?;
+    stream.set_write_timeout(Some(timeout)).ok()?;
+    stream
+        .write_all(b"GET /healthz HTTP/1.0\r\nHost: localhost\r\nAccept: application/json\r\n\r\n")
+        .ok()?;
+    let mut raw = Vec::new();
+    let _ = stream.take(64 << 10).read_to_end(&mut raw);
+    let text = String::from_utf8_lossy(&raw);
+    let body = text.split_once("\r\n\r\n")?.1;
+    let v: serde_json::Value = serde_json::from_str(body.trim()).ok()?;
+    let last = v.get("lastUpdated")?.as_str()?;
+    if v.get("status").is_some() {
+        return None;
+    }
+    Some(
+        verdict_admin::time::parse_rfc3339(last)
+            .filter(|t| *t > std::time::UNIX_EPOCH + std::time::Duration::from_secs(86_400)),
+    )
+}
+
 /// Removes kube-proxy's iptables and IPVS leftovers, and its nftables
 /// tables unless `keep_nftables`. Returns the problems met (each step
 /// still ran).

@@ -107,23 +107,58 @@ pub fn offline(
     Ok(Offline::new(node.handle(), memory))
 }
 
+/// How `cleanup` looks for a running kube-proxy.
+#[derive(Clone, Debug)]
+pub struct KubeProxyCheck {
+    /// Where kube-proxy's health server would answer (its `/healthz`).
+    pub health: Vec<std::net::SocketAddr>,
+    /// kube-proxy's sync period: a health server that says it synced its
+    /// rules within it is said to have.
+    pub sync_period: std::time::Duration,
+}
+
 /// Removes verdict's tables (both families) and kube-proxy's state: its
 /// iptables and IPVS leftovers and, unless kept, its nftables tables.
-/// Unless `force`, it refuses (and changes nothing) while a kube-proxy
-/// process runs in this network namespace: kube-proxy does not write its
-/// rules again until something changes or its periodic resync (up to an
-/// hour), and its Services would not work meanwhile.
+/// Unless `force`, it refuses (and changes nothing) while kube-proxy runs
+/// on the node: a process of that name in this network namespace, or
+/// kube-proxy's health server answering (which is how a kube-proxy in a
+/// container verdict cannot see the processes of shows itself, with when
+/// it last wrote its rules). kube-proxy does not write its rules again
+/// until something changes or its periodic resync (up to an hour), and
+/// its Services would not work meanwhile.
 pub fn cleanup(
     kind: BackendKind,
     keep_kube_proxy_nftables: bool,
     force: bool,
+    check: &KubeProxyCheck,
 ) -> Result<(), NodeError> {
+    const AFTER: &str = "deleting its rules now would stop its Services until it writes them \
+                         again, which it may not do for an hour. Stop it first (or pass --force); \
+                         nothing was changed";
     if !force && let Some(pid) = crate::leftovers::kube_proxy_running() {
         return Err(NodeError::CleanupRefused(format!(
-            "kube-proxy runs in this network namespace (pid {pid}): deleting its rules now would \
-             stop its Services until it writes them again, which it may not do for an hour. \
-             Stop it first (or pass --force); nothing was changed"
+            "kube-proxy runs in this network namespace (pid {pid}): {AFTER}"
         )));
+    }
+    if !force {
+        for addr in &check.health {
+            let Some(last) = crate::leftovers::kube_proxy_health(*addr) else {
+                continue;
+            };
+            let when = match last.and_then(|t| std::time::SystemTime::now().duration_since(t).ok())
+            {
+                Some(ago) if ago <= check.sync_period => format!(
+                    "synced its rules {} s ago, within its sync period ({} s)",
+                    ago.as_secs(),
+                    check.sync_period.as_secs()
+                ),
+                Some(ago) => format!("last synced its rules {} s ago", ago.as_secs()),
+                None => "has not synced its rules yet".to_owned(),
+            };
+            return Err(NodeError::CleanupRefused(format!(
+                "kube-proxy's health server answers at {addr} and {when}: {AFTER}"
+            )));
+        }
     }
     let mut nft = kind
         .open()

@@ -859,7 +859,7 @@ fn report_quarantine(
             ip_family = family,
             service_port = %port,
             %reason,
-            "the kernel refused this service port: it is left out of the rules until it changes; everything else was programmed"
+            "the kernel refused elements of this service port: they are left out of the rules until its Service or endpoints change; everything else was programmed"
         );
         record(metrics, |x| {
             x.set(m::QUARANTINED, &quarantine_labels(family, port), 1.0);
@@ -875,8 +875,53 @@ fn report_quarantine(
                 reason: "FailedToProgram",
                 action: "Programming",
                 note: format!(
-                    "{family} port {port}: the kernel refused its rules, so it is not programmed on this node until the Service changes: {reason}"
+                    "{family} port {port}: {reason}; left out on this node until the Service or its endpoints change, everything else of it is programmed"
                 ),
+            });
+        }
+    }
+    for c in &r.conflicts_resolved {
+        // Gone, or the loser now holds it: either way no longer left out.
+        if !r.conflicts.iter().any(|n| n.loser == c.loser) {
+            record(metrics, |x| {
+                x.remove(
+                    m::DESTINATION_CONFLICTS,
+                    &quarantine_labels(family, &c.loser),
+                )
+            });
+        }
+        tracing::info!(
+            ip_family = family,
+            service_port = %c.loser,
+            destination = %c.destination,
+            "a destination conflict ended"
+        );
+    }
+    for c in &r.conflicts {
+        tracing::warn!(
+            ip_family = family,
+            service_port = %c.loser,
+            holder = %c.winner,
+            destination = %c.destination,
+            "{c}"
+        );
+        record(metrics, |x| {
+            x.set(
+                m::DESTINATION_CONFLICTS,
+                &quarantine_labels(family, &c.loser),
+                1.0,
+            )
+        });
+        if let Some(tx) = events {
+            let _ = tx.send(Notice {
+                regarding: Regarding::Service {
+                    namespace: c.loser.service.namespace.to_string(),
+                    name: c.loser.service.name.to_string(),
+                },
+                warning: true,
+                reason: "DestinationConflict",
+                action: "Programming",
+                note: format!("{family} port {}: {c}", c.loser),
             });
         }
     }

@@ -83,13 +83,13 @@ impl ServiceView {
                         .cloned()
                         .unwrap_or_else(|| Arc::from([])),
                     intent: intents.remove(k),
-                    quarantined: p.quarantined().get(k).cloned(),
+                    quarantined: p.quarantined().get(k).map(|q| q.reason.clone()),
                 })
                 .collect();
             let quarantined_gone: Vec<(ServicePortName, String)> = p
                 .quarantined_ports_of(name)
                 .filter(|q| !ports.iter().any(|port| port.name == **q))
-                .map(|q| (q.clone(), p.quarantined()[q].clone()))
+                .map(|q| (q.clone(), p.quarantined()[q].reason.clone()))
                 .collect();
             if ports.is_empty() && quarantined_gone.is_empty() {
                 continue;
@@ -171,7 +171,7 @@ impl FamilyView {
             quarantined: p
                 .quarantined()
                 .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
+                .map(|(k, v)| (k.clone(), v.reason.clone()))
                 .collect(),
         })
     }

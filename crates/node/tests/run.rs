@@ -146,6 +146,15 @@ fn ip(s: &str) -> IpAddr {
 
 /// A loop on node `n1`, addresses as given, minSyncPeriod short.
 fn start_with(addresses: Vec<IpAddr>, tweak: impl FnOnce(&mut NodeSettings)) -> Running {
+    start_posting(addresses, tweak, None)
+}
+
+/// The same, posting Events to `events`.
+fn start_posting(
+    addresses: Vec<IpAddr>,
+    tweak: impl FnOnce(&mut NodeSettings),
+    events: Option<Sender<verdict_k8s::events::Notice>>,
+) -> Running {
     let mut settings = NodeSettings::new("n1");
     settings.min_sync_period = Duration::from_millis(20);
     settings.detect_local =
@@ -153,7 +162,8 @@ fn start_with(addresses: Vec<IpAddr>, tweak: impl FnOnce(&mut NodeSettings)) -> 
     tweak(&mut settings);
     let metrics = Arc::new(Mutex::new(Metrics::new()));
     let addresses = Arc::new(FixedAddresses(addresses));
-    let node = NodeProxy::new(settings, metrics, addresses.as_ref()).unwrap();
+    let mut node = NodeProxy::new(settings, metrics, addresses.as_ref()).unwrap();
+    node.set_events(events);
     let handle = node.handle();
     let memory = Shared::default();
     let conntrack = FakeConntrack::default();
@@ -462,10 +472,17 @@ fn a_large_commit_is_made_unheard_and_a_commit_it_hid_is_repaired() {
 }
 
 #[test]
-fn a_port_the_kernel_refuses_is_quarantined_and_the_rest_is_programmed() {
-    let r = start();
+fn two_load_balancers_on_one_address_are_resolved_once_with_a_warning_on_the_loser() {
     // Two LoadBalancers on one address and port with overlapping source
-    // ranges: the in-memory backend refuses the overlap, as the kernel.
+    // ranges: lb1 (first in name order) has the address, lb2 keeps its
+    // ClusterIP; nothing is refused, and lb2 gets one Event, not one per
+    // rebuild.
+    let (events, notices) = std::sync::mpsc::channel();
+    let r = start_posting(
+        vec![ip("127.0.0.1"), ip("192.168.0.2")],
+        |_| {},
+        Some(events),
+    );
     let lb = |name: &str, cidr: &str| {
         svc("ns", name)
             .cluster_ip(if name == "lb1" {
@@ -479,7 +496,7 @@ fn a_port_the_kernel_refuses_is_quarantined_and_the_rest_is_programmed() {
     };
     r.send(vec![
         service(lb("lb1", "10.0.0.0/8")),
-        service(lb("lb2", "10.1.0.0/16")),
+        service(lb("lb2", "10.1.2.3/32")),
         service(web()),
         endpoints(
             slice("ns", "lb1", "a")
@@ -495,22 +512,51 @@ fn a_port_the_kernel_refuses_is_quarantined_and_the_rest_is_programmed() {
         this_node(),
         Update::Synced,
     ]);
-    let lb2 = NamespacedName::new("ns", "lb2");
-    wait_until("lb2 quarantined in the view", || {
-        r.handle
-            .service(&lb2)
-            .is_some_and(|v| v.ports().any(|(_, p)| p.quarantined.is_some()))
+    let conflict = "verdict_destination_conflicts{ip_family=\"IPv4\",namespace=\"ns\",service=\"lb2\",port=\"http\"}";
+    wait_until("the conflict is counted", || {
+        metric(&r.handle, conflict) == Some(1.0)
     });
     assert!(r.memory.has("service-ips", &entry("172.30.0.41", 80)));
+    assert!(
+        r.memory.has("service-ips", &entry("172.30.0.52", 80)),
+        "lb2's ClusterIP"
+    );
     assert_eq!(
         metric(
             &r.handle,
             "verdict_quarantined_service_port{ip_family=\"IPv4\",namespace=\"ns\",service=\"lb2\",port=\"http\"}"
         ),
-        Some(1.0)
+        None,
+        "nothing is quarantined"
+    );
+    let n = notices.recv_timeout(Duration::from_secs(5)).unwrap();
+    assert_eq!(n.reason, "DestinationConflict");
+    assert!(
+        matches!(&n.regarding, verdict_k8s::events::Regarding::Service { name, .. } if name == "lb2"),
+        "{n:?}"
+    );
+    assert!(
+        n.note
+            .contains("LoadBalancer IP 5.6.7.8 port 80/TCP is also claimed by ns/lb1:http"),
+        "{}",
+        n.note
+    );
+    // The Node's labels change: every port is computed again, and nothing
+    // is reported again.
+    r.send(vec![Update::Node(Some(NodeInfo {
+        name: "n1".into(),
+        addresses: vec!["192.168.0.2".into()],
+        zone: Some("z2".into()),
+        labels: [("topology.kubernetes.io/zone".to_string(), "z2".to_string())].into(),
+        ..NodeInfo::default()
+    }))]);
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        notices.try_recv().is_err(),
+        "no Event again for the same conflict"
     );
     let healthz = r.handle.health().lock().unwrap().healthz(SystemTime::now());
-    assert_eq!(healthz.code, 200, "the rest of the node is healthy");
+    assert_eq!(healthz.code, 200, "the node is healthy");
 }
 
 #[test]

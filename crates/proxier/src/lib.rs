@@ -19,5 +19,6 @@ pub mod proxier;
 pub use config::{LocalDetector, NodePortAddresses, ProxierConfig};
 pub use error::ProxierError;
 pub use proxier::{
-    FULL_SYNC_PERIOD, IntendedElement, Intent, Proxier, REMOVE_STALE_CHAINS_AFTER, SyncResult,
+    Conflict, FULL_SYNC_PERIOD, IntendedElement, Intent, Proxier, Quarantine,
+    REMOVE_STALE_CHAINS_AFTER, SyncResult,
 };

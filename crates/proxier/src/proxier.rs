@@ -64,6 +64,74 @@ pub struct SyncResult {
     pub quarantined: Vec<(ServicePortName, String)>,
     /// Quarantined service ports that changed, so this sync tried them again.
     pub retried: Vec<ServicePortName>,
+    /// Destinations two Services began to claim in this sync (or whose
+    /// holder changed): one of them has it, the others are left without.
+    pub conflicts: Vec<Conflict>,
+    /// Conflicts that ended in this sync.
+    pub conflicts_resolved: Vec<Conflict>,
+}
+
+/// What the backend refused of one service port: the elements left out
+/// (everything else of the port is programmed), and why.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Quarantine {
+    /// The elements left out, by set.
+    pub elements: BTreeMap<&'static str, BTreeSet<Arc<[Value]>>>,
+    /// Why, naming the elements the kernel refused.
+    pub reason: String,
+}
+
+impl Quarantine {
+    /// Whether `key` of `set` is left out.
+    pub fn holds(&self, set: &str, key: &[Value]) -> bool {
+        self.elements.get(set).is_some_and(|k| k.contains(key))
+    }
+
+    /// How many elements are left out.
+    pub fn len(&self) -> usize {
+        self.elements.values().map(BTreeSet::len).sum()
+    }
+
+    /// Whether nothing is left out.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// One destination (an address, protocol and port, or a node port) that
+/// service ports of two Services claim. kube-proxy programs one of them
+/// there and nothing of the other; verdict does the same, and gives it to
+/// the first in name order so that every node and every sync agrees.
+/// Nothing else of the loser is affected: its other addresses and its
+/// node port keep working.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Conflict {
+    /// The service port left without the destination.
+    pub loser: ServicePortName,
+    /// The service port that has it.
+    pub winner: ServicePortName,
+    /// What the destination is to the loser: `LoadBalancer IP`,
+    /// `external IP`, `ClusterIP` or `node port`.
+    pub kind: &'static str,
+    /// The destination, as nft writes it (`5.6.7.8 . tcp . 80`).
+    pub destination: String,
+}
+
+impl std::fmt::Display for Conflict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // `198.51.100.7 . tcp . 80` as `198.51.100.7 port 80/TCP`.
+        let parts: Vec<&str> = self.destination.split(" . ").collect();
+        let what = match parts.as_slice() {
+            [addr, proto, port] => format!("{addr} port {port}/{}", proto.to_uppercase()),
+            [proto, port] => format!("{port}/{}", proto.to_uppercase()),
+            _ => self.destination.clone(),
+        };
+        write!(
+            f,
+            "{} {what} is also claimed by {}, which has it on this node (one Service per address and port, as kube-proxy); {}'s other addresses and ports are not affected",
+            self.kind, self.winner, self.loser
+        )
+    }
 }
 
 /// What one service port asks of the table ([`Proxier::intent_of`]).
@@ -159,6 +227,16 @@ impl From<verdict_nft::NftError> for Failure {
     }
 }
 
+/// The maps and sets keyed by a destination: an address . protocol . port
+/// or a protocol . node port. Two Services wanting one key there conflict.
+const DESTINATIONS: [&str; 5] = [
+    layout::SERVICE_IPS,
+    layout::NO_ENDPOINT_SERVICES,
+    layout::FIREWALL_IPS,
+    layout::SERVICE_NODEPORTS,
+    layout::NO_ENDPOINT_NODEPORTS,
+];
+
 /// How many times one sync quarantines and tries again before it gives up.
 const MAX_ISOLATION_ROUNDS: usize = 8;
 /// The most service ports one isolation blames for conflicts between them.
@@ -200,9 +278,14 @@ pub struct Proxier {
     affinity_dirty: bool,
     /// Service ports with internal / external Local policy and no local endpoint.
     no_local: (usize, usize),
-    /// Service ports the backend refused, with its reason: not programmed
-    /// until they change.
-    quarantined: BTreeMap<ServicePortName, String>,
+    /// Elements of service ports the backend refused, with its reason:
+    /// left out until their Service or its endpoints change.
+    quarantined: BTreeMap<ServicePortName, Quarantine>,
+    /// Destinations more than one Service claims, with who is left without.
+    conflicts: BTreeMap<Key, Vec<Conflict>>,
+    /// Destination keys whose owners changed in this sync while another
+    /// Service held them too: their conflicts are looked at again.
+    contested: BTreeSet<Key>,
     need_full_sync: bool,
     /// Every contribution must be computed again, not only those of the
     /// services that changed: on the first sync, after a change of
@@ -232,6 +315,8 @@ impl Proxier {
             affinity_dirty: false,
             no_local: (0, 0),
             quarantined: BTreeMap::new(),
+            conflicts: BTreeMap::new(),
+            contested: BTreeSet::new(),
             need_full_sync: true,
             need_rebuild: true,
             last_full_sync: None,
@@ -259,15 +344,23 @@ impl Proxier {
         self.cfg = cfg;
         self.need_full_sync = true;
         self.need_rebuild = true;
-        // What the backend refused may fit the new configuration.
-        self.quarantined.clear();
+        // What the backend refused stays out until its Service changes: a
+        // new configuration (a Node's labels, say) that makes other
+        // elements of the port is tried with them, one that makes the same
+        // refused elements is not worth refusing and logging again.
         Ok(())
     }
 
-    /// Service ports the backend refused, with its reason. They are not
-    /// programmed until their Service or endpoints change.
-    pub fn quarantined(&self) -> &BTreeMap<ServicePortName, String> {
+    /// Service ports with elements the backend refused: those elements
+    /// are not programmed until their Service or endpoints change.
+    pub fn quarantined(&self) -> &BTreeMap<ServicePortName, Quarantine> {
         &self.quarantined
+    }
+
+    /// Destinations claimed by more than one Service, each with the
+    /// service ports left without it.
+    pub fn conflicts(&self) -> impl Iterator<Item = &Conflict> {
+        self.conflicts.values().flatten()
     }
 
     /// The quarantined ports of one service.
@@ -338,7 +431,7 @@ impl Proxier {
                     continue;
                 };
                 if let Some((_, e)) = owners.0.iter().find(|(o, _)| o.as_ref() == port) {
-                    let winner = owners.winner_owner().map(|o| o.as_ref());
+                    let winner = self.programmed_for(set, key, owners);
                     elements.push(IntendedElement {
                         set,
                         element: e.clone(),
@@ -358,10 +451,92 @@ impl Proxier {
     /// Every element the table should hold, set by set (the winner of
     /// each key), to compare with what the kernel has.
     pub fn desired_elements(&self) -> impl Iterator<Item = (&'static str, &Element)> + '_ {
-        self.desired.iter().flat_map(|(set, m)| {
-            m.values()
-                .filter_map(move |o| o.winner().map(|e| (*set, e.as_ref())))
+        let desired = &self.desired;
+        desired.iter().flat_map(move |(set, m)| {
+            m.iter().filter_map(move |(k, o)| {
+                holder(desired, set, k, o).map(|(_, e)| (*set, e.as_ref()))
+            })
         })
+    }
+
+    /// The service port whose element of `key` is programmed (or, for a
+    /// source range nobody holding its destination wants, the holder of
+    /// the destination).
+    fn programmed_for<'a>(
+        &'a self,
+        set: &str,
+        key: &[Value],
+        owners: &'a Owners,
+    ) -> Option<&'a ServicePortName> {
+        match holder(&self.desired, set, key, owners) {
+            Some((o, _)) => Some(o.as_ref()),
+            None => self
+                .desired
+                .get(layout::FIREWALL_IPS)
+                .and_then(|m| m.get(key.get(..key.len().saturating_sub(1))?))
+                .and_then(Owners::winner_owner)
+                .map(AsRef::as_ref),
+        }
+    }
+
+    /// Looks again at the destinations whose owners changed in this sync,
+    /// and at every known conflict: records who is left without one, and
+    /// reports what began or ended.
+    fn review_conflicts(&mut self, result: &mut SyncResult) {
+        let mut keys = std::mem::take(&mut self.contested);
+        keys.extend(self.conflicts.keys().cloned());
+        for key in keys {
+            let mut claims: BTreeSet<&Owner> = BTreeSet::new();
+            for set in DESTINATIONS {
+                if let Some(o) = self.desired.get(set).and_then(|m| m.get(&key)) {
+                    claims.extend(o.0.iter().map(|(o, _)| o));
+                }
+            }
+            let mut now: Vec<Conflict> = Vec::new();
+            let mut claims = claims.into_iter();
+            if let Some(winner) = claims.next() {
+                for loser in claims.filter(|o| o.service != winner.service) {
+                    now.push(Conflict {
+                        loser: loser.as_ref().clone(),
+                        winner: winner.as_ref().clone(),
+                        kind: self.kind_of(loser, &key),
+                        destination: key
+                            .iter()
+                            .map(ToString::to_string)
+                            .collect::<Vec<_>>()
+                            .join(" . "),
+                    });
+                }
+            }
+            let before = self.conflicts.remove(&key).unwrap_or_default();
+            result
+                .conflicts
+                .extend(now.iter().filter(|c| !before.contains(c)).cloned());
+            result
+                .conflicts_resolved
+                .extend(before.into_iter().filter(|c| !now.contains(c)));
+            if !now.is_empty() {
+                self.conflicts.insert(key, now);
+            }
+        }
+        result.conflicts.sort();
+        result.conflicts_resolved.sort();
+    }
+
+    /// What a destination key is to a service port.
+    fn kind_of(&self, port: &ServicePortName, key: &[Value]) -> &'static str {
+        let (Some(sp), Some(Value::Addr(ip))) = (self.services.get(port), key.first()) else {
+            return "node port";
+        };
+        if sp.load_balancer_vips.contains(ip) {
+            "LoadBalancer IP"
+        } else if sp.external_ips.contains(ip) {
+            "external IP"
+        } else if sp.cluster_ip == *ip {
+            "ClusterIP"
+        } else {
+            "address"
+        }
     }
 
     /// Invalid objects seen since the last call (they are proxied as if
@@ -418,6 +593,7 @@ impl Proxier {
             }
         }
 
+        self.contested.clear();
         // Chains emptied by an attempt that failed were not emptied.
         let stale_before = self.stale_chains.clone();
         let mut rounds = 0;
@@ -440,11 +616,12 @@ impl Proxier {
                 Ok(bad) if !bad.is_empty() => {
                     // Not programmed until they change; everything else is
                     // applied by the next round, in this same sync.
-                    for (port, reason) in bad {
-                        self.quarantined
-                            .insert(port.as_ref().clone(), reason.clone());
+                    for refused in bad {
+                        let port = refused.owner.as_ref().clone();
+                        let q = self.quarantined.entry(port.clone()).or_default();
+                        let reason = refused.quarantine(&tx, q);
                         result.updated_services.insert(port.service.clone());
-                        result.quarantined.push((port.as_ref().clone(), reason));
+                        result.quarantined.push((port, reason));
                     }
                 }
                 // Not the fault of any service port. A partial sync works
@@ -457,6 +634,7 @@ impl Proxier {
         match outcome {
             Ok(()) => {
                 self.need_full_sync = false;
+                self.review_conflicts(&mut result);
                 if result.full {
                     self.last_full_sync = Some(now);
                 }
@@ -560,16 +738,37 @@ impl Proxier {
             if let Some(old) = self.contributions.remove(port) {
                 self.withdraw(port, &old, touched.as_mut());
             }
-            if self.quarantined.contains_key(port) {
-                continue;
-            }
             let new = self.services.get(port).map(|sp| {
                 let eps: &[verdict_model::Endpoint] = self.endpoints.get(port).map_or(&[], |v| v);
-                contribution(&self.cfg, sp, eps, &node_port_ips)
+                let mut c = contribution(&self.cfg, sp, eps, &node_port_ips);
+                // What the backend refused of it stays out; the rest goes in.
+                if let Some(q) = self.quarantined.get(port) {
+                    c.elements.retain(|(set, e)| !q.holds(set, &e.key));
+                }
+                c
             });
             if let Some(new) = new {
                 let stored = self.contribute(Arc::new(port.clone()), new, touched.as_mut());
                 self.contributions.insert(port.clone(), stored);
+            }
+        }
+        if let Some(t) = touched.as_mut() {
+            // Which source ranges a firewalled destination allows follows
+            // whoever holds it: when that may have changed, every range
+            // anyone wants there is looked at again.
+            let entries: Vec<Key> = t
+                .iter()
+                .filter(|(set, _)| *set == layout::FIREWALL_IPS)
+                .map(|(_, k)| k.clone())
+                .collect();
+            let allow = layout::FIREWALL_ALLOW;
+            for entry in entries {
+                if let Some(m) = self.desired.get(allow) {
+                    t.extend(with_prefix(m, &entry).map(|k| (allow, k.clone())));
+                }
+                if let Some(m) = self.programmed.get(allow) {
+                    t.extend(with_prefix(m, &entry).map(|k| (allow, k.clone())));
+                }
             }
         }
         self.need_rebuild = false;
@@ -659,7 +858,11 @@ impl Proxier {
         match &touched {
             Some(touched) => {
                 for (set, key) in touched {
-                    let want = self.desired.get(set).and_then(|m| m.get(key));
+                    let want = self
+                        .desired
+                        .get(set)
+                        .and_then(|m| m.get(key))
+                        .and_then(|o| holder(&self.desired, set, key, o));
                     let have = self.programmed.get(set).and_then(|m| m.get(key));
                     diff(set, key, want, have, &mut deletes, &mut adds);
                 }
@@ -688,7 +891,8 @@ impl Proxier {
                         match order {
                             std::cmp::Ordering::Less => {
                                 if let Some((k, o)) = w.next() {
-                                    diff(set, k, Some(o), None, &mut deletes, &mut adds);
+                                    let o = holder(&self.desired, set, k, o);
+                                    diff(set, k, o, None, &mut deletes, &mut adds);
                                 }
                             }
                             std::cmp::Ordering::Greater => {
@@ -698,7 +902,8 @@ impl Proxier {
                             }
                             std::cmp::Ordering::Equal => {
                                 if let (Some((k, o)), Some((_, e))) = (w.next(), h.next()) {
-                                    diff(set, k, Some(o), Some(e), &mut deletes, &mut adds);
+                                    let o = holder(&self.desired, set, k, o);
+                                    diff(set, k, o, Some(e), &mut deletes, &mut adds);
                                 }
                             }
                         }
@@ -956,6 +1161,9 @@ impl Proxier {
             if let Some(m) = self.desired.get_mut(set)
                 && let Some(owners) = m.get_mut(key)
             {
+                if owners.0.len() > 1 && DESTINATIONS.contains(set) {
+                    self.contested.insert(key.clone());
+                }
                 owners.remove(owner);
                 if owners.0.is_empty() {
                     m.remove(key);
@@ -1003,7 +1211,13 @@ impl Proxier {
                 Some(p) if **p == e => p.clone(),
                 _ => Arc::new(e),
             };
-            m.entry(key.clone()).or_default().insert(owner.clone(), e);
+            let owners = m.entry(key.clone()).or_default();
+            if DESTINATIONS.contains(&set)
+                && owners.0.iter().any(|(o, _)| o.service != owner.service)
+            {
+                self.contested.insert(key.clone());
+            }
+            owners.insert(owner.clone(), e);
             if let Some(t) = touched.as_deref_mut() {
                 t.insert((set, key.clone()));
             }
@@ -1058,23 +1272,56 @@ struct Add {
     owner: Option<Owner>,
 }
 
+/// The owner whose element of `key` is programmed: the first in name
+/// order, except in `firewall-allow`, where a source range is programmed
+/// only for the service port that holds the firewalled destination (the
+/// first in name order in `firewall-ips`). Two LoadBalancers on one address
+/// and port thus never add up their ranges, and never overlap in the
+/// interval set (which the kernel would refuse).
+fn holder<'a>(
+    desired: &'a BTreeMap<&'static str, BTreeMap<Key, Owners>>,
+    set: &str,
+    key: &[Value],
+    owners: &'a Owners,
+) -> Option<&'a (Owner, Arc<Element>)> {
+    if set != layout::FIREWALL_ALLOW {
+        return owners.0.first();
+    }
+    let entry = key.get(..key.len().saturating_sub(1))?;
+    let winner = desired
+        .get(layout::FIREWALL_IPS)?
+        .get(entry)?
+        .winner_owner()?;
+    owners.0.iter().find(|(o, _)| o == winner)
+}
+
+/// The keys of `m` that begin with `prefix`, in order.
+fn with_prefix<'a, V>(
+    m: &'a BTreeMap<Key, V>,
+    prefix: &'a [Value],
+) -> impl Iterator<Item = &'a Key> {
+    use std::ops::Bound;
+    m.range::<[Value], _>((Bound::Included(prefix), Bound::Unbounded))
+        .map(|(k, _)| k)
+        .take_while(move |k| k.starts_with(prefix))
+}
+
 fn diff(
     set: &'static str,
     key: &Key,
-    want: Option<&Owners>,
+    want: Option<&(Owner, Arc<Element>)>,
     have: Option<&Arc<Element>>,
     deletes: &mut Vec<SetKey>,
     adds: &mut Vec<Add>,
 ) {
-    let owner = want.and_then(Owners::winner_owner).cloned();
-    let add = |w: &Arc<Element>| Add {
+    let add = |(owner, w): &(Owner, Arc<Element>)| Add {
         set,
         key: key.clone(),
         element: w.clone(),
-        owner,
+        owner: Some(owner.clone()),
     };
-    match (want.and_then(Owners::winner), have) {
-        (Some(w), Some(h)) if Arc::ptr_eq(w, h) || w == h => {}
+    match (want, have) {
+        (Some((_, w)), Some(h)) if Arc::ptr_eq(w, h) || w == h => {}
         (Some(w), Some(_)) => {
             deletes.push((set, key.clone()));
             adds.push(add(w));
@@ -1127,13 +1374,6 @@ fn isolatable(e: &ProxierError) -> bool {
     )
 }
 
-/// Finds the service ports whose element additions make `tx` fail, with
-/// dry runs (`Backend::check`) of parts of it. Everything that is not an
-/// element addition of some port (chains, rules, deletions) is always
-/// kept; if that alone fails, no port is to blame and the error is
-/// returned. A port the backend refuses on its own is found by bisection
-/// (about 2·log₂ n dry runs each); ports that only fail together are
-/// resolved in name order, the later one losing, as `Owners` decides.
 /// Call after a full sync, once its result has been used. A full sync
 /// frees hundreds of thousands of small allocations (its transaction, the
 /// table it read, its result); glibc's allocator keeps them in fast bins
@@ -1145,30 +1385,153 @@ pub fn settle_allocator() {
     drop(std::hint::black_box(Vec::<u8>::with_capacity(32 << 10)));
 }
 
+/// Element additions of one service port the backend refused.
+struct Refused {
+    owner: Owner,
+    /// Indices in the transaction of the refused additions.
+    ops: Vec<usize>,
+    /// The backend's reason.
+    reason: String,
+}
+
+impl Refused {
+    /// Leaves the refused elements out (in `q`) and says which they were
+    /// and why. A destination whose `firewall-ips` element is refused is
+    /// not forwarded either: it would be open to every source.
+    fn quarantine(&self, tx: &Transaction, q: &mut Quarantine) -> String {
+        let mut named = Vec::new();
+        for &i in &self.ops {
+            let Some(verdict_nft::Op::AddElement(set, e)) = tx.ops().get(i) else {
+                continue;
+            };
+            let Some(set) = static_set_name(set) else {
+                continue;
+            };
+            let key: Arc<[Value]> = Arc::from(e.key.as_slice());
+            if set == layout::FIREWALL_IPS {
+                q.elements
+                    .entry(layout::SERVICE_IPS)
+                    .or_default()
+                    .insert(key.clone());
+            }
+            q.elements.entry(set).or_default().insert(key);
+            let mut text = e
+                .key
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(" . ");
+            if let Some(v) = &e.value {
+                text.push_str(&format!(" : {v}"));
+            }
+            named.push(format!("{set} element {text}"));
+        }
+        let shown = named.len().min(3);
+        let mut what = named[..shown].join(", ");
+        if named.len() > shown {
+            what.push_str(&format!(" and {} more", named.len() - shown));
+        }
+        let reason = format!("the kernel refused {what}: {}", self.reason);
+        if q.reason.is_empty() {
+            q.reason = reason.clone();
+        } else {
+            q.reason = format!("{}; {reason}", q.reason);
+        }
+        reason
+    }
+}
+
+/// Finds the element additions that make `tx` fail, and the service ports
+/// they belong to, with dry runs (`Backend::check`) of parts of it.
+/// Everything that is not an element addition of some port (chains,
+/// rules, deletions) is always kept; if that alone fails, no port is to
+/// blame and the error is returned. First the ports (each port's additions
+/// as one unit), then, for each port found, its additions one by one with
+/// everything of the other ports that is not refused: only the elements
+/// that fail are left out, so the port's other addresses and node port
+/// keep working.
 fn isolate<B: Backend + ?Sized>(
     backend: &mut B,
     tx: &Transaction,
     owners: &[Option<Owner>],
-) -> Result<Vec<(Owner, String)>, verdict_nft::NftError> {
-    let mut candidates: Vec<Owner> = owners.iter().flatten().cloned().collect();
-    candidates.sort();
-    candidates.dedup();
-    let mut attempt = |allowed: &BTreeSet<&Owner>| {
-        let part = tx.filtered(|i, _| owners[i].as_ref().is_none_or(|o| allowed.contains(o)));
+) -> Result<Vec<Refused>, verdict_nft::NftError> {
+    let mut by_owner: BTreeMap<&Owner, Vec<usize>> = BTreeMap::new();
+    for (i, o) in owners.iter().enumerate() {
+        if let Some(o) = o {
+            by_owner.entry(o).or_default().push(i);
+        }
+    }
+    let (ports, units): (Vec<&Owner>, Vec<Vec<usize>>) = by_owner.into_iter().unzip();
+    let mut check = |allowed: &dyn Fn(usize) -> bool| {
+        let part = tx.filtered(|i, _| owners[i].is_none() || allowed(i));
         backend.check(&part)
     };
-    attempt(&BTreeSet::new())?;
+    check(&|_| false)?;
 
-    // Ports refused on their own.
-    let mut bad: Vec<(Owner, String)> = Vec::new();
-    let mut pending: Vec<&[Owner]> = vec![&candidates];
+    let bad_ports = refused_units(&mut check, &BTreeSet::new(), &units);
+    let bad: BTreeSet<usize> = bad_ports.iter().map(|(u, _)| *u).collect();
+    let mut base: BTreeSet<usize> = units
+        .iter()
+        .enumerate()
+        .filter(|(u, _)| !bad.contains(u))
+        .flat_map(|(_, ops)| ops.iter().copied())
+        .collect();
+    let mut out = Vec::new();
+    for (u, reason) in bad_ports {
+        let singles: Vec<Vec<usize>> = units[u].iter().map(|&i| vec![i]).collect();
+        let refused = refused_units(&mut check, &base, &singles);
+        let (ops, reason) = match refused.first() {
+            // Refused only as a whole (it should not be): all of it.
+            None => (units[u].clone(), reason),
+            Some((_, first)) => (
+                refused.iter().map(|(j, _)| singles[*j][0]).collect(),
+                first.clone(),
+            ),
+        };
+        base.extend(units[u].iter().filter(|i| !ops.contains(i)));
+        out.push(Refused {
+            owner: ports[u].clone(),
+            ops,
+            reason,
+        });
+    }
+    Ok(out)
+}
+
+/// A dry run of the failed transaction with the element additions a
+/// predicate allows (everything else is always in it).
+type DryRun<'a> = dyn FnMut(&dyn Fn(usize) -> bool) -> Result<(), verdict_nft::NftError> + 'a;
+
+/// Which of `units` (groups of operations, in name order) the backend
+/// refuses when added to the operations of `base`, with its reason. A unit
+/// refused on its own is found by bisection (about 2·log₂ n dry runs
+/// each); units that are refused only together are resolved in order, the
+/// later one losing, as `Owners` decides.
+fn refused_units(
+    check: &mut DryRun<'_>,
+    base: &BTreeSet<usize>,
+    units: &[Vec<usize>],
+) -> Vec<(usize, String)> {
+    let unit_of: BTreeMap<usize, usize> = units
+        .iter()
+        .enumerate()
+        .flat_map(|(u, ops)| ops.iter().map(move |&i| (i, u)))
+        .collect();
+    let mut attempt = |picked: &BTreeSet<usize>| {
+        check(&|i| base.contains(&i) || unit_of.get(&i).is_some_and(|u| picked.contains(u)))
+    };
+
+    // Refused on their own.
+    let all: Vec<usize> = (0..units.len()).collect();
+    let mut bad: Vec<(usize, String)> = Vec::new();
+    let mut pending: Vec<&[usize]> = vec![&all];
     while let Some(part) = pending.pop() {
-        let Err(e) = attempt(&part.iter().collect()) else {
+        let Err(e) = attempt(&part.iter().copied().collect()) else {
             continue;
         };
         match part {
             [] => {}
-            [one] => bad.push((one.clone(), brief(&e))),
+            [one] => bad.push((*one, brief(&e))),
             _ => {
                 let (a, b) = part.split_at(part.len() / 2);
                 pending.push(b);
@@ -1177,18 +1540,19 @@ fn isolate<B: Backend + ?Sized>(
         }
     }
 
-    // Ports refused only together with others: the shortest failing prefix
-    // (in name order) ends with one to blame.
-    let rest: Vec<&Owner> = candidates
+    // Refused only together with others: the shortest failing prefix ends
+    // with one to blame.
+    let rest: Vec<usize> = all
         .iter()
-        .filter(|o| !bad.iter().any(|(b, _)| b == *o))
+        .copied()
+        .filter(|u| !bad.iter().any(|(b, _)| b == u))
         .collect();
-    let mut blamed: BTreeSet<&Owner> = BTreeSet::new();
-    let prefix = |end: usize, blamed: &BTreeSet<&Owner>| -> BTreeSet<&Owner> {
+    let mut blamed: BTreeSet<usize> = BTreeSet::new();
+    let prefix = |end: usize, blamed: &BTreeSet<usize>| -> BTreeSet<usize> {
         rest[..end]
             .iter()
             .copied()
-            .filter(|o| !blamed.contains(o))
+            .filter(|u| !blamed.contains(u))
             .collect()
     };
     let mut start = 0;
@@ -1216,13 +1580,10 @@ fn isolate<B: Backend + ?Sized>(
         }
         let culprit = rest[hi - 1];
         blamed.insert(culprit);
-        bad.push((
-            culprit.clone(),
-            format!("refused together with the service ports before it: {reason}"),
-        ));
+        bad.push((culprit, format!("refused together with others: {reason}")));
         start = hi;
     }
-    Ok(bad)
+    bad
 }
 
 fn is_fixed_chain(name: &str) -> bool {

@@ -11,8 +11,9 @@ use verdict_model::{IpFamily, ServicePortName};
 use verdict_nft::{Backend, Family, MemoryBackend, NftError, Op, TableState, Transaction};
 
 /// The in-memory backend, refusing any transaction that adds an element
-/// whose comment is `poison` (as the kernel would refuse, say, an element
-/// it cannot store). Counts dry runs.
+/// whose comment is `poison`, or whose key and value as nft writes them
+/// contain it (as the kernel would refuse, say, an element it cannot
+/// store). Counts dry runs.
 struct Poisoned {
     inner: MemoryBackend,
     poison: Option<String>,
@@ -21,9 +22,27 @@ struct Poisoned {
 
 impl Poisoned {
     fn refuses(&self, tx: &Transaction) -> Result<(), NftError> {
-        let hit = tx.ops().iter().any(|op| {
-            matches!(op, Op::AddElement(_, e)
-                if e.comment.is_some() && e.comment == self.poison)
+        let Some(poison) = &self.poison else {
+            return Ok(());
+        };
+        // `set=text` poisons only elements of that set.
+        let (only_in, poison) = match poison.split_once('=') {
+            Some((set, text)) => (Some(set), text.to_string()),
+            None => (None, poison.clone()),
+        };
+        let poison = &poison;
+        let hit = tx.ops().iter().any(|op| match op {
+            Op::AddElement(set, _) if only_in.is_some_and(|s| s != set.as_ref()) => false,
+            Op::AddElement(_, e) => {
+                e.comment.as_ref() == Some(poison) || {
+                    let mut text = e.key.iter().map(|v| v.to_string()).collect::<Vec<_>>();
+                    if let Some(v) = &e.value {
+                        text.push(v.to_string());
+                    }
+                    text.join(" . ").contains(poison.as_str())
+                }
+            }
+            _ => false,
         });
         if hit {
             return Err(NftError::Refused(
@@ -95,14 +114,32 @@ fn a_refused_service_port_is_quarantined_and_the_rest_lands_in_the_same_sync() {
         "the backend's reason is kept: {:?}",
         r.quarantined[0]
     );
+    assert!(
+        r.quarantined[0]
+            .1
+            .contains("element 172.30.0.101 . tcp . 80"),
+        "the refused element is named: {:?}",
+        r.quarantined[0]
+    );
     let dump = nft.inner.dump(Family::Ip, "verdict");
     assert!(!dump.contains("bad/svc"), "{dump}");
-    assert!(!dump.contains("10.0.9.9"), "{dump}");
     for i in 0..40 {
         assert!(dump.contains(&format!("good/svc{i}:p80")), "svc{i} missing");
     }
-    // Bisection: a handful of dry runs for 41 ports, not one per port.
-    assert!(nft.checks <= 2 * 7 + 2, "{} dry runs", nft.checks);
+    // Bisection: a handful of dry runs for 41 ports, not one per port,
+    // then a few for the elements of the one found.
+    assert!(nft.checks <= 2 * 7 + 2 + 8, "{} dry runs", nft.checks);
+    let quarantine = &fx.proxier.quarantined()[&port("bad", "svc")];
+    assert!(
+        !quarantine.is_empty() && quarantine.len() <= 2,
+        "{quarantine:?}"
+    );
+    std::mem::swap(&mut fx.nft, &mut nft.inner);
+    let t = fx.trace(verdict_nft::L4Proto::Tcp, "10.0.0.2", "172.30.0.101", 80);
+    assert_ne!(t.output(), "10.0.9.9:80", "{t:?}");
+    let t = fx.trace(verdict_nft::L4Proto::Tcp, "10.0.0.2", "172.30.0.1", 80);
+    assert_eq!(t.output(), "10.0.1.1:80", "{t:?}");
+    std::mem::swap(&mut fx.nft, &mut nft.inner);
     assert_eq!(
         fx.proxier.quarantined().keys().collect::<Vec<_>>(),
         vec![&port("bad", "svc")]
@@ -128,7 +165,10 @@ fn a_refused_service_port_is_quarantined_and_the_rest_lands_in_the_same_sync() {
     let r = sync(&mut fx, &mut nft);
     assert_eq!(r.retried, vec![port("bad", "svc")]);
     assert_eq!(r.quarantined.len(), 1);
-    assert!(!nft.inner.dump(Family::Ip, "verdict").contains("10.0.9.8"));
+    std::mem::swap(&mut fx.nft, &mut nft.inner);
+    let t = fx.trace(verdict_nft::L4Proto::Tcp, "10.0.0.2", "172.30.0.101", 80);
+    assert_ne!(t.output(), "10.0.9.8:80", "{t:?}");
+    std::mem::swap(&mut fx.nft, &mut nft.inner);
 
     // Once the backend takes it, the next change programs it.
     nft.poison = None;
@@ -180,60 +220,217 @@ fn a_refused_update_removes_the_service_port_and_nothing_else() {
     let dump = nft.inner.dump(Family::Ip, "verdict");
     assert!(dump.contains("10.0.1.2"), "{dump}");
     assert!(!dump.contains("ns/b:p80"), "{dump}");
-    assert!(!dump.contains("10.0.2."), "{dump}");
+    std::mem::swap(&mut fx.nft, &mut nft.inner);
+    let t = fx.trace(verdict_nft::L4Proto::Tcp, "10.0.0.2", "172.30.0.2", 80);
+    assert!(!t.output().starts_with("10.0.2."), "{t:?}");
+}
+
+/// Two LoadBalancers whose status claims one address and port, with
+/// overlapping source ranges (as the real-cluster report had them).
+fn two_lbs_on_one_address(fx: &mut Fixture, b_ranges: &[&str]) {
+    for (name, ip, ranges, ep) in [
+        ("lb1", "172.30.0.1", &["10.0.0.0/8"][..], "10.0.1.1"),
+        ("lb2", "172.30.0.2", b_ranges, "10.0.2.2"),
+    ] {
+        fx.service(
+            svc("ns", name)
+                .cluster_ip(ip)
+                .port("p80", TCP, 80, 30080 + i32::from(name == "lb2"))
+                .lb(&["5.6.7.8"])
+                .source_ranges(ranges),
+        );
+        fx.slice(
+            slice("ns", name, &format!("{name}-1"))
+                .port("p80", TCP, 80)
+                .ep(ep, ""),
+        );
+    }
 }
 
 #[test]
-fn ports_that_conflict_are_resolved_in_name_order() {
-    // Two LoadBalancers on the same VIP and port with overlapping source
-    // ranges: each is fine alone, but the kernel refuses the overlapping
-    // interval elements together ("File exists"). The first in name order
-    // keeps the VIP, as for any key two services want.
+fn two_load_balancers_on_one_address_and_port_are_resolved_as_kube_proxy_does() {
+    // kube-proxy programs one Service at an address and port and nothing
+    // of the other there; both keep their ClusterIPs and NodePorts. The
+    // first in name order has it, on every node and every sync.
     let mut fx = Fixture::new(IpFamily::V4);
     let mut nft = Poisoned {
         inner: MemoryBackend::new(),
         poison: None,
         checks: 0,
     };
-    for (name, ip, range) in [
-        ("a", "172.30.0.1", "10.0.0.0/8"),
-        ("b", "172.30.0.2", "10.1.0.0/16"),
-    ] {
-        fx.service(
-            svc("ns", name)
-                .cluster_ip(ip)
-                .port("p80", TCP, 80, 30080 + i32::from(name == "b"))
-                .lb(&["5.6.7.8"])
-                .source_ranges(&[range]),
-        );
-        fx.slice(
-            slice("ns", name, &format!("{name}-1"))
-                .port("p80", TCP, 80)
-                .ep("10.0.1.1", ""),
-        );
-    }
+    two_lbs_on_one_address(&mut fx, &["10.1.2.3/32", "192.168.0.0/16"]);
     for i in 0..10 {
         service(&mut fx, "other", &format!("s{i}"), 10 + i, "10.0.5.5");
     }
     let r = sync(&mut fx, &mut nft);
-    assert_eq!(
-        r.quarantined.iter().map(|q| &q.0).collect::<Vec<_>>(),
-        vec![&port("ns", "b")],
-        "{:?}",
-        r.quarantined
-    );
     assert!(
-        r.quarantined[0].1.contains("together"),
-        "{:?}",
+        r.quarantined.is_empty(),
+        "nothing refused: {:?}",
         r.quarantined
     );
+    assert_eq!(nft.checks, 0, "no dry runs: the kernel is never asked");
+    let lb2 = ServicePortName::new("ns", "lb2", "p80", verdict_model::Protocol::Tcp);
+    let lb1 = ServicePortName::new("ns", "lb1", "p80", verdict_model::Protocol::Tcp);
+    assert_eq!(r.conflicts.len(), 1, "{:?}", r.conflicts);
+    let c = &r.conflicts[0];
+    assert_eq!((&c.loser, &c.winner), (&lb2, &lb1));
+    assert_eq!(c.kind, "LoadBalancer IP");
+    assert_eq!(c.destination, "5.6.7.8 . tcp . 80");
     let dump = nft.inner.dump(Family::Ip, "verdict");
     assert!(dump.contains("5.6.7.8 . tcp . 80 . 10.0.0.0/8"), "{dump}");
-    assert!(dump.contains("other/s9:p80"), "{dump}");
-    // Traffic to a's VIP from its range reaches the endpoint.
+    assert!(
+        !dump.contains("10.1.2.3"),
+        "lb2's ranges are not lb1's: {dump}"
+    );
+    assert!(!dump.contains("192.168.0.0/16"), "{dump}");
+
     std::mem::swap(&mut fx.nft, &mut nft.inner);
-    let t = fx.trace(verdict_nft::L4Proto::Tcp, "10.2.0.1", "5.6.7.8", 80);
-    assert!(format!("{t:?}").contains("10.0.1.1"), "{t:?}");
+    let to = |fx: &Fixture, src: &str, dst: &str, port: u16| {
+        fx.trace(verdict_nft::L4Proto::Tcp, src, dst, port).output()
+    };
+    // Both ClusterIPs and both NodePorts answer.
+    assert_eq!(to(&fx, "10.0.0.2", "172.30.0.1", 80), "10.0.1.1:80");
+    assert_eq!(to(&fx, "10.0.0.2", "172.30.0.2", 80), "10.0.2.2:80");
+    assert_eq!(to(&fx, "203.0.113.9", "192.168.0.2", 30080), "10.0.1.1:80");
+    assert_eq!(to(&fx, "203.0.113.9", "192.168.0.2", 30081), "10.0.2.2:80");
+    // The LoadBalancer IP is lb1's, with lb1's ranges only.
+    assert_eq!(to(&fx, "10.2.0.1", "5.6.7.8", 80), "10.0.1.1:80");
+    assert_eq!(to(&fx, "192.168.7.7", "5.6.7.8", 80), "DROP");
+    std::mem::swap(&mut fx.nft, &mut nft.inner);
+
+    // Nothing changes, nothing is reported again, also on a rebuild (a
+    // Node's labels changing, say).
+    let cfg = fx.proxier.config().clone();
+    fx.proxier.set_config(cfg).unwrap();
+    let r = sync(&mut fx, &mut nft);
+    assert!(
+        r.conflicts.is_empty() && r.conflicts_resolved.is_empty(),
+        "{r:?}"
+    );
+    assert_eq!(fx.proxier.conflicts().count(), 1);
+
+    // lb1 goes: lb2 takes the address, with its own ranges, in a partial
+    // sync; the conflict ends.
+    fx.delete_service("ns", "lb1");
+    let r = sync(&mut fx, &mut nft);
+    assert!(!r.full);
+    assert_eq!(r.conflicts_resolved.len(), 1, "{r:?}");
+    assert_eq!(fx.proxier.conflicts().count(), 0);
+    std::mem::swap(&mut fx.nft, &mut nft.inner);
+    assert_eq!(to(&fx, "192.168.7.7", "5.6.7.8", 80), "10.0.2.2:80");
+    assert_eq!(to(&fx, "10.1.2.3", "5.6.7.8", 80), "10.0.2.2:80");
+    assert_eq!(to(&fx, "10.2.0.1", "5.6.7.8", 80), "DROP");
+    std::mem::swap(&mut fx.nft, &mut nft.inner);
+
+    // The table is what a proxier that only ever saw lb2 programs.
+    let mut clean = Fixture::new(IpFamily::V4);
+    two_lbs_on_one_address(&mut clean, &["10.1.2.3/32", "192.168.0.0/16"]);
+    for i in 0..10 {
+        service(&mut clean, "other", &format!("s{i}"), 10 + i, "10.0.5.5");
+    }
+    clean.delete_service("ns", "lb1");
+    clean.sync();
+    assert_eq!(nft.inner.dump(Family::Ip, "verdict"), clean.dump());
+}
+
+#[test]
+fn a_refused_element_leaves_out_only_itself() {
+    // The kernel refuses one external IP's element: the port's ClusterIP
+    // and NodePort keep working, the message names that element, and a
+    // new configuration (a Node's labels) does not try it again; a change
+    // of the Service does.
+    let mut fx = Fixture::new(IpFamily::V4);
+    let mut nft = Poisoned {
+        inner: MemoryBackend::new(),
+        poison: Some("1.2.3.4 . tcp . 80".into()),
+        checks: 0,
+    };
+    let web = |fx: &mut Fixture, ep: &str| {
+        fx.service(
+            svc("ns", "web")
+                .cluster_ip("172.30.0.7")
+                .port("p80", TCP, 80, 30007)
+                .external_ips(&["1.2.3.4", "1.2.3.5"]),
+        );
+        fx.slice(slice("ns", "web", "web-1").port("p80", TCP, 80).ep(ep, ""));
+    };
+    web(&mut fx, "10.0.7.7");
+    service(&mut fx, "ns", "other", 9, "10.0.9.9");
+    let r = sync(&mut fx, &mut nft);
+    let web_port = port("ns", "web");
+    assert_eq!(r.quarantined.len(), 1, "{:?}", r.quarantined);
+    assert_eq!(r.quarantined[0].0, web_port);
+    let reason = &r.quarantined[0].1;
+    assert!(
+        reason.contains("service-ips element 1.2.3.4 . tcp . 80 : goto"),
+        "{reason}"
+    );
+    assert_eq!(fx.proxier.quarantined()[&web_port].len(), 1);
+    std::mem::swap(&mut fx.nft, &mut nft.inner);
+    let to = |fx: &Fixture, src: &str, dst: &str, port: u16| {
+        fx.trace(verdict_nft::L4Proto::Tcp, src, dst, port).output()
+    };
+    assert_eq!(to(&fx, "10.0.0.2", "172.30.0.7", 80), "10.0.7.7:80");
+    assert_eq!(to(&fx, "203.0.113.9", "192.168.0.2", 30007), "10.0.7.7:80");
+    assert_eq!(to(&fx, "203.0.113.9", "1.2.3.5", 80), "10.0.7.7:80");
+    assert_ne!(to(&fx, "203.0.113.9", "1.2.3.4", 80), "10.0.7.7:80");
+    std::mem::swap(&mut fx.nft, &mut nft.inner);
+
+    // A new configuration rebuilds everything, without trying it again.
+    nft.checks = 0;
+    let cfg = fx.proxier.config().clone();
+    fx.proxier.set_config(cfg).unwrap();
+    let r = sync(&mut fx, &mut nft);
+    assert!(r.quarantined.is_empty() && r.retried.is_empty(), "{r:?}");
+    assert_eq!(nft.checks, 0);
+    assert_eq!(fx.proxier.quarantined()[&web_port].len(), 1);
+
+    // A change of the Service tries it again.
+    nft.poison = None;
+    web(&mut fx, "10.0.7.8");
+    let r = sync(&mut fx, &mut nft);
+    assert_eq!(r.retried, vec![web_port]);
+    assert!(fx.proxier.quarantined().is_empty());
+    std::mem::swap(&mut fx.nft, &mut nft.inner);
+    assert_eq!(to(&fx, "203.0.113.9", "1.2.3.4", 80), "10.0.7.8:80");
+}
+
+#[test]
+fn a_refused_firewall_element_closes_its_destination() {
+    // Were the firewall element of a LoadBalancer left out and its
+    // dispatch kept, the address would be open to every source.
+    let mut fx = Fixture::new(IpFamily::V4);
+    let mut nft = Poisoned {
+        inner: MemoryBackend::new(),
+        poison: Some("firewall-ips=5.6.7.8".into()),
+        checks: 0,
+    };
+    fx.service(
+        svc("ns", "lb")
+            .cluster_ip("172.30.0.9")
+            .port("p80", TCP, 80, 0)
+            .lb(&["5.6.7.8"])
+            .source_ranges(&["203.0.113.0/24"]),
+    );
+    fx.slice(
+        slice("ns", "lb", "lb-1")
+            .port("p80", TCP, 80)
+            .ep("10.0.1.1", ""),
+    );
+    let r = sync(&mut fx, &mut nft);
+    assert_eq!(r.quarantined.len(), 1, "{:?}", r.quarantined);
+    assert!(
+        r.quarantined[0].1.contains("firewall-ips element"),
+        "{:?}",
+        r.quarantined
+    );
+    std::mem::swap(&mut fx.nft, &mut nft.inner);
+    let t = fx.trace(verdict_nft::L4Proto::Tcp, "198.51.100.1", "5.6.7.8", 80);
+    assert_ne!(
+        t.output(),
+        "10.0.1.1:80",
+        "open to a source outside the ranges: {t:?}"
+    );
 }
 
 #[test]

@@ -289,6 +289,19 @@ pub fn run(settings: &Settings, source: &Source, verbosity: &Verbosity) -> anyho
             api: Some(api_for(Exposure::Loopback)),
             more_metrics: counters.clone().map(api::CounterCache::metrics),
             configz: crate::config::render::configz(&settings.effective).to_string(),
+            zpages: Arc::new(verdict_admin::zpages::ZPages::new(
+                "kube-proxy",
+                settings.flagz.clone(),
+                verdict_admin::process::Process::now().map_or_else(
+                    std::time::SystemTime::now,
+                    |p| {
+                        std::time::UNIX_EPOCH
+                            + std::time::Duration::from_secs_f64(p.start_time.max(0.0))
+                    },
+                ),
+                &crate::version::BUILD.line(),
+                crate::endpoints::metrics_paths(settings.enable_profiling),
+            )),
             profiling: settings.enable_profiling,
             verbosity: verbosity.clone(),
         };
@@ -373,10 +386,24 @@ pub fn offline(settings: &Settings, source: &Source) -> anyhow::Result<Offline> 
 /// Removes verdict's tables and kube-proxy's leftovers (unless `force`,
 /// not while kube-proxy runs).
 pub fn cleanup(settings: &Settings, source: &Source, force: bool) -> anyhow::Result<()> {
+    // kube-proxy's health server binds 0.0.0.0:10256 by default; this
+    // configuration's port too, if it is another.
+    let mut health = vec![std::net::SocketAddr::from(([127, 0, 0, 1], 10256))];
+    if let Some(a) = settings.healthz_bind_address
+        && a.port() != 10256
+        && a.port() != 0
+    {
+        health.push(std::net::SocketAddr::from(([127, 0, 0, 1], a.port())));
+    }
+    let check = once::KubeProxyCheck {
+        health,
+        sync_period: settings.sync_period,
+    };
     Ok(once::cleanup(
         settings.nftables_backend,
         source.keep_kube_proxy_nftables,
         force,
+        &check,
     )?)
 }
 

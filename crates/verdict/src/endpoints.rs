@@ -19,6 +19,7 @@ use std::{fmt, io};
 
 use verdict_admin::http::{Handler, Request, Routes};
 use verdict_admin::metrics as m;
+use verdict_admin::zpages::ZPages;
 use verdict_admin::{Health, Metrics, Response, Stream};
 
 use crate::logging::Verbosity;
@@ -84,6 +85,8 @@ pub struct MetricsSite {
     pub slis: Arc<Mutex<Metrics>>,
     /// `/configz`'s answer.
     pub configz: String,
+    /// `/flagz` and `/statusz`.
+    pub zpages: Arc<ZPages>,
     /// `/debug/*` is served.
     pub profiling: bool,
     /// What `/debug/flags/v` changes.
@@ -110,6 +113,25 @@ pub fn health_routes(health: Arc<Mutex<Health>>, probes: Arc<ProbeCounts>) -> Ro
         probes.count(livez, answer.code);
         Some(answer)
     }))
+}
+
+/// The top-level paths the metrics address serves, as `/statusz` lists
+/// them.
+pub fn metrics_paths(profiling: bool) -> Vec<String> {
+    let mut paths: Vec<String> = [
+        "/configz",
+        "/flagz",
+        "/healthz",
+        "/metrics",
+        "/proxyMode",
+        "/statusz",
+    ]
+    .map(String::from)
+    .to_vec();
+    if profiling {
+        paths.push("/debug".into());
+    }
+    paths
 }
 
 /// The routes of the metrics address: its health paths fast, the rest
@@ -151,6 +173,8 @@ impl MetricsSite {
             "/healthz/ping" => text("ok"),
             "/proxyMode" => text("nftables"),
             "/configz" => Some(Response::json(200, self.configz.clone())),
+            "/flagz" => Some(self.zpages.flagz(req.header("accept"))),
+            "/statusz" => Some(self.zpages.statusz(req.header("accept"), SystemTime::now())),
             "/metrics/slis" => {
                 let mut s = self.slis.lock().ok()?;
                 if req.method == "DELETE" {
@@ -356,6 +380,13 @@ mod tests {
             probes: Arc::default(),
             slis: Arc::new(Mutex::new(Metrics::slis())),
             configz: "{\"kubeproxy.config.k8s.io\":{}}".into(),
+            zpages: Arc::new(ZPages::new(
+                "kube-proxy",
+                [("proxy-mode".to_string(), "nftables".to_string())].into(),
+                SystemTime::now(),
+                "test",
+                metrics_paths(profiling),
+            )),
             profiling,
             verbosity: crate::logging::Verbosity::for_tests(1),
             api: None,
@@ -378,6 +409,16 @@ mod tests {
         assert_eq!(get("/proxyMode").unwrap().text_body(), "nftables");
         let c = get("/configz").unwrap();
         assert_eq!(c.content_type, "application/json");
+        let f = get("/flagz").unwrap().text_body();
+        assert!(
+            f.starts_with("\nkube-proxy flags\n") && f.contains("proxy-mode"),
+            "{f}"
+        );
+        let z = get("/statusz").unwrap().text_body();
+        assert!(
+            z.contains("/configz /flagz /healthz /metrics /proxyMode /statusz"),
+            "{z}"
+        );
         let slis = get("/metrics/slis").unwrap().text_body();
         assert!(
             slis.contains(

@@ -65,9 +65,17 @@ pub fn init(config: &Logging) -> Verbosity {
 }
 
 /// klog's level of a message: 0 for errors, warnings and verdict's info,
-/// 2 for debug, 4 for trace; four more for other crates.
+/// 2 for debug, 4 for trace; four more for other crates. The API client's
+/// own errors and warnings (kube, hyper, tower, rustls: a line per failed
+/// request, with the whole error's debug dump) are at 4: verdict says
+/// what failed in one line of its own, as kube-proxy's client says
+/// nothing.
 fn level_of(meta: &Metadata<'_>) -> u32 {
+    let client = ["kube", "hyper", "tower", "rustls", "h2"]
+        .iter()
+        .any(|c| meta.target().starts_with(c));
     let base = match *meta.level() {
+        Level::ERROR | Level::WARN if client => return 4,
         Level::ERROR | Level::WARN => return 0,
         Level::INFO => 0,
         Level::DEBUG => 2,

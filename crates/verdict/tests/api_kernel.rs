@@ -188,12 +188,20 @@ fn traffic_follows_the_api_server_across_a_watch_expiry() {
         "ServiceCIDR drop rule:\n{table}"
     );
 
-    // What kube-rs asked for: label-filtered lists and watches with bookmarks.
+    // What kube-rs asked for: lists and watches selected as kube-proxy
+    // 1.36 selects them (Services by label and spec.clusterIP, slices by
+    // the headless label), with bookmarks.
     let requests = api.requests().unwrap();
     let asked = |needle: &str| requests.iter().any(|r| r.contains(needle));
     assert!(
         asked(
-            "GET /api/v1/services?&labelSelector=%21service.kubernetes.io%2Fservice-proxy-name%2C%21service.kubernetes.io%2Fheadless"
+            "GET /api/v1/services?&fieldSelector=spec.clusterIP%21%3DNone&labelSelector=%21service.kubernetes.io%2Fservice-proxy-name"
+        ),
+        "{requests:#?}"
+    );
+    assert!(
+        asked(
+            "GET /apis/discovery.k8s.io/v1/endpointslices?&labelSelector=%21service.kubernetes.io%2Fheadless"
         ),
         "{requests:#?}"
     );
@@ -310,7 +318,7 @@ fn traffic_follows_the_api_server_across_a_watch_expiry() {
     // Service and a changed slice arrive while nobody watches; the
     // clients get 410 Gone, relist, and must apply the difference while
     // the still-valid rules keep working throughout.
-    let lists_before = count(&mut api, "GET /api/v1/services?&labelSelector");
+    let lists_before = count(&mut api, "GET /api/v1/services?&fieldSelector");
     api.expire().unwrap();
     api.apply(service("late", "172.30.0.44", json!({})))
         .unwrap();
@@ -355,7 +363,7 @@ fn traffic_follows_the_api_server_across_a_watch_expiry() {
         "a Service deleted during the expiry is removed by the relist"
     );
     assert!(
-        count(&mut api, "GET /api/v1/services?&labelSelector") > lists_before,
+        count(&mut api, "GET /api/v1/services?&fieldSelector") > lists_before,
         "Services were relisted after 410 Gone"
     );
 
@@ -479,7 +487,7 @@ fn wait_for_event(
 }
 
 #[test]
-fn a_service_the_kernel_refuses_gets_an_event() {
+fn a_service_left_without_its_load_balancer_address_gets_an_event() {
     let Some(mut bed) = bed() else {
         return;
     };
@@ -491,8 +499,9 @@ fn a_service_the_kernel_refuses_gets_an_event() {
     api.apply(node()).unwrap();
     api.apply(service("web", "172.30.0.41", json!({}))).unwrap();
     api.apply(slice("web-1", "web", "10.180.0.1")).unwrap();
-    // Valid for the API server, refused by the kernel: two LoadBalancers
-    // on one address and port whose source ranges overlap.
+    // Valid for the API server, and as the kernel's intervals a conflict:
+    // two LoadBalancers on one address and port whose source ranges
+    // overlap. One holds the address, as with kube-proxy; the other is told.
     api.apply(load_balancer(
         "lb-a",
         "172.30.0.51",
@@ -548,15 +557,16 @@ fn a_service_the_kernel_refuses_gets_an_event() {
     assert_eq!(event["regarding"]["kind"], "Service");
     assert_eq!(event["regarding"]["namespace"], "demo");
     assert_eq!(event["type"], "Warning");
-    assert_eq!(event["reason"], "FailedToProgram");
+    assert_eq!(event["reason"], "DestinationConflict");
     assert_eq!(event["reportingController"], "verdict");
+    assert_eq!(event["reportingInstance"], "verdict-test-node");
     let note = event["note"].as_str().unwrap();
     println!(
         "Event for demo/lb-b: {} {}: {note}",
         event["type"], event["reason"]
     );
     assert!(
-        note.contains("demo/lb-b:http") && note.contains("exists"),
+        note.contains("demo/lb-b:http") && note.contains("is also claimed by demo/lb-a:http"),
         "{note}"
     );
     assert!(
@@ -611,9 +621,11 @@ fn a_change_flows_within_5_s_of_the_api_server_coming_back() {
         "10.0.0.0/8",
         "--min-sync-period",
         "0s",
+        "-v",
+        "2",
     ];
-    let verdict = env!("CARGO_BIN_EXE_verdict");
-    let _daemon = Process(bed.node.spawn(verdict, &args).unwrap());
+    let log = dir.join("verdict.log");
+    let _daemon = spawn_verdict(&bed, args, &log, None);
     let deadline = Instant::now() + Duration::from_secs(15);
     while who_at(&bed, "172.30.0.41") != "10.180.0.1:80" {
         assert!(Instant::now() < deadline, "never programmed");
@@ -650,5 +662,39 @@ fn a_change_flows_within_5_s_of_the_api_server_coming_back() {
         "the change was through {:?} after the API server came back",
         back.elapsed()
     );
+    // The outage's log at -v=2: one short warning per watch per back-off
+    // step (0.5 s doubling to 4 s: at most about 20 a minute per watch),
+    // none of the client's own lines, and one line per watch when it
+    // works again.
+    std::thread::sleep(Duration::from_millis(500));
+    let text = std::fs::read_to_string(&log).unwrap();
+    let outage: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("cannot reach the API server"))
+        .collect();
+    let longest = text.lines().map(str::len).max().unwrap_or(0);
+    let client_lines = text
+        .lines()
+        .filter(|l| l.contains("failed with error") || l.contains("HyperError"))
+        .count();
+    let errors = text.lines().filter(|l| l.starts_with('E')).count();
+    println!(
+        "a 60 s outage logged {} warnings, {errors} errors, {client_lines} client lines; the longest line {longest} bytes; the first warning:\n{}",
+        outage.len(),
+        outage.first().unwrap_or(&"")
+    );
+    assert!(
+        !outage.is_empty() && outage.len() <= 4 * 22,
+        "{} warnings: {text}",
+        outage.len()
+    );
+    assert_eq!(client_lines, 0, "{text}");
+    assert_eq!(errors, 0, "{text}");
+    assert!(
+        outage.iter().all(|l| l.len() < 400),
+        "concise: {}",
+        outage.iter().max_by_key(|l| l.len()).unwrap()
+    );
+    assert!(text.contains("the watch works again"), "{text}");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -205,6 +205,44 @@ fn kubeadms_configuration_runs_unchanged() {
     assert_eq!(c["nftables"]["minSyncPeriod"], "1s");
     assert_eq!(c["healthzBindAddress"], "0.0.0.0:10256");
     assert_eq!(c["nftables"]["masqueradeBit"], 14);
+    // kube-proxy 1.36's z-pages: the flags with the values they stand for,
+    // and the process's status, in text by default.
+    let flagz = http_on(&bed, 10249, "/flagz");
+    assert!(flagz.starts_with("HTTP/1.1 200"), "{flagz}");
+    let body = flagz.split_once("\r\n\r\n").unwrap().1;
+    assert!(
+        body.starts_with(
+            "\nkube-proxy flags\nWarning: This endpoint is not meant to be machine parseable"
+        ),
+        "{body}"
+    );
+    assert!(
+        body.lines()
+            .any(|l| l.starts_with("proxy-mode") && l.ends_with("nftables")),
+        "{body}"
+    );
+    let statusz = http_on(&bed, 10249, "/statusz");
+    let body = statusz.split_once("\r\n\r\n").unwrap().1;
+    assert!(body.starts_with("\nkube-proxy statusz\n"), "{body}");
+    assert!(
+        body.contains("Binary version") && body.contains("verdict v"),
+        "{body}"
+    );
+    assert!(
+        body.contains("/configz /flagz /healthz /metrics /proxyMode /statusz"),
+        "{body}"
+    );
+    // The structured object, to who asks for it.
+    let script = "exec 3<>/dev/tcp/127.0.0.1/10249 && printf 'GET /statusz HTTP/1.1\\r\\nHost: x\\r\\nAccept: application/json;v=v1beta1;g=config.k8s.io;as=Statusz\\r\\nConnection: close\\r\\n\\r\\n' >&3 && cat <&3";
+    let raw = bed.node.exec("bash", &["-c", script]).unwrap();
+    let body = raw.split_once("\r\n\r\n").unwrap().1;
+    let z: serde_json::Value = serde_json::from_str(body).unwrap();
+    assert_eq!(
+        (z["kind"].as_str(), z["apiVersion"].as_str()),
+        (Some("Statusz"), Some("config.k8s.io/v1beta1")),
+        "{body}"
+    );
+    assert!(z["uptimeSeconds"].as_u64().is_some(), "{body}");
     // The metrics address's own /healthz records its result as an SLI.
     assert!(http_on(&bed, 10249, "/healthz").ends_with("ok"));
     let slis = http_on(&bed, 10249, "/metrics/slis");
@@ -454,6 +492,157 @@ fn a_node_that_ran_kube_proxy_in_nftables_mode_is_migrated() {
         !t.contains("kube-proxy") && !t.contains("verdict"),
         "{t}\n{out}"
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// kube-proxy's table as kube-proxy writes it when it comes back after
+/// verdict (newer base chains): the web Service's current endpoint; the
+/// Service `quiet` has no endpoints any more, so kube-proxy DNATs nothing
+/// for it.
+const KUBE_PROXY_BACK: &str = "table ip kube-proxy {
+  chain services {
+    ip daddr 172.30.0.41 tcp dport 80 dnat to 10.180.0.2:80
+  }
+  chain nat-prerouting {
+    type nat hook prerouting priority -100; policy accept;
+    jump services
+  }
+  chain nat-output {
+    type nat hook output priority -100; policy accept;
+    jump services
+  }
+}
+";
+
+/// A stand-in for kube-proxy's health server on 127.0.0.1:10256: its
+/// `/healthz` body, with `lastUpdated` now.
+const KUBE_PROXY_HEALTHZ: &str = r#"
+import datetime, http.server, json
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        body = json.dumps({"lastUpdated": now, "currentTime": now, "nodeEligible": True}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer(("127.0.0.1", 10256), H).serve_forever()
+"#;
+
+#[test]
+fn the_way_back_to_kube_proxy_keeps_every_service_answering() {
+    // docs/migrate.md's way back, on a kernel: verdict stops (its rules
+    // stay), kube-proxy comes back and writes its table, verdict's tables
+    // are deleted by hand. `verdict cleanup` refuses while kube-proxy runs,
+    // even when only its health server shows it (a container verdict
+    // cannot see the processes of).
+    let Some((bed, dir)) = setup("way-back") else {
+        return;
+    };
+    write(
+        &dir,
+        "quiet.yaml",
+        "apiVersion: v1\nkind: Service\nmetadata: {name: quiet, namespace: demo}\nspec:\n  clusterIP: 172.30.0.43\n  ports: [{name: http, port: 80, protocol: TCP}]\n",
+    );
+    write(
+        &dir,
+        "quiet-slice.yaml",
+        &slice("10.180.0.1")
+            .replace("name: web-1", "name: quiet-1")
+            .replace("service-name: web", "service-name: quiet"),
+    );
+    let manifests = dir.to_string_lossy().into_owned();
+    let daemon = start(
+        &bed,
+        &[
+            "--hostname-override=test-node",
+            "--cluster-cidr=10.0.0.0/8",
+            "--min-sync-period=0s",
+            "--healthz-bind-address=",
+            "--metrics-bind-address=",
+            "--manifests",
+            &manifests,
+        ],
+    );
+    assert_eq!(wait_for(&bed, "10.180.0.1:80"), "10.180.0.1:80");
+    let quiet = || {
+        bed.connect(
+            common::ip("10.0.0.2"),
+            common::ip("172.30.0.43"),
+            "tcp",
+            80,
+            500,
+        )
+        .unwrap_or_default()
+        .split_whitespace()
+        .nth(1)
+        .unwrap_or("")
+        .to_string()
+    };
+    assert!(eventually(Duration::from_secs(5), || quiet() == "10.180.0.1:80"));
+
+    // 1. verdict stops; its rules stay and keep serving.
+    stop(daemon);
+    assert_eq!(who(&bed), "10.180.0.1:80", "verdict's rules stay");
+
+    // 2. kube-proxy comes back (its health server first, then its table).
+    let mut health = bed
+        .node
+        .spawn("python3", &["-c", KUBE_PROXY_HEALTHZ])
+        .unwrap();
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            bed.node
+                .exec("bash", &["-c", "exec 3<>/dev/tcp/127.0.0.1/10256"])
+                .is_ok()
+        }),
+        "the stand-in health server listens"
+    );
+    let script = dir.join("kube-proxy-back.nft");
+    std::fs::write(&script, KUBE_PROXY_BACK).unwrap();
+    bed.node
+        .exec("nft", &["-f", &script.to_string_lossy()])
+        .unwrap();
+    // kube-proxy's chains are newer: its DNAT wins where it DNATs...
+    assert_eq!(who(&bed), "10.180.0.2:80", "kube-proxy's current endpoint");
+    // ...and what it leaves alone, verdict's stale rules still answer.
+    assert_eq!(quiet(), "10.180.0.1:80", "verdict's stale DNAT");
+
+    // `verdict cleanup` would delete kube-proxy's rules too: refused.
+    let refused = bed
+        .node
+        .exec(env!("CARGO_BIN_EXE_verdict"), &["cleanup"])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused
+            .contains("kube-proxy's health server answers at 127.0.0.1:10256 and synced its rules")
+            && refused.contains("nothing was changed"),
+        "{refused}"
+    );
+    let t = tables(&bed);
+    assert!(
+        t.contains("table ip kube-proxy") && t.contains("table ip verdict"),
+        "{t}"
+    );
+
+    // 3. verdict's tables deleted by hand, as the guide says: kube-proxy's
+    // rules alone decide, the Service without endpoints is not answered.
+    bed.node
+        .exec("nft", &["delete", "table", "ip", "verdict"])
+        .unwrap();
+    let _ = bed.node.exec("nft", &["delete", "table", "ip6", "verdict"]);
+    assert_eq!(who(&bed), "10.180.0.2:80");
+    let after = quiet();
+    assert!(
+        !after.starts_with("10.180.0."),
+        "no stale answer once verdict's tables are gone: {after}"
+    );
+    let _ = health.kill();
+    let _ = health.wait();
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -6,8 +6,10 @@
 //!
 //! - another process flushes the ruleset, deletes verdict's table or one
 //!   of its chains: traffic is back within a second, both families;
-//! - a Service the kernel refuses is quarantined, named in the log and the
-//!   metrics, and another Service's change lands in the same sync;
+//! - two LoadBalancers on one address and port: one has it, as with
+//!   kube-proxy, the other keeps its ClusterIP and NodePort and is named
+//!   in a warning and the metrics; another Service's change lands in the
+//!   same sync;
 //! - rules known broken beyond the repair window make `/healthz` fail,
 //!   and it recovers with the rules;
 //! - `kill -9` during a cold sync, then a restart: the same rules as a
@@ -365,26 +367,38 @@ fn rules_known_broken_beyond_the_repair_window_fail_healthz() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Two LoadBalancers on one address whose source ranges overlap: valid for
-/// the API server, refused by the kernel (overlapping intervals).
-fn lb(name: &str, ip: &str, node_port: u16, range: &str) -> String {
+/// A LoadBalancer whose status claims `vip`, with its own ClusterIP and
+/// node port and the given source ranges.
+fn lb(name: &str, ip: &str, node_port: u16, ranges: &str, vip: &str) -> String {
     format!(
-        "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: demo}}\nspec:\n  type: LoadBalancer\n  clusterIP: {ip}\n  loadBalancerSourceRanges: [{range}]\n  ports: [{{name: http, port: 80, nodePort: {node_port}, protocol: TCP}}]\nstatus:\n  loadBalancer: {{ingress: [{{ip: 198.51.100.7}}]}}\n"
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: demo}}\nspec:\n  type: LoadBalancer\n  clusterIP: {ip}\n  loadBalancerSourceRanges: [{ranges}]\n  ports: [{{name: http, port: 80, nodePort: {node_port}, protocol: TCP}}]\nstatus:\n  loadBalancer: {{ingress: [{{ip: {vip}}}]}}\n"
     )
 }
 
 #[test]
-fn a_refused_service_is_quarantined_and_the_rest_lands_in_the_same_sync() {
+fn two_load_balancers_on_one_address_keep_their_cluster_ips_and_node_ports() {
+    // The real-cluster report: two LoadBalancers whose status claims one
+    // address and port, with overlapping source ranges. As kube-proxy, one
+    // of them has the address (lb-a, the first in name order, with its own
+    // ranges only); lb-b keeps its ClusterIP and NodePort; the operator is
+    // told which destination lb-b lost and to whom.
     let _serial = serial();
     let Some(bed) = bed_with_pods(&["10.180.0.1", "10.180.0.2"]) else {
         return;
     };
-    let dir = scratch_dir("rel-quarantine");
+    bed.route_to_node(ip("198.51.100.7")).unwrap();
+    let dir = scratch_dir("rel-conflict");
     base(&dir, "10.180.0.1");
     write(
         &dir,
         "lb-a.yaml",
-        &lb("lb-a", "172.30.0.51", 30051, "203.0.113.0/24"),
+        &lb(
+            "lb-a",
+            "172.30.0.51",
+            30051,
+            "203.0.113.0/25",
+            "198.51.100.7",
+        ),
     );
     write(
         &dir,
@@ -407,13 +421,19 @@ fn a_refused_service_is_quarantined_and_the_rest_lands_in_the_same_sync() {
     std::thread::sleep(Duration::from_millis(1500));
 
     // Measured twice: an endpoint change alone, then the same kind of
-    // change together with a Service the kernel refuses.
-    let change = |to: &str, with_bad: bool| -> Duration {
-        if with_bad {
+    // change together with lb-b, which conflicts with lb-a.
+    let change = |to: &str, with_conflict: bool| -> Duration {
+        if with_conflict {
             write(
                 &dir,
                 "lb-b.yaml",
-                &lb("lb-b", "172.30.0.52", 30052, "203.0.113.128/25"),
+                &lb(
+                    "lb-b",
+                    "172.30.0.52",
+                    30052,
+                    "203.0.113.2/32, 203.0.113.128/25",
+                    "198.51.100.7",
+                ),
             );
         }
         write(&dir, "web-slice.yaml", &slice("web", &[(to, "ready")]));
@@ -425,58 +445,87 @@ fn a_refused_service_is_quarantined_and_the_rest_lands_in_the_same_sync() {
     };
     let alone = change("10.180.0.2", false);
     std::thread::sleep(Duration::from_millis(1500));
-    let with_bad = change("10.180.0.1", true);
+    let with_conflict = change("10.180.0.1", true);
     println!(
-        "\nendpoint change to traffic: alone {} ms; with a refused Service in the same sync {} ms (minSyncPeriod 1 s)",
+        "\nendpoint change to traffic: alone {} ms; with a conflicting LoadBalancer in the same sync {} ms (minSyncPeriod 1 s)",
         alone.as_millis(),
-        with_bad.as_millis()
+        with_conflict.as_millis()
     );
     assert!(
-        with_bad < Duration::from_millis(1100),
-        "the refused Service delayed the change: {with_bad:?}"
+        with_conflict < Duration::from_millis(1100),
+        "the conflict delayed the change: {with_conflict:?}"
     );
-    wait_until("the quarantine log", Duration::from_secs(5), || {
-        log_of(&log).contains("the kernel refused this service port")
+    wait_until("the conflict's warning", Duration::from_secs(5), || {
+        log_of(&log).contains("is also claimed by")
     });
+    let answer = |src: &str, dst: &str, port: u16| -> String {
+        bed.connect(ip(src), ip(dst), "tcp", port, 300)
+            .unwrap_or_default()
+            .split_whitespace()
+            .nth(1)
+            .unwrap_or("")
+            .to_string()
+    };
+    // Both ClusterIPs and both NodePorts answer.
+    assert_eq!(answer("10.0.0.2", "172.30.0.51", 80), "10.180.0.1:80");
+    assert_eq!(answer("10.0.0.2", "172.30.0.52", 80), "10.180.0.2:80");
+    assert_eq!(answer("203.0.113.2", "192.168.0.2", 30051), "10.180.0.1:80");
+    assert_eq!(answer("203.0.113.2", "192.168.0.2", 30052), "10.180.0.2:80");
+    // The address is lb-a's, with lb-a's ranges: a source only lb-b
+    // allows is dropped.
+    assert_eq!(answer("203.0.113.2", "198.51.100.7", 80), "10.180.0.1:80");
+    assert_eq!(answer("203.0.113.130", "198.51.100.7", 80), "");
+
     let text = log_of(&log);
     let line = text
         .lines()
-        .find(|l| l.contains("the kernel refused this service port"))
+        .find(|l| l.contains("is also claimed by"))
         .unwrap();
-    assert!(line.contains("demo/lb-b:http"), "{line}");
     assert!(
-        line.contains("File exists") || line.contains("exists"),
+        line.contains("demo/lb-a:http")
+            && line.contains("LoadBalancer IP 198.51.100.7 port 80/TCP"),
         "{line}"
+    );
+    assert!(line.starts_with('W'), "a warning: {line}");
+    assert!(
+        !text.contains("the kernel refused"),
+        "nothing refused: {text}"
     );
     let metrics = http_on(&bed, 10249, "/metrics");
     assert_eq!(
         sample(
             &metrics,
-            "verdict_quarantined_service_port{ip_family=\"IPv4\",namespace=\"demo\",service=\"lb-b\",port=\"http\"}"
+            "verdict_destination_conflicts{ip_family=\"IPv4\",namespace=\"demo\",service=\"lb-b\",port=\"http\"}"
         ),
         Some(1.0),
         "{metrics}"
     );
-    // The good LoadBalancer keeps working: its NodePort still answers.
-    let nft = bed
-        .node
-        .exec("nft", &["list", "table", "ip", "verdict"])
-        .unwrap();
-    assert!(nft.contains("demo/lb-a:http"), "lb-a stays programmed");
-    assert!(!nft.contains("demo/lb-b:http"), "lb-b is left out");
-    // Fixed, it is programmed and leaves the quarantine.
+    assert!(
+        !metrics.contains("verdict_quarantined_service_port{"),
+        "{metrics}"
+    );
+    // lb-b moves to an address of its own: it has it, with its ranges,
+    // and the conflict ends.
+    bed.route_to_node(ip("198.51.100.8")).unwrap();
     write(
         &dir,
         "lb-b.yaml",
-        &lb("lb-b", "172.30.0.52", 30052, "192.0.2.0/24"),
+        &lb(
+            "lb-b",
+            "172.30.0.52",
+            30052,
+            "203.0.113.2/32, 203.0.113.128/25",
+            "198.51.100.8",
+        ),
     );
-    wait_until("lb-b programmed", Duration::from_secs(10), || {
-        bed.node
-            .exec("nft", &["list", "table", "ip", "verdict"])
-            .is_ok_and(|t| t.contains("demo/lb-b:http"))
+    wait_until("lb-b on its own address", Duration::from_secs(10), || {
+        answer("203.0.113.130", "198.51.100.8", 80) == "10.180.0.2:80"
     });
     let metrics = http_on(&bed, 10249, "/metrics");
-    assert!(!metrics.contains("service=\"lb-b\""), "{metrics}");
+    assert!(
+        !metrics.contains("verdict_destination_conflicts{"),
+        "{metrics}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 

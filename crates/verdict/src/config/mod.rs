@@ -168,6 +168,8 @@ pub struct Settings {
     pub service_metrics: verdict_model::MetricsSelection,
     /// How nftables is programmed (`--nftables-backend`, verdict's own).
     pub nftables_backend: NftablesBackend,
+    /// Every flag and its value, for `/flagz`.
+    pub flagz: std::collections::BTreeMap<String, String>,
     // What the detector is made of, checked into `detect_local`.
     detect_local_mode: DetectLocalMode,
     detect_bridge: String,
@@ -208,6 +210,7 @@ impl std::default::Default for Settings {
             api_bind_address: None,
             service_metrics: verdict_model::MetricsSelection::default(),
             nftables_backend: NftablesBackend::default(),
+            flagz: std::collections::BTreeMap::new(),
             detect_local_mode: DetectLocalMode::ClusterCidr,
             detect_bridge: String::new(),
             detect_prefix: String::new(),

@@ -3,8 +3,11 @@
 //! defaults filled in) and as `/configz` shows it (the same object, under
 //! `kubeproxy.config.k8s.io`).
 
+use std::collections::BTreeMap;
+
 use serde_json::{Map, Value};
 
+use super::table::SETTINGS;
 use super::{API_VERSION, KIND};
 
 /// The effective configuration as a `KubeProxyConfiguration` file.
@@ -30,4 +33,44 @@ pub fn configz(effective: &Value) -> Value {
     let mut out = Map::new();
     out.insert("kubeproxy.config.k8s.io".into(), versioned(effective));
     Value::Object(out)
+}
+
+/// What `/flagz` shows: every flag of a setting with the setting's
+/// effective value (as kube-proxy's flags show the configuration they are
+/// bound to, defaults included), and every other flag given, with its
+/// value as given. Values as pflag writes them: lists as `[a,b]`, feature
+/// gates as `Name=true,Other=false`.
+pub fn flagz(effective: &Value, given: &[(String, String)]) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for setting in SETTINGS.iter().filter(|s| !s.flags.is_empty()) {
+        let value = setting
+            .path
+            .split('.')
+            .try_fold(effective, |v, part| v.get(part))
+            .map_or_else(String::new, flag_text);
+        for flag in setting.flags {
+            out.insert((*flag).to_owned(), value.clone());
+        }
+    }
+    for (flag, value) in given {
+        out.entry(flag.clone()).or_insert_with(|| value.clone());
+    }
+    out
+}
+
+fn flag_text(v: &Value) -> String {
+    match v {
+        Value::Null => String::new(),
+        Value::String(s) => s.clone(),
+        Value::Array(items) => {
+            let items: Vec<String> = items.iter().map(flag_text).collect();
+            format!("[{}]", items.join(","))
+        }
+        Value::Object(m) => m
+            .iter()
+            .map(|(k, v)| format!("{k}={}", flag_text(v)))
+            .collect::<Vec<_>>()
+            .join(","),
+        other => other.to_string(),
+    }
 }

@@ -1086,3 +1086,47 @@ fn the_configuration_reference_is_current() {
         "docs/configuration.md is stale: run UPDATE_GOLDEN=1 cargo test -p verdict --bin verdict configuration_reference"
     );
 }
+
+#[test]
+fn flagz_shows_every_flag_with_the_value_it_stands_for() {
+    let flags = [
+        "--master",
+        "https://api:6443",
+        "--nodeport-addresses",
+        "primary",
+        "--feature-gates",
+        "B=false,A=true",
+        "--conntrack-max-per-core",
+        "0",
+    ];
+    let (s, _) = ok(None, &flags);
+    let cli = args(&flags);
+    let z = super::render::flagz(&s.effective, &cli.given);
+    assert_eq!(
+        z.get("master").map(String::as_str),
+        Some("https://api:6443")
+    );
+    assert_eq!(z.get("proxy-mode").map(String::as_str), Some("nftables"));
+    assert_eq!(
+        z.get("nodeport-addresses").map(String::as_str),
+        Some("[primary]")
+    );
+    assert_eq!(
+        z.get("feature-gates").map(String::as_str),
+        Some("A=true,B=false")
+    );
+    assert_eq!(
+        z.get("conntrack-max-per-core").map(String::as_str),
+        Some("0")
+    );
+    assert_eq!(
+        z.get("healthz-bind-address").map(String::as_str),
+        Some("0.0.0.0:10256")
+    );
+    // Every flag of a setting is there, set or not.
+    for setting in super::table::SETTINGS {
+        for flag in setting.flags {
+            assert!(z.contains_key(*flag), "{flag}");
+        }
+    }
+}

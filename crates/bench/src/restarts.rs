@@ -1,0 +1,312 @@
+//! `verdict-bench restarts`: restarts the real verdict program again and
+//! again on N Services while clients keep connecting to them, and counts
+//! the connections that were refused or failed. A restart that loses
+//! nothing leaves both at 0.
+//!
+//! The namespaces are the benchmark's own ([`Topo`]): the clients connect
+//! from `cli` to ClusterIPs routed to `node`, where verdict runs on a
+//! manifests directory; every endpoint is a real listener behind the
+//! node. Each round starts verdict, waits for its first IPv4 sync, edits
+//! one Service's endpoints (so the next process adopts rules the last one
+//! changed), lets it run a little, and stops it with SIGTERM, as a
+//! DaemonSet rollout does; the next round starts at once.
+
+use std::io::{BufRead, BufReader};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, channel};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+use verdict_e2e::netns::can_run;
+
+use crate::topo::{BACKENDS, NODE_IP, Topo};
+use crate::workload::{BACKEND_PORT, SERVICE_PORT, service_ip};
+use crate::{enter_netns, flag, pct};
+
+const USAGE: &str = "usage: verdict-bench restarts [--services 1000] [--restarts 1000] [--clients 2] [--hold-ms 300]";
+
+/// What the clients saw.
+#[derive(Default)]
+struct Tally {
+    ok: AtomicU64,
+    refused: AtomicU64,
+    failed: AtomicU64,
+    /// The first few failures: (when, target, error).
+    samples: Mutex<Vec<String>>,
+    /// The longest time between two successful connections of one client, µs.
+    longest_gap_us: AtomicU64,
+}
+
+fn manifests(n: usize, alternate: usize, flip: bool) -> (String, String) {
+    let mut big = String::new();
+    big.push_str(&format!(
+        "apiVersion: v1\nkind: Node\nmetadata: {{name: bench-node}}\nstatus:\n  addresses: [{{type: InternalIP, address: {NODE_IP}}}]\n---\n"
+    ));
+    let endpoints = |both: bool| -> String {
+        let list: Vec<&Ipv4Addr> = if both {
+            BACKENDS.iter().collect()
+        } else {
+            BACKENDS[..1].iter().collect()
+        };
+        list.iter()
+            .map(|a| format!("- {{addresses: [{a}], nodeName: bench-node}}\n"))
+            .collect()
+    };
+    let one = |i: usize, both: bool| {
+        format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: svc{i}, namespace: bench}}\nspec:\n  clusterIP: {}\n  ports: [{{name: http, port: {SERVICE_PORT}, protocol: TCP}}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: svc{i}-1\n  namespace: bench\n  labels: {{kubernetes.io/service-name: svc{i}}}\naddressType: IPv4\nports: [{{name: http, port: {BACKEND_PORT}, protocol: TCP}}]\nendpoints:\n{}---\n",
+            service_ip(30, i),
+            endpoints(both)
+        )
+    };
+    for i in (0..n).filter(|i| *i != alternate) {
+        big.push_str(&one(i, true));
+    }
+    (big, one(alternate, !flip))
+}
+
+fn write_atomically(path: &std::path::Path, text: &str) -> Result<(), String> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).map_err(|e| format!("{}: {e}", tmp.display()))?;
+    std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// One client: connects to the Services in turn until `stop`.
+fn client(
+    cli: String,
+    n: usize,
+    offset: usize,
+    stop: Arc<AtomicBool>,
+    tally: Arc<Tally>,
+    started: Instant,
+) -> Result<(), String> {
+    enter_netns(&cli)?;
+    let mut last_ok = Instant::now();
+    let mut i = offset;
+    while !stop.load(Ordering::Relaxed) {
+        i = (i + 7919) % n;
+        let target = SocketAddr::from((service_ip(30, i), SERVICE_PORT));
+        let sock = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP))
+            .map_err(|e| e.to_string())?;
+        // A reset at close: no TIME_WAIT piling up, no port reuse issue.
+        let _ = sock.set_linger(Some(Duration::ZERO));
+        match sock.connect_timeout(&SockAddr::from(target), Duration::from_secs(2)) {
+            Ok(()) => {
+                tally.ok.fetch_add(1, Ordering::Relaxed);
+                let gap = last_ok.elapsed().as_micros() as u64;
+                tally.longest_gap_us.fetch_max(gap, Ordering::Relaxed);
+                last_ok = Instant::now();
+            }
+            Err(e) => {
+                let refused = e.kind() == std::io::ErrorKind::ConnectionRefused;
+                if refused {
+                    tally.refused.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    tally.failed.fetch_add(1, Ordering::Relaxed);
+                }
+                if let Ok(mut s) = tally.samples.lock()
+                    && s.len() < 10
+                {
+                    s.push(format!(
+                        "{:.1} s: {target}: {e}",
+                        started.elapsed().as_secs_f64()
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// verdict in the node, its log lines on a channel.
+fn spawn(
+    node: &str,
+    verdict: &std::path::Path,
+    dir: &std::path::Path,
+) -> Result<(Child, Receiver<String>), String> {
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", node])
+        .arg(verdict)
+        .args(["run", "--manifests"])
+        .arg(dir)
+        .args([
+            "--hostname-override",
+            "bench-node",
+            "--cluster-cidr",
+            "10.200.0.0/16",
+            "--min-sync-period",
+            "0s",
+            "--healthz-bind-address",
+            "",
+            "--metrics-bind-address",
+            "",
+            "-v",
+            "2",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("{}: {e}", verdict.display()))?;
+    let err = child.stderr.take().ok_or("no stderr")?;
+    let (tx, rx) = channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(err).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    Ok((child, rx))
+}
+
+/// Waits for verdict's first IPv4 sync.
+fn synced(log: &Receiver<String>, within: Duration) -> Result<(), String> {
+    let deadline = Instant::now() + within;
+    let mut last = Vec::new();
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match log.recv_timeout(left) {
+            Ok(l) if l.contains("\"synced\"") && l.contains("IPv4") => return Ok(()),
+            Ok(l) => {
+                last.push(l);
+                if last.len() > 10 {
+                    last.remove(0);
+                }
+            }
+            Err(_) => {
+                return Err(format!(
+                    "no IPv4 sync within {within:?}; the last lines:\n{}",
+                    last.join("\n")
+                ));
+            }
+        }
+    }
+}
+
+/// `verdict-bench restarts …`
+pub fn restarts(args: &[String]) -> Result<(), String> {
+    if args.iter().any(|a| a == "-h" || a == "--help") {
+        println!("{USAGE}");
+        return Ok(());
+    }
+    can_run()?;
+    let num = |name: &str, default: usize| -> Result<usize, String> {
+        flag(args, name).map_or(Ok(default), |v| {
+            v.parse().map_err(|e| format!("{name} {v}: {e}\n{USAGE}"))
+        })
+    };
+    let n = num("--services", 1000)?;
+    let rounds = num("--restarts", 1000)?;
+    let clients = num("--clients", 2)?;
+    let hold = num("--hold-ms", 300)? as u64;
+    if !(2..=60_000).contains(&n) || rounds == 0 || !(1..=16).contains(&clients) {
+        return Err(format!(
+            "--services 2..60000, --restarts ≥ 1, --clients 1..16\n{USAGE}"
+        ));
+    }
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let verdict = exe.with_file_name("verdict");
+    if !verdict.exists() {
+        return Err(format!(
+            "{} is missing: build it first (cargo build --release -p verdict -p verdict-bench)",
+            verdict.display()
+        ));
+    }
+    let topo = Topo::new(&exe, &[BACKEND_PORT], false, false).map_err(|e| e.0)?;
+    let dir = std::env::temp_dir().join(format!("verdict-bench-restarts-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let alternate = n / 2;
+    let (big, small) = manifests(n, alternate, false);
+    write_atomically(&dir.join("cluster.yaml"), &big)?;
+    write_atomically(&dir.join("small.yaml"), &small)?;
+
+    let tally = Arc::new(Tally::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let t0 = Instant::now();
+    let mut starts_ms = Vec::with_capacity(rounds);
+    let mut threads = Vec::new();
+    let mut outcome = Ok(());
+    for round in 0..rounds {
+        let t = Instant::now();
+        let (mut child, log) = spawn(topo.node.name(), &verdict, &dir)?;
+        if let Err(e) = synced(&log, Duration::from_secs(60)) {
+            let _ = child.kill();
+            let _ = child.wait();
+            outcome = Err(format!("restart {round}: {e}"));
+            break;
+        }
+        starts_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        if round == 0 {
+            // The clients begin once the rules are there: a connection
+            // sent before anything DNATs it is no restart's doing.
+            for c in 0..clients {
+                let (cli, stop, tally) = (topo.cli.name().to_owned(), stop.clone(), tally.clone());
+                threads.push(std::thread::spawn(move || {
+                    client(cli, n, c * 131, stop, tally, t0)
+                }));
+            }
+        }
+        // An edit while it runs: the next process adopts what this one
+        // changed (flushed chains, a changed dispatch).
+        let (_, small) = manifests(n, alternate, round % 2 == 0);
+        write_atomically(&dir.join("small.yaml"), &small)?;
+        std::thread::sleep(Duration::from_millis(hold + 50 * (round as u64 % 5)));
+        let _ = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status();
+        let _ = child.wait();
+        drop(log);
+        if (round + 1) % 100 == 0 {
+            eprintln!(
+                "{} restarts, {:.0} s: {} connections, {} refused, {} failed",
+                round + 1,
+                t0.elapsed().as_secs_f64(),
+                tally.ok.load(Ordering::Relaxed),
+                tally.refused.load(Ordering::Relaxed),
+                tally.failed.load(Ordering::Relaxed)
+            );
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    for t in threads {
+        match t.join() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => outcome = outcome.and(Err(e)),
+            Err(_) => outcome = outcome.and(Err("a client panicked".into())),
+        }
+    }
+    // The last process's rules stay, as after any stop; the namespaces go.
+    let _ = std::fs::remove_dir_all(&dir);
+    outcome?;
+    let (ok, refused, failed) = (
+        tally.ok.load(Ordering::Relaxed),
+        tally.refused.load(Ordering::Relaxed),
+        tally.failed.load(Ordering::Relaxed),
+    );
+    println!(
+        "\nverdict restarted {rounds} times on {n} Services (SIGTERM, then a new process at once; one Service's endpoints edited each round), {clients} clients connecting throughout, {:.0} s\n",
+        t0.elapsed().as_secs_f64()
+    );
+    println!(
+        "| services | restarts | connections | refused | failed | longest gap between connections | start → first sync p50 / p99 |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    println!(
+        "| {n} | {rounds} | {} | {refused} | {failed} | {:.0} ms | {:.0} / {:.0} ms |",
+        ok + refused + failed,
+        tally.longest_gap_us.load(Ordering::Relaxed) as f64 / 1e3,
+        pct(&mut starts_ms.clone(), 0.5),
+        pct(&mut starts_ms, 0.99)
+    );
+    if let Ok(s) = tally.samples.lock()
+        && !s.is_empty()
+    {
+        println!("\nthe first failures:\n{}", s.join("\n"));
+    }
+    Ok(())
+}
