@@ -26,7 +26,7 @@ use crate::topo::{BACKENDS, NODE_IP, Topo};
 use crate::workload::{BACKEND_PORT, SERVICE_PORT, service_ip};
 use crate::{enter_netns, flag, pct};
 
-const USAGE: &str = "usage: verdict-bench restarts [--services 1000] [--restarts 1000] [--clients 2] [--hold-ms 300]";
+const USAGE: &str = "usage: verdict-bench restarts [--services 1000] [--restarts 1000] [--clients 2] [--rate 500] [--hold-ms 300]";
 
 /// What the clients saw.
 #[derive(Default)]
@@ -38,6 +38,10 @@ struct Tally {
     samples: Mutex<Vec<String>>,
     /// The longest time between two successful connections of one client, µs.
     longest_gap_us: AtomicU64,
+    /// Connections that took a second or more (a SYN sent again: the
+    /// first was lost), and the first few of them.
+    slow: AtomicU64,
+    slow_samples: Mutex<Vec<String>>,
 }
 
 fn manifests(n: usize, alternate: usize, flip: bool) -> (String, String) {
@@ -79,6 +83,7 @@ fn client(
     cli: String,
     n: usize,
     offset: usize,
+    rate: u32,
     stop: Arc<AtomicBool>,
     tally: Arc<Tally>,
     started: Instant,
@@ -86,16 +91,38 @@ fn client(
     enter_netns(&cli)?;
     let mut last_ok = Instant::now();
     let mut i = offset;
+    // Paced: unpaced, the backends' accept queues overflow now and then
+    // (a SYN dropped, sent again a second later) with no restart at all.
+    let every = Duration::from_secs(1) / rate.max(1);
+    let mut next = Instant::now();
     while !stop.load(Ordering::Relaxed) {
+        next += every;
+        if let Some(wait) = next.checked_duration_since(Instant::now()) {
+            std::thread::sleep(wait);
+        }
         i = (i + 7919) % n;
         let target = SocketAddr::from((service_ip(30, i), SERVICE_PORT));
         let sock = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP))
             .map_err(|e| e.to_string())?;
         // A reset at close: no TIME_WAIT piling up, no port reuse issue.
         let _ = sock.set_linger(Some(Duration::ZERO));
-        match sock.connect_timeout(&SockAddr::from(target), Duration::from_secs(2)) {
+        let began = Instant::now();
+        match sock.connect_timeout(&SockAddr::from(target), Duration::from_secs(3)) {
             Ok(()) => {
                 tally.ok.fetch_add(1, Ordering::Relaxed);
+                let took = began.elapsed();
+                if took >= Duration::from_millis(900) {
+                    tally.slow.fetch_add(1, Ordering::Relaxed);
+                    if let Ok(mut s) = tally.slow_samples.lock()
+                        && s.len() < 10
+                    {
+                        s.push(format!(
+                            "{:.1} s: {target}: {} ms",
+                            began.duration_since(started).as_secs_f64(),
+                            took.as_millis()
+                        ));
+                    }
+                }
                 let gap = last_ok.elapsed().as_micros() as u64;
                 tally.longest_gap_us.fetch_max(gap, Ordering::Relaxed);
                 last_ok = Instant::now();
@@ -170,7 +197,7 @@ fn synced(log: &Receiver<String>, within: Duration) -> Result<(), String> {
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         match log.recv_timeout(left) {
-            Ok(l) if l.contains("\"synced\"") && l.contains("IPv4") => return Ok(()),
+            Ok(l) if l.contains("\"synced\"") && l.contains("family=\"ip\"") => return Ok(()),
             Ok(l) => {
                 last.push(l);
                 if last.len() > 10 {
@@ -203,6 +230,7 @@ pub fn restarts(args: &[String]) -> Result<(), String> {
     let rounds = num("--restarts", 1000)?;
     let clients = num("--clients", 2)?;
     let hold = num("--hold-ms", 300)? as u64;
+    let rate = num("--rate", 500)?.clamp(1, 100_000) as u32;
     if !(2..=60_000).contains(&n) || rounds == 0 || !(1..=16).contains(&clients) {
         return Err(format!(
             "--services 2..60000, --restarts ≥ 1, --clients 1..16\n{USAGE}"
@@ -233,6 +261,9 @@ pub fn restarts(args: &[String]) -> Result<(), String> {
     let mut outcome = Ok(());
     for round in 0..rounds {
         let t = Instant::now();
+        if round < 10 {
+            eprintln!("restart {round} at {:.1} s", t0.elapsed().as_secs_f64());
+        }
         let (mut child, log) = spawn(topo.node.name(), &verdict, &dir)?;
         if let Err(e) = synced(&log, Duration::from_secs(60)) {
             let _ = child.kill();
@@ -247,7 +278,7 @@ pub fn restarts(args: &[String]) -> Result<(), String> {
             for c in 0..clients {
                 let (cli, stop, tally) = (topo.cli.name().to_owned(), stop.clone(), tally.clone());
                 threads.push(std::thread::spawn(move || {
-                    client(cli, n, c * 131, stop, tally, t0)
+                    client(cli, n, c * 131, rate, stop, tally, t0)
                 }));
             }
         }
@@ -289,16 +320,17 @@ pub fn restarts(args: &[String]) -> Result<(), String> {
         tally.failed.load(Ordering::Relaxed),
     );
     println!(
-        "\nverdict restarted {rounds} times on {n} Services (SIGTERM, then a new process at once; one Service's endpoints edited each round), {clients} clients connecting throughout, {:.0} s\n",
+        "\nverdict restarted {rounds} times on {n} Services (SIGTERM, then a new process at once; one Service's endpoints edited each round), {clients} clients connecting throughout ({rate} a second each), {:.0} s\n",
         t0.elapsed().as_secs_f64()
     );
     println!(
-        "| services | restarts | connections | refused | failed | longest gap between connections | start → first sync p50 / p99 |"
+        "| services | restarts | connections | refused | failed | slow (≥ 0.9 s: a SYN sent again) | longest gap between connections | start → first sync p50 / p99 |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
     println!(
-        "| {n} | {rounds} | {} | {refused} | {failed} | {:.0} ms | {:.0} / {:.0} ms |",
+        "| {n} | {rounds} | {} | {refused} | {failed} | {} | {:.0} ms | {:.0} / {:.0} ms |",
         ok + refused + failed,
+        tally.slow.load(Ordering::Relaxed),
         tally.longest_gap_us.load(Ordering::Relaxed) as f64 / 1e3,
         pct(&mut starts_ms.clone(), 0.5),
         pct(&mut starts_ms, 0.99)
@@ -307,6 +339,11 @@ pub fn restarts(args: &[String]) -> Result<(), String> {
         && !s.is_empty()
     {
         println!("\nthe first failures:\n{}", s.join("\n"));
+    }
+    if let Ok(s) = tally.slow_samples.lock()
+        && !s.is_empty()
+    {
+        println!("\nthe first slow connections:\n{}", s.join("\n"));
     }
     Ok(())
 }

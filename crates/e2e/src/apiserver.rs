@@ -9,6 +9,10 @@
 //!   watch events (`ADDED`, `MODIFIED`, `DELETED`, and `BOOKMARK` when
 //!   `allowWatchBookmarks=true`) with chunked encoding, from just after `N`,
 //!   ending after `timeoutSeconds`;
+//! - a watch with `sendInitialEvents=true` (a streaming list, WatchList)
+//!   sends the current objects as `ADDED`, then a `BOOKMARK` annotated
+//!   `k8s.io/initial-events-end`, then the changes; or is refused with 422,
+//!   as by an API server with WatchList off (`set_watch_list(false)`);
 //! - a watch from a resourceVersion older than the retained history gets an
 //!   `ERROR` event carrying a `410 Gone` Status, as etcd compaction causes;
 //! - a selector-filtered watch sees an object that stops matching as
@@ -141,6 +145,9 @@ struct Store {
     /// Bumped by `expire`: open watches end.
     epoch: u64,
     not_served: BTreeSet<Resource>,
+    /// Streaming lists (`sendInitialEvents`, WatchList) are refused, as by
+    /// an API server with the WatchList feature off.
+    no_watch_list: bool,
     requests: Vec<String>,
     /// Each request's `User-Agent`, in the same order.
     user_agents: Vec<String>,
@@ -310,6 +317,14 @@ impl FakeApiServer {
         }
     }
 
+    /// Serves streaming lists (watches with `sendInitialEvents=true`:
+    /// the current objects as `ADDED`, then a bookmark annotated
+    /// `k8s.io/initial-events-end`), or refuses them with 422, as an API
+    /// server whose WatchList feature is off.
+    pub fn set_watch_list(&self, served: bool) {
+        self.shared.lock().no_watch_list = !served;
+    }
+
     /// Request lines received so far (`GET /path?query`).
     pub fn requests(&self) -> Vec<String> {
         self.shared.lock().requests.clone()
@@ -324,7 +339,8 @@ impl FakeApiServer {
     /// Runs commands, one JSON document per line, answering each with one
     /// line: `ok <resourceVersion>` or `error <message>`. Commands:
     /// `{"apply": OBJECT}`, `{"delete": {"kind", "namespace", "name"}}`,
-    /// `{"expire": true}`, `{"served": {"kind", "served"}}`, `{"requests": true}`,
+    /// `{"expire": true}`, `{"served": {"kind", "served"}}`,
+    /// `{"watch_list": false}`, `{"requests": true}`,
     /// `{"user_agents": true}`,
     /// `{"events": true}` (answer `ok <json array>`),
     /// `{"deny": {"verb", "resource"}}` (SelfSubjectAccessReviews of it
@@ -353,6 +369,9 @@ impl FakeApiServer {
                 }
                 None => Err(ApiError::Invalid(format!("kind {:?}", text(d, "kind")))),
             }
+        } else if let Some(d) = v.get("watch_list") {
+            self.set_watch_list(d.as_bool().unwrap_or(true));
+            Ok(self.resource_version())
         } else if v.get("requests").is_some() {
             return format!("ok {}", json!(self.requests()));
         } else if v.get("user_agents").is_some() {
@@ -491,6 +510,11 @@ impl ApiServerProcess {
     /// Serves a kind or answers 404 for it.
     pub fn set_served(&mut self, kind: &str, served: bool) -> Result<String, String> {
         self.command(&json!({"served": {"kind": kind, "served": served}}))
+    }
+
+    /// Serves streaming lists, or refuses them with 422.
+    pub fn set_watch_list(&mut self, served: bool) -> Result<String, String> {
+        self.command(&json!({"watch_list": served}))
     }
 
     /// The request lines received so far.
@@ -916,6 +940,30 @@ fn watch(
     let q = |k: &str| req.query.get(k).cloned().unwrap_or_default();
     let bookmarks = q("allowWatchBookmarks") == "true";
     let timeout = Duration::from_secs(q("timeoutSeconds").parse().unwrap_or(1800));
+    // A streaming list: as the API server, only with bookmarks and
+    // `resourceVersionMatch=NotOlderThan`, and only where WatchList is on.
+    let initial_events = q("sendInitialEvents") == "true";
+    if initial_events {
+        let refused = if shared.lock().no_watch_list {
+            Some(
+                "sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled",
+            )
+        } else if !bookmarks || q("resourceVersionMatch") != "NotOlderThan" {
+            Some(
+                "sendInitialEvents needs allowWatchBookmarks=true and resourceVersionMatch=NotOlderThan",
+            )
+        } else {
+            None
+        };
+        if let Some(why) = refused {
+            return respond(
+                &mut conn,
+                422,
+                "Unprocessable Entity",
+                &status(422, "Invalid", why),
+            );
+        }
+    }
     write!(
         conn,
         "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
@@ -936,6 +984,13 @@ fn watch(
             drop(s);
             for o in current {
                 chunk(&mut conn, &json!({"type": "ADDED", "object": o}))?;
+            }
+            if initial_events {
+                let end = json!({"type": "BOOKMARK", "object": {
+                    "kind": resource.kind(), "apiVersion": resource.api_version(),
+                    "metadata": {"resourceVersion": rv.to_string(),
+                        "annotations": {"k8s.io/initial-events-end": "true"}}}});
+                chunk(&mut conn, &end)?;
             }
             s = shared.lock();
             rv

@@ -417,6 +417,57 @@ fn boxed<'a, T>(s: impl Stream<Item = T> + 'a) -> std::pin::Pin<Box<dyn Stream<I
     Box::pin(s)
 }
 
+type Watching<'a, K> = std::pin::Pin<Box<dyn Stream<Item = watcher::Result<Event<K>>> + Send + 'a>>;
+
+/// A watcher that lists as client-go's informers do: with a streaming list
+/// (a watch with `sendInitialEvents`, WatchList) where the API server
+/// serves one, else from its watch cache (`resourceVersion=0`). A server
+/// that refuses the first streaming list (400 or 422: WatchList off) gets
+/// lists from then on.
+fn streamed_or_listed<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    what: &'static str,
+) -> Watching<'static, K>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+    K::DynamicType: Default,
+{
+    let streaming: Watching<'static, K> = Box::pin(
+        watcher::watcher(api.clone(), config.clone().streaming_lists()).backoff(Backoff::default()),
+    );
+    let listing = move || -> Watching<'static, K> {
+        Box::pin(watcher::watcher(api, config).backoff(Backoff::default()))
+    };
+    let state = (streaming, Some(listing), false);
+    Box::pin(futures::stream::unfold(
+        state,
+        move |(mut current, mut fallback, mut worked)| async move {
+            loop {
+                let item = current.next().await?;
+                match &item {
+                    Err(watcher::Error::WatchStartFailed(kube::Error::Api(s)))
+                        if !worked && (s.code == 400 || s.code == 422) =>
+                    {
+                        if let Some(list) = fallback.take() {
+                            tracing::info!(
+                                watch = what,
+                                code = s.code,
+                                "the API server does not serve streaming lists (WatchList): listing from its cache instead"
+                            );
+                            current = list();
+                            continue;
+                        }
+                    }
+                    Ok(_) => worked = true,
+                    Err(_) => {}
+                }
+                return Some((item, (current, fallback, worked)));
+            }
+        },
+    ))
+}
+
 async fn watch_all(client: Client, node: String, tx: Sender<Vec<Update>>) {
     let (service_labels, service_fields) = service_selectors();
     let slice_labels = slice_selector();
@@ -434,27 +485,27 @@ async fn watch_all(client: Client, node: String, tx: Sender<Vec<Update>>) {
     let cidr_base = base();
     let streams = vec![
         boxed(
-            watcher::watcher(
+            streamed_or_listed(
                 Api::<core::Service>::all(client.clone()),
                 base().labels(&service_labels).fields(&service_fields),
+                "Services",
             )
-            .backoff(Backoff::default())
             .map(Watched::Service),
         ),
         boxed(
-            watcher::watcher(
+            streamed_or_listed(
                 Api::<discovery::EndpointSlice>::all(client.clone()),
                 base().labels(&slice_labels),
+                "EndpointSlices",
             )
-            .backoff(Backoff::default())
             .map(Watched::Slice),
         ),
         boxed(
-            watcher::watcher(
+            streamed_or_listed(
                 Api::<core::Node>::all(client.clone()),
                 base().fields(&format!("metadata.name={node}")),
+                "Node",
             )
-            .backoff(Backoff::default())
             .map(Watched::Node),
         ),
         // Not every API server serves ServiceCIDRs: this watch starts once
@@ -462,11 +513,11 @@ async fn watch_all(client: Client, node: String, tx: Sender<Vec<Update>>) {
         boxed(
             futures::stream::once(until_service_cidrs_served(cidr_client.clone()))
                 .flat_map(move |()| {
-                    watcher::watcher(
+                    streamed_or_listed(
                         Api::<networking::ServiceCIDR>::all(cidr_client.clone()),
                         cidr_base.clone(),
+                        "ServiceCIDRs",
                     )
-                    .backoff(Backoff::default())
                 })
                 .map(Watched::Cidr),
         ),
@@ -604,12 +655,31 @@ fn log_error(what: &str, e: &watcher::Error, in_a_row: u32) {
                 "watch expired (410 Gone): relisting; rules stay as they are"
             )
         }
+        _ if answered(e) => tracing::warn!(
+            watch = what,
+            error = %brief(e),
+            failures = in_a_row,
+            "the API server refused the request; retrying with back-off, rules stay as they are"
+        ),
         _ => tracing::warn!(
             watch = what,
             error = %brief(e),
             failures = in_a_row,
             "cannot reach the API server; retrying with back-off, rules stay as they are"
         ),
+    }
+}
+
+/// Whether the API server answered (with an error status), rather than
+/// could not be reached.
+fn answered(e: &watcher::Error) -> bool {
+    use watcher::Error as W;
+    match e {
+        W::InitialListFailed(k) | W::WatchStartFailed(k) | W::WatchFailed(k) => {
+            matches!(k, kube::Error::Api(_))
+        }
+        W::WatchError(_) => true,
+        _ => false,
     }
 }
 
@@ -781,6 +851,32 @@ mod tests {
         assert_eq!(c.cluster_url.to_string(), "http://127.0.0.1:8080/");
         let e = config_for("not a url").map(|_| ()).unwrap_err();
         assert!(e.to_string().contains("--master not a url"), "{e}");
+    }
+
+    #[test]
+    fn watch_errors_are_told_in_a_few_words() {
+        let refused = std::io::Error::new(
+            std::io::ErrorKind::ConnectionRefused,
+            "Connection refused (os error 111)",
+        );
+        let e = watcher::Error::InitialListFailed(kube::Error::Service(Box::new(refused)));
+        assert_eq!(brief(&e), "list: Connection refused (os error 111)");
+        assert!(!answered(&e));
+        let status = kube::core::Status::failure(
+            "services is forbidden: User \"x\" cannot list",
+            "Forbidden",
+        )
+        .with_code(403);
+        let e = watcher::Error::WatchStartFailed(kube::Error::Api(Box::new(status)));
+        assert_eq!(
+            brief(&e),
+            "watch: 403 Forbidden: services is forbidden: User \"x\" cannot list"
+        );
+        assert!(answered(&e));
+        let long = watcher::Error::InitialListFailed(kube::Error::Service(Box::new(
+            std::io::Error::other("x".repeat(500)),
+        )));
+        assert!(brief(&long).chars().count() <= 161);
     }
 
     #[test]

@@ -188,38 +188,52 @@ fn traffic_follows_the_api_server_across_a_watch_expiry() {
         "ServiceCIDR drop rule:\n{table}"
     );
 
-    // What kube-rs asked for: lists and watches selected as kube-proxy
-    // 1.36 selects them (Services by label and spec.clusterIP, slices by
-    // the headless label), with bookmarks.
+    // What kube-rs asked for: streaming lists (the API server serves
+    // them) and watches, selected as kube-proxy 1.36 selects them
+    // (Services by label and spec.clusterIP, slices by the headless
+    // label), with bookmarks.
     let requests = api.requests().unwrap();
-    let asked = |needle: &str| requests.iter().any(|r| r.contains(needle));
-    assert!(
-        asked(
-            "GET /api/v1/services?&fieldSelector=spec.clusterIP%21%3DNone&labelSelector=%21service.kubernetes.io%2Fservice-proxy-name"
+    let asked = |parts: &[&str]| requests.iter().any(|r| parts.iter().all(|p| r.contains(p)));
+    let streamed = [
+        "watch=true",
+        "sendInitialEvents=true",
+        "resourceVersionMatch=NotOlderThan",
+    ];
+    for (what, parts) in [
+        (
+            "Services",
+            vec![
+                "GET /api/v1/services?",
+                "fieldSelector=spec.clusterIP%21%3DNone",
+                "labelSelector=%21service.kubernetes.io%2Fservice-proxy-name",
+            ],
         ),
-        "{requests:#?}"
-    );
-    assert!(
-        asked(
-            "GET /apis/discovery.k8s.io/v1/endpointslices?&labelSelector=%21service.kubernetes.io%2Fheadless"
+        (
+            "EndpointSlices",
+            vec![
+                "GET /apis/discovery.k8s.io/v1/endpointslices?",
+                "labelSelector=%21service.kubernetes.io%2Fheadless",
+            ],
         ),
-        "{requests:#?}"
-    );
-    assert!(
-        asked("/apis/discovery.k8s.io/v1/endpointslices?&watch=true"),
-        "{requests:#?}"
-    );
-    assert!(asked("allowWatchBookmarks=true"), "{requests:#?}");
-    assert!(
-        asked("GET /api/v1/nodes?&fieldSelector=metadata.name%3Dtest-node"),
-        "{requests:#?}"
-    );
-    assert!(
-        asked("GET /apis/networking.k8s.io/v1/servicecidrs?"),
-        "{requests:#?}"
-    );
-    // As client-go's informers: lists from the watch cache, whole; watches
-    // of 5 to 10 minutes; every request says who sends it.
+        (
+            "the Node",
+            vec![
+                "GET /api/v1/nodes?",
+                "fieldSelector=metadata.name%3Dtest-node",
+            ],
+        ),
+        (
+            "ServiceCIDRs",
+            vec!["GET /apis/networking.k8s.io/v1/servicecidrs?"],
+        ),
+    ] {
+        let mut all = parts.clone();
+        all.extend(streamed);
+        assert!(asked(&all), "{what}: {requests:#?}");
+    }
+    assert!(asked(&["allowWatchBookmarks=true"]), "{requests:#?}");
+    // As client-go's informers: no list where the API server streams;
+    // watches of 5 to 10 minutes; every request says who sends it.
     for r in requests.iter().filter(|r| r.starts_with("GET ")) {
         if r.contains("watch=true") {
             let secs: u32 = r
@@ -228,9 +242,11 @@ fn traffic_follows_the_api_server_across_a_watch_expiry() {
                 .and_then(|t| t.split(' ').next()?.parse().ok())
                 .unwrap_or_else(|| panic!("a watch without timeoutSeconds: {r}"));
             assert!((300..600).contains(&secs), "{r}");
-        } else if r.contains("/services?") || r.contains("/endpointslices?") {
-            assert!(r.contains("resourceVersion=0"), "not from the cache: {r}");
-            assert!(!r.contains("limit="), "paged: {r}");
+        } else {
+            assert!(
+                !(r.contains("/services?") || r.contains("/endpointslices?")),
+                "a list where the API server streams: {r}"
+            );
         }
     }
     // (More requests may have come since: the first ones are compared.)
@@ -253,7 +269,7 @@ fn traffic_follows_the_api_server_across_a_watch_expiry() {
     assert_eq!(starting["action"], "StartKubeProxy");
     assert_eq!(starting["reportingController"], "verdict");
     assert!(
-        asked("POST /apis/events.k8s.io/v1/namespaces/default/events"),
+        asked(&["POST /apis/events.k8s.io/v1/namespaces/default/events"]),
         "cluster-scoped: posted in default\n{requests:#?}"
     );
     // client-go's request metrics, from kube-rs's requests.
@@ -318,7 +334,7 @@ fn traffic_follows_the_api_server_across_a_watch_expiry() {
     // Service and a changed slice arrive while nobody watches; the
     // clients get 410 Gone, relist, and must apply the difference while
     // the still-valid rules keep working throughout.
-    let lists_before = count(&mut api, "GET /api/v1/services?&fieldSelector");
+    let lists_before = count(&mut api, "GET /api/v1/services?");
     api.expire().unwrap();
     api.apply(service("late", "172.30.0.44", json!({})))
         .unwrap();
@@ -363,7 +379,7 @@ fn traffic_follows_the_api_server_across_a_watch_expiry() {
         "a Service deleted during the expiry is removed by the relist"
     );
     assert!(
-        count(&mut api, "GET /api/v1/services?&fieldSelector") > lists_before,
+        count(&mut api, "GET /api/v1/services?") > lists_before,
         "Services were relisted after 410 Gone"
     );
 
@@ -450,11 +466,16 @@ fn wait_until(bed: &TestBed, ip_: &str, want: &str, within: Duration) -> String 
     }
 }
 
+/// Initial lists so far of the collection at `prefix`: lists, and
+/// streaming lists (watches with `sendInitialEvents`).
 fn count(api: &mut ApiServerProcess, prefix: &str) -> usize {
     api.requests()
         .unwrap()
         .iter()
-        .filter(|r| r.starts_with(prefix) && !r.contains("watch=true"))
+        .filter(|r| {
+            r.starts_with(prefix)
+                && (!r.contains("watch=true") || r.contains("sendInitialEvents=true"))
+        })
         .count()
 }
 
@@ -607,6 +628,9 @@ fn a_change_flows_within_5_s_of_the_api_server_coming_back() {
     bed.add_pod(ip("10.0.0.2"), Placement::Local, &[], &[])
         .unwrap();
     let mut api = fake_api_server(&bed, 16444);
+    // An API server without streaming lists (WatchList off): verdict lists
+    // from its cache instead.
+    api.set_watch_list(false).unwrap();
     api.apply(node()).unwrap();
     api.apply(service("web", "172.30.0.41", json!({}))).unwrap();
     api.apply(slice("web-1", "web", "10.180.0.1")).unwrap();
@@ -696,5 +720,20 @@ fn a_change_flows_within_5_s_of_the_api_server_coming_back() {
         outage.iter().max_by_key(|l| l.len()).unwrap()
     );
     assert!(text.contains("the watch works again"), "{text}");
+    // Refused once, each watch lists from the cache (whole, resourceVersion=0).
+    assert!(text.contains("does not serve streaming lists"), "{text}");
+    let requests = api.requests().unwrap();
+    for kind in [
+        "/api/v1/services?",
+        "/apis/discovery.k8s.io/v1/endpointslices?",
+    ] {
+        assert!(
+            requests.iter().any(|r| r.contains(kind)
+                && !r.contains("watch=true")
+                && r.contains("resourceVersion=0")
+                && !r.contains("limit=")),
+            "{kind}: {requests:#?}"
+        );
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
