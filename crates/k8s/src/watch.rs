@@ -26,7 +26,6 @@ use k8s_openapi::api::discovery::v1 as discovery;
 use k8s_openapi::api::networking::v1 as networking;
 use kube::api::{Api, ListParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Client, Config, ResourceExt};
 use verdict_model::{EndpointSlice, LABEL_HEADLESS, LABEL_SERVICE_PROXY_NAME, Service};
@@ -424,6 +423,12 @@ type Watching<'a, K> = std::pin::Pin<Box<dyn Stream<Item = watcher::Result<Event
 /// serves one, else from its watch cache (`resourceVersion=0`). A server
 /// that refuses the first streaming list (400 or 422: WatchList off) gets
 /// lists from then on.
+///
+/// After a failure it waits ([`Backoff`]: 0.5 s doubling to 4 s) before
+/// trying again, and starts over from 0.5 s only once something came
+/// through. Not on kube-rs's `Event::Init`, which a list announces before
+/// its request is even sent: with it, a list that keeps failing (an API
+/// server down at start) was retried every 0.5 s for good.
 fn streamed_or_listed<K>(
     api: Api<K>,
     config: watcher::Config,
@@ -433,39 +438,63 @@ where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
     K::DynamicType: Default,
 {
-    let streaming: Watching<'static, K> = Box::pin(
-        watcher::watcher(api.clone(), config.clone().streaming_lists()).backoff(Backoff::default()),
-    );
-    let listing = move || -> Watching<'static, K> {
-        Box::pin(watcher::watcher(api, config).backoff(Backoff::default()))
-    };
-    let state = (streaming, Some(listing), false);
+    let streaming: Watching<'static, K> = Box::pin(watcher::watcher(
+        api.clone(),
+        config.clone().streaming_lists(),
+    ));
+    let listing = move || -> Watching<'static, K> { Box::pin(watcher::watcher(api, config)) };
+    let state = (streaming, Some(listing), Pace::default(), None);
     Box::pin(futures::stream::unfold(
         state,
-        move |(mut current, mut fallback, mut worked)| async move {
+        move |(mut current, mut fallback, mut pace, wait)| async move {
+            if let Some(wait) = wait {
+                tokio::time::sleep(wait).await;
+            }
             loop {
                 let item = current.next().await?;
-                match &item {
-                    Err(watcher::Error::WatchStartFailed(kube::Error::Api(s)))
-                        if !worked && (s.code == 400 || s.code == 422) =>
-                    {
-                        if let Some(list) = fallback.take() {
-                            tracing::info!(
-                                watch = what,
-                                code = s.code,
-                                "the API server does not serve streaming lists (WatchList): listing from its cache instead"
-                            );
-                            current = list();
-                            continue;
-                        }
-                    }
-                    Ok(_) => worked = true,
-                    Err(_) => {}
+                if let Err(watcher::Error::WatchStartFailed(kube::Error::Api(s))) = &item
+                    && !pace.worked
+                    && (s.code == 400 || s.code == 422)
+                    && let Some(list) = fallback.take()
+                {
+                    tracing::info!(
+                        watch = what,
+                        code = s.code,
+                        "the API server does not serve streaming lists (WatchList): listing from its cache instead"
+                    );
+                    current = list();
+                    continue;
                 }
-                return Some((item, (current, fallback, worked)));
+                let wait = pace.after(&item);
+                return Some((item, (current, fallback, pace, wait)));
             }
         },
     ))
+}
+
+/// When a watch tries again: after each failure, the next step of its
+/// [`Backoff`]; back to the first step once something came through (not
+/// kube-rs's `Event::Init`, which only announces a list).
+#[derive(Default)]
+struct Pace {
+    backoff: Backoff,
+    /// Something came through once.
+    worked: bool,
+}
+
+impl Pace {
+    /// How long to wait before asking for the next item after `item`.
+    fn after<K>(&mut self, item: &watcher::Result<Event<K>>) -> Option<Duration> {
+        match item {
+            Ok(Event::Init) => None,
+            Ok(_) => {
+                self.worked = true;
+                kube::runtime::utils::Backoff::reset(&mut self.backoff);
+                None
+            }
+            Err(_) => self.backoff.next(),
+        }
+    }
 }
 
 async fn watch_all(client: Client, node: String, tx: Sender<Vec<Update>>) {
@@ -582,6 +611,9 @@ impl Mirrors {
                 *n += 1;
                 log_error(what, e, *n);
             }
+            // A list announces itself before its request is sent: only
+            // what came through says the watch works.
+            None if is_init(&w) => {}
             None => {
                 if let Some(n) = self.failing.remove(what) {
                     tracing::info!(watch = what, failures = n, "the watch works again");
@@ -643,6 +675,18 @@ impl Mirrors {
         }
         out
     }
+}
+
+/// Whether `w` is kube-rs's announcement of a (re)list, which comes
+/// before the list's request.
+fn is_init(w: &Watched) -> bool {
+    matches!(
+        w,
+        Watched::Service(Ok(Event::Init))
+            | Watched::Slice(Ok(Event::Init))
+            | Watched::Node(Ok(Event::Init))
+            | Watched::Cidr(Ok(Event::Init))
+    )
 }
 
 /// One line per failure of a watch (one per back-off step): what failed
@@ -851,6 +895,31 @@ mod tests {
         assert_eq!(c.cluster_url.to_string(), "http://127.0.0.1:8080/");
         let e = config_for("not a url").map(|_| ()).unwrap_err();
         assert!(e.to_string().contains("--master not a url"), "{e}");
+    }
+
+    #[test]
+    fn a_list_that_keeps_failing_backs_off_and_progress_starts_over() {
+        let fail = || -> watcher::Result<Event<u32>> {
+            Err(watcher::Error::InitialListFailed(kube::Error::Service(
+                Box::new(std::io::Error::other("refused")),
+            )))
+        };
+        let mut pace = Pace::default();
+        let mut waits = Vec::new();
+        for _ in 0..6 {
+            // kube-rs announces each relist before it fails.
+            assert_eq!(pace.after(&Ok(Event::<u32>::Init)), None);
+            waits.push(pace.after(&fail()).unwrap());
+        }
+        // 0.5 s doubling to 4 s, less up to 20% jitter.
+        let floor = [0.4, 0.8, 1.6, 3.2, 3.2, 3.2];
+        for (w, f) in waits.iter().zip(floor) {
+            assert!(w.as_secs_f64() >= f, "{waits:?}");
+        }
+        assert!(waits[5] <= Duration::from_secs(4));
+        // Something through: back to the first step.
+        assert_eq!(pace.after(&Ok(Event::<u32>::InitDone)), None);
+        assert!(pace.after(&fail()).unwrap() <= Duration::from_millis(500));
     }
 
     #[test]

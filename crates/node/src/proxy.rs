@@ -725,7 +725,14 @@ impl NodeProxy {
             tracking_since: self.tracking_since,
         });
         if let Ok(r) = &result {
-            report_quarantine(self.view.metrics(), self.events.as_ref(), &label, r);
+            let left_out = |port: &ServicePortName| p.conflicts().any(|c| c.loser == *port);
+            report_quarantine(
+                self.view.metrics(),
+                self.events.as_ref(),
+                &label,
+                r,
+                &left_out,
+            );
             tracing::debug!(
                 %family,
                 full = r.full,
@@ -841,6 +848,7 @@ fn report_quarantine(
     events: Option<&Sender<Notice>>,
     family: &str,
     r: &SyncResult,
+    left_out: &dyn Fn(&ServicePortName) -> bool,
 ) {
     for port in &r.retried {
         record(metrics, |x| {
@@ -881,8 +889,9 @@ fn report_quarantine(
         }
     }
     for c in &r.conflicts_resolved {
-        // Gone, or the loser now holds it: either way no longer left out.
-        if !r.conflicts.iter().any(|n| n.loser == c.loser) {
+        // Gone, or the loser now holds it: the gauge goes once no other
+        // destination of the port is held by another Service.
+        if !left_out(&c.loser) {
             record(metrics, |x| {
                 x.remove(
                     m::DESTINATION_CONFLICTS,

@@ -557,6 +557,37 @@ fn two_load_balancers_on_one_address_are_resolved_once_with_a_warning_on_the_los
     );
     let healthz = r.handle.health().lock().unwrap().healthz(SystemTime::now());
     assert_eq!(healthz.code, 200, "the node is healthy");
+
+    // lb2 also lists lb1's ClusterIP as an externalIP: a second
+    // destination it is left without. When the first conflict ends (lb2
+    // moves to an address of its own) the gauge stays: the second remains.
+    let lb2 = |ingress: &str, external: &[&str]| {
+        svc("ns", "lb2")
+            .cluster_ip("172.30.0.52")
+            .port("http", TCP, 80, 0)
+            .lb(&[ingress])
+            .external_ips(external)
+            .source_ranges(&["10.1.2.3/32"])
+    };
+    r.send(vec![service(lb2("5.6.7.8", &["172.30.0.51"]))]);
+    let n = notices.recv_timeout(Duration::from_secs(5)).unwrap();
+    assert!(
+        n.note.contains("external IP 172.30.0.51 port 80/TCP"),
+        "{}",
+        n.note
+    );
+    r.send(vec![service(lb2("5.6.7.9", &["172.30.0.51"]))]);
+    wait_until("lb2 on its own address", || {
+        r.memory.has("service-ips", &entry("5.6.7.9", 80))
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(
+        metric(&r.handle, conflict),
+        Some(1.0),
+        "one conflict remains"
+    );
+    r.send(vec![service(lb2("5.6.7.9", &[]))]);
+    wait_until("no conflict left", || metric(&r.handle, conflict).is_none());
 }
 
 #[test]
