@@ -148,6 +148,10 @@ struct Store {
     /// Streaming lists (`sendInitialEvents`, WatchList) are refused, as by
     /// an API server with the WatchList feature off.
     no_watch_list: bool,
+    /// Silent: open watches send nothing (no events, no bookmarks) and
+    /// new requests are read but not answered, as a server or a path to it
+    /// that hangs without closing the connection.
+    silent: bool,
     requests: Vec<String>,
     /// Each request's `User-Agent`, in the same order.
     user_agents: Vec<String>,
@@ -325,6 +329,12 @@ impl FakeApiServer {
         self.shared.lock().no_watch_list = !served;
     }
 
+    /// Goes silent (see `silent`) or speaks again.
+    pub fn set_silent(&self, silent: bool) {
+        self.shared.lock().silent = silent;
+        self.shared.changed.notify_all();
+    }
+
     /// Request lines received so far (`GET /path?query`).
     pub fn requests(&self) -> Vec<String> {
         self.shared.lock().requests.clone()
@@ -340,7 +350,7 @@ impl FakeApiServer {
     /// line: `ok <resourceVersion>` or `error <message>`. Commands:
     /// `{"apply": OBJECT}`, `{"delete": {"kind", "namespace", "name"}}`,
     /// `{"expire": true}`, `{"served": {"kind", "served"}}`,
-    /// `{"watch_list": false}`, `{"requests": true}`,
+    /// `{"watch_list": false}`, `{"silent": true}`, `{"requests": true}`,
     /// `{"user_agents": true}`,
     /// `{"events": true}` (answer `ok <json array>`),
     /// `{"deny": {"verb", "resource"}}` (SelfSubjectAccessReviews of it
@@ -369,6 +379,9 @@ impl FakeApiServer {
                 }
                 None => Err(ApiError::Invalid(format!("kind {:?}", text(d, "kind")))),
             }
+        } else if let Some(d) = v.get("silent") {
+            self.set_silent(d.as_bool().unwrap_or(false));
+            Ok(self.resource_version())
         } else if let Some(d) = v.get("watch_list") {
             self.set_watch_list(d.as_bool().unwrap_or(true));
             Ok(self.resource_version())
@@ -510,6 +523,11 @@ impl ApiServerProcess {
     /// Serves a kind or answers 404 for it.
     pub fn set_served(&mut self, kind: &str, served: bool) -> Result<String, String> {
         self.command(&json!({"served": {"kind": kind, "served": served}}))
+    }
+
+    /// Goes silent, or speaks again.
+    pub fn set_silent(&mut self, silent: bool) -> Result<String, String> {
+        self.command(&json!({"silent": silent}))
     }
 
     /// Serves streaming lists, or refuses them with 422.
@@ -731,6 +749,15 @@ fn serve(shared: &Shared, conn: TcpStream) -> std::io::Result<()> {
         let mut s = shared.lock();
         s.requests.push(req.line.clone());
         s.user_agents.push(req.user_agent.clone());
+        // Silent: the request is read and never answered (until the
+        // server speaks again).
+        while s.silent {
+            s = shared
+                .changed
+                .wait_timeout(s, Duration::from_millis(200))
+                .map(|(g, _)| g)
+                .unwrap_or_else(|p| p.into_inner().0);
+        }
     }
     // The server's version, and access reviews: allowed unless denied.
     if req.line.starts_with("GET ") && req.path == "/version" {
@@ -1028,6 +1055,15 @@ fn watch(
         if s.epoch != epoch {
             // Expired: the connection drops, as when the server restarts.
             return Ok(());
+        }
+        if s.silent {
+            // Nothing at all, and the connection stays open.
+            s = shared
+                .changed
+                .wait_timeout(s, Duration::from_millis(200))
+                .map(|(g, _)| g)
+                .unwrap_or_else(|p| p.into_inner().0);
+            continue;
         }
         // History is in resourceVersion order: skip what was sent.
         let from = s.history.partition_point(|c| c.rv <= cursor);

@@ -689,6 +689,85 @@ fn lists_that_keep_failing_back_off_and_the_node_is_programmed_when_the_api_serv
 }
 
 #[test]
+fn a_silent_api_server_is_abandoned_within_the_read_timeout() {
+    // The API server (or the path to it) hangs without closing anything:
+    // open watches go quiet, new requests are never answered. Every
+    // request has a read timeout (75 s: the API server sends each watch a
+    // bookmark every minute, and a shorter one would cut healthy idle
+    // watches), so verdict gives up on the silent connections and asks
+    // again, and changes flow once the server speaks.
+    let Some(mut bed) = bed() else {
+        return;
+    };
+    for pod in ["10.180.0.1", "10.180.0.2"] {
+        bed.add_pod(ip(pod), Placement::Local, &[80], &[]).unwrap();
+    }
+    bed.add_pod(ip("10.0.0.2"), Placement::Local, &[], &[])
+        .unwrap();
+    let mut api = fake_api_server(&bed, 16444);
+    api.apply(node()).unwrap();
+    api.apply(service("web", "172.30.0.41", json!({}))).unwrap();
+    api.apply(slice("web-1", "web", "10.180.0.1")).unwrap();
+    let dir = scratch_dir("silent");
+    let kubeconfig_s = fake_kubeconfig(&dir, 16444);
+    let args = [
+        "--kubeconfig",
+        &kubeconfig_s,
+        "--hostname-override",
+        "test-node",
+        "--cluster-cidr",
+        "10.0.0.0/8",
+        "--min-sync-period",
+        "0s",
+    ];
+    let log = dir.join("verdict.log");
+    let _daemon = spawn_verdict(&bed, args, &log, None);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while who_at(&bed, "172.30.0.41") != "10.180.0.1:80" {
+        assert!(Instant::now() < deadline, "never programmed");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    let watches = |api: &mut ApiServerProcess| {
+        api.requests()
+            .unwrap()
+            .iter()
+            .filter(|r| r.contains("/api/v1/services?") && r.contains("watch=true"))
+            .count()
+    };
+    let before = watches(&mut api);
+    api.set_silent(true).unwrap();
+    let silent = Instant::now();
+    while watches(&mut api) == before {
+        assert!(
+            silent.elapsed() < Duration::from_secs(90),
+            "the silent Services watch was not abandoned within 90 s"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let abandoned = silent.elapsed();
+    assert!(
+        abandoned >= Duration::from_secs(60),
+        "abandoned after {abandoned:?}: too early"
+    );
+    api.set_silent(false).unwrap();
+    api.apply(slice("web-1", "web", "10.180.0.2")).unwrap();
+    let back = Instant::now();
+    while who_at(&bed, "172.30.0.41") != "10.180.0.2:80" {
+        assert!(
+            back.elapsed() < Duration::from_secs(10),
+            "no change 10 s after the server spoke again"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    println!(
+        "a silent Services watch was abandoned after {abandoned:?}; the change was through {:?} after the server spoke again",
+        back.elapsed()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn a_change_flows_within_5_s_of_the_api_server_coming_back() {
     let Some(mut bed) = bed() else {
         return;
