@@ -149,6 +149,15 @@ fn logs_are_klogs_text_or_components_json() {
     );
     // One line per object only from V(4), as kube-proxy.
     assert!(!err.contains("Service added"), "{err}");
+    // One-time facts once: the missing detector once per family, not per
+    // sync or per Node event.
+    for family in ["IPv4", "IPv6"] {
+        let n = err
+            .lines()
+            .filter(|l| l.contains("no local-traffic detector") && l.contains(family))
+            .count();
+        assert!(n <= 1, "{family}: {n}\n{err}");
+    }
     let out = verdict(&[
         "plan",
         "--manifests",
