@@ -42,6 +42,8 @@ struct Tally {
     /// first was lost), and the first few of them.
     slow: AtomicU64,
     slow_samples: Mutex<Vec<String>>,
+    /// When each slow connection began (seconds since the start).
+    slow_at: Mutex<Vec<f64>>,
 }
 
 fn manifests(n: usize, alternate: usize, flip: bool) -> (String, String) {
@@ -113,6 +115,9 @@ fn client(
                 let took = began.elapsed();
                 if took >= Duration::from_millis(900) {
                     tally.slow.fetch_add(1, Ordering::Relaxed);
+                    if let Ok(mut at) = tally.slow_at.lock() {
+                        at.push(began.duration_since(started).as_secs_f64());
+                    }
                     if let Ok(mut s) = tally.slow_samples.lock()
                         && s.len() < 10
                     {
@@ -257,6 +262,8 @@ pub fn restarts(args: &[String]) -> Result<(), String> {
     let stop = Arc::new(AtomicBool::new(false));
     let t0 = Instant::now();
     let mut starts_ms = Vec::with_capacity(rounds);
+    // What happened when: (seconds since the start, what, round).
+    let mut timeline: Vec<(f64, &'static str, usize)> = Vec::with_capacity(4 * rounds);
     let mut threads = Vec::new();
     let mut outcome = Ok(());
     for round in 0..rounds {
@@ -264,8 +271,11 @@ pub fn restarts(args: &[String]) -> Result<(), String> {
         if round < 10 {
             eprintln!("restart {round} at {:.1} s", t0.elapsed().as_secs_f64());
         }
+        timeline.push((t0.elapsed().as_secs_f64(), "started", round));
         let (mut child, log) = spawn(topo.node.name(), &verdict, &dir)?;
-        if let Err(e) = synced(&log, Duration::from_secs(60)) {
+        let first = synced(&log, Duration::from_secs(60));
+        timeline.push((t0.elapsed().as_secs_f64(), "synced", round));
+        if let Err(e) = first {
             let _ = child.kill();
             let _ = child.wait();
             outcome = Err(format!("restart {round}: {e}"));
@@ -287,10 +297,12 @@ pub fn restarts(args: &[String]) -> Result<(), String> {
         let (_, small) = manifests(n, alternate, round % 2 == 0);
         write_atomically(&dir.join("small.yaml"), &small)?;
         std::thread::sleep(Duration::from_millis(hold + 50 * (round as u64 % 5)));
+        timeline.push((t0.elapsed().as_secs_f64(), "sent SIGTERM", round));
         let _ = Command::new("kill")
             .args(["-TERM", &child.id().to_string()])
             .status();
         let _ = child.wait();
+        timeline.push((t0.elapsed().as_secs_f64(), "exited", round));
         drop(log);
         if (round + 1) % 100 == 0 {
             eprintln!(
@@ -344,6 +356,17 @@ pub fn restarts(args: &[String]) -> Result<(), String> {
         && !s.is_empty()
     {
         println!("\nthe first slow connections:\n{}", s.join("\n"));
+    }
+    // Where in a restart each slow connection began.
+    if let Ok(at) = tally.slow_at.lock() {
+        for t in at.iter() {
+            if let Some((when, what, round)) = timeline.iter().rev().find(|(w, _, _)| w <= t) {
+                println!(
+                    "a slow connection began {:.0} ms after restart {round} {what}",
+                    (t - when) * 1e3
+                );
+            }
+        }
     }
     Ok(())
 }

@@ -492,6 +492,12 @@ impl Pace {
                 kube::runtime::utils::Backoff::reset(&mut self.backoff);
                 None
             }
+            // 410 Gone is an answer, not a failure: the server is there
+            // and says to list again, at once (as client-go's reflector).
+            Err(watcher::Error::WatchError(s)) if s.code == 410 => {
+                kube::runtime::utils::Backoff::reset(&mut self.backoff);
+                None
+            }
             Err(_) => self.backoff.next(),
         }
     }
@@ -919,6 +925,15 @@ mod tests {
         assert!(waits[5] <= Duration::from_secs(4));
         // Something through: back to the first step.
         assert_eq!(pace.after(&Ok(Event::<u32>::InitDone)), None);
+        assert!(pace.after(&fail()).unwrap() <= Duration::from_millis(500));
+        // 410 Gone after an outage: relisted at once, from the first step.
+        for _ in 0..5 {
+            pace.after(&fail());
+        }
+        let gone =
+            kube::core::Status::failure("too old resource version", "Expired").with_code(410);
+        let gone: watcher::Result<Event<u32>> = Err(watcher::Error::WatchError(Box::new(gone)));
+        assert_eq!(pace.after(&gone), None);
         assert!(pace.after(&fail()).unwrap() <= Duration::from_millis(500));
     }
 
