@@ -241,7 +241,7 @@ impl Log {
 
 /// The `elapsed="…"` field of a log line (a Rust Duration's Debug form),
 /// in milliseconds.
-fn elapsed_ms(line: &str) -> Option<f64> {
+pub(crate) fn elapsed_ms(line: &str) -> Option<f64> {
     let v = line.split("elapsed=\"").nth(1)?.split('"').next()?;
     let (num, unit) = v.split_at(v.find(|c: char| c.is_ascii_alphabetic() || c == 'µ')?);
     let x: f64 = num.parse().ok()?;
