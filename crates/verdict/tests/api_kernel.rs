@@ -613,27 +613,53 @@ fn a_service_left_without_its_load_balancer_address_gets_an_event() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// The API server cannot be reached for 60 s (every packet to its port is
-/// refused, the open watches too): verdict keeps its rules meanwhile, and
-/// a change made as the server is reachable again reaches the data plane
-/// within 5 s, since its back-off never waits more than 4 s.
-#[test]
-fn lists_that_keep_failing_back_off_and_the_node_is_programmed_when_the_api_server_appears() {
-    // verdict starts while the API server refuses every connection: each
-    // watch's list fails again and again, and must back off (0.5 s doubling
-    // to 4 s) rather than be tried every 0.5 s; once the API server
-    // answers, the node is programmed within the back-off.
-    let Some(mut bed) = bed() else {
-        return;
-    };
-    bed.add_pod(ip("10.180.0.1"), Placement::Local, &[80], &[])
-        .unwrap();
+/// A bed with two pods for the web Service and a client pod, and the fake
+/// API server holding the Node, web and its slice (to 10.180.0.1); with
+/// `watch_list` false it refuses streaming lists, as with WatchList off.
+fn web_on_fake_api(watch_list: bool) -> Option<(TestBed, ApiServerProcess)> {
+    let mut bed = bed()?;
+    for pod in ["10.180.0.1", "10.180.0.2"] {
+        bed.add_pod(ip(pod), Placement::Local, &[80], &[]).unwrap();
+    }
     bed.add_pod(ip("10.0.0.2"), Placement::Local, &[], &[])
         .unwrap();
     let mut api = fake_api_server(&bed, 16444);
+    if !watch_list {
+        api.set_watch_list(false).unwrap();
+    }
     api.apply(node()).unwrap();
     api.apply(service("web", "172.30.0.41", json!({}))).unwrap();
     api.apply(slice("web-1", "web", "10.180.0.1")).unwrap();
+    Some((bed, api))
+}
+
+/// verdict against the fake API server, with `extra` flags; its log is
+/// `dir/verdict.log`.
+fn verdict_on_fake_api(
+    bed: &TestBed,
+    dir: &std::path::Path,
+    extra: &[&str],
+) -> (Process, std::path::PathBuf) {
+    let kubeconfig = fake_kubeconfig(dir, 16444);
+    let mut args = vec![
+        "--kubeconfig",
+        &kubeconfig,
+        "--hostname-override",
+        "test-node",
+        "--cluster-cidr",
+        "10.0.0.0/8",
+    ];
+    args.extend(extra);
+    let log = dir.join("verdict.log");
+    (spawn_verdict(bed, args, &log, None), log)
+}
+
+/// The API server's port refused (a table of the test's own), or not.
+fn refuse_api_port(bed: &TestBed, refused: bool) {
+    if !refused {
+        bed.node.exec("nft", &["delete table inet outage"]).unwrap();
+        return;
+    }
     for cmd in [
         "add table inet outage",
         "add chain inet outage input { type filter hook input priority -500; }",
@@ -641,30 +667,39 @@ fn lists_that_keep_failing_back_off_and_the_node_is_programmed_when_the_api_serv
     ] {
         bed.node.exec("nft", &[cmd]).unwrap();
     }
-    let dir = scratch_dir("down-at-start");
-    let kubeconfig_s = fake_kubeconfig(&dir, 16444);
-    let args = [
-        "--kubeconfig",
-        &kubeconfig_s,
-        "--hostname-override",
-        "test-node",
-        "--cluster-cidr",
-        "10.0.0.0/8",
-        "-v",
-        "2",
-    ];
-    let log = dir.join("verdict.log");
-    let _daemon = spawn_verdict(&bed, args, &log, None);
-    std::thread::sleep(Duration::from_secs(20));
-    bed.node.exec("nft", &["delete table inet outage"]).unwrap();
-    let back = Instant::now();
-    while who_at(&bed, "172.30.0.41") != "10.180.0.1:80" {
-        assert!(
-            back.elapsed() < Duration::from_secs(8),
-            "not programmed 8 s after the API server appeared"
-        );
-        std::thread::sleep(Duration::from_millis(100));
+}
+
+/// Polls until the web Service is answered by `want`, failing after
+/// `within` with `what`; returns how long it took.
+fn until_web_is(bed: &TestBed, want: &str, within: Duration, what: &str) -> Duration {
+    let t = Instant::now();
+    while who_at(bed, "172.30.0.41") != want {
+        assert!(t.elapsed() < within, "{what}");
+        std::thread::sleep(Duration::from_millis(50));
     }
+    t.elapsed()
+}
+
+#[test]
+fn lists_that_keep_failing_back_off_and_the_node_is_programmed_when_the_api_server_appears() {
+    // verdict starts while the API server refuses every connection: each
+    // watch's list fails again and again, and must back off (0.5 s doubling
+    // to 4 s) rather than be tried every 0.5 s; once the API server
+    // answers, the node is programmed within the back-off.
+    let Some((bed, _api)) = web_on_fake_api(true) else {
+        return;
+    };
+    refuse_api_port(&bed, true);
+    let dir = scratch_dir("down-at-start");
+    let (_daemon, log) = verdict_on_fake_api(&bed, &dir, &["-v", "2"]);
+    std::thread::sleep(Duration::from_secs(20));
+    refuse_api_port(&bed, false);
+    let took = until_web_is(
+        &bed,
+        "10.180.0.1:80",
+        Duration::from_secs(8),
+        "not programmed 8 s after the API server appeared",
+    );
     let text = std::fs::read_to_string(&log).unwrap();
     let mut counts = Vec::new();
     for watch in ["Services", "EndpointSlices", "Node"] {
@@ -681,9 +716,8 @@ fn lists_that_keep_failing_back_off_and_the_node_is_programmed_when_the_api_serv
         );
     }
     println!(
-        "API server away for the first 20 s: {}; programmed {:?} after it appeared",
-        counts.join(", "),
-        back.elapsed()
+        "API server away for the first 20 s: {}; programmed {took:?} after it appeared",
+        counts.join(", ")
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -696,37 +730,17 @@ fn a_silent_api_server_is_abandoned_within_the_read_timeout() {
     // bookmark every minute, and a shorter one would cut healthy idle
     // watches), so verdict gives up on the silent connections and asks
     // again, and changes flow once the server speaks.
-    let Some(mut bed) = bed() else {
+    let Some((bed, mut api)) = web_on_fake_api(true) else {
         return;
     };
-    for pod in ["10.180.0.1", "10.180.0.2"] {
-        bed.add_pod(ip(pod), Placement::Local, &[80], &[]).unwrap();
-    }
-    bed.add_pod(ip("10.0.0.2"), Placement::Local, &[], &[])
-        .unwrap();
-    let mut api = fake_api_server(&bed, 16444);
-    api.apply(node()).unwrap();
-    api.apply(service("web", "172.30.0.41", json!({}))).unwrap();
-    api.apply(slice("web-1", "web", "10.180.0.1")).unwrap();
     let dir = scratch_dir("silent");
-    let kubeconfig_s = fake_kubeconfig(&dir, 16444);
-    let args = [
-        "--kubeconfig",
-        &kubeconfig_s,
-        "--hostname-override",
-        "test-node",
-        "--cluster-cidr",
-        "10.0.0.0/8",
-        "--min-sync-period",
-        "0s",
-    ];
-    let log = dir.join("verdict.log");
-    let _daemon = spawn_verdict(&bed, args, &log, None);
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while who_at(&bed, "172.30.0.41") != "10.180.0.1:80" {
-        assert!(Instant::now() < deadline, "never programmed");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let (_daemon, _log) = verdict_on_fake_api(&bed, &dir, &["--min-sync-period", "0s"]);
+    until_web_is(
+        &bed,
+        "10.180.0.1:80",
+        Duration::from_secs(15),
+        "never programmed",
+    );
     std::thread::sleep(Duration::from_secs(1));
     let watches = |api: &mut ApiServerProcess| {
         api.requests()
@@ -752,67 +766,38 @@ fn a_silent_api_server_is_abandoned_within_the_read_timeout() {
     );
     api.set_silent(false).unwrap();
     api.apply(slice("web-1", "web", "10.180.0.2")).unwrap();
-    let back = Instant::now();
-    while who_at(&bed, "172.30.0.41") != "10.180.0.2:80" {
-        assert!(
-            back.elapsed() < Duration::from_secs(10),
-            "no change 10 s after the server spoke again"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let back = until_web_is(
+        &bed,
+        "10.180.0.2:80",
+        Duration::from_secs(10),
+        "no change 10 s after the server spoke again",
+    );
     println!(
-        "a silent Services watch was abandoned after {abandoned:?}; the change was through {:?} after the server spoke again",
-        back.elapsed()
+        "a silent Services watch was abandoned after {abandoned:?}; the change was through {back:?} after the server spoke again"
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The API server cannot be reached for 60 s (every packet to its port is
+/// refused, the open watches too): verdict keeps its rules meanwhile, and
+/// a change made as the server is reachable again reaches the data plane
+/// within 5 s, since its back-off never waits more than 4 s.
 #[test]
 fn a_change_flows_within_5_s_of_the_api_server_coming_back() {
-    let Some(mut bed) = bed() else {
-        return;
-    };
-    for pod in ["10.180.0.1", "10.180.0.2"] {
-        bed.add_pod(ip(pod), Placement::Local, &[80], &[]).unwrap();
-    }
-    bed.add_pod(ip("10.0.0.2"), Placement::Local, &[], &[])
-        .unwrap();
-    let mut api = fake_api_server(&bed, 16444);
     // An API server without streaming lists (WatchList off): verdict lists
     // from its cache instead.
-    api.set_watch_list(false).unwrap();
-    api.apply(node()).unwrap();
-    api.apply(service("web", "172.30.0.41", json!({}))).unwrap();
-    api.apply(slice("web-1", "web", "10.180.0.1")).unwrap();
+    let Some((bed, mut api)) = web_on_fake_api(false) else {
+        return;
+    };
     let dir = scratch_dir("outage");
-    let kubeconfig_s = fake_kubeconfig(&dir, 16444);
-    let args = [
-        "--kubeconfig",
-        &kubeconfig_s,
-        "--hostname-override",
-        "test-node",
-        "--cluster-cidr",
-        "10.0.0.0/8",
-        "--min-sync-period",
-        "0s",
-        "-v",
-        "2",
-    ];
-    let log = dir.join("verdict.log");
-    let _daemon = spawn_verdict(&bed, args, &log, None);
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while who_at(&bed, "172.30.0.41") != "10.180.0.1:80" {
-        assert!(Instant::now() < deadline, "never programmed");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    // The outage: a table of the test's own refuses the API server's port.
-    for cmd in [
-        "add table inet outage",
-        "add chain inet outage input { type filter hook input priority -500; }",
-        "add rule inet outage input tcp dport 16444 reject with tcp reset",
-    ] {
-        bed.node.exec("nft", &[cmd]).unwrap();
-    }
+    let (_daemon, log) = verdict_on_fake_api(&bed, &dir, &["--min-sync-period", "0s", "-v", "2"]);
+    until_web_is(
+        &bed,
+        "10.180.0.1:80",
+        Duration::from_secs(15),
+        "never programmed",
+    );
+    refuse_api_port(&bed, true);
     // Every watch ends and must relist (its resourceVersion is gone): the
     // lists keep failing for the whole outage.
     api.expire().unwrap();
@@ -825,20 +810,15 @@ fn a_change_flows_within_5_s_of_the_api_server_coming_back() {
         );
         std::thread::sleep(Duration::from_secs(5));
     }
-    bed.node.exec("nft", &["delete table inet outage"]).unwrap();
+    refuse_api_port(&bed, false);
     api.apply(slice("web-1", "web", "10.180.0.2")).unwrap();
-    let back = Instant::now();
-    while who_at(&bed, "172.30.0.41") != "10.180.0.2:80" {
-        assert!(
-            back.elapsed() < Duration::from_secs(5),
-            "the change is not through 5 s after the API server came back"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    println!(
-        "the change was through {:?} after the API server came back",
-        back.elapsed()
+    let back = until_web_is(
+        &bed,
+        "10.180.0.2:80",
+        Duration::from_secs(5),
+        "the change is not through 5 s after the API server came back",
     );
+    println!("the change was through {back:?} after the API server came back");
     // The outage's log at -v=2: one short warning per watch per back-off
     // step (0.5 s doubling to 4 s: at most about 20 a minute per watch),
     // none of the client's own lines, and one line per watch when it
