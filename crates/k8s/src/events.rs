@@ -18,12 +18,13 @@
 //! and a last time when it has been quiet for 6 minutes (then the next
 //! one starts a new Event). The note is the first one's.
 //!
-//! Posting never holds up the proxy: notices go through a channel to a
-//! thread of their own, and one that cannot be posted is logged and
-//! dropped.
+//! Posting never holds up the proxy: notices go through a channel of at
+//! most [`QUEUE`] to a thread of their own (one that does not fit is
+//! dropped, as client-go's broadcaster drops it), and one that cannot be
+//! posted is logged and dropped.
 
 use std::collections::BTreeMap;
-use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender};
 use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -43,6 +44,10 @@ const FINISH_AFTER: Duration = Duration::from_secs(6 * 60);
 const REFRESH_EVERY: Duration = Duration::from_secs(30 * 60);
 /// How often the poster looks for series to finish or refresh.
 const HOUSEKEEPING: Duration = Duration::from_secs(30);
+/// Notices waiting to be posted, at most (client-go's broadcaster queues
+/// 1,000 and drops the rest): a flood of them costs bounded memory, and
+/// what cannot wait is still logged where it happened.
+pub const QUEUE: usize = 1000;
 /// The longest note the API server accepts.
 const MAX_NOTE: usize = 1024;
 /// The reporting controller, as Events name it.
@@ -117,13 +122,13 @@ impl Notice {
 /// The thread that posts Events.
 #[derive(Debug)]
 pub struct Events {
-    tx: Sender<Notice>,
+    tx: SyncSender<Notice>,
     done: Receiver<()>,
 }
 
 impl Events {
     /// Where to send notices.
-    pub fn sender(&self) -> Sender<Notice> {
+    pub fn sender(&self) -> SyncSender<Notice> {
         self.tx.clone()
     }
 
@@ -139,7 +144,7 @@ impl Events {
 pub fn start(src: &ApiSource) -> Result<Events, SourceError> {
     let (rt, client) = crate::client::on_own_runtime(src)?;
     let node = src.node_name.clone();
-    let (tx, rx) = std::sync::mpsc::channel();
+    let (tx, rx) = std::sync::mpsc::sync_channel(QUEUE);
     let (done_tx, done) = std::sync::mpsc::channel();
     std::thread::Builder::new()
         .name("kube-events".into())

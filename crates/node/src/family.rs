@@ -93,7 +93,7 @@ impl FamilyPlane {
         &mut self,
         health: &Arc<Mutex<Health>>,
         touched: Touched<'_>,
-        events: Option<&std::sync::mpsc::Sender<Notice>>,
+        events: Option<&std::sync::mpsc::SyncSender<Notice>>,
         node: &str,
     ) {
         let p = &self.proxier;
@@ -176,7 +176,7 @@ impl FamilyPlane {
                 && let Some(tx) = events
             {
                 // As kube-proxy's FailedToStartServiceHealthcheck.
-                let _ = tx.send(Notice {
+                let _ = tx.try_send(Notice {
                     regarding: Regarding::Service {
                         namespace: ns.clone(),
                         name: name.clone(),

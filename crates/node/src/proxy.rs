@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
-use std::sync::mpsc::Sender;
+use std::sync::mpsc::SyncSender;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -171,7 +171,7 @@ pub struct NodeProxy {
     /// Families whose kernel cannot record session affinity (startup probe).
     no_affinity: Vec<IpFamily>,
     /// With the Kubernetes source: where Events go.
-    events: Option<Sender<Notice>>,
+    events: Option<SyncSender<Notice>>,
     /// What the readers see.
     view: NodeHandle,
     /// Everything has been listed once: the node may be programmed.
@@ -228,7 +228,7 @@ impl NodeProxy {
     }
 
     /// Posts Events through `events` from now on (the Kubernetes source).
-    pub fn set_events(&mut self, events: Option<Sender<Notice>>) {
+    pub fn set_events(&mut self, events: Option<SyncSender<Notice>>) {
         self.events = events;
     }
 
@@ -279,7 +279,8 @@ impl NodeProxy {
     /// Posts an Event (with the Kubernetes source).
     pub fn notify(&self, notice: Notice) {
         if let Some(tx) = &self.events {
-            let _ = tx.send(notice);
+            // A full queue drops it (as client-go's broadcaster does).
+            let _ = tx.try_send(notice);
         }
     }
 
@@ -845,7 +846,7 @@ fn quarantine_labels<'a>(family: &'a str, port: &'a ServicePortName) -> [&'a str
 /// so that an operator finds them by name without reading nft's errors.
 fn report_quarantine(
     metrics: &Mutex<Metrics>,
-    events: Option<&Sender<Notice>>,
+    events: Option<&SyncSender<Notice>>,
     family: &str,
     r: &SyncResult,
     left_out: &dyn Fn(&ServicePortName) -> bool,
@@ -874,7 +875,7 @@ fn report_quarantine(
             x.add(m::QUARANTINES_TOTAL, &[family], 1.0);
         });
         if let Some(tx) = events {
-            let _ = tx.send(Notice {
+            let _ = tx.try_send(Notice {
                 regarding: Regarding::Service {
                     namespace: port.service.namespace.to_string(),
                     name: port.service.name.to_string(),
@@ -922,7 +923,7 @@ fn report_quarantine(
             )
         });
         if let Some(tx) = events {
-            let _ = tx.send(Notice {
+            let _ = tx.try_send(Notice {
                 regarding: Regarding::Service {
                     namespace: c.loser.service.namespace.to_string(),
                     name: c.loser.service.name.to_string(),

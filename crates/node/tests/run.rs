@@ -153,7 +153,7 @@ fn start_with(addresses: Vec<IpAddr>, tweak: impl FnOnce(&mut NodeSettings)) -> 
 fn start_posting(
     addresses: Vec<IpAddr>,
     tweak: impl FnOnce(&mut NodeSettings),
-    events: Option<Sender<verdict_k8s::events::Notice>>,
+    events: Option<std::sync::mpsc::SyncSender<verdict_k8s::events::Notice>>,
 ) -> Running {
     let mut settings = NodeSettings::new("n1");
     settings.min_sync_period = Duration::from_millis(20);
@@ -477,7 +477,7 @@ fn two_load_balancers_on_one_address_are_resolved_once_with_a_warning_on_the_los
     // ranges: lb1 (first in name order) has the address, lb2 keeps its
     // ClusterIP; nothing is refused, and lb2 gets one Event, not one per
     // rebuild.
-    let (events, notices) = std::sync::mpsc::channel();
+    let (events, notices) = std::sync::mpsc::sync_channel(verdict_k8s::events::QUEUE);
     let r = start_posting(
         vec![ip("127.0.0.1"), ip("192.168.0.2")],
         |_| {},
@@ -588,6 +588,43 @@ fn two_load_balancers_on_one_address_are_resolved_once_with_a_warning_on_the_los
     );
     r.send(vec![service(lb2("5.6.7.9", &[]))]);
     wait_until("no conflict left", || metric(&r.handle, conflict).is_none());
+}
+
+#[test]
+fn a_full_event_queue_never_holds_up_the_loop() {
+    // The Events queue is bounded (as client-go's broadcaster's): with
+    // nobody posting, notices beyond it are dropped and syncs go on.
+    let (events, _never_read) = std::sync::mpsc::sync_channel(1);
+    let r = start_posting(
+        vec![ip("127.0.0.1"), ip("192.168.0.2")],
+        |_| {},
+        Some(events),
+    );
+    let lb = |name: &str, ip_: &str| {
+        svc("ns", name)
+            .cluster_ip(ip_)
+            .port("http", TCP, 80, 0)
+            .external_ips(&["5.6.7.8"])
+    };
+    // Three Services on one external IP: two notices, one place in the queue.
+    r.send(vec![
+        service(lb("a", "172.30.0.61")),
+        service(lb("b", "172.30.0.62")),
+        service(lb("c", "172.30.0.63")),
+        service(web()),
+        endpoints(web_slice(&["10.180.0.1"])),
+        this_node(),
+        Update::Synced,
+    ]);
+    wait_until("web programmed", || {
+        r.memory.has("service-ips", &entry("172.30.0.41", 80))
+    });
+    r.send(vec![endpoints(web_slice(&["10.180.0.2"]))]);
+    wait_until("a later change programmed", || {
+        r.handle
+            .service(&NamespacedName::new("ns", "web"))
+            .is_some_and(|v| format!("{v:?}").contains("10.180.0.2"))
+    });
 }
 
 #[test]
