@@ -42,7 +42,7 @@ pub fn answer(namespace: &str, name: &str, local_endpoints: usize, healthy: bool
 }
 
 /// A JSON string (Kubernetes names need no escapes, but be safe).
-fn quote(s: &str) -> String {
+pub(crate) fn quote(s: &str) -> String {
     let mut out = String::from("\"");
     for c in s.chars() {
         match c {

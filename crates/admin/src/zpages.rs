@@ -15,6 +15,7 @@ use std::fmt::Write as _;
 use std::time::SystemTime;
 
 use crate::health::Response;
+use crate::service_health::quote as json;
 use crate::time::{Utc, rfc3339_nano};
 
 const WARNING: &str = "Warning: This endpoint is not meant to be machine parseable, has no formatting compatibility guarantees and is for debugging purposes only.";
@@ -239,24 +240,6 @@ fn unix_date(t: SystemTime) -> String {
         u.second,
         u.year
     )
-}
-
-/// A JSON string.
-fn json(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
 }
 
 #[cfg(test)]

@@ -55,7 +55,7 @@ use verdict_e2e::netns::{Netns, Process, can_run, unique_prefix};
 
 use crate::readers::{Floor, Prober, Scraper, SlowClients, Summary, first_answer, summarize};
 use crate::workload::service_ip;
-use crate::{flag, pct, sizes};
+use crate::{flag, num_flag, pct, sizes};
 
 const USAGE: &str = "usage: verdict-bench daemon [--listener] [--source api|manifests] [--protocol tcp|udp] [--sizes 1000,10000,30000] [--endpoints 2] [--slice-size 100] [--changes 20 | --churn 100 --duration 60 | --inspect 20 | --heal 10 | --readers 5 | --slow-clients 1000 --duration 30 | --scrapes 20] [--min-sync-period 0s] [--log DIR] [--under 'heaptrack -o FILE'] [--verdict-flags '--service-counters=false']";
 
@@ -1194,11 +1194,7 @@ pub fn daemon(args: &[String]) -> Result<(), String> {
         return Ok(());
     }
     can_run()?;
-    let num = |name: &str, default: usize| -> Result<usize, String> {
-        flag(args, name).map_or(Ok(default), |v| {
-            v.parse().map_err(|e| format!("{name} {v}: {e}"))
-        })
-    };
+    let num = |name: &str, default: usize| num_flag(args, name, default);
     let source = match flag(args, "--source") {
         None | Some("api") => Source::Api,
         Some("manifests") => Source::Manifests,

@@ -91,6 +91,13 @@ fn flag<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
     })
 }
 
+/// A whole-number flag's value, or `default` when it is not given.
+fn num_flag(args: &[String], name: &str, default: usize) -> Result<usize, String> {
+    flag(args, name).map_or(Ok(default), |v| {
+        v.parse().map_err(|e| format!("{name} {v}: {e}"))
+    })
+}
+
 /// `--sizes N,N,…`, or `default`.
 fn sizes(args: &[String], default: &[usize]) -> Result<Vec<usize>, String> {
     match flag(args, "--sizes") {

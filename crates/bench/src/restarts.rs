@@ -12,7 +12,7 @@
 //! DaemonSet rollout does; the next round starts at once.
 
 use std::io::{BufRead, BufReader};
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, channel};
@@ -24,7 +24,7 @@ use verdict_e2e::netns::can_run;
 
 use crate::topo::{BACKENDS, NODE_IP, Topo};
 use crate::workload::{BACKEND_PORT, SERVICE_PORT, service_ip};
-use crate::{enter_netns, flag, pct};
+use crate::{enter_netns, num_flag, pct};
 
 const USAGE: &str = "usage: verdict-bench restarts [--services 1000] [--restarts 1000] [--clients 2] [--rate 500] [--hold-ms 300]";
 
@@ -46,32 +46,29 @@ struct Tally {
     slow_at: Mutex<Vec<f64>>,
 }
 
-fn manifests(n: usize, alternate: usize, flip: bool) -> (String, String) {
-    let mut big = String::new();
-    big.push_str(&format!(
+/// Service `i` and its slice: both backends, or the first one only.
+fn one_service(i: usize, both: bool) -> String {
+    let backends = if both { &BACKENDS[..] } else { &BACKENDS[..1] };
+    let endpoints: String = backends
+        .iter()
+        .map(|a| format!("- {{addresses: [{a}], nodeName: bench-node}}\n"))
+        .collect();
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: svc{i}, namespace: bench}}\nspec:\n  clusterIP: {}\n  ports: [{{name: http, port: {SERVICE_PORT}, protocol: TCP}}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: svc{i}-1\n  namespace: bench\n  labels: {{kubernetes.io/service-name: svc{i}}}\naddressType: IPv4\nports: [{{name: http, port: {BACKEND_PORT}, protocol: TCP}}]\nendpoints:\n{endpoints}---\n",
+        service_ip(30, i)
+    )
+}
+
+/// The Node and every Service but `alternate` (which is a file of its own,
+/// the one the rounds edit).
+fn cluster(n: usize, alternate: usize) -> String {
+    let mut big = format!(
         "apiVersion: v1\nkind: Node\nmetadata: {{name: bench-node}}\nstatus:\n  addresses: [{{type: InternalIP, address: {NODE_IP}}}]\n---\n"
-    ));
-    let endpoints = |both: bool| -> String {
-        let list: Vec<&Ipv4Addr> = if both {
-            BACKENDS.iter().collect()
-        } else {
-            BACKENDS[..1].iter().collect()
-        };
-        list.iter()
-            .map(|a| format!("- {{addresses: [{a}], nodeName: bench-node}}\n"))
-            .collect()
-    };
-    let one = |i: usize, both: bool| {
-        format!(
-            "apiVersion: v1\nkind: Service\nmetadata: {{name: svc{i}, namespace: bench}}\nspec:\n  clusterIP: {}\n  ports: [{{name: http, port: {SERVICE_PORT}, protocol: TCP}}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: svc{i}-1\n  namespace: bench\n  labels: {{kubernetes.io/service-name: svc{i}}}\naddressType: IPv4\nports: [{{name: http, port: {BACKEND_PORT}, protocol: TCP}}]\nendpoints:\n{}---\n",
-            service_ip(30, i),
-            endpoints(both)
-        )
-    };
+    );
     for i in (0..n).filter(|i| *i != alternate) {
-        big.push_str(&one(i, true));
+        big.push_str(&one_service(i, true));
     }
-    (big, one(alternate, !flip))
+    big
 }
 
 fn write_atomically(path: &std::path::Path, text: &str) -> Result<(), String> {
@@ -236,10 +233,8 @@ pub fn restarts(args: &[String]) -> Result<(), String> {
         return Ok(());
     }
     can_run()?;
-    let num = |name: &str, default: usize| -> Result<usize, String> {
-        flag(args, name).map_or(Ok(default), |v| {
-            v.parse().map_err(|e| format!("{name} {v}: {e}\n{USAGE}"))
-        })
+    let num = |name: &str, default: usize| {
+        num_flag(args, name, default).map_err(|e| format!("{e}\n{USAGE}"))
     };
     let n = num("--services", 1000)?;
     let rounds = num("--restarts", 1000)?;
@@ -264,9 +259,8 @@ pub fn restarts(args: &[String]) -> Result<(), String> {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let alternate = n / 2;
-    let (big, small) = manifests(n, alternate, false);
-    write_atomically(&dir.join("cluster.yaml"), &big)?;
-    write_atomically(&dir.join("small.yaml"), &small)?;
+    write_atomically(&dir.join("cluster.yaml"), &cluster(n, alternate))?;
+    write_atomically(&dir.join("small.yaml"), &one_service(alternate, true))?;
 
     let tally = Arc::new(Tally::default());
     let stop = Arc::new(AtomicBool::new(false));
@@ -316,8 +310,10 @@ pub fn restarts(args: &[String]) -> Result<(), String> {
         }
         // An edit while it runs: the next process adopts what this one
         // changed (flushed chains, a changed dispatch).
-        let (_, small) = manifests(n, alternate, round % 2 == 0);
-        write_atomically(&dir.join("small.yaml"), &small)?;
+        write_atomically(
+            &dir.join("small.yaml"),
+            &one_service(alternate, round % 2 != 0),
+        )?;
         std::thread::sleep(Duration::from_millis(hold + 50 * (round as u64 % 5)));
         timeline.push((t0.elapsed().as_secs_f64(), "sent SIGTERM", round));
         let _ = Command::new("kill")

@@ -176,6 +176,15 @@ impl Shared {
         // mutation is a single assignment), so a poisoned lock is still usable.
         self.store.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    /// Waits up to `timeout` for a change (or a command), with the lock
+    /// given back meanwhile.
+    fn wait<'a>(&'a self, s: MutexGuard<'a, Store>, timeout: Duration) -> MutexGuard<'a, Store> {
+        self.changed
+            .wait_timeout(s, timeout)
+            .map(|(g, _)| g)
+            .unwrap_or_else(|p| p.into_inner().0)
+    }
 }
 
 /// Why an object could not be stored.
@@ -752,11 +761,7 @@ fn serve(shared: &Shared, conn: TcpStream) -> std::io::Result<()> {
         // Silent: the request is read and never answered (until the
         // server speaks again).
         while s.silent {
-            s = shared
-                .changed
-                .wait_timeout(s, Duration::from_millis(200))
-                .map(|(g, _)| g)
-                .unwrap_or_else(|p| p.into_inner().0);
+            s = shared.wait(s, Duration::from_millis(200));
         }
     }
     // The server's version, and access reviews: allowed unless denied.
@@ -1058,11 +1063,7 @@ fn watch(
         }
         if s.silent {
             // Nothing at all, and the connection stays open.
-            s = shared
-                .changed
-                .wait_timeout(s, Duration::from_millis(200))
-                .map(|(g, _)| g)
-                .unwrap_or_else(|p| p.into_inner().0);
+            s = shared.wait(s, Duration::from_millis(200));
             continue;
         }
         // History is in resourceVersion order: skip what was sent.
@@ -1110,11 +1111,7 @@ fn watch(
         let wait = deadline.min(next_bookmark).saturating_duration_since(now);
         s = shared.lock();
         if s.rv == cursor && s.epoch == epoch {
-            s = shared
-                .changed
-                .wait_timeout(s, wait)
-                .map(|(g, _)| g)
-                .unwrap_or_else(|p| p.into_inner().0);
+            s = shared.wait(s, wait);
         }
     }
 }
