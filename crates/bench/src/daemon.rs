@@ -61,7 +61,7 @@ const USAGE: &str = "usage: verdict-bench daemon [--listener] [--source api|mani
 
 /// Where verdict reads the cluster from.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Source {
+pub(crate) enum Source {
     Api,
     Manifests,
 }
@@ -189,7 +189,7 @@ fn slice(i: usize, k: usize, port: u16, proto: &str) -> Value {
 }
 
 /// A program built next to this one.
-fn sibling(name: &str) -> Result<PathBuf, String> {
+pub(crate) fn sibling(name: &str) -> Result<PathBuf, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let path = exe.with_file_name(name);
     if !path.exists() {
@@ -202,7 +202,7 @@ fn sibling(name: &str) -> Result<PathBuf, String> {
 }
 
 /// verdict's log lines, with when they arrived.
-struct Log {
+pub(crate) struct Log {
     rx: Receiver<(Instant, String)>,
 }
 
@@ -220,7 +220,11 @@ impl Log {
     }
 
     /// The same, with the line.
-    fn wait_line(&self, parts: &[&str], within: Duration) -> Result<(Instant, String), String> {
+    pub(crate) fn wait_line(
+        &self,
+        parts: &[&str],
+        within: Duration,
+    ) -> Result<(Instant, String), String> {
         let deadline = Instant::now() + within;
         let mut seen = Vec::new();
         loop {
@@ -286,25 +290,25 @@ fn status_mib(pid: u32, field: &str) -> f64 {
 }
 
 /// One row of the table.
-struct Row {
+pub(crate) struct Row {
     n: usize,
     /// The API server filled, or the manifests written.
     prepared: Duration,
     /// Start to the initial lists, or to the manifests read.
     loaded: Duration,
     /// Start to the IPv4 table's first full sync.
-    cold: Duration,
+    pub(crate) cold: Duration,
     /// Start to both tables' first full sync.
     both: Duration,
     cpu: f64,
     rss: f64,
     /// What the changes measured.
-    changes: Changes,
+    pub(crate) changes: Changes,
     programmed: usize,
 }
 
 /// What the changes after the first sync measured.
-enum Changes {
+pub(crate) enum Changes {
     /// One at a time, each waited for.
     Latency {
         p50: f64,
@@ -326,6 +330,8 @@ enum Changes {
     Slow(Slow),
     /// Whole scrapes of `/metrics`.
     Scrapes(Scrapes),
+    /// The envelope (`verdict-bench envelope`).
+    Envelope(Box<crate::envelope::Envelope>),
     /// Foreign flushes repaired: from the flush to each family synced
     /// again (ms).
     Heal {
@@ -339,7 +345,7 @@ enum Changes {
 /// What `verdict trace` and `verdict explain` took against the running
 /// daemon: the whole command (a process, its HTTP request, the daemon's
 /// answer), and the daemon's own kernel reads within it (ms).
-struct Inspect {
+pub(crate) struct Inspect {
     trace_p50: f64,
     trace_p99: f64,
     trace_read_p50: f64,
@@ -363,14 +369,14 @@ const HEALTH: &str = "127.0.0.1:10256";
 const PROBE_EVERY: Duration = Duration::from_millis(50);
 
 /// What the readers' probes saw in each window, in the order probed.
-struct Readers {
+pub(crate) struct Readers {
     cold: [Summary; 4],
     repair: [Summary; 4],
     repairs: usize,
 }
 
 /// What whole scrapes of `/metrics` cost.
-struct Scrapes {
+pub(crate) struct Scrapes {
     /// Samples (lines that are not comments) and bytes of the last.
     series: usize,
     bytes: usize,
@@ -384,7 +390,7 @@ struct Scrapes {
 }
 
 /// What slow clients did to the admin ports.
-struct Slow {
+pub(crate) struct Slow {
     clients: usize,
     secs: usize,
     /// `/livez` on the health port, `/healthz` on the metrics port.
@@ -491,7 +497,7 @@ fn inspect(
 }
 
 /// Sustained churn: what verdict kept up with.
-struct Churn {
+pub(crate) struct Churn {
     sent: usize,
     /// How long sending took (the rate held, or not).
     sending: Duration,
@@ -513,13 +519,13 @@ struct Churn {
 
 /// The shape of the services of one run.
 #[derive(Clone, Copy)]
-struct Shape {
-    n: usize,
+pub(crate) struct Shape {
+    pub(crate) n: usize,
     /// Endpoints per service.
-    k: usize,
+    pub(crate) k: usize,
     /// Endpoints per EndpointSlice.
-    slice_size: usize,
-    proto: &'static str,
+    pub(crate) slice_size: usize,
+    pub(crate) proto: &'static str,
 }
 
 /// Every service's endpoints as they are now (those no change touched
@@ -587,6 +593,35 @@ impl Feed {
                 objects.extend(slices(i, &now, slice_size, 8080, proto));
                 std::fs::write(&*small, yaml(&objects))
                     .map_err(|e| format!("{}: {e}", small.display()))
+            }
+        }
+    }
+
+    /// Adds the Services `first..first + count` (the last one new), each
+    /// with its first endpoints: through the API server, its slices and
+    /// then the Service (one sync programs it whole); in files, the file
+    /// `added.yaml` beside the small one, rewritten with all of them.
+    fn add(&mut self, first: usize, count: usize, eps: &Endpoints) -> Result<(), String> {
+        let Shape {
+            slice_size, proto, ..
+        } = eps.shape;
+        match self {
+            Feed::Api(api) => {
+                let i = first + count - 1;
+                for s in slices(i, &eps.of(i), slice_size, 8080, proto) {
+                    api.apply(s)?;
+                }
+                api.apply(service(i, proto)).map(drop)
+            }
+            Feed::Files { small, .. } => {
+                let path = small.with_file_name("added.yaml");
+                let mut objects = Vec::new();
+                for i in first..first + count {
+                    objects.push(service(i, proto));
+                    objects.extend(slices(i, &eps.of(i), slice_size, 8080, proto));
+                }
+                std::fs::write(&path, yaml(&objects))
+                    .map_err(|e| format!("{}: {e}", path.display()))
             }
         }
     }
@@ -765,7 +800,7 @@ impl Drop for Group {
 
 /// How the changes are made after the first sync.
 #[derive(Clone, Copy)]
-enum Mode {
+pub(crate) enum Mode {
     /// `changes` changes, one at a time, each waited for.
     Latency { changes: usize },
     /// `rate` changes a second for `secs` seconds.
@@ -780,6 +815,13 @@ enum Mode {
     SlowClients { clients: usize, secs: usize },
     /// `scrapes` whole scrapes of `/metrics`, one after another.
     Scrapes { scrapes: usize },
+    /// The envelope: `changes` endpoint changes, `adds` Services added,
+    /// `flushes` repairs, one restart, with the default flags.
+    Envelope {
+        changes: usize,
+        adds: usize,
+        flushes: usize,
+    },
 }
 
 impl Mode {
@@ -791,6 +833,7 @@ impl Mode {
                 | Mode::Readers { .. }
                 | Mode::SlowClients { .. }
                 | Mode::Scrapes { .. }
+                | Mode::Envelope { .. }
         )
     }
 }
@@ -807,21 +850,87 @@ fn flush_and_wait(ns: &Netns, log: &Log) -> Result<(Instant, Instant, Instant), 
     Ok((t, v4, v6))
 }
 
-struct Programs<'a> {
+pub(crate) struct Programs<'a> {
     /// Another process listens to nftables events meanwhile (`--listener`):
     /// the kernel then builds an announcement for every element of every
     /// commit, in any namespace.
-    listener: bool,
-    verdict: &'a Path,
-    apiserver: &'a Path,
-    log_to: Option<&'a Path>,
-    under: &'a [&'a str],
+    pub(crate) listener: bool,
+    pub(crate) verdict: &'a Path,
+    pub(crate) apiserver: &'a Path,
+    pub(crate) log_to: Option<&'a Path>,
+    pub(crate) under: &'a [&'a str],
     /// More flags for verdict (`--verdict-flags`).
-    extra: &'a [&'a str],
-    min_sync_period: &'a str,
+    pub(crate) extra: &'a [&'a str],
+    pub(crate) min_sync_period: &'a str,
 }
 
-fn run_one(source: Source, shape: Shape, mode: Mode, p: &Programs) -> Result<Row, String> {
+/// Starts verdict in `ns` on `source_args` (its admin ports served if
+/// `serves`), its log lines on a channel (and in `log_to`, stamped from
+/// `started`): the process, its group, the log and its pid.
+fn spawn_verdict(
+    ns: &Netns,
+    p: &Programs,
+    source_args: &[String],
+    serves: bool,
+    log_to: Option<&Path>,
+    started: Instant,
+) -> Result<(Process, Group, Log, u32), String> {
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", ns.name()])
+        .args(p.under)
+        .arg(p.verdict)
+        .args(source_args)
+        .args(p.extra)
+        .args([
+            "--hostname-override",
+            "bench-node",
+            "--cluster-cidr",
+            "10.0.0.0/8",
+        ])
+        .args([
+            "--min-sync-period",
+            p.min_sync_period,
+            // Each sync's summary, which the times are read from.
+            "-v=2",
+            "--healthz-bind-address",
+            if serves { HEALTH } else { "" },
+            "--metrics-bind-address",
+            if serves { METRICS } else { "" },
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        // A group of its own, ended whole: a profiler it runs under
+        // (`--under`) must not leave verdict running when it is killed.
+        .process_group(0)
+        .spawn()
+        .map_err(|e| format!("starting verdict: {e}"))?;
+    let stderr = child.stderr.take().ok_or("no stderr")?;
+    let pid = child.id();
+    let daemon = Process(child);
+    let group = Group(pid);
+    let (tx, rx) = channel();
+    let mut keep = match log_to {
+        Some(p) => Some(std::fs::File::create(p).map_err(|e| format!("{}: {e}", p.display()))?),
+        None => None,
+    };
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Some(f) = keep.as_mut() {
+                let _ = writeln!(f, "{:>9.3} s  {line}", started.elapsed().as_secs_f64());
+            }
+            let _ = tx.send((Instant::now(), line));
+        }
+    });
+    Ok((daemon, group, Log { rx }, pid))
+}
+
+pub(crate) fn run_one(
+    source: Source,
+    shape: Shape,
+    mode: Mode,
+    p: &Programs,
+) -> Result<Row, String> {
     let Shape {
         n,
         slice_size,
@@ -928,55 +1037,21 @@ fn run_one(source: Source, shape: Shape, mode: Mode, p: &Programs) -> Result<Row
         )),
         None => None,
     };
-    let started = Instant::now();
-    let mut child = Command::new("ip")
-        .args(["netns", "exec", ns.name()])
-        .args(p.under)
-        .arg(p.verdict)
-        .args(&source_args)
-        .args(p.extra)
-        .args([
-            "--hostname-override",
-            "bench-node",
-            "--cluster-cidr",
-            "10.0.0.0/8",
-        ])
-        .args([
-            "--min-sync-period",
-            p.min_sync_period,
-            // Each sync's summary, which the times are read from.
-            "-v=2",
-            "--healthz-bind-address",
-            if mode.serves() { HEALTH } else { "" },
-            "--metrics-bind-address",
-            if mode.serves() { METRICS } else { "" },
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        // A group of its own, ended whole: a profiler it runs under
-        // (`--under`) must not leave verdict running when it is killed.
-        .process_group(0)
-        .spawn()
-        .map_err(|e| format!("starting verdict: {e}"))?;
-    let stderr = child.stderr.take().ok_or("no stderr")?;
-    let pid = child.id();
-    let daemon = Process(child);
-    let group = Group(pid);
-    let (tx, rx) = channel();
-    let mut keep = match p.log_to {
-        Some(p) => Some(std::fs::File::create(p).map_err(|e| format!("{}: {e}", p.display()))?),
-        None => None,
+    // The envelope's client, connecting to the last Service from before
+    // verdict starts.
+    let mut answer = match mode {
+        Mode::Envelope { .. } => Some(crate::envelope::AnswerProbe::start(
+            &ns,
+            n - 1,
+            &eps.of(n - 1),
+            8080,
+            Duration::from_secs(600),
+        )?),
+        _ => None,
     };
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Some(f) = keep.as_mut() {
-                let _ = writeln!(f, "{:>9.3} s  {line}", started.elapsed().as_secs_f64());
-            }
-            let _ = tx.send((Instant::now(), line));
-        }
-    });
-    let log = Log { rx };
+    let started = Instant::now();
+    let (mut daemon, group, log, pid) =
+        spawn_verdict(&ns, p, &source_args, mode.serves(), p.log_to, started)?;
     let limit = Duration::from_secs(600);
     let loaded = match source {
         Source::Api => log.wait(&["initial lists complete"], limit)?,
@@ -1145,6 +1220,99 @@ fn run_one(source: Source, shape: Shape, mode: Mode, p: &Programs) -> Result<Row
                 peak_after: status_mib(pid, "VmHWM:"),
                 rss_after: rss_now(pid),
             })
+        }
+        Mode::Envelope {
+            changes,
+            adds,
+            flushes,
+        } => {
+            let answered = answer.take().ok_or("no answer probe")?.answered()? - started;
+            let (mut change, mut change_path) = (Vec::new(), Vec::new());
+            for c in 0..changes {
+                let i = feed.target(c, n);
+                let s = eps.replace(i, c);
+                let t = Instant::now();
+                feed.change(i, s, &eps)?;
+                let (at, took) = crate::envelope::next_sync(&log)?;
+                change.push(took);
+                change_path.push(at.saturating_duration_since(t).as_secs_f64() * 1000.0);
+            }
+            let (mut add, mut add_path) = (Vec::new(), Vec::new());
+            for a in 0..adds {
+                let t = Instant::now();
+                feed.add(count, a + 1, &eps)?;
+                let (at, took) = crate::envelope::next_sync(&log)?;
+                add.push(took);
+                add_path.push(at.saturating_duration_since(t).as_secs_f64() * 1000.0);
+            }
+            let total = count + adds;
+            if !kernel_matches(&ns, &eps, total)? {
+                return Err(
+                    "after the changes and adds, the kernel does not hold every service's endpoints"
+                        .into(),
+                );
+            }
+            let mut reads = Vec::new();
+            for _ in 0..3 {
+                reads.push(crate::envelope::read_back(&ns, addr(METRICS)?)?);
+            }
+            let mut repairs = Vec::new();
+            for _ in 0..flushes {
+                // Repairs closer than a second apart back off.
+                std::thread::sleep(Duration::from_secs(2));
+                let (t, v4, _) = flush_and_wait(&ns, &log)?;
+                repairs.push(v4.saturating_duration_since(t).as_secs_f64() * 1000.0);
+                if !kernel_matches(&ns, &eps, total)? {
+                    return Err(
+                        "after a repair, the kernel does not hold every service's endpoints".into(),
+                    );
+                }
+            }
+            let peak_rss = status_mib(pid, "VmHWM:");
+            // A restart on the rules in place.
+            Command::new("kill")
+                .args(["-TERM", &pid.to_string()])
+                .status()
+                .map_err(|e| format!("kill: {e}"))?;
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while daemon.0.try_wait().map_err(|e| e.to_string())?.is_none() {
+                if Instant::now() > deadline {
+                    return Err("verdict did not stop within 60 s of SIGTERM".into());
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let again = Instant::now();
+            let restart_log = p.log_to.map(|l| l.with_extension("restart.log"));
+            let (second, second_group, log2, _) =
+                spawn_verdict(&ns, p, &source_args, true, restart_log.as_deref(), again)?;
+            let (at, line) = log2.wait_line(
+                &["\"synced\"", "family=\"ip\"", "full=true"],
+                Duration::from_secs(600),
+            )?;
+            if !kernel_matches(&ns, &eps, total)? {
+                return Err(
+                    "after the restart, the kernel does not hold every service's endpoints".into(),
+                );
+            }
+            drop(second_group);
+            drop(second);
+            let (change_p50, change_p99) = crate::envelope::p50_p99(&change);
+            let (add_p50, add_p99) = crate::envelope::p50_p99(&add);
+            Changes::Envelope(Box::new(crate::envelope::Envelope {
+                answered,
+                change_p50,
+                change_p99,
+                change_path_p99: crate::envelope::p50_p99(&change_path).1,
+                add_p50,
+                add_p99,
+                add_path_p99: crate::envelope::p50_p99(&add_path).1,
+                read_back: pct(&mut reads, 0.5),
+                repair_p50: pct(&mut repairs.clone(), 0.5),
+                repair_max: crate::peak(&repairs),
+                peak_rss,
+                adopt: at.saturating_duration_since(again),
+                adopt_ops: crate::envelope::operations(&line),
+            }))
         }
         Mode::Heal { flushes } => {
             let (mut ip, mut both) = (Vec::new(), Vec::new());
@@ -1324,6 +1492,9 @@ pub fn daemon(args: &[String]) -> Result<(), String> {
     };
     let slices_per = k.div_ceil(slice_size);
     match mode {
+        Mode::Envelope { .. } => {
+            return Err("the envelope is `verdict-bench envelope`".into());
+        }
         Mode::Latency { changes } => {
             println!(
                 "### The verdict program {title} (K = {k} endpoints in {slices_per} slice(s), {proto} services, {changes} changes, minSyncPeriod {min_sync_period}{title_listener})\n"
@@ -1463,6 +1634,9 @@ pub fn daemon(args: &[String]) -> Result<(), String> {
                 x.peak_after,
                 x.rss_after,
             ),
+            Changes::Envelope(_) => {
+                return Err("the envelope is `verdict-bench envelope`".into());
+            }
             Changes::Inspect(q) => println!(
                 "| {} | {:.2} s | {:.1} / {:.1} ms | {:.2} ms | {:.1} / {:.1} ms | {:.2} ms | {:.0} ms | {:.0} / {:.0} MiB |",
                 r.n,
@@ -1556,6 +1730,7 @@ pub fn daemon(args: &[String]) -> Result<(), String> {
         }
     }
     match mode {
+        Mode::Envelope { .. } => {}
         Mode::Latency { .. } => println!(
             "\nTimes from verdict's start (load, first syncs) and from the API server accepting a change \
              or the small file being written (to the partial sync's log line); CPU and peak RSS of the \

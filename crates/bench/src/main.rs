@@ -25,6 +25,7 @@
 
 mod backends;
 mod daemon;
+mod envelope;
 mod probe;
 mod readers;
 mod report;
@@ -54,6 +55,7 @@ fn main() -> ExitCode {
         Some("one") => one(&args[1..]),
         Some("daemon") => daemon::daemon(&args[1..]),
         Some("restarts") => restarts::restarts(&args[1..]),
+        Some("envelope") => envelope::envelope(&args[1..]),
         Some("backends") => backends::backends(&args[1..]),
         Some("backend-one") => backends::backend_one(&args[1..]),
         _ => orchestrate(&args),

@@ -55,7 +55,7 @@ pub enum LoadBalancerIpMode {
 }
 
 /// One `status.loadBalancer.ingress[]` entry.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct LoadBalancerIngress {
     /// `ip` (hostname-only ingresses have none).
     pub ip: Option<String>,
@@ -64,7 +64,7 @@ pub struct LoadBalancerIngress {
 }
 
 /// One `spec.ports[]` entry of a Service.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct ServicePortSpec {
     /// `name` (`""` when the Service has a single unnamed port).
     pub name: String,
@@ -77,7 +77,7 @@ pub struct ServicePortSpec {
 }
 
 /// The fields of a `v1.Service` the proxy reads.
-#[derive(Default, Clone, Debug, PartialEq, Eq)]
+#[derive(Default, Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Service {
     /// `metadata.namespace`.
     pub namespace: String,
@@ -142,7 +142,7 @@ impl AddressType {
 }
 
 /// `endpoints[].hints` of an EndpointSlice.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct EndpointHints {
     /// `forZones[].name`.
     pub for_zones: Vec<String>,
@@ -151,7 +151,7 @@ pub struct EndpointHints {
 }
 
 /// One `endpoints[]` entry of an EndpointSlice.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct SliceEndpoint {
     /// `addresses` (only the first one is used).
     pub addresses: Vec<String>,
@@ -170,7 +170,7 @@ pub struct SliceEndpoint {
 }
 
 /// One `ports[]` entry of an EndpointSlice.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct SlicePort {
     /// `name` (`None` is treated like `""`).
     pub name: Option<String>,
@@ -181,7 +181,7 @@ pub struct SlicePort {
 }
 
 /// The fields of a `discovery.k8s.io/v1` EndpointSlice the proxy reads.
-#[derive(Default, Clone, Debug, PartialEq, Eq)]
+#[derive(Default, Clone, Debug, PartialEq, Eq, Hash)]
 pub struct EndpointSlice {
     /// `metadata.namespace`.
     pub namespace: String,

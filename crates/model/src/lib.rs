@@ -59,3 +59,19 @@ pub use topology::{CategorizedEndpoints, NodeTopology, categorize_endpoints};
 pub use tracker::{
     EndpointsChangeTracker, EndpointsUpdateResult, ServiceChangeTracker, ServiceUpdateResult,
 };
+
+/// Settles the allocator's arena of the calling thread. A thread that
+/// frees hundreds of thousands of small allocations, or whose objects
+/// another thread frees (a full sync's transaction and read-back, a
+/// source's parsed objects once the node has them), leaves them in
+/// glibc's fast bins and unsorted list, and the arena's next large
+/// requests merge and sort them, at most 10,000 chunks each: 13 ms added
+/// to the first endpoint change after a cold sync at 30,000 Services.
+/// Call when nothing waits for the thread: enough large requests to sort
+/// that many chunks are made now. With another allocator it only
+/// allocates and frees 32 KiB 64 times.
+pub fn settle_allocator() {
+    for _ in 0..64 {
+        drop(std::hint::black_box(Vec::<u8>::with_capacity(32 << 10)));
+    }
+}

@@ -123,6 +123,42 @@ impl ServiceChangeTracker {
         } else {
             Some(self.port_map(previous, false))
         };
+        self.record(key, previous_map, current)
+    }
+
+    /// The same, for the Service `name`, whose previous ports are those
+    /// `applied` holds for it: `applied` is the map this tracker's changes
+    /// are applied to ([`apply`](Self::apply)), so without a pending
+    /// change it holds exactly the ports of the previous object, and no
+    /// copy of that object is needed.
+    pub fn update_applied(
+        &mut self,
+        applied: &ServicePortMap,
+        name: NamespacedName,
+        current: Option<&Service>,
+    ) -> bool {
+        let previous_map = if self.items.contains_key(&name) {
+            None
+        } else {
+            Some(
+                applied
+                    .range(ServicePortName::first_of(&name)..)
+                    .take_while(|(k, _)| k.service == name)
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
+            )
+        };
+        self.record(name, previous_map, current)
+    }
+
+    /// Records `current` against `previous_map` (`None`: a change is
+    /// pending already, and its previous state stands).
+    fn record(
+        &mut self,
+        key: NamespacedName,
+        previous_map: Option<Ports>,
+        current: Option<&Service>,
+    ) -> bool {
         let current_map = self.port_map(current, true);
         match self.items.entry(key) {
             Entry::Occupied(mut entry) => {
@@ -356,6 +392,32 @@ mod tests {
         assert!(!t.update(Some(&a2), Some(&a1)));
         assert_eq!(t.pending(), 0);
         assert!(t.apply(&mut map).updated_services.is_empty());
+    }
+
+    #[test]
+    fn service_previous_ports_come_from_the_applied_map() {
+        let mut t = ServiceChangeTracker::new(IpFamily::V4);
+        let mut map = ServicePortMap::new();
+        let (a1, a2) = (svc("a", "10.0.0.1", 80), svc("a", "10.0.0.1", 81));
+        assert!(t.update_applied(&map, nn("a"), Some(&a1)));
+        t.apply(&mut map);
+        // The same object again, by name only: nothing to do.
+        assert!(!t.update_applied(&map, nn("a"), Some(&a1)));
+        assert_eq!(t.pending(), 0);
+        // A change, then back: the previous state is the applied one.
+        assert!(t.update_applied(&map, nn("a"), Some(&a2)));
+        assert!(!t.update_applied(&map, nn("a"), Some(&a1)));
+        assert!(t.update_applied(&map, nn("a"), Some(&a2)));
+        let r = t.apply(&mut map);
+        assert_eq!(r.updated_services, BTreeSet::from([nn("a")]));
+        assert_eq!(map.values().map(|p| p.port).collect::<Vec<_>>(), [81]);
+        // A delete by name removes what was applied; another Service
+        // beside it ("ab" sorts right after "a") is not touched.
+        t.update_applied(&map, nn("ab"), Some(&svc("ab", "10.0.0.2", 90)));
+        t.apply(&mut map);
+        assert!(t.update_applied(&map, nn("a"), None));
+        t.apply(&mut map);
+        assert_eq!(map.values().map(|p| p.port).collect::<Vec<_>>(), [90]);
     }
 
     #[test]

@@ -40,6 +40,7 @@ pub mod history;
 pub mod input;
 pub mod inspect;
 pub mod leftovers;
+pub mod memory;
 pub mod once;
 pub mod outcome;
 pub mod probe;

@@ -4,7 +4,9 @@
 //! `plan` and the offline commands building a node in memory); readers see
 //! only the read model it publishes ([`NodeHandle`]).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::hash_map::RandomState;
+use std::collections::{BTreeSet, HashMap};
+use std::hash::BuildHasher;
 use std::net::IpAddr;
 use std::sync::mpsc::SyncSender;
 use std::sync::{Arc, Mutex};
@@ -158,6 +160,17 @@ pub enum Host<'a> {
     Memory,
 }
 
+/// What the node remembers of an EndpointSlice it was given.
+#[derive(Clone, Debug)]
+struct SliceSeen {
+    /// The fingerprint of the whole object.
+    print: u64,
+    /// Its Service (the `kubernetes.io/service-name` label), and its
+    /// address type: what the proxiers need of it when it is deleted.
+    service_name: Option<String>,
+    address_type: AddressType,
+}
+
 /// Both families' proxiers, fed from the manifests or the Kubernetes API.
 pub struct NodeProxy {
     settings: NodeSettings,
@@ -166,8 +179,15 @@ pub struct NodeProxy {
     service_cidrs: Vec<ipnet::IpNet>,
     local_ips: Vec<IpAddr>,
     planes: Vec<FamilyPlane>,
-    services: BTreeMap<(String, String), Service>,
-    slices: BTreeMap<(String, String), EndpointSlice>,
+    /// A fingerprint of each Service as last given, to drop updates that
+    /// change nothing; the proxiers keep what they need of the previous
+    /// one, so no copy of the object is kept here.
+    services: HashMap<(String, String), u64>,
+    /// The same for each EndpointSlice, with what a deletion must name.
+    slices: HashMap<(String, String), SliceSeen>,
+    /// The fingerprints' keyed hash (SipHash with keys of this process's
+    /// own: an object cannot be crafted to collide with another).
+    prints: RandomState,
     /// Families whose kernel cannot record session affinity (startup probe).
     no_affinity: Vec<IpFamily>,
     /// With the Kubernetes source: where Events go.
@@ -215,8 +235,9 @@ impl NodeProxy {
             service_cidrs: Vec::new(),
             local_ips,
             planes,
-            services: BTreeMap::new(),
-            slices: BTreeMap::new(),
+            services: HashMap::new(),
+            slices: HashMap::new(),
+            prints: RandomState::new(),
             no_affinity: Vec::new(),
             events: None,
             view,
@@ -504,8 +525,9 @@ impl NodeProxy {
 
     /// A Service was added, changed (`Some`) or deleted (`None`).
     fn set_service(&mut self, key: (String, String), new: Option<Service>) -> bool {
-        let old = self.services.get(&key);
-        if old == new.as_ref() {
+        let print = new.as_ref().map(|s| self.prints.hash_one(s));
+        let old = self.services.get(&key).copied();
+        if old == print {
             return false;
         }
         // As kube-proxy, whose change tracker of each family counts the
@@ -521,12 +543,13 @@ impl NodeProxy {
         };
         // One line per object: at V(4), as kube-proxy logs them.
         tracing::trace!(service = %format!("{}/{}", key.0, key.1), "Service {what}");
+        let name = NamespacedName::new(key.0.as_str(), key.1.as_str());
         let mut changed = false;
         for plane in &mut self.planes {
-            changed |= plane.proxier.on_service(old, new.as_ref());
+            changed |= plane.proxier.on_service_named(name.clone(), new.as_ref());
         }
-        match new {
-            Some(n) => self.services.insert(key, n),
+        match print {
+            Some(p) => self.services.insert(key, p),
             None => self.services.remove(&key),
         };
         changed
@@ -534,13 +557,18 @@ impl NodeProxy {
 
     /// An EndpointSlice was added, changed (`Some`) or deleted (`None`).
     fn set_slice(&mut self, key: (String, String), new: Option<EndpointSlice>) -> bool {
-        let old = self.slices.get(&key);
-        if old == new.as_ref() {
+        let print = new.as_ref().map(|s| self.prints.hash_one(s));
+        let old = self.slices.get(&key).cloned();
+        if old.as_ref().map(|o| o.print) == print {
             return false;
         }
         // As kube-proxy: counted by the change tracker of the slice's
         // address family (an FQDN slice by none).
-        let slice_family = new.as_ref().or(old).and_then(|s| match s.address_type {
+        let address_type = new
+            .as_ref()
+            .map(|s| s.address_type)
+            .or(old.as_ref().map(|o| o.address_type));
+        let slice_family = address_type.and_then(|t| match t {
             AddressType::IPv4 => Some(IpFamily::V4),
             AddressType::IPv6 => Some(IpFamily::V6),
             _ => None,
@@ -561,18 +589,36 @@ impl NodeProxy {
             "EndpointSlice {}",
             if new.is_some() { "updated" } else { "deleted" }
         );
+        // A deleted slice as the proxiers need it: which it was, and whose.
+        let gone = match (&old, &new) {
+            (Some(o), None) => Some(EndpointSlice {
+                namespace: key.0.clone(),
+                name: key.1.clone(),
+                service_name: o.service_name.clone(),
+                address_type: o.address_type,
+                ..EndpointSlice::default()
+            }),
+            _ => None,
+        };
         let mut changed = false;
         for plane in &mut self.planes {
             let p = &mut plane.proxier;
-            changed |= match (old, &new) {
+            changed |= match (&gone, &new) {
                 (_, Some(n)) => p.on_endpoint_slice(n, false),
                 (Some(o), None) => p.on_endpoint_slice(o, true),
                 (None, None) => false,
             };
         }
-        match new {
-            Some(n) => self.slices.insert(key, n),
-            None => self.slices.remove(&key),
+        match (new, print) {
+            (Some(n), Some(print)) => {
+                let seen = SliceSeen {
+                    print,
+                    service_name: n.service_name,
+                    address_type: n.address_type,
+                };
+                self.slices.insert(key, seen)
+            }
+            _ => self.slices.remove(&key),
         };
         changed
     }

@@ -212,6 +212,7 @@ pub fn run(mut node: NodeProxy, kernel: Kernel, inputs: Receiver<Input>) -> Resu
         };
         if full {
             verdict_proxier::proxier::settle_allocator();
+            crate::memory::trim();
         }
         if let Err(e) = &result {
             tracing::error!(error = %e, "sync failed; retrying with backoff, and new changes still go through");

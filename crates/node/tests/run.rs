@@ -355,6 +355,70 @@ fn nothing_is_programmed_before_the_lists_then_changes_flow_through_to_readers()
     assert!(r.stop().is_ok(), "a stop leaves the loop cleanly");
 }
 
+/// The node keeps a fingerprint of each object, not the object: an
+/// unchanged one is still dropped, a changed Service still loses its old
+/// ports, and a deleted slice (which comes as its name alone) still takes
+/// its endpoints with it.
+#[test]
+fn objects_are_remembered_by_fingerprint_alone() {
+    let r = start();
+    let name = NamespacedName::new("ns", "web");
+    let changes = |r: &Running| {
+        (
+            metric(
+                &r.handle,
+                "kubeproxy_sync_proxy_rules_service_changes_total ",
+            ),
+            metric(
+                &r.handle,
+                "kubeproxy_sync_proxy_rules_endpoint_changes_total ",
+            ),
+        )
+    };
+    r.send(vec![
+        service(web()),
+        endpoints(web_slice(&["10.180.0.1", "10.180.0.2"])),
+        this_node(),
+        Update::Synced,
+    ]);
+    wait_until("the first sync", || {
+        r.memory.has("service-ips", &entry("172.30.0.41", 80))
+    });
+    assert_eq!(changes(&r), (Some(2.0), Some(1.0)));
+    // The same objects again: nothing changed, nothing counted.
+    r.send(vec![
+        service(web()),
+        endpoints(web_slice(&["10.180.0.1", "10.180.0.2"])),
+    ]);
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(changes(&r), (Some(2.0), Some(1.0)));
+    // The port moves: the old one goes, though only the new object came.
+    let moved = svc("ns", "web")
+        .cluster_ip("172.30.0.41")
+        .port("http", TCP, 81, 0);
+    r.send(vec![service(moved)]);
+    wait_until("port 81 is programmed", || {
+        r.memory.has("service-ips", &entry("172.30.0.41", 81))
+    });
+    assert!(!r.memory.has("service-ips", &entry("172.30.0.41", 80)));
+    // The slice is deleted by name: the Service has no endpoints left,
+    // and rejects.
+    r.send(vec![Update::Slice(("ns".into(), "web-1".into()), None)]);
+    wait_until("the endpoints are gone", || {
+        !r.memory.has("service-ips", &entry("172.30.0.41", 81))
+    });
+    assert!(
+        r.memory
+            .has("no-endpoint-services", &entry("172.30.0.41", 81))
+    );
+    assert!(r.handle.service(&name).is_some_and(|v| {
+        v.ports()
+            .next()
+            .is_some_and(|(_, p)| p.endpoints.is_empty())
+    }));
+    assert_eq!(changes(&r), (Some(4.0), Some(2.0)));
+}
+
 #[test]
 fn a_foreign_flush_is_repaired_and_recorded() {
     let r = start();

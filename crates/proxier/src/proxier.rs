@@ -377,7 +377,17 @@ impl Proxier {
     /// A Service event (`None` before an add or after a delete). Returns
     /// whether a sync is needed.
     pub fn on_service(&mut self, previous: Option<&Service>, current: Option<&Service>) -> bool {
-        self.service_changes.update(previous, current)
+        match current.or(previous) {
+            Some(s) => self.on_service_named(s.namespaced_name(), current),
+            None => false,
+        }
+    }
+
+    /// The same, by name: the previous ports are the proxier's own record
+    /// of the Service, so the caller need not keep the previous object.
+    pub fn on_service_named(&mut self, name: NamespacedName, current: Option<&Service>) -> bool {
+        self.service_changes
+            .update_applied(&self.services, name, current)
     }
 
     /// An EndpointSlice event. Returns whether a sync is needed.
@@ -1374,15 +1384,10 @@ fn isolatable(e: &ProxierError) -> bool {
     )
 }
 
-/// Call after a full sync, once its result has been used. A full sync
-/// frees hundreds of thousands of small allocations (its transaction, the
-/// table it read, its result); glibc's allocator keeps them in fast bins
-/// and merges them on the next large request, which would otherwise be the
-/// next sync: 13 ms added to the first endpoint change after a cold sync at
-/// 30,000 services (4 ms with this). One large request does the merging
-/// now. With another allocator it only allocates and frees 32 KiB.
+/// Call after a full sync, once its result has been used: see
+/// [`verdict_model::settle_allocator`].
 pub fn settle_allocator() {
-    drop(std::hint::black_box(Vec::<u8>::with_capacity(32 << 10)));
+    verdict_model::settle_allocator();
 }
 
 /// Element additions of one service port the backend refused.
