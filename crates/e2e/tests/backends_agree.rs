@@ -86,7 +86,7 @@ fn element(s: usize, n: u8) -> (String, Element) {
 /// element's key, and for the interval set, packets' points inside and
 /// outside its ranges.
 fn probes(s: usize) -> Vec<Vec<Value>> {
-    let mut keys: Vec<Vec<Value>> = (0..12).map(|n| element(s, n).1.key).collect();
+    let mut keys: Vec<Vec<Value>> = (0..12).map(|n| element(s, n).1.key.to_vec()).collect();
     if s == 2 {
         for (to, from) in [
             (1, "192.168.1.7"),

@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::sync::Arc;
 
 use crate::error::NftError;
 use crate::ir::{Chain, Element, Family, Rule, Set, Value, quote};
@@ -216,11 +217,11 @@ pub struct SetState {
     /// Definition.
     pub set: Set,
     /// Elements by key.
-    pub elements: BTreeMap<Vec<Value>, Element>,
+    pub elements: BTreeMap<Arc<[Value]>, Element>,
     /// What each element's counter says, as read back from the kernel
     /// (empty in memory, where no packet passes, and for sets without
     /// counters).
-    pub counters: BTreeMap<Vec<Value>, Counter>,
+    pub counters: BTreeMap<Arc<[Value]>, Counter>,
 }
 
 impl PartialEq for SetState {

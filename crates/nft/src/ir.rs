@@ -4,6 +4,7 @@
 
 use std::fmt::{self, Display, Formatter};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use ipnet::IpNet;
 
@@ -529,8 +530,9 @@ impl Display for ElementValue {
 /// A set or map element.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Element {
-    /// Key fields.
-    pub key: Vec<Value>,
+    /// Key fields, shared: the proxier keys its maps of elements by the
+    /// same allocation.
+    pub key: Arc<[Value]>,
     /// Value, for maps.
     pub value: Option<ElementValue>,
     /// Optional comment (not compared by the kernel).
@@ -539,18 +541,18 @@ pub struct Element {
 
 impl Element {
     /// A set element.
-    pub fn key(key: Vec<Value>) -> Element {
+    pub fn key(key: impl Into<Arc<[Value]>>) -> Element {
         Element {
-            key,
+            key: key.into(),
             value: None,
             comment: None,
         }
     }
 
     /// A map element.
-    pub fn map(key: Vec<Value>, value: ElementValue) -> Element {
+    pub fn map(key: impl Into<Arc<[Value]>>, value: ElementValue) -> Element {
         Element {
-            key,
+            key: key.into(),
             value: Some(value),
             comment: None,
         }

@@ -164,7 +164,7 @@ impl TableState {
                     self.chains.insert(
                         chain.name.clone(),
                         ChainState {
-                            chain: chain.clone(),
+                            chain: (**chain).clone(),
                             rules: Vec::new(),
                             counters: BTreeMap::new(),
                             handles: Vec::new(),
@@ -197,7 +197,7 @@ impl TableState {
                     self.sets.insert(
                         set.name.clone(),
                         SetState {
-                            set: set.clone(),
+                            set: (**set).clone(),
                             elements: BTreeMap::new(),
                             counters: BTreeMap::new(),
                         },
@@ -220,7 +220,7 @@ impl TableState {
             Op::AddRule(chain, rule) => {
                 self.chain_mut(chain)?;
                 self.check_rule(chain, rule)?;
-                self.chain_mut(chain)?.rules.push(rule.clone());
+                self.chain_mut(chain)?.rules.push((**rule).clone());
                 Ok(())
             }
             Op::AddElement(set, element) => {
@@ -529,18 +529,18 @@ mod tests {
             (
                 Op::AddRule(
                     "services".into(),
-                    Rule::new(vec![Expr::Verdict(Verdict::Goto("nope".into()))]),
+                    Box::new(Rule::new(vec![Expr::Verdict(Verdict::Goto("nope".into()))])),
                 ),
                 "chain nope",
             ),
             (
                 Op::AddRule(
                     "services".into(),
-                    Rule::new(vec![Expr::Lookup {
+                    Box::new(Rule::new(vec![Expr::Lookup {
                         key: vec![Selector::Daddr],
                         set: "nope".into(),
                         negate: false,
-                    }]),
+                    }])),
                 ),
                 "set nope",
             ),
@@ -550,7 +550,7 @@ mod tests {
                 "element",
             ),
             (
-                Op::AddRule("nope".into(), Rule::new(vec![Expr::Reject])),
+                Op::AddRule("nope".into(), Box::new(Rule::new(vec![Expr::Reject]))),
                 "chain nope",
             ),
         ];

@@ -1138,7 +1138,7 @@ impl Proxier {
                 .and_then(|owners| owners.values().next());
             let keep = matches!((allowed, target), (Some(a), Some(t)) if a.contains(&t));
             if !keep {
-                tx.delete_element(layout::AFFINITY, e.key);
+                tx.delete_element(layout::AFFINITY, e.key.clone());
             }
         }
         let n = tx.len();
@@ -1209,13 +1209,17 @@ impl Proxier {
         self.no_local.0 += usize::from(c.no_local_internal);
         self.no_local.1 += usize::from(c.no_local_external);
         let mut keys = Vec::with_capacity(c.elements.len());
-        for (set, e) in c.elements {
+        for (set, mut e) in c.elements {
             let m = self.desired.entry(set).or_default();
             // The key as the map has it already (other owners, or the
-            // element programmed), so that each key is stored once.
-            let key: Key = match m.get_key_value(e.key.as_slice()) {
-                Some((k, _)) => k.clone(),
-                None => Arc::from(e.key.as_slice()),
+            // element programmed), so that each key is stored once: the
+            // element then holds that allocation too.
+            let key: Key = match m.get_key_value(&e.key[..]) {
+                Some((k, _)) => {
+                    e.key = k.clone();
+                    k.clone()
+                }
+                None => e.key.clone(),
             };
             let e = match self.programmed.get(set).and_then(|p| p.get(&key)) {
                 Some(p) if **p == e => p.clone(),
@@ -1248,17 +1252,20 @@ impl Proxier {
     /// `e`, programmed in `set`, as the record of the kernel keeps it: its
     /// key and the element itself shared with what is wanted, where that
     /// is the same (it nearly always is), so each is stored once.
-    fn shared(&self, set: &'static str, e: Element) -> (Key, Arc<Element>) {
+    fn shared(&self, set: &'static str, mut e: Element) -> (Key, Arc<Element>) {
         match self
             .desired
             .get(set)
-            .and_then(|m| m.get_key_value(e.key.as_slice()))
+            .and_then(|m| m.get_key_value(&e.key[..]))
         {
             Some((k, o)) => match o.winner() {
                 Some(w) if **w == e => (k.clone(), w.clone()),
-                _ => (k.clone(), Arc::new(e)),
+                _ => {
+                    e.key = k.clone();
+                    (k.clone(), Arc::new(e))
+                }
             },
-            None => (Arc::from(e.key.as_slice()), Arc::new(e)),
+            None => (e.key.clone(), Arc::new(e)),
         }
     }
 
@@ -1412,7 +1419,7 @@ impl Refused {
             let Some(set) = static_set_name(set) else {
                 continue;
             };
-            let key: Arc<[Value]> = Arc::from(e.key.as_slice());
+            let key: Arc<[Value]> = e.key.clone();
             if set == layout::FIREWALL_IPS {
                 q.elements
                     .entry(layout::SERVICE_IPS)

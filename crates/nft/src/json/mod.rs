@@ -449,7 +449,7 @@ fn parse_element(set: &Set, j: &Json) -> Result<(Element, Option<Counter>), Stri
     };
     Ok((
         Element {
-            key,
+            key: key.into(),
             value,
             comment,
         },
@@ -716,7 +716,7 @@ mod tests {
             Value::Port(80),
         ];
         assert_eq!(
-            s.elements[&key],
+            s.elements[key.as_slice()],
             Element::map(
                 key.clone(),
                 ElementValue::Verdict(Verdict::Goto("reject-chain".into()))
@@ -725,7 +725,7 @@ mod tests {
         );
         let key = vec![addr("1.2.3.4"), Value::Proto(L4Proto::Tcp), Value::Port(80)];
         assert_eq!(
-            s.elements[&key].value,
+            s.elements[key.as_slice()].value,
             Some(ElementValue::Verdict(Verdict::Goto(
                 "drop-no-local-endpoint".into()
             )))
@@ -748,7 +748,7 @@ mod tests {
             Value::Proto(L4Proto::Tcp),
             Value::Port(80),
         ];
-        assert_eq!(s.counters[&key], Counter::default());
+        assert_eq!(s.counters[key.as_slice()], Counter::default());
         assert_eq!(t.sets["endpoint-connections"].counters.len(), 4);
     }
 
@@ -780,7 +780,7 @@ mod tests {
         }));
         let key = vec![addr("172.30.0.44"), Value::Port(80), Value::Int(1)];
         assert_eq!(
-            s.elements[&key],
+            s.elements[key.as_slice()],
             Element::map(
                 key.clone(),
                 ElementValue::Data(vec![addr("10.180.0.5"), Value::Port(80)])
@@ -838,14 +838,18 @@ mod tests {
             Value::Port(80),
             net("1.2.3.4/32"),
         ];
-        assert!(s.elements.contains_key(&host), "{:?}", s.elements.keys());
+        assert!(
+            s.elements.contains_key(host.as_slice()),
+            "{:?}",
+            s.elements.keys()
+        );
         let range = vec![
             addr("5.6.7.8"),
             Value::Proto(L4Proto::Tcp),
             Value::Port(80),
             net("203.0.113.0/25"),
         ];
-        assert!(s.elements.contains_key(&range));
+        assert!(s.elements.contains_key(range.as_slice()));
         assert_eq!(s.elements.len(), 8);
     }
 
@@ -929,17 +933,17 @@ mod tests {
                 "meta l4proto tcp ip daddr . th dport vmap @v",
             ]
         );
-        let iv: Vec<&Vec<Value>> = t.sets["iv"].elements.keys().collect();
+        let iv: Vec<&[Value]> = t.sets["iv"].elements.keys().map(|k| &k[..]).collect();
         assert_eq!(iv, [&vec![net("1.2.3.4/32")], &vec![net("10.0.0.0/8")]]);
         let v = &t.sets["v"].elements;
         assert_eq!(
-            v[&vec![addr("10.0.0.1"), Value::Port(80)]]
+            v[&[addr("10.0.0.1"), Value::Port(80)][..]]
                 .comment
                 .as_deref(),
             Some("it's a comment: with . dots")
         );
         assert_eq!(
-            v[&vec![addr("10.0.0.3"), Value::Port(8443)]].value,
+            v[&[addr("10.0.0.3"), Value::Port(8443)][..]].value,
             Some(ElementValue::Verdict(Verdict::Jump("d".into())))
         );
 
@@ -958,7 +962,7 @@ mod tests {
                 "ip6 daddr . meta l4proto . th dport . ip6 saddr @iv accept",
             ]
         );
-        let iv: Vec<&Vec<Value>> = t.sets["iv"].elements.keys().collect();
+        let iv: Vec<&[Value]> = t.sets["iv"].elements.keys().map(|k| &k[..]).collect();
         assert_eq!(iv[0][0], addr("fd00::1"));
         assert_eq!(iv[0][3], net("fd00::2/128"));
     }

@@ -415,7 +415,7 @@ fn apply_sets(sets: &mut BTreeMap<String, Set>, ops: &[Op]) {
         match op {
             Op::DeleteTable => sets.clear(),
             Op::AddSet(s) => {
-                sets.entry(s.name.clone()).or_insert_with(|| s.clone());
+                sets.entry(s.name.clone()).or_insert_with(|| (**s).clone());
             }
             Op::DeleteSet(s) => {
                 sets.remove(s);

@@ -802,7 +802,7 @@ pub(crate) fn element_items(set: &Set, list: Attrs<'_>, out: &mut Items) -> Resu
         let comment = e.get(6).and_then(|u| udata::string(u, UDATA_COMMENT));
         out.push((
             Element {
-                key,
+                key: key.into(),
                 value,
                 comment,
             },

@@ -597,7 +597,7 @@ impl Counted {
         // The chosen Services' elements.
         let counters = |set: &str| t.sets.get(set).map(|s| &s.counters).into_iter().flatten();
         for (key, c) in counters(layout::SERVICE_CONNECTIONS) {
-            let [Value::Addr(a), Value::Proto(p), Value::Port(port)] = key.as_slice() else {
+            let [Value::Addr(a), Value::Proto(p), Value::Port(port)] = &key[..] else {
                 continue;
             };
             let Some((sp, kind)) = entry_owner(node, family, *a, *p, *port) else {
@@ -618,7 +618,7 @@ impl Counted {
                     Value::Port(port),
                     Value::Addr(ep),
                     Value::Port(ep_port),
-                ] = key.as_slice()
+                ] = &key[..]
                 else {
                     continue;
                 };
@@ -654,7 +654,7 @@ impl Counted {
             let keys = t
                 .sets
                 .get(set)
-                .map(|s| s.elements.keys().cloned().collect())
+                .map(|s| s.elements.keys().map(|k| k.to_vec()).collect())
                 .unwrap_or_default();
             self.problems.read(node, family, set, reason, keys);
         }
@@ -1057,9 +1057,12 @@ mod tests {
 
     fn count(t: &mut TableState, set: &str, key: Vec<Value>, packets: u64) {
         let s = t.sets.get_mut(set).unwrap();
-        assert!(s.elements.contains_key(&key), "{set} has no {key:?}");
+        assert!(
+            s.elements.contains_key(key.as_slice()),
+            "{set} has no {key:?}"
+        );
         s.counters.insert(
-            key,
+            key.into(),
             Counter {
                 packets,
                 bytes: 60 * packets,
@@ -1087,7 +1090,7 @@ mod tests {
             .get_mut(set)
             .unwrap()
             .elements
-            .insert(key.clone(), Element::key(key));
+            .insert(key.clone().into(), Element::key(key));
     }
 
     fn has(text: &str, line: &str) {
@@ -1111,7 +1114,7 @@ mod tests {
         assert!(
             !t.sets[layout::SERVICE_CONNECTIONS]
                 .elements
-                .contains_key(&vec![a("172.30.0.51"), TCP_, Value::Port(80)]),
+                .contains_key(&[a("172.30.0.51"), TCP_, Value::Port(80)][..]),
             "other/lb is not counted per Service"
         );
         for (ep, n) in [("10.180.0.1", 4), ("10.180.0.2", 3)] {

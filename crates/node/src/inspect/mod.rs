@@ -79,7 +79,7 @@ impl Owners {
                     continue;
                 };
                 for e in &intent.elements {
-                    if e.set == set && e.element.key.as_slice() == key {
+                    if e.set == set && &e.element.key[..] == key {
                         let who = e
                             .programmed_for
                             .clone()
@@ -977,7 +977,7 @@ pub fn explained_elements(view: &ServiceView) -> Vec<(IpFamily, &'static str, Ve
     for (family, port) in view.ports() {
         for e in port.intent.iter().flat_map(|i| &i.elements) {
             if e.programmed_for.is_none() {
-                out.push((family, e.set, e.element.key.clone()));
+                out.push((family, e.set, e.element.key.to_vec()));
             }
         }
     }
@@ -1133,12 +1133,17 @@ pub fn explain(
             }
             // Elements in the kernel that name this port but that it does
             // not want (a comment names the owner of dispatch elements).
-            let wanted: Vec<(&str, &Vec<Value>)> = intent
-                .map(|i| i.elements.iter().map(|e| (e.set, &e.element.key)).collect())
+            let wanted: Vec<(&str, &[Value])> = intent
+                .map(|i| {
+                    i.elements
+                        .iter()
+                        .map(|e| (e.set, &e.element.key[..]))
+                        .collect()
+                })
                 .unwrap_or_default();
             let port_name = name.to_string();
             for (set, el) in commented.get(port_name.as_str()).into_iter().flatten() {
-                if !wanted.contains(&(*set, &el.key)) {
+                if !wanted.contains(&(*set, &el.key[..])) {
                     extra += 1;
                     elements.push(ExplainElement {
                         set: (*set).into(),
@@ -1242,7 +1247,7 @@ pub fn drift(
             for port in &sf.ports {
                 for e in port.intent.iter().flat_map(|i| &i.elements) {
                     if e.programmed_for.is_none() {
-                        desired.insert((e.set, e.element.key.as_slice()), &e.element);
+                        desired.insert((e.set, &e.element.key[..]), &e.element);
                     }
                 }
             }
@@ -1264,7 +1269,7 @@ pub fn drift(
     let node_port_ips = &f.node_port_ips;
     let np_set = t.sets.get(layout::NODEPORT_IPS);
     for ip in node_port_ips {
-        if !np_set.is_some_and(|s| s.elements.contains_key(&vec![Value::Addr(*ip)])) {
+        if !np_set.is_some_and(|s| s.elements.contains_key(&[Value::Addr(*ip)][..])) {
             missing.push(format!("missing {}: {ip}", layout::NODEPORT_IPS));
         }
     }
@@ -1274,9 +1279,9 @@ pub fn drift(
         }
         for e in s.elements.values() {
             let wanted = if name == layout::NODEPORT_IPS {
-                matches!(e.key.as_slice(), [Value::Addr(ip)] if node_port_ips.contains(ip))
+                matches!(&e.key[..], [Value::Addr(ip)] if node_port_ips.contains(ip))
             } else {
-                desired.contains_key(&(name.as_str(), e.key.as_slice()))
+                desired.contains_key(&(name.as_str(), &e.key[..]))
             };
             if !wanted {
                 extra.push(format!("extra {name}: {}", element_text(e)));
