@@ -57,6 +57,10 @@ pub struct Kernel {
 /// a periodic resync ahead, so this only bounds a wait it did not ask for.
 const IDLE: Duration = Duration::from_secs(3600);
 
+/// A batch of this many updates (an initial list, a relist, a large
+/// manifest) is followed by [`crate::memory::trim`].
+const TRIM_AFTER_UPDATES: usize = 10_000;
+
 /// Programs the node and keeps it programmed, until [`Input::Stop`] (or
 /// every sender of `inputs` is gone): `Ok`, the rules left in place. An
 /// input the loop cannot go on without (the API source ended, `--config`
@@ -105,7 +109,16 @@ pub fn run(mut node: NodeProxy, kernel: Kernel, inputs: Receiver<Input>) -> Resu
         for input in batch {
             match input {
                 Input::Updates(u) => {
-                    if node.apply(u) {
+                    let many = u.len() >= TRIM_AFTER_UPDATES;
+                    let changed = node.apply(u);
+                    if many {
+                        // The source's threads made these objects, and the
+                        // node has just freed them into their arenas: give
+                        // those pages back before the sync allocates its
+                        // own, or both are resident at its peak.
+                        crate::memory::trim();
+                    }
+                    if changed {
                         schedule.changed();
                         // As kube-proxy, changes count as queued (for
                         // /healthz) only once the initial lists are in.

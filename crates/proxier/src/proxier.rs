@@ -154,7 +154,7 @@ pub struct IntendedElement {
     pub element: Arc<Element>,
     /// Another service port claims the key first: its element is the one
     /// programmed.
-    pub programmed_for: Option<ServicePortName>,
+    pub programmed_for: Option<Arc<ServicePortName>>,
 }
 
 /// A service port, shared by every element it owns.
@@ -170,36 +170,68 @@ type SetKey = (&'static str, Key);
 /// The owners of one element key and what each wants there. The first
 /// owner in name order wins, so the outcome never depends on event order.
 /// The winner's element is the same allocation as the one recorded as
-/// programmed, once it is.
+/// programmed, once it is. Nearly every key has one owner, kept inline:
+/// only a second one allocates.
 #[derive(Debug, Default)]
-struct Owners(Vec<(Owner, Arc<Element>)>);
+struct Owners {
+    /// The first in name order (`None` only when there is none).
+    first: Option<(Owner, Arc<Element>)>,
+    /// The others, in name order.
+    rest: Vec<(Owner, Arc<Element>)>,
+}
 
 impl Owners {
     fn insert(&mut self, owner: Owner, e: Arc<Element>) {
-        match self.0.binary_search_by(|(o, _)| o.as_ref().cmp(&owner)) {
-            Ok(i) => self.0[i].1 = e,
-            Err(i) => {
-                // Nearly every key has one owner: no room for four.
-                if self.0.len() == self.0.capacity() && self.0.len() < 4 {
-                    self.0.reserve_exact(1);
+        let Some(first) = &mut self.first else {
+            self.first = Some((owner, e));
+            return;
+        };
+        match owner.as_ref().cmp(first.0.as_ref()) {
+            std::cmp::Ordering::Equal => first.1 = e,
+            std::cmp::Ordering::Less => {
+                let was = std::mem::replace(first, (owner, e));
+                self.rest.insert(0, was);
+            }
+            std::cmp::Ordering::Greater => {
+                match self.rest.binary_search_by(|(o, _)| o.as_ref().cmp(&owner)) {
+                    Ok(i) => self.rest[i].1 = e,
+                    Err(i) => self.rest.insert(i, (owner, e)),
                 }
-                self.0.insert(i, (owner, e))
             }
         }
     }
 
     fn remove(&mut self, owner: &ServicePortName) {
-        if let Ok(i) = self.0.binary_search_by(|(o, _)| o.as_ref().cmp(owner)) {
-            self.0.remove(i);
+        if self
+            .first
+            .as_ref()
+            .is_some_and(|(o, _)| o.as_ref() == owner)
+        {
+            self.first = (!self.rest.is_empty()).then(|| self.rest.remove(0));
+        } else if let Ok(i) = self.rest.binary_search_by(|(o, _)| o.as_ref().cmp(owner)) {
+            self.rest.remove(i);
         }
     }
 
+    /// Every owner, in name order.
+    fn iter(&self) -> impl Iterator<Item = &(Owner, Arc<Element>)> {
+        self.first.iter().chain(&self.rest)
+    }
+
+    fn len(&self) -> usize {
+        usize::from(self.first.is_some()) + self.rest.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.first.is_none()
+    }
+
     fn winner(&self) -> Option<&Arc<Element>> {
-        self.0.first().map(|(_, e)| e)
+        self.first.as_ref().map(|(_, e)| e)
     }
 
     fn winner_owner(&self) -> Option<&Owner> {
-        self.0.first().map(|(o, _)| o)
+        self.first.as_ref().map(|(o, _)| o)
     }
 }
 
@@ -421,7 +453,7 @@ impl Proxier {
         self.desired
             .get(set)
             .and_then(|m| m.get(key))
-            .map(|o| o.0.iter().map(|(owner, _)| owner.as_ref()).collect())
+            .map(|o| o.iter().map(|(owner, _)| owner.as_ref()).collect())
             .unwrap_or_default()
     }
 
@@ -435,17 +467,17 @@ impl Proxier {
             .range(ServicePortName::first_of(svc)..)
             .take_while(|(k, _)| k.service == *svc)
         {
-            let mut elements = Vec::new();
+            let mut elements = Vec::with_capacity(stored.keys.len());
             for (set, key) in &stored.keys {
                 let Some(owners) = self.desired.get(set).and_then(|m| m.get(key)) else {
                     continue;
                 };
-                if let Some((_, e)) = owners.0.iter().find(|(o, _)| o.as_ref() == port) {
+                if let Some((_, e)) = owners.iter().find(|(o, _)| o.as_ref() == port) {
                     let winner = self.programmed_for(set, key, owners);
                     elements.push(IntendedElement {
                         set,
                         element: e.clone(),
-                        programmed_for: winner.filter(|w| *w != port).cloned(),
+                        programmed_for: winner.filter(|w| ***w != *port).cloned(),
                     });
                 }
             }
@@ -477,15 +509,14 @@ impl Proxier {
         set: &str,
         key: &[Value],
         owners: &'a Owners,
-    ) -> Option<&'a ServicePortName> {
+    ) -> Option<&'a Owner> {
         match holder(&self.desired, set, key, owners) {
-            Some((o, _)) => Some(o.as_ref()),
+            Some((o, _)) => Some(o),
             None => self
                 .desired
                 .get(layout::FIREWALL_IPS)
                 .and_then(|m| m.get(key.get(..key.len().saturating_sub(1))?))
-                .and_then(Owners::winner_owner)
-                .map(AsRef::as_ref),
+                .and_then(Owners::winner_owner),
         }
     }
 
@@ -499,7 +530,7 @@ impl Proxier {
             let mut claims: BTreeSet<&Owner> = BTreeSet::new();
             for set in DESTINATIONS {
                 if let Some(o) = self.desired.get(set).and_then(|m| m.get(&key)) {
-                    claims.extend(o.0.iter().map(|(o, _)| o));
+                    claims.extend(o.iter().map(|(o, _)| o));
                 }
             }
             let mut now: Vec<Conflict> = Vec::new();
@@ -930,7 +961,6 @@ impl Proxier {
                     if !have.contains_key(key.as_slice()) {
                         adds.push(Add {
                             set: layout::NODEPORT_IPS,
-                            key: Arc::from(key.as_slice()),
                             element: Arc::new(Element::key(key.to_vec())),
                             owner: None,
                         });
@@ -994,7 +1024,7 @@ impl Proxier {
             self.programmed
                 .entry(a.set)
                 .or_default()
-                .insert(a.key, a.element);
+                .insert(a.element.key.clone(), a.element);
         }
         self.programmed_chains = wanted_names;
         Ok(())
@@ -1171,11 +1201,11 @@ impl Proxier {
             if let Some(m) = self.desired.get_mut(set)
                 && let Some(owners) = m.get_mut(key)
             {
-                if owners.0.len() > 1 && DESTINATIONS.contains(set) {
+                if owners.len() > 1 && DESTINATIONS.contains(set) {
                     self.contested.insert(key.clone());
                 }
                 owners.remove(owner);
-                if owners.0.is_empty() {
+                if owners.is_empty() {
                     m.remove(key);
                 }
             }
@@ -1226,8 +1256,7 @@ impl Proxier {
                 _ => Arc::new(e),
             };
             let owners = m.entry(key.clone()).or_default();
-            if DESTINATIONS.contains(&set)
-                && owners.0.iter().any(|(o, _)| o.service != owner.service)
+            if DESTINATIONS.contains(&set) && owners.iter().any(|(o, _)| o.service != owner.service)
             {
                 self.contested.insert(key.clone());
             }
@@ -1284,7 +1313,7 @@ impl Proxier {
 /// it if the kernel refuses).
 struct Add {
     set: &'static str,
-    key: Key,
+    /// The element, its key shared with the maps.
     element: Arc<Element>,
     owner: Option<Owner>,
 }
@@ -1302,14 +1331,14 @@ fn holder<'a>(
     owners: &'a Owners,
 ) -> Option<&'a (Owner, Arc<Element>)> {
     if set != layout::FIREWALL_ALLOW {
-        return owners.0.first();
+        return owners.first.as_ref();
     }
     let entry = key.get(..key.len().saturating_sub(1))?;
     let winner = desired
         .get(layout::FIREWALL_IPS)?
         .get(entry)?
         .winner_owner()?;
-    owners.0.iter().find(|(o, _)| o == winner)
+    owners.iter().find(|(o, _)| o == winner)
 }
 
 /// The keys of `m` that begin with `prefix`, in order.
@@ -1333,7 +1362,6 @@ fn diff(
 ) {
     let add = |(owner, w): &(Owner, Arc<Element>)| Add {
         set,
-        key: key.clone(),
         element: w.clone(),
         owner: Some(owner.clone()),
     };
@@ -1605,4 +1633,56 @@ fn is_fixed_chain(name: &str) -> bool {
 /// Our static name for a set, if it is one of ours.
 fn static_set_name(name: &str) -> Option<&'static str> {
     layout::SETS.into_iter().find(|n| *n == name)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use verdict_model::Protocol;
+
+    fn owner(name: &str) -> Owner {
+        Arc::new(ServicePortName::new("ns", name, "p", Protocol::Tcp))
+    }
+
+    fn element(port: u16) -> Arc<Element> {
+        Arc::new(Element::key(vec![Value::Port(port)]))
+    }
+
+    fn names(o: &Owners) -> Vec<String> {
+        o.iter().map(|(o, _)| o.service.name.to_string()).collect()
+    }
+
+    /// The first owner in name order wins, whatever the order they came
+    /// in; one owner is kept without a list.
+    #[test]
+    fn owners_stay_in_name_order() {
+        let mut o = Owners::default();
+        assert!(o.is_empty() && o.winner().is_none());
+        o.insert(owner("m"), element(1));
+        assert_eq!((o.len(), o.rest.capacity()), (1, 0));
+        o.insert(owner("z"), element(2));
+        o.insert(owner("a"), element(3));
+        o.insert(owner("q"), element(4));
+        assert_eq!(names(&o), ["a", "m", "q", "z"]);
+        assert_eq!(o.winner(), Some(&element(3)));
+        // Again: replaced in place.
+        o.insert(owner("q"), element(5));
+        assert_eq!(o.len(), 4);
+        assert_eq!(o.iter().nth(2).map(|(_, e)| e), Some(&element(5)));
+        // The winner goes: the next in name order wins.
+        o.remove(&owner("a"));
+        assert_eq!(names(&o), ["m", "q", "z"]);
+        assert_eq!(
+            o.winner_owner().map(|w| w.service.name.to_string()),
+            Some("m".into())
+        );
+        o.remove(&owner("q"));
+        o.remove(&owner("nobody"));
+        assert_eq!(names(&o), ["m", "z"]);
+        o.remove(&owner("m"));
+        o.remove(&owner("z"));
+        assert!(o.is_empty());
+    }
 }

@@ -82,7 +82,8 @@ impl Owners {
                     if e.set == set && &e.element.key[..] == key {
                         let who = e
                             .programmed_for
-                            .clone()
+                            .as_deref()
+                            .cloned()
                             .unwrap_or_else(|| port.name.clone());
                         if best.as_ref().is_none_or(|b| who < *b) {
                             best = Some(who);
