@@ -6,7 +6,7 @@ use std::fmt::{self, Write as _};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
-use crate::names::{NamespacedName, ServicePortName};
+use crate::names::{Name, NamespacedName, ServicePortName};
 
 /// All endpoints currently known, per service port. Each list is sorted by the
 /// endpoint's Display string and has no two entries with the same IP:port; ports
@@ -33,10 +33,10 @@ pub struct Endpoint {
     pub serving: bool,
     /// `conditions.terminating`, `None` counting as not terminating.
     pub terminating: bool,
-    /// `nodeName`.
-    pub node_name: Option<String>,
-    /// `zone`.
-    pub zone: Option<String>,
+    /// `nodeName` (shared by every endpoint on that node).
+    pub node_name: Option<Name>,
+    /// `zone` (shared likewise).
+    pub zone: Option<Name>,
     /// Zone hints (`hints.forZones`), `None` when there are none.
     pub zone_hints: Option<BTreeSet<String>>,
     /// Node hints (`hints.forNodes`), `None` when there are none.

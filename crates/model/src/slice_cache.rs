@@ -1,7 +1,7 @@
 //! Merges EndpointSlices into per-service-port endpoint lists (kube-proxy's
 //! `endpointslicecache.go`).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::IpAddr;
 
 use crate::api::{EndpointSlice, SliceEndpoint};
@@ -25,8 +25,8 @@ struct EndpointInfo {
     ready: bool,
     serving: bool,
     terminating: bool,
-    node_name: Option<String>,
-    zone: Option<String>,
+    node_name: Option<Name>,
+    zone: Option<Name>,
     zone_hints: Option<BTreeSet<String>>,
     node_hints: Option<BTreeSet<String>>,
 }
@@ -119,7 +119,14 @@ pub struct EndpointSliceCache {
     node_name: String,
     /// Service -> slice name -> slice.
     services: BTreeMap<NamespacedName, Slices>,
+    /// Node and zone names, each kept once however many endpoints name
+    /// it (there are as many as the cluster has nodes and zones).
+    names: HashSet<Name>,
 }
+
+/// Past this many distinct node and zone names (nodes come and go), the
+/// interned ones are let go and interning starts over.
+const MAX_NAMES: usize = 100_000;
 
 impl EndpointSliceCache {
     /// An empty cache for `family` on the node called `node_name`.
@@ -128,6 +135,7 @@ impl EndpointSliceCache {
             family,
             node_name: node_name.into(),
             services: BTreeMap::new(),
+            names: HashSet::new(),
         }
     }
 
@@ -235,7 +243,7 @@ impl EndpointSliceCache {
             .collect()
     }
 
-    fn slice_info(&self, slice: &EndpointSlice) -> SliceInfo {
+    fn slice_info(&mut self, slice: &EndpointSlice) -> SliceInfo {
         let mut ports: Vec<PortInfo> = slice
             .ports
             .iter()
@@ -266,7 +274,21 @@ impl EndpointSliceCache {
         SliceInfo { ports, endpoints }
     }
 
-    fn endpoint_info(&self, ep: &SliceEndpoint) -> Option<EndpointInfo> {
+    /// `s` as a shared name, the same allocation for every endpoint that
+    /// names it.
+    fn intern(&mut self, s: &str) -> Name {
+        if let Some(n) = self.names.get(s) {
+            return n.clone();
+        }
+        if self.names.len() >= MAX_NAMES {
+            self.names.clear();
+        }
+        let n = Name::from(s);
+        self.names.insert(n.clone());
+        n
+    }
+
+    fn endpoint_info(&mut self, ep: &SliceEndpoint) -> Option<EndpointInfo> {
         let ip = parse_ip_legacy(ep.addresses.first()?)?;
         if !self.family.matches(ip) {
             return None;
@@ -280,8 +302,8 @@ impl EndpointSliceCache {
             ready: ep.ready.unwrap_or(true),
             serving: ep.serving.unwrap_or(true),
             terminating: ep.terminating.unwrap_or(false),
-            node_name: ep.node_name.clone(),
-            zone: ep.zone.clone(),
+            node_name: ep.node_name.as_deref().map(|n| self.intern(n)),
+            zone: ep.zone.as_deref().map(|z| self.intern(z)),
             zone_hints: hint_set(hints.map(|h| &h.for_zones)),
             node_hints: hint_set(hints.map(|h| &h.for_nodes)),
         })
@@ -338,6 +360,36 @@ mod tests {
 
     fn strs(eps: &[Endpoint]) -> Vec<String> {
         eps.iter().map(ToString::to_string).collect()
+    }
+
+    /// Endpoints on one node, in two slices, share one copy of its name
+    /// and of their zone.
+    #[test]
+    fn node_and_zone_names_are_kept_once() {
+        let mut c = EndpointSliceCache::new(IpFamily::V4, "n1");
+        let on = |addr: &str, node: &str| SliceEndpoint {
+            node_name: Some(node.into()),
+            zone: Some("z1".into()),
+            ..sep(addr)
+        };
+        c.update(&slice(
+            "a",
+            vec![sport("p", 80)],
+            vec![on("10.0.0.1", "n2")],
+        ));
+        c.update(&slice(
+            "b",
+            vec![sport("p", 80)],
+            vec![on("10.0.0.2", "n2"), on("10.0.0.3", "n3")],
+        ));
+        let map = c.endpoints_for(&svc());
+        let eps = &map[&spn("p", Protocol::Tcp)];
+        assert_eq!(eps.len(), 3);
+        let text = |n: &Option<Name>| n.as_deref().map(str::as_ptr);
+        assert_eq!(text(&eps[0].node_name), text(&eps[1].node_name));
+        assert_ne!(text(&eps[0].node_name), text(&eps[2].node_name));
+        assert_eq!(eps[2].node_name.as_deref(), Some("n3"));
+        assert_eq!(text(&eps[0].zone), text(&eps[2].zone));
     }
 
     #[test]

@@ -179,15 +179,17 @@ pub struct NodeProxy {
     service_cidrs: Vec<ipnet::IpNet>,
     local_ips: Vec<IpAddr>,
     planes: Vec<FamilyPlane>,
-    /// A fingerprint of each Service as last given, to drop updates that
-    /// change nothing; the proxiers keep what they need of the previous
-    /// one, so no copy of the object is kept here.
-    services: HashMap<(String, String), u64>,
+    /// A fingerprint of each Service as last given, by a fingerprint of
+    /// its namespace and name, to drop updates that change nothing: the
+    /// proxiers keep what they need of the previous object, so neither it
+    /// nor its name is kept here.
+    services: HashMap<u128, u64>,
     /// The same for each EndpointSlice, with what a deletion must name.
-    slices: HashMap<(String, String), SliceSeen>,
-    /// The fingerprints' keyed hash (SipHash with keys of this process's
-    /// own: an object cannot be crafted to collide with another).
-    prints: RandomState,
+    slices: HashMap<u128, SliceSeen>,
+    /// The fingerprints' keyed hashes (SipHash with keys of this
+    /// process's own: no object or name can be crafted to collide with
+    /// another). Names get 128 bits.
+    prints: [RandomState; 2],
     /// Families whose kernel cannot record session affinity (startup probe).
     no_affinity: Vec<IpFamily>,
     /// With the Kubernetes source: where Events go.
@@ -237,7 +239,7 @@ impl NodeProxy {
             planes,
             services: HashMap::new(),
             slices: HashMap::new(),
-            prints: RandomState::new(),
+            prints: [RandomState::new(), RandomState::new()],
             no_affinity: Vec::new(),
             events: None,
             view,
@@ -524,9 +526,16 @@ impl NodeProxy {
     }
 
     /// A Service was added, changed (`Some`) or deleted (`None`).
+    /// The 128-bit fingerprint of an object's namespace and name.
+    fn name_print(&self, key: &(String, String)) -> u128 {
+        let [a, b] = &self.prints;
+        (u128::from(a.hash_one(key)) << 64) | u128::from(b.hash_one(key))
+    }
+
     fn set_service(&mut self, key: (String, String), new: Option<Service>) -> bool {
-        let print = new.as_ref().map(|s| self.prints.hash_one(s));
-        let old = self.services.get(&key).copied();
+        let print = new.as_ref().map(|s| self.prints[0].hash_one(s));
+        let id = self.name_print(&key);
+        let old = self.services.get(&id).copied();
         if old == print {
             return false;
         }
@@ -549,16 +558,17 @@ impl NodeProxy {
             changed |= plane.proxier.on_service_named(name.clone(), new.as_ref());
         }
         match print {
-            Some(p) => self.services.insert(key, p),
-            None => self.services.remove(&key),
+            Some(p) => self.services.insert(id, p),
+            None => self.services.remove(&id),
         };
         changed
     }
 
     /// An EndpointSlice was added, changed (`Some`) or deleted (`None`).
     fn set_slice(&mut self, key: (String, String), new: Option<EndpointSlice>) -> bool {
-        let print = new.as_ref().map(|s| self.prints.hash_one(s));
-        let old = self.slices.get(&key).cloned();
+        let print = new.as_ref().map(|s| self.prints[0].hash_one(s));
+        let id = self.name_print(&key);
+        let old = self.slices.get(&id).cloned();
         if old.as_ref().map(|o| o.print) == print {
             return false;
         }
@@ -616,9 +626,9 @@ impl NodeProxy {
                     service_name: n.service_name,
                     address_type: n.address_type,
                 };
-                self.slices.insert(key, seen)
+                self.slices.insert(id, seen)
             }
-            _ => self.slices.remove(&key),
+            _ => self.slices.remove(&id),
         };
         changed
     }
