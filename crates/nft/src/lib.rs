@@ -55,4 +55,4 @@ pub use netlink::{NetlinkBackend, NetlinkConntrack};
 pub use trace::{
     Disposition, ElementSource, InTable, Packet, Trace, TraceLookup, TracePath, TraceStep, Tracer,
 };
-pub use tx::{Op, Transaction};
+pub use tx::{Op, SetName, Transaction};

@@ -194,6 +194,25 @@ impl Transaction {
         self.push(Op::DeleteElement(Cow::Borrowed(set), key));
     }
 
+    /// Deletes elements by key, shared as [`delete_shared_element`](Self::delete_shared_element)
+    /// does, inserted before the operation at `at` (the additions a sync
+    /// wrote first, as it found them, must follow their deletions).
+    pub fn insert_shared_deletes(
+        &mut self,
+        at: usize,
+        deletes: impl IntoIterator<Item = (&'static str, Arc<[Value]>)>,
+    ) {
+        let ops: Vec<Op> = deletes
+            .into_iter()
+            .map(|(set, key)| Op::DeleteElement(Cow::Borrowed(set), key))
+            .collect();
+        for op in &ops {
+            self.check(op);
+        }
+        let at = at.min(self.ops.len());
+        self.ops.splice(at..at, ops);
+    }
+
     /// Makes room for `additional` more operations at once (a big sync
     /// knows how many it has; doubling as they come leaves up to half the
     /// room unused).

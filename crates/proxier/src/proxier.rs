@@ -715,7 +715,7 @@ impl Proxier {
         // What the kernel has, on a full sync. A table we cannot read (say,
         // a rule someone added by hand) is replaced as a whole, atomically.
         let mut replace_table = false;
-        let existing = if full {
+        let mut existing = if full {
             match backend.table(family, &table) {
                 Ok(t) => Some(t),
                 Err(verdict_nft::NftError::Parse(_)) => {
@@ -825,37 +825,35 @@ impl Proxier {
         }
         let wanted = self.wanted_chains();
         let mut chains_now: BTreeSet<String> = self.programmed_chains.clone();
-        let existing_chains = existing
-            .as_ref()
-            .and_then(Option::as_ref)
-            .map(|t| &t.chains);
         // Whether the full sync rebuilds the table's chains (a set changed
         // type): every chain is emptied, the shared ones too.
         let mut rebuilt = false;
-        if let Some(existing) = &existing {
+        if let Some(existing) = &mut existing {
             let empty = verdict_nft::TableState::default();
             rebuilt = self.write_fixed(
                 &mut tx,
                 existing.as_ref(),
                 existing.as_ref().unwrap_or(&empty),
             );
-            let existing = existing.as_ref().unwrap_or(&empty);
-            // What is really there replaces what we believed.
+            // What is really there replaces what we believed. The elements
+            // read back are taken, not copied: the table read is the
+            // largest thing a repair holds.
             self.programmed = BTreeMap::new();
             for set in layout::sets(&self.cfg) {
                 let name = static_set_name(&set.name);
-                if let (Some(name), Some(s)) = (name, existing.sets.get(&set.name))
+                let read = existing.as_mut().and_then(|t| t.sets.get_mut(&set.name));
+                if let (Some(name), Some(s)) = (name, read)
                     && name != layout::AFFINITY
                     && s.set.same_type(&set)
                 {
-                    let have: BTreeMap<Key, Arc<Element>> = s
-                        .elements
-                        .values()
-                        .map(|e| self.shared(name, e.clone()))
+                    let have: BTreeMap<Key, Arc<Element>> = std::mem::take(&mut s.elements)
+                        .into_values()
+                        .map(|e| self.shared(name, e))
                         .collect();
                     self.programmed.insert(name, have);
                 }
             }
+            let existing = existing.as_ref().unwrap_or(&empty);
             chains_now = existing
                 .chains
                 .keys()
@@ -865,6 +863,10 @@ impl Proxier {
             self.stale_chains
                 .retain(|c, _| existing.chains.contains_key(c));
         }
+        let existing_chains = existing
+            .as_ref()
+            .and_then(Option::as_ref)
+            .map(|t| &t.chains);
         // Rules of a chain in the kernel, on a full sync.
         let rules_now = |name: &str| existing_chains.and_then(|c| c.get(name)).map(|c| &c.rules);
 
@@ -894,8 +896,19 @@ impl Proxier {
         // service port that wants it, to blame it if the kernel refuses).
         // Each with its key as the maps keep it, to record what the
         // kernel has once it has it without looking the keys up again.
+        // The additions go straight into the transaction, with room for
+        // as many as a full sync can make (room never written is never
+        // resident); the deletions are put before them once known.
+        let fixed_ops = tx.len();
+        tx.reserve(match &touched {
+            Some(t) => t.len(),
+            None => self.desired.values().map(BTreeMap::len).sum::<usize>() + node_port_ips.len(),
+        });
         let mut deletes: Vec<SetKey> = Vec::new();
-        let mut adds: Vec<Add> = Vec::new();
+        let mut adds = Adds {
+            tx: &mut tx,
+            owners: Vec::new(),
+        };
         match &touched {
             Some(touched) => {
                 for (set, key) in touched {
@@ -959,11 +972,8 @@ impl Proxier {
                 for ip in &node_port_ips {
                     let key = [Value::Addr(*ip)];
                     if !have.contains_key(key.as_slice()) {
-                        adds.push(Add {
-                            set: layout::NODEPORT_IPS,
-                            element: Arc::new(Element::key(key.to_vec())),
-                            owner: None,
-                        });
+                        let e = Arc::new(Element::key(key.to_vec()));
+                        adds.push(layout::NODEPORT_IPS, e, None);
                     }
                 }
                 for key in have.keys() {
@@ -973,17 +983,12 @@ impl Proxier {
                 }
             }
         }
-        tx.reserve(deletes.len() + adds.len());
         // The transaction shares the keys and elements this proxier keeps.
-        for (set, key) in &deletes {
-            tx.delete_shared_element(set, key.clone());
-        }
-        let mut owners: Vec<Option<Owner>> = vec![None; tx.len()];
-        owners.reserve_exact(adds.len());
-        for a in &adds {
-            tx.add_shared_element(a.set, a.element.clone());
-            owners.push(a.owner.clone());
-        }
+        let add_owners = adds.owners;
+        let n_deletes = deletes.len();
+        tx.insert_shared_deletes(fixed_ops, deletes);
+        let mut owners: Vec<Option<Owner>> = vec![None; fixed_ops + n_deletes];
+        owners.extend(add_owners);
 
         // Chains nobody jumps to any more: empty them now, delete them later.
         let wanted_names: BTreeSet<String> = wanted.iter().map(|c| c.to_string()).collect();
@@ -1013,18 +1018,25 @@ impl Proxier {
             });
         }
         // The kernel has it now: record the element changes (every
-        // element operation of the transaction is one of these).
-        drop(tx);
-        for (set, key) in deletes {
-            if let Some(m) = self.programmed.get_mut(set) {
-                m.remove(&key);
+        // element operation of the transaction is one of these, the
+        // deletions first).
+        for op in tx.ops().get(fixed_ops..).unwrap_or_default() {
+            match op {
+                verdict_nft::Op::DeleteElement(set, key) => {
+                    if let Some(m) = own_set_name(set).and_then(|s| self.programmed.get_mut(s)) {
+                        m.remove(key);
+                    }
+                }
+                verdict_nft::Op::AddElement(set, e) => {
+                    if let Some(set) = own_set_name(set) {
+                        self.programmed
+                            .entry(set)
+                            .or_default()
+                            .insert(e.key.clone(), e.clone());
+                    }
+                }
+                _ => {}
             }
-        }
-        for a in adds {
-            self.programmed
-                .entry(a.set)
-                .or_default()
-                .insert(a.element.key.clone(), a.element);
         }
         self.programmed_chains = wanted_names;
         Ok(())
@@ -1309,13 +1321,19 @@ impl Proxier {
     }
 }
 
-/// An element a sync adds, with the service port that wants it (to blame
-/// it if the kernel refuses).
-struct Add {
-    set: &'static str,
-    /// The element, its key shared with the maps.
-    element: Arc<Element>,
-    owner: Option<Owner>,
+/// The elements a sync adds, written into its transaction as they are
+/// found, with the service port that wants each (to blame it if the
+/// kernel refuses).
+struct Adds<'t> {
+    tx: &'t mut Transaction,
+    owners: Vec<Option<Owner>>,
+}
+
+impl Adds<'_> {
+    fn push(&mut self, set: &'static str, element: Arc<Element>, owner: Option<Owner>) {
+        self.tx.add_shared_element(set, element);
+        self.owners.push(owner);
+    }
 }
 
 /// The owner whose element of `key` is programmed: the first in name
@@ -1358,20 +1376,18 @@ fn diff(
     want: Option<&(Owner, Arc<Element>)>,
     have: Option<&Arc<Element>>,
     deletes: &mut Vec<SetKey>,
-    adds: &mut Vec<Add>,
+    adds: &mut Adds<'_>,
 ) {
-    let add = |(owner, w): &(Owner, Arc<Element>)| Add {
-        set,
-        element: w.clone(),
-        owner: Some(owner.clone()),
+    let mut add = |(owner, w): &(Owner, Arc<Element>)| {
+        adds.push(set, w.clone(), Some(owner.clone()));
     };
     match (want, have) {
         (Some((_, w)), Some(h)) if Arc::ptr_eq(w, h) || w == h => {}
         (Some(w), Some(_)) => {
             deletes.push((set, key.clone()));
-            adds.push(add(w));
+            add(w);
         }
-        (Some(w), None) => adds.push(add(w)),
+        (Some(w), None) => add(w),
         (None, Some(_)) => deletes.push((set, key.clone())),
         (None, None) => {}
     }
@@ -1631,6 +1647,15 @@ fn is_fixed_chain(name: &str) -> bool {
 }
 
 /// Our static name for a set, if it is one of ours.
+/// The name of one of verdict's sets as a transaction holds it: the
+/// shared name itself when the proxier wrote it.
+fn own_set_name(name: &verdict_nft::SetName) -> Option<&'static str> {
+    match name {
+        std::borrow::Cow::Borrowed(s) => Some(s),
+        std::borrow::Cow::Owned(s) => static_set_name(s),
+    }
+}
+
 fn static_set_name(name: &str) -> Option<&'static str> {
     layout::SETS.into_iter().find(|n| *n == name)
 }
