@@ -105,7 +105,7 @@ pub fn handler(
         if req.path == "/ui" || req.path.starts_with("/ui/") {
             return Some(crate::inspect::ui::page(req));
         }
-        let _turn = if reads_whole_tables(req) {
+        let turn = if reads_whole_tables(req) {
             match limiter.turn(Instant::now()) {
                 Ok(t) => Some(t),
                 Err(refused) => return Some(refused),
@@ -125,7 +125,14 @@ pub fn handler(
         }
         let flows = |family: Family| conntrack_flows(backend, family);
         let (code, body) = answer(&node, read.as_ref(), &flows, counters.as_deref(), req)?;
-        Some(Response::json(code, body.to_string()))
+        let response = Response::json(code, body.to_string());
+        if turn.is_some() {
+            // The whole tables read are freed now: give their pages back
+            // (these reads take turns, a few a minute at most).
+            drop(body);
+            crate::memory::trim();
+        }
+        Some(response)
     })
 }
 
@@ -307,21 +314,20 @@ pub fn answer(
             }
         }
         "/drift" => {
-            let mut kernels = Vec::new();
-            for (f, _, _) in &tables {
-                match read_family(*f, Reading::Whole) {
-                    Ok(k) => kernels.push((*f, k)),
+            // One family at a time, and through netlink one set at a
+            // time: never more of the kernel held than its largest set.
+            let mut families = Vec::new();
+            for (f, (family, _, _)) in node.families().iter().zip(&tables) {
+                let k = match read_family(*family, Reading::Targeted) {
+                    Ok(k) => k,
                     Err(e) => return Some(e),
+                };
+                let d = inspect::drift(node, f, &k);
+                if let Some(e) = failed(*family, &k) {
+                    return Some(e);
                 }
+                families.push(d);
             }
-            let families = node
-                .families()
-                .iter()
-                .zip(&kernels)
-                .map(|(f, (_, k))| {
-                    inspect::drift(node, f, k.table.as_ref(), k.read.as_secs_f64() * 1e3)
-                })
-                .collect();
             to_json(&inspect::answers::DriftAnswer { families })
         }
         path => {

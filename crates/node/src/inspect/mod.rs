@@ -265,6 +265,26 @@ impl Kernel {
             .and_then(|l| l.failed.borrow().clone())
     }
 
+    /// Every element of `set`, read now from the kernel (a table read
+    /// without its elements); the time counts as the lookups'.
+    pub fn read_set(&self, set: &str) -> Result<Vec<Element>, NftError> {
+        let Some(l) = &self.lookups else {
+            return Ok(self
+                .table
+                .as_ref()
+                .and_then(|t| t.sets.get(set))
+                .map(|s| s.elements.values().cloned().collect())
+                .unwrap_or_default());
+        };
+        let t = Instant::now();
+        let read = l.backend.borrow_mut().elements(l.family, &l.table, set);
+        l.took.set(l.took.get() + t.elapsed());
+        if let Err(e) = &read {
+            l.failed.borrow_mut().get_or_insert_with(|| e.to_string());
+        }
+        read
+    }
+
     /// Milliseconds spent reading: the table, and the lookups since.
     fn read_ms(&self) -> f64 {
         let lookups = self
@@ -1219,15 +1239,12 @@ fn element_text(e: &Element) -> String {
 /// The drift of a whole table: elements verdict wants that the kernel
 /// lacks or holds with another value, and elements in verdict's sets
 /// that it does not want (the affinity map excluded: the data path
-/// writes it).
-pub fn drift(
-    handle: &NodeHandle,
-    f: &FamilyView,
-    table: Option<&TableState>,
-    read_ms: f64,
-) -> FamilyDrift {
+/// writes it). A table read without its elements (netlink) is read one
+/// set at a time, each dropped before the next: the answer never holds
+/// more of the kernel than its largest set.
+pub fn drift(handle: &NodeHandle, f: &FamilyView, kernel: &Kernel) -> FamilyDrift {
     let family = f.config.nft_family().to_string();
-    let Some(t) = table else {
+    let Some(t) = &kernel.table else {
         return FamilyDrift {
             family,
             table: false,
@@ -1235,60 +1252,88 @@ pub fn drift(
             differs: 0,
             extra: 0,
             examples: Vec::new(),
-            read_ms,
+            read_ms: kernel.read_ms(),
         };
     };
-    // What the family's Services want: the element programmed for each
-    // key (another port's claim on the key names it as programmed_for).
+    // What the family's Services want, set by set: the element programmed
+    // for each key (another port's claim on the key names it as
+    // programmed_for).
     let views = handle.all_services();
-    let mut desired: std::collections::HashMap<(&str, &[Value]), &Element> =
-        std::collections::HashMap::new();
+    let mut desired: BTreeMap<&str, std::collections::HashMap<&[Value], &Element>> =
+        BTreeMap::new();
     for v in &views {
         for sf in v.families.iter().filter(|sf| sf.family == f.config.family) {
             for port in &sf.ports {
                 for e in port.intent.iter().flat_map(|i| &i.elements) {
                     if e.programmed_for.is_none() {
-                        desired.insert((e.set, &e.element.key[..]), &e.element);
+                        desired
+                            .entry(e.set)
+                            .or_default()
+                            .insert(&e.element.key[..], &e.element);
                     }
                 }
             }
         }
     }
     let (mut missing, mut differs, mut extra) = (Vec::new(), Vec::new(), Vec::new());
-    for ((set, key), e) in &desired {
-        match t.sets.get(*set).and_then(|s| s.elements.get(*key)) {
-            None => missing.push(format!("missing {set}: {}", element_text(e))),
-            Some(k) if k.value != e.value => {
-                differs.push(format!("differs {set}: {}", element_text(e)))
-            }
-            Some(_) => {}
-        }
-    }
-    missing.sort();
-    differs.sort();
-    // NodePort addresses belong to the node, not to a Service.
     let node_port_ips = &f.node_port_ips;
-    let np_set = t.sets.get(layout::NODEPORT_IPS);
-    for ip in node_port_ips {
-        if !np_set.is_some_and(|s| s.elements.contains_key(&[Value::Addr(*ip)][..])) {
-            missing.push(format!("missing {}: {ip}", layout::NODEPORT_IPS));
+    let none = std::collections::HashMap::new();
+    let mut names: std::collections::BTreeSet<&str> = t.sets.keys().map(String::as_str).collect();
+    names.extend(desired.keys().copied());
+    for name in names {
+        let want = desired.get(name).unwrap_or(&none);
+        // This set's elements, by key: read now if the table came without
+        // them.
+        let read;
+        let have: std::collections::HashMap<&[Value], &Element> = match t.sets.get(name) {
+            None => std::collections::HashMap::new(),
+            Some(_) if kernel.lookups.is_some() => {
+                // A set that cannot be read fails the answer
+                // ([`Kernel::failed`]).
+                read = kernel.read_set(name);
+                read.iter().flatten().map(|e| (&e.key[..], e)).collect()
+            }
+            Some(s) => s.elements.iter().map(|(k, e)| (&k[..], e)).collect(),
+        };
+        for (key, e) in want {
+            match have.get(key) {
+                None => missing.push(format!("missing {name}: {}", element_text(e))),
+                Some(k) if k.value != e.value => {
+                    differs.push(format!("differs {name}: {}", element_text(e)))
+                }
+                Some(_) => {}
+            }
         }
-    }
-    for (name, s) in &t.sets {
+        if name == layout::NODEPORT_IPS {
+            // NodePort addresses belong to the node, not to a Service.
+            for ip in node_port_ips {
+                if !have.contains_key(&[Value::Addr(*ip)][..]) {
+                    missing.push(format!("missing {}: {ip}", layout::NODEPORT_IPS));
+                }
+            }
+        }
         if name == layout::AFFINITY {
             continue;
         }
-        for e in s.elements.values() {
+        for e in have.values() {
             let wanted = if name == layout::NODEPORT_IPS {
                 matches!(&e.key[..], [Value::Addr(ip)] if node_port_ips.contains(ip))
             } else {
-                desired.contains_key(&(name.as_str(), &e.key[..]))
+                want.contains_key(&e.key[..])
             };
             if !wanted {
                 extra.push(format!("extra {name}: {}", element_text(e)));
             }
         }
     }
+    if !t.sets.contains_key(layout::NODEPORT_IPS) {
+        for ip in node_port_ips {
+            missing.push(format!("missing {}: {ip}", layout::NODEPORT_IPS));
+        }
+    }
+    missing.sort();
+    differs.sort();
+    extra.sort();
     const SHOWN: usize = 20;
     FamilyDrift {
         family,
@@ -1303,7 +1348,7 @@ pub fn drift(
             .take(SHOWN)
             .cloned()
             .collect(),
-        read_ms,
+        read_ms: kernel.read_ms(),
     }
 }
 

@@ -396,11 +396,29 @@ fn explain_shows_every_endpoint_and_checks_the_kernel() {
     let whole = as_json(&drift(
         &view,
         &view.family(IpFamily::V4).unwrap(),
-        kernel(&nft).table.as_ref(),
-        0.0,
+        &kernel(&nft),
     ));
     assert_eq!(whole["missing"], 1, "{whole:#}");
     assert_eq!(whole["extra"], 1, "{whole:#}");
+    // Read without its elements, then set by set (as through netlink):
+    // the same drift.
+    let by_set = Kernel::targeted(Box::new(nft.clone()), Family::Ip, "verdict", "memory").unwrap();
+    assert!(
+        by_set
+            .table
+            .as_ref()
+            .unwrap()
+            .sets
+            .values()
+            .all(|s| s.elements.is_empty())
+    );
+    let targeted = as_json(&drift(&view, &view.family(IpFamily::V4).unwrap(), &by_set));
+    assert_eq!(targeted["examples"], whole["examples"], "{targeted:#}");
+    assert_eq!(
+        (targeted["missing"].clone(), targeted["extra"].clone()),
+        (json!(1), json!(1))
+    );
+    assert!(by_set.failed().is_none());
 
     let unknown = explain(&view, &NamespacedName::new("ns", "nope"), &[]);
     assert_eq!(unknown["found"], false);
