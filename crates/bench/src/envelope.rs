@@ -32,7 +32,7 @@ use crate::daemon::{Log, Programs, Row, Shape, Source};
 use crate::workload::service_ip;
 use crate::{flag, num_flag, pct, sizes};
 
-const USAGE: &str = "usage: verdict-bench envelope [--sizes 30000,100000] [--sources manifests,api] [--listener absent,present] [--changes 20] [--adds 20] [--flushes 3] [--log DIR]";
+const USAGE: &str = "usage: verdict-bench envelope [--sizes 30000,100000] [--sources manifests,api] [--listener absent,present] [--changes 20] [--adds 20] [--flushes 3] [--log DIR] [--out DIR] | --plot TABLE.md > envelope.svg";
 
 /// What one run measured after the cold start.
 pub(crate) struct Envelope {
@@ -193,6 +193,16 @@ pub fn envelope(args: &[String]) -> Result<(), String> {
         println!("{USAGE}");
         return Ok(());
     }
+    if let Some(table) = flag(args, "--plot") {
+        // Only the plot, from a table this command printed.
+        let text = std::fs::read_to_string(table).map_err(|e| format!("{table}: {e}"))?;
+        let points = parse_table(&text);
+        if points.is_empty() {
+            return Err(format!("{table}: no envelope rows in it"));
+        }
+        print!("{}", svg(&points));
+        return Ok(());
+    }
     can_run()?;
     let num = |name: &str, default: usize| {
         num_flag(args, name, default).map_err(|e| format!("{e}\n{USAGE}"))
@@ -231,13 +241,20 @@ pub fn envelope(args: &[String]) -> Result<(), String> {
         .collect::<Result<Vec<_>, _>>()?;
     let verdict = crate::daemon::sibling("verdict")?;
     let apiserver = crate::daemon::sibling("verdict-e2e-apiserver")?;
-    println!(
+    let out_dir = flag(args, "--out").map(std::path::PathBuf::from);
+    // The table as printed, kept for `--out`.
+    let mut text = String::new();
+    let mut say = |line: String| {
+        println!("{line}");
+        text.push_str(&line);
+        text.push('\n');
+    };
+    say(format!(
         "### The scale envelope: the verdict program with its default flags, 2 endpoints per ClusterIP Service, {changes} endpoint changes, {adds} Services added, {flushes} foreign flushes, one restart\n"
-    );
-    println!(
-        "| services | source | another nftables listener | start → last Service answers | first full sync (IPv4) | peak RSS | endpoint change p50 / p99 (sync) | p99 (whole path) | add a Service p50 / p99 (sync) | p99 (whole path) | full read of the table | flush → repaired p50 / max | restart → first sync (operations) |"
-    );
-    println!("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    ));
+    say("| services | source | another nftables listener | start → last Service answers | first full sync (IPv4) | peak RSS | endpoint change p50 / p99 (sync) | p99 (whole path) | add a Service p50 / p99 (sync) | p99 (whole path) | full read of the table | flush → repaired p50 / max | restart → first sync (operations) |".to_owned());
+    say("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|".to_owned());
+    let mut points: Vec<Point> = Vec::new();
     for n in sizes {
         for &source in &sources {
             for &listener in &listeners {
@@ -276,7 +293,16 @@ pub fn envelope(args: &[String]) -> Result<(), String> {
                 let crate::daemon::Changes::Envelope(e) = changes else {
                     return Err("the envelope run measured something else".into());
                 };
-                println!(
+                points.push(Point {
+                    n,
+                    series: format!(
+                        "{name}, {}",
+                        if listener { "listener" } else { "no listener" }
+                    ),
+                    answered: e.answered.as_secs_f64(),
+                    rss: e.peak_rss,
+                });
+                say(format!(
                     "| {n} | {name} | {} | {} | {} | {:.0} MiB | {:.2} / {:.2} ms | {:.2} ms | {:.2} / {:.2} ms | {:.2} ms | {:.0} ms | {:.0} / {:.0} ms | {} ({}) |",
                     if listener { "present" } else { "absent" },
                     cell_s(e.answered),
@@ -293,12 +319,220 @@ pub fn envelope(args: &[String]) -> Result<(), String> {
                     e.repair_max,
                     cell_s(e.adopt),
                     e.adopt_ops,
+                ));
+            }
+        }
+    }
+    say(format!(
+        "\nTimes from verdict's start, from the write (API server or file) or from the flush. (sync) is the sync's own time in verdict's log, the proxier and the kernel; (whole path) runs from the write to that log line. The full read is `/api/v1/drift`'s reading of the IPv4 table (median of three; each must find no drift). Peak RSS is the first process's, over all of it. The kernel's endpoint map is checked against every Service's endpoints after the first sync, the changes, the adds, each repair and the restart."
+    ));
+    if let Some(dir) = out_dir {
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let write = |name: &str, body: &str| {
+            let p = dir.join(name);
+            std::fs::write(&p, body).map_err(|e| format!("{}: {e}", p.display()))
+        };
+        write("envelope.md", &text)?;
+        write("envelope.svg", &svg(&points))?;
+    }
+    Ok(())
+}
+
+/// The rows of a table this command printed, as points of the plot.
+fn parse_table(text: &str) -> Vec<Point> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        // "", services, source, listener, answers, first sync, RSS, …
+        let (Some(n), Some(source), Some(listener), Some(answered), Some(rss)) = (
+            cells.get(1).and_then(|c| c.parse::<usize>().ok()),
+            cells.get(2),
+            cells.get(3),
+            cells
+                .get(4)
+                .and_then(|c| c.strip_suffix(" s")?.parse::<f64>().ok()),
+            cells
+                .get(6)
+                .and_then(|c| c.strip_suffix(" MiB")?.parse::<f64>().ok()),
+        ) else {
+            continue;
+        };
+        let listener = match *listener {
+            "present" => "listener",
+            _ => "no listener",
+        };
+        out.push(Point {
+            n,
+            series: format!("{source}, {listener}"),
+            answered,
+            rss,
+        });
+    }
+    out
+}
+
+/// One run's figures for the plot.
+struct Point {
+    n: usize,
+    series: String,
+    answered: f64,
+    rss: f64,
+}
+
+/// Two panels against the number of Services (log scales): start → the
+/// last Service answering, and peak RSS, one line per source and
+/// listener, with the issue's targets marked.
+fn svg(points: &[Point]) -> String {
+    use std::fmt::Write as _;
+    let (w, h, pad) = (820.0, 320.0, 56.0);
+    let panel_w = (w - 3.0 * pad) / 2.0;
+    let mut sizes: Vec<usize> = points.iter().map(|p| p.n).collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    let mut series: Vec<&str> = Vec::new();
+    for p in points {
+        if !series.contains(&p.series.as_str()) {
+            series.push(&p.series);
+        }
+    }
+    let colors = [
+        "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
+    ];
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"11\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+    );
+    type Value = fn(&Point) -> f64;
+    let panels: [(&str, Value, &[(f64, f64)]); 2] = [
+        (
+            "start → last Service answers (s)",
+            |p| p.answered,
+            &[(30_000.0, 1.5), (100_000.0, 5.0)],
+        ),
+        (
+            "peak RSS (MiB)",
+            |p| p.rss,
+            &[(30_000.0, 150.0), (100_000.0, 500.0)],
+        ),
+    ];
+    for (i, (title, value, targets)) in panels.iter().enumerate() {
+        let x0 = pad + i as f64 * (panel_w + pad);
+        let (y0, y1) = (pad, h - pad);
+        let vals: Vec<f64> = points
+            .iter()
+            .map(value)
+            .chain(targets.iter().map(|t| t.1))
+            .filter(|v| *v > 0.0)
+            .collect();
+        let lo = vals.iter().copied().fold(f64::MAX, f64::min).max(1e-3) / 1.5;
+        let hi = vals.iter().copied().fold(f64::MIN, f64::max).max(lo * 2.0) * 1.5;
+        let ty = |v: f64| y1 - (v.max(lo).ln() - lo.ln()) / (hi.ln() - lo.ln()) * (y1 - y0);
+        let at = |n: usize| sizes.iter().position(|x| *x == n).unwrap_or(0);
+        let tx = |n: usize| x0 + (at(n) as f64 + 0.5) * panel_w / sizes.len().max(1) as f64;
+        let _ = writeln!(
+            s,
+            "<text x=\"{x0}\" y=\"{}\" font-weight=\"bold\">{title}</text>",
+            y0 - 18.0
+        );
+        let _ = writeln!(
+            s,
+            "<line x1=\"{x0}\" y1=\"{y1}\" x2=\"{}\" y2=\"{y1}\" stroke=\"black\"/><line x1=\"{x0}\" y1=\"{y0}\" x2=\"{x0}\" y2=\"{y1}\" stroke=\"black\"/>",
+            x0 + panel_w
+        );
+        let mut tick = 10f64.powf(lo.log10().floor());
+        while tick <= hi {
+            for m in [1.0, 2.0, 5.0] {
+                let v = tick * m;
+                if v >= lo && v <= hi {
+                    let y = ty(v);
+                    let _ = writeln!(
+                        s,
+                        "<line x1=\"{x0}\" y1=\"{y:.1}\" x2=\"{}\" y2=\"{y:.1}\" stroke=\"#e4e4e4\"/><text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{v}</text>",
+                        x0 + panel_w,
+                        x0 - 4.0,
+                        y + 4.0
+                    );
+                }
+            }
+            tick *= 10.0;
+        }
+        for n in &sizes {
+            let _ = writeln!(
+                s,
+                "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">{n}</text>",
+                tx(*n),
+                y1 + 15.0
+            );
+        }
+        for (n, target) in targets.iter() {
+            if sizes.contains(&(*n as usize)) {
+                let (x, y) = (tx(*n as usize), ty(*target));
+                let _ = writeln!(
+                    s,
+                    "<line x1=\"{:.1}\" y1=\"{y:.1}\" x2=\"{:.1}\" y2=\"{y:.1}\" stroke=\"black\" stroke-dasharray=\"4 3\"/><text x=\"{:.1}\" y=\"{:.1}\">target</text>",
+                    x - 22.0,
+                    x + 22.0,
+                    x + 24.0,
+                    y + 4.0
+                );
+            }
+        }
+        for (k, name) in series.iter().enumerate() {
+            let color = colors[k % colors.len()];
+            let pts: Vec<String> = points
+                .iter()
+                .filter(|p| p.series == *name)
+                .map(|p| format!("{:.1},{:.1}", tx(p.n), ty(value(p))))
+                .collect();
+            let _ = writeln!(
+                s,
+                "<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"2\" points=\"{}\"/>",
+                pts.join(" ")
+            );
+            for pt in &pts {
+                if let Some((x, y)) = pt.split_once(',') {
+                    let _ = writeln!(
+                        s,
+                        "<circle cx=\"{x}\" cy=\"{y}\" r=\"3\" fill=\"{color}\"/>"
+                    );
+                }
+            }
+            if i == 0 {
+                let _ = writeln!(
+                    s,
+                    "<text x=\"{:.1}\" y=\"{:.1}\" fill=\"{color}\">{name}</text>",
+                    x0 + 8.0,
+                    y0 + 12.0 + 13.0 * k as f64
                 );
             }
         }
     }
-    println!(
-        "\nTimes from verdict's start, from the write (API server or file) or from the flush. (sync) is the sync's own time in verdict's log, the proxier and the kernel; (whole path) runs from the write to that log line. The full read is `/api/v1/drift`'s reading of the IPv4 table (median of three; each must find no drift). Peak RSS is the first process's, over all of it. The kernel's endpoint map is checked against every Service's endpoints after the first sync, the changes, the adds, each repair and the restart."
-    );
-    Ok(())
+    s.push_str("</svg>\n");
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_plot_reads_the_printed_table() {
+        let text = "| services | source | another nftables listener | start → last Service answers | first full sync (IPv4) | peak RSS | x |\n\
+                    |---:|---|---|---:|---:|---:|---:|\n\
+                    | 30000 | manifests | absent | 1.24 s | 1.32 s | 297 MiB | 1 |\n\
+                    | 100000 | api | present | 4.50 s | 15.68 s | 881 MiB | 1 |\n";
+        let points = parse_table(text);
+        assert_eq!(points.len(), 2);
+        assert_eq!(
+            (points[0].n, points[0].answered, points[0].rss),
+            (30_000, 1.24, 297.0)
+        );
+        assert_eq!(points[1].series, "api, listener");
+        let svg = svg(&points);
+        assert!(svg.starts_with("<svg") && svg.contains("manifests, no listener"));
+        assert_eq!(
+            svg.matches("<polyline").count(),
+            4,
+            "two series in two panels"
+        );
+    }
 }
