@@ -323,9 +323,10 @@ pub fn envelope(args: &[String]) -> Result<(), String> {
             }
         }
     }
-    say(format!(
+    say(
         "\nTimes from verdict's start, from the write (API server or file) or from the flush. (sync) is the sync's own time in verdict's log, the proxier and the kernel; (whole path) runs from the write to that log line. The full read is `/api/v1/drift`'s reading of the IPv4 table (median of three; each must find no drift). Peak RSS is the first process's, over all of it. The kernel's endpoint map is checked against every Service's endpoints after the first sync, the changes, the adds, each repair and the restart."
-    ));
+            .to_owned(),
+    );
     if let Some(dir) = out_dir {
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         let write = |name: &str, body: &str| {
@@ -401,8 +402,9 @@ fn svg(points: &[Point]) -> String {
     let mut s = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"11\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
     );
-    type Value = fn(&Point) -> f64;
-    let panels: [(&str, Value, &[(f64, f64)]); 2] = [
+    // A panel: its title, what it plots, and the targets (N, value).
+    type Panel<'a> = (&'a str, fn(&Point) -> f64, &'a [(f64, f64)]);
+    let panels: [Panel; 2] = [
         (
             "start → last Service answers (s)",
             |p| p.answered,
