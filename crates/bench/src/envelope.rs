@@ -445,14 +445,7 @@ fn svg(points: &[Point]) -> String {
             for m in [1.0, 2.0, 5.0] {
                 let v = tick * m;
                 if v >= lo && v <= hi {
-                    let y = ty(v);
-                    let _ = writeln!(
-                        s,
-                        "<line x1=\"{x0}\" y1=\"{y:.1}\" x2=\"{}\" y2=\"{y:.1}\" stroke=\"#e4e4e4\"/><text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{v}</text>",
-                        x0 + panel_w,
-                        x0 - 4.0,
-                        y + 4.0
-                    );
+                    crate::report::grid_line(&mut s, x0, panel_w, ty(v), &v.to_string());
                 }
             }
             tick *= 10.0;

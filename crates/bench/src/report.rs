@@ -250,6 +250,17 @@ pub fn markdown(runs: &[Run], baseline: &Option<String>, upstream: Option<usize>
 type Series = (&'static str, &'static str, Box<dyn Fn(&Run) -> Option<f64>>);
 
 /// A two-panel SVG: cold sync time and late-service p50 ratio, per size.
+/// A panel's horizontal grid line at `y`, labelled on its left.
+pub(crate) fn grid_line(s: &mut String, x0: f64, width: f64, y: f64, label: &str) {
+    let _ = writeln!(
+        s,
+        "<line x1=\"{x0}\" y1=\"{y:.1}\" x2=\"{}\" y2=\"{y:.1}\" stroke=\"#ddd\"/><text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{label}</text>",
+        x0 + width,
+        x0 - 4.0,
+        y + 4.0
+    );
+}
+
 pub fn svg(runs: &[Run], k: usize) -> String {
     let (w, h, pad) = (760.0, 300.0, 50.0);
     let panel_w = (w - 3.0 * pad) / 2.0;
@@ -355,14 +366,7 @@ pub fn svg(runs: &[Run], k: usize) -> String {
             ]
         } {
             if tick >= min && tick <= max {
-                let y = ty(tick);
-                let _ = writeln!(
-                    s,
-                    "<line x1=\"{x0}\" y1=\"{y}\" x2=\"{}\" y2=\"{y}\" stroke=\"#ddd\"/><text x=\"{}\" y=\"{}\" text-anchor=\"end\">{label}</text>",
-                    x0 + panel_w,
-                    x0 - 4.0,
-                    y + 4.0
-                );
+                grid_line(&mut s, x0, panel_w, ty(tick), label);
             }
         }
         for (i, r) in runs.iter().enumerate() {

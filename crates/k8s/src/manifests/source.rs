@@ -347,34 +347,31 @@ impl Manifests {
             // worker, and pay for merging the chunks the node freed there
             // (8 ms after a cold start at 30,000 Services), where this
             // thread's own arena stays settled.
-            if job.stamp.as_ref().is_some_and(|st| st.len <= PARSE_HERE) {
-                let parsed = parse::files(std::slice::from_ref(&file), self.limits)
-                    .pop()
-                    .unwrap_or_default();
-                let _ = self.done_tx.send(Done {
-                    file: file.clone(),
-                    id,
-                    parsed,
-                });
-                self.parsing.insert(file, job);
-                continue;
-            }
-            let (tx, limits, f) = (self.done_tx.clone(), self.limits, file.clone());
-            let spawned = std::thread::Builder::new()
-                .name("manifest-parse".into())
-                .spawn(move || {
-                    let parsed = parse::files(std::slice::from_ref(&f), limits)
-                        .pop()
-                        .unwrap_or_default();
-                    let _ = tx.send(Done {
-                        file: f,
-                        id,
-                        parsed,
-                    });
-                });
-            if let Err(e) = spawned {
-                // No thread: parsed here, holding the others back.
-                tracing::debug!(error = %e, "cannot start a thread to parse a manifest");
+            let small = job.stamp.as_ref().is_some_and(|st| st.len <= PARSE_HERE);
+            let spawned = if small {
+                Err(None)
+            } else {
+                let (tx, limits, f) = (self.done_tx.clone(), self.limits, file.clone());
+                std::thread::Builder::new()
+                    .name("manifest-parse".into())
+                    .spawn(move || {
+                        let parsed = parse::files(std::slice::from_ref(&f), limits)
+                            .pop()
+                            .unwrap_or_default();
+                        let _ = tx.send(Done {
+                            file: f,
+                            id,
+                            parsed,
+                        });
+                    })
+                    .map(drop)
+                    .map_err(Some)
+            };
+            if let Err(failed) = spawned {
+                if let Some(e) = failed {
+                    // No thread: parsed here, holding the others back.
+                    tracing::debug!(error = %e, "cannot start a thread to parse a manifest");
+                }
                 let parsed = parse::files(std::slice::from_ref(&file), self.limits)
                     .pop()
                     .unwrap_or_default();
