@@ -633,6 +633,15 @@ impl NodeProxy {
         changed
     }
 
+    /// Reads each family's table before the source has listed anything,
+    /// for the first sync to adopt without reading it again
+    /// ([`Proxier::prefetch_table`]).
+    pub fn prefetch_tables<B: Backend + ?Sized>(&mut self, backend: &mut B) {
+        for plane in &mut self.planes {
+            plane.proxier.prefetch_table(backend);
+        }
+    }
+
     /// Applies a batch of updates from the source. Returns whether the
     /// rules must change. A Node or ServiceCIDR that cannot be used is
     /// logged and skipped; the rest keeps working.

@@ -97,6 +97,9 @@ pub fn run(mut node: NodeProxy, kernel: Kernel, inputs: Receiver<Input>) -> Resu
     if nft.generation().ok().flatten().is_none() {
         listening = start_listening(&mut nft);
     }
+    // The rules a restart adopts are read while the source loads (its
+    // threads parse or list meanwhile), not after it.
+    node.prefetch_tables(&mut nft);
     let mut leftovers_pending = true;
     let mut schedule = Schedule::new(settings.min_sync_period, settings.sync_period);
     // The ruleset's generation after verdict's last successful sync.

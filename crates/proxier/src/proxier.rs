@@ -319,6 +319,10 @@ pub struct Proxier {
     /// Service held them too: their conflicts are looked at again.
     contested: BTreeSet<Key>,
     need_full_sync: bool,
+    /// The table as read before the first sync ([`Proxier::prefetch_table`]),
+    /// with the ruleset's generation then: used by the next full sync if
+    /// nothing was committed since.
+    prefetched: Option<(u32, Option<verdict_nft::TableState>)>,
     /// Every contribution must be computed again, not only those of the
     /// services that changed: on the first sync, after a change of
     /// configuration, hourly, and after a sync that failed before it had
@@ -350,9 +354,28 @@ impl Proxier {
             conflicts: BTreeMap::new(),
             contested: BTreeSet::new(),
             need_full_sync: true,
+            prefetched: None,
             need_rebuild: true,
             last_full_sync: None,
         })
+    }
+
+    /// Reads the table now, for the next full sync to use if nothing is
+    /// committed meanwhile (the ruleset's generation tells): a restart
+    /// reads the rules it adopts while the source is still loading,
+    /// instead of after it. Nothing is kept from a backend that cannot
+    /// tell the generation, or from a read that fails or that a commit
+    /// overlapped.
+    pub fn prefetch_table<B: Backend + ?Sized>(&mut self, backend: &mut B) {
+        let Ok(Some(generation)) = backend.generation() else {
+            return;
+        };
+        let Ok(table) = backend.table(self.cfg.nft_family(), &self.cfg.table) else {
+            return;
+        };
+        if backend.generation().ok().flatten() == Some(generation) {
+            self.prefetched = Some((generation, table));
+        }
     }
 
     /// The configuration.
@@ -715,8 +738,19 @@ impl Proxier {
         // What the kernel has, on a full sync. A table we cannot read (say,
         // a rule someone added by hand) is replaced as a whole, atomically.
         let mut replace_table = false;
+        let prefetched = self.prefetched.take();
         let mut existing = if full {
-            match backend.table(family, &table) {
+            let read = match prefetched {
+                // Read while the source was still loading, and nothing
+                // committed since: the table as it is.
+                Some((generation, t))
+                    if backend.generation().ok().flatten() == Some(generation) =>
+                {
+                    Ok(t)
+                }
+                _ => backend.table(family, &table),
+            };
+            match read {
                 Ok(t) => Some(t),
                 Err(verdict_nft::NftError::Parse(_)) => {
                     replace_table = true;

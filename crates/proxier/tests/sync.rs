@@ -576,3 +576,84 @@ fn turning_the_counters_off_or_on_rewrites_the_counting_chains_and_keeps_traffic
     }
     assert_eq!(fx.dump(), before, "back where it started");
 }
+
+/// Counts whole-table reads.
+struct Reads {
+    inner: MemoryBackend,
+    reads: usize,
+}
+
+impl Backend for Reads {
+    fn run(&mut self, tx: &Transaction) -> Result<(), NftError> {
+        self.inner.run(tx)
+    }
+
+    fn check(&mut self, tx: &Transaction) -> Result<(), NftError> {
+        self.inner.check(tx)
+    }
+
+    fn table(&mut self, family: Family, name: &str) -> Result<Option<TableState>, NftError> {
+        self.reads += 1;
+        self.inner.table(family, name)
+    }
+
+    fn elements(
+        &mut self,
+        f: Family,
+        t: &str,
+        s: &str,
+    ) -> Result<Vec<verdict_nft::Element>, NftError> {
+        self.inner.elements(f, t, s)
+    }
+
+    fn generation(&mut self) -> Result<Option<u32>, NftError> {
+        self.inner.generation()
+    }
+}
+
+/// A restart reads the table it adopts before its first sync (while the
+/// source loads): the sync uses that read, unless something was committed
+/// since, and then it reads again and repairs what changed.
+#[test]
+fn a_table_read_before_the_first_sync_is_used_unless_a_commit_came_between() {
+    let mut fx = Fixture::new(IpFamily::V4);
+    one_ep(
+        &mut fx,
+        "ns1",
+        "svc1",
+        "172.30.0.41",
+        80,
+        &["10.0.1.1", "10.0.1.2"],
+    );
+    fx.sync();
+    let dump = fx.dump();
+    for foreign_commit in [false, true] {
+        let mut restarted = Fixture::new(IpFamily::V4);
+        one_ep(
+            &mut restarted,
+            "ns1",
+            "svc1",
+            "172.30.0.41",
+            80,
+            &["10.0.1.1", "10.0.1.2"],
+        );
+        let mut nft = Reads {
+            inner: fx.nft.clone(),
+            reads: 0,
+        };
+        restarted.proxier.prefetch_table(&mut nft);
+        assert_eq!(nft.reads, 1);
+        if foreign_commit {
+            // Someone empties the endpoint map after the read.
+            let mut tx = Transaction::new(Family::Ip, "verdict");
+            tx.flush_set("service-endpoints-tcp");
+            nft.inner.run(&tx).unwrap();
+            assert_ne!(nft.inner.dump(Family::Ip, "verdict"), dump);
+        }
+        let now = restarted.now;
+        let r = restarted.proxier.sync(&mut nft, now).unwrap();
+        assert!(r.full);
+        assert_eq!(nft.reads, if foreign_commit { 2 } else { 1 });
+        assert_eq!(nft.inner.dump(Family::Ip, "verdict"), dump);
+    }
+}
