@@ -28,6 +28,18 @@ fn one_ep(fx: &mut Fixture, ns: &str, name: &str, ip: &str, port: u16, eps: &[&s
     fx.slice(s);
 }
 
+/// ns1/svc1 on 172.30.0.41:80, two endpoints: the cluster most tests start from.
+fn svc1_two_endpoints(fx: &mut Fixture) {
+    one_ep(
+        fx,
+        "ns1",
+        "svc1",
+        "172.30.0.41",
+        80,
+        &["10.0.1.1", "10.0.1.2"],
+    );
+}
+
 fn chains(fx: &Fixture) -> Vec<String> {
     fx.nft
         .get(Family::Ip, "verdict")
@@ -132,14 +144,7 @@ fn partial_syncs_emit_only_what_changed() {
 #[test]
 fn a_full_sync_of_an_unchanged_cluster_changes_nothing() {
     let mut fx = Fixture::new(IpFamily::V4);
-    one_ep(
-        &mut fx,
-        "ns1",
-        "svc1",
-        "172.30.0.41",
-        80,
-        &["10.0.1.1", "10.0.1.2"],
-    );
+    svc1_two_endpoints(&mut fx);
     fx.sync();
     let dump = fx.dump();
     fx.proxier.force_full_sync();
@@ -395,14 +400,7 @@ fn an_unreadable_table_is_replaced_in_one_transaction() {
 #[test]
 fn a_restarted_proxier_adopts_the_table_without_changing_it() {
     let mut fx = Fixture::new(IpFamily::V4);
-    one_ep(
-        &mut fx,
-        "ns1",
-        "svc1",
-        "172.30.0.41",
-        80,
-        &["10.0.1.1", "10.0.1.2"],
-    );
+    svc1_two_endpoints(&mut fx);
     one_ep(&mut fx, "ns2", "svc2", "172.30.0.42", 80, &["10.0.2.1"]);
     fx.sync();
     let dump = fx.dump();
@@ -414,14 +412,7 @@ fn a_restarted_proxier_adopts_the_table_without_changing_it() {
     // A new process over the same kernel state, fed the same objects.
     let mut restarted = Fixture::with_config(upstream_config(IpFamily::V4));
     restarted.nft = fx.nft.clone();
-    one_ep(
-        &mut restarted,
-        "ns1",
-        "svc1",
-        "172.30.0.41",
-        80,
-        &["10.0.1.1", "10.0.1.2"],
-    );
+    svc1_two_endpoints(&mut restarted);
     one_ep(
         &mut restarted,
         "ns2",
@@ -617,26 +608,12 @@ impl Backend for Reads {
 #[test]
 fn a_table_read_before_the_first_sync_is_used_unless_a_commit_came_between() {
     let mut fx = Fixture::new(IpFamily::V4);
-    one_ep(
-        &mut fx,
-        "ns1",
-        "svc1",
-        "172.30.0.41",
-        80,
-        &["10.0.1.1", "10.0.1.2"],
-    );
+    svc1_two_endpoints(&mut fx);
     fx.sync();
     let dump = fx.dump();
     for foreign_commit in [false, true] {
         let mut restarted = Fixture::new(IpFamily::V4);
-        one_ep(
-            &mut restarted,
-            "ns1",
-            "svc1",
-            "172.30.0.41",
-            80,
-            &["10.0.1.1", "10.0.1.2"],
-        );
+        svc1_two_endpoints(&mut restarted);
         let mut nft = Reads {
             inner: fx.nft.clone(),
             reads: 0,
