@@ -101,6 +101,16 @@ pub const QUARANTINES_TOTAL: &str = "verdict_quarantines_total";
 /// Service holds.
 pub const DESTINATION_CONFLICTS: &str = "verdict_destination_conflicts";
 
+/// `verdict_flows_recorded_total{verdict}`: connections the flow stream
+/// recorded (`--flows`).
+pub const FLOWS_RECORDED: &str = "verdict_flows_recorded_total";
+/// `verdict_flows_evicted_total`: recorded flows dropped from the ring to
+/// make room for newer ones.
+pub const FLOWS_EVICTED: &str = "verdict_flows_evicted_total";
+/// `verdict_flows_not_recorded_total{reason}`: the kernel's reports of
+/// connections the stream lost (`kernel_buffer`: the reader fell behind).
+pub const FLOWS_NOT_RECORDED: &str = "verdict_flows_not_recorded_total";
+
 /// `kubernetes_build_info`: 1, labelled with what this build is.
 pub const BUILD_INFO: &str = "kubernetes_build_info";
 /// `kubernetes_feature_enabled`: 1 or 0 per feature gate.
@@ -319,6 +329,27 @@ impl Metrics {
             Gauge,
             &["ip_family", "namespace", "service", "port"],
             "Service ports left without an address and port (or node port) that another Service holds (1 each)",
+            vec![],
+        );
+        add(
+            FLOWS_RECORDED,
+            Counter,
+            &["verdict"],
+            "Connections the flow stream recorded, by verdict (forwarded, rejected, dropped)",
+            vec![],
+        );
+        add(
+            FLOWS_EVICTED,
+            Counter,
+            &[],
+            "Recorded flows evicted from the flow stream's ring to make room for newer ones",
+            vec![],
+        );
+        add(
+            FLOWS_NOT_RECORDED,
+            Counter,
+            &["reason"],
+            "Reports of connections the flow stream lost (kernel_buffer: the kernel dropped them because the reader fell behind)",
             vec![],
         );
         add(
@@ -596,6 +627,9 @@ kubernetes_feature_enabled gauge
 rest_client_request_duration_seconds histogram
 rest_client_requests_total counter
 verdict_destination_conflicts gauge
+verdict_flows_evicted_total counter
+verdict_flows_not_recorded_total counter
+verdict_flows_recorded_total counter
 verdict_foreign_changes_total counter
 verdict_quarantined_service_port gauge
 verdict_quarantines_total counter

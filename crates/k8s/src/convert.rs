@@ -128,6 +128,7 @@ pub fn slice(s: &discovery::EndpointSlice) -> EndpointSlice {
                     terminating: c.terminating,
                     node_name: e.node_name.clone(),
                     zone: e.zone.clone(),
+                    target_name: e.target_ref.as_ref().and_then(|t| t.name.clone()),
                     hints: e.hints.as_ref().map(|h| EndpointHints {
                         for_zones: h
                             .for_zones

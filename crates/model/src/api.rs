@@ -167,6 +167,8 @@ pub struct SliceEndpoint {
     pub zone: Option<String>,
     /// `hints`.
     pub hints: Option<EndpointHints>,
+    /// `targetRef.name`: the pod, for the flow stream.
+    pub target_name: Option<String>,
 }
 
 /// One `ports[]` entry of an EndpointSlice.

@@ -41,6 +41,8 @@ pub struct Endpoint {
     pub zone_hints: Option<BTreeSet<String>>,
     /// Node hints (`hints.forNodes`), `None` when there are none.
     pub node_hints: Option<BTreeSet<String>>,
+    /// `targetRef.name`: the pod behind the address, when the slice says.
+    pub target: Option<Name>,
 }
 
 impl Endpoint {
@@ -57,6 +59,7 @@ impl Endpoint {
             zone: None,
             zone_hints: None,
             node_hints: None,
+            target: None,
         }
     }
 

@@ -29,6 +29,7 @@ struct EndpointInfo {
     zone: Option<Name>,
     zone_hints: Option<BTreeSet<String>>,
     node_hints: Option<BTreeSet<String>>,
+    target: Option<Name>,
 }
 
 impl EndpointInfo {
@@ -44,6 +45,7 @@ impl EndpointInfo {
             zone: self.zone.clone(),
             zone_hints: self.zone_hints.clone(),
             node_hints: self.node_hints.clone(),
+            target: self.target.clone(),
         }
     }
 }
@@ -306,6 +308,8 @@ impl EndpointSliceCache {
             zone: ep.zone.as_deref().map(|z| self.intern(z)),
             zone_hints: hint_set(hints.map(|h| &h.for_zones)),
             node_hints: hint_set(hints.map(|h| &h.for_nodes)),
+            // One pod per endpoint: not interned.
+            target: ep.target_name.as_deref().map(Name::from),
         })
     }
 }

@@ -739,6 +739,15 @@ pub enum Expr {
     /// into [`ChainState::counters`](crate::ChainState::counters), not
     /// into the rule, so that a rule compares equal whatever it counted).
     Counter,
+    /// `log prefix "PREFIX" group GROUP`: a copy of the packet's headers
+    /// goes to the nfnetlink_log group, with the prefix (the flow stream
+    /// reads why a connection was rejected or dropped from it).
+    Log {
+        /// Up to 127 bytes, without quotes.
+        prefix: String,
+        /// The nfnetlink_log group.
+        group: u16,
+    },
     /// `masquerade fully-random`.
     Masquerade,
     /// DNAT (the rule must match `meta l4proto` first).
@@ -821,6 +830,7 @@ impl Expr {
             Expr::Vmap { key, map } => format!("{} vmap @{map}", keys(key)),
             Expr::Reject => "reject".into(),
             Expr::Counter => "counter".into(),
+            Expr::Log { prefix, group } => format!("log prefix \"{prefix}\" group {group}"),
             Expr::Masquerade => "masquerade fully-random".into(),
             Expr::Dnat(DnatTarget::Addr(IpAddr::V4(a), port)) => format!("dnat to {a}:{port}"),
             Expr::Dnat(DnatTarget::Addr(IpAddr::V6(a), port)) => format!("dnat to [{a}]:{port}"),

@@ -32,6 +32,7 @@ pub mod backend;
 pub mod cli;
 pub mod conntrack;
 pub mod error;
+pub mod flows;
 pub mod ir;
 pub mod json;
 pub mod kind;

@@ -445,7 +445,7 @@ impl<'a> Tracer<'a> {
                 out
             }
             Expr::Reject => vec![Step::End(Flow::Reject, note(st, text.to_owned()))],
-            Expr::Counter | Expr::NftraceOn => vec![Step::Match(st)],
+            Expr::Counter | Expr::NftraceOn | Expr::Log { .. } => vec![Step::Match(st)],
             Expr::Masquerade => {
                 st.masq = true;
                 vec![Step::End(Flow::Accept, note(st, text.to_owned()))]

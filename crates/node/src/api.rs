@@ -14,6 +14,7 @@
 //! | `/api/v1/drift` | the kernel's elements against verdict's intent, per family |
 //! | `/api/v1/counters?service=` | the per-service counters (a reading at least 5 s, and ten times its own duration, old at most) |
 //! | `/api/v1/connections?service=&limit=&state=&stale=` | the DNATed connections in conntrack, by Service and endpoint, stale ones (open, to an endpoint that is gone) flagged; `state` and `stale=1` choose the flows listed |
+//! | `/api/v1/flows?service=&namespace=&ip=&verdict=&since=&after=&limit=` | the flow stream (`--flows`): recent connections through the Services, newest first, each forwarded (with its endpoint and pod), rejected or dropped (with why); `since` in seconds, `after` a flow's number (a follower's last) |
 //! | `/ui` | the web view, a page of its own that reads the API |
 //!
 //! Every answer comes from the read model ([`NodeHandle`]) and the kernel,
@@ -31,6 +32,7 @@ use verdict_nft::conntrack::Flow;
 use verdict_nft::{BackendKind, Family, MemoryBackend};
 
 use crate::access::{Exposure, Limiter};
+use crate::flows::{FlowFilter, FlowStore, FlowVerdict};
 use crate::inspect::counters::{Counted, Snapshot};
 use crate::inspect::{self, BadRequest, Kernel, Reading, TraceRequest};
 use crate::view::NodeHandle;
@@ -45,6 +47,9 @@ pub type ReadTable<'a> = dyn Fn(Family, &str, Reading) -> Result<Kernel, String>
 const MAX_FLOWS: usize = 10_000;
 /// Flows listed without `limit`.
 const DEFAULT_FLOWS: usize = 200;
+/// The most flows `/flows` lists, and without `limit`.
+const MAX_STREAM: usize = 5000;
+const DEFAULT_STREAM: usize = 200;
 /// The most Services one page lists.
 const MAX_PAGE: usize = 1000;
 /// A page without `limit`.
@@ -92,6 +97,7 @@ pub fn handler(
     node: NodeHandle,
     read: KernelReader,
     counters: Option<Arc<CounterCache>>,
+    flows: Option<Arc<FlowStore>>,
     exposure: Exposure,
 ) -> Handler {
     let limiter = Arc::new(Limiter::default());
@@ -123,8 +129,12 @@ pub fn handler(
             let service = service.as_deref().and_then(|s| s.split_once('/'));
             return Some(Response::json(200, c.snapshot().json(service).to_string()));
         }
-        let flows = |family: Family| conntrack_flows(backend, family);
-        let (code, body) = answer(&node, read.as_ref(), &flows, counters.as_deref(), req)?;
+        if req.path.trim_end_matches('/') == "/api/v1/flows" {
+            let (code, body) = flow_stream(flows.as_deref(), req);
+            return Some(Response::json(code, body.to_string()));
+        }
+        let conntrack = |family: Family| conntrack_flows(backend, family);
+        let (code, body) = answer(&node, read.as_ref(), &conntrack, counters.as_deref(), req)?;
         let response = Response::json(code, body.to_string());
         if turn.is_some() {
             // The whole tables read are freed now: give their pages back
@@ -134,6 +144,76 @@ pub fn handler(
         }
         Some(response)
     })
+}
+
+/// `/api/v1/flows`: a page of the flow stream.
+pub fn flow_stream(store: Option<&FlowStore>, req: &Request) -> (u16, Json) {
+    let Some(store) = store else {
+        return (
+            404,
+            json!({"error": "the flow stream is off: start verdict with --flows"}),
+        );
+    };
+    match flow_query(|k| req.query_param(k)) {
+        Ok((filter, limit)) => (200, to_json(&store.query(&filter, limit))),
+        Err(e) => bad(e),
+    }
+}
+
+/// The filter and limit of a `/flows` request.
+pub fn flow_query(
+    param: impl Fn(&str) -> Option<String>,
+) -> Result<(FlowFilter, usize), BadRequest> {
+    let given = |k: &str| param(k).filter(|v| !v.is_empty());
+    let mut f = FlowFilter::default();
+    if let Some(s) = given("service") {
+        match s.split_once('/') {
+            Some((ns, n)) if !ns.is_empty() && !n.is_empty() && !n.contains('/') => {
+                f.service = Some(NamespacedName::new(ns, n));
+            }
+            _ => {
+                return Err(BadRequest(format!(
+                    "service {s:?}: name it as NAMESPACE/NAME"
+                )));
+            }
+        }
+    }
+    f.namespace = given("namespace");
+    if let Some(ip) = given("ip") {
+        f.ip = Some(
+            ip.parse()
+                .map_err(|_| BadRequest(format!("ip {ip:?} is not an address")))?,
+        );
+    }
+    if let Some(v) = given("verdict") {
+        f.verdict = Some(FlowVerdict::parse(&v).ok_or_else(|| {
+            BadRequest(format!(
+                "verdict {v:?}: give forwarded, rejected or dropped"
+            ))
+        })?);
+    }
+    if let Some(s) = given("since") {
+        let secs: f64 = s
+            .parse()
+            .ok()
+            .filter(|x: &f64| x.is_finite() && *x >= 0.0)
+            .ok_or_else(|| BadRequest(format!("since {s:?}: give seconds")))?;
+        f.since = std::time::SystemTime::now().checked_sub(Duration::from_secs_f64(secs));
+    }
+    if let Some(a) = given("after") {
+        f.after = Some(
+            a.parse()
+                .map_err(|_| BadRequest(format!("after {a:?} is not a flow's number")))?,
+        );
+    }
+    let limit = match given("limit") {
+        None => DEFAULT_STREAM,
+        Some(l) => l
+            .parse::<usize>()
+            .map_err(|_| BadRequest(format!("limit {l:?} is not a number")))?
+            .min(MAX_STREAM),
+    };
+    Ok((f, limit))
 }
 
 /// An answer as JSON.
@@ -201,7 +281,7 @@ pub fn answer(
         "" => json!({"paths": [
             "/api/v1/services", "/api/v1/services/NAMESPACE/NAME", "/api/v1/trace",
             "/api/v1/syncs", "/api/v1/foreign", "/api/v1/drift", "/api/v1/counters",
-            "/api/v1/connections", "/api/v1/problems",
+            "/api/v1/connections", "/api/v1/problems", "/api/v1/flows",
         ]}),
         "/problems" => to_json(&inspect::problems(
             node,
@@ -242,6 +322,13 @@ pub fn answer(
             to_json(&page)
         }
         "/syncs" => to_json(&node.history().syncs()),
+        // A running node answers this before it gets here.
+        "/flows" => {
+            return Some((
+                404,
+                json!({"error": "the flow stream is a running node's (--flows): ask it, not --manifests"}),
+            ));
+        }
         "/connections" => {
             let service = match req.query_param("service") {
                 None => None,

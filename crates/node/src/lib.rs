@@ -36,6 +36,7 @@ pub mod apart;
 pub mod api;
 pub mod error;
 pub mod family;
+pub mod flows;
 pub mod history;
 pub mod input;
 pub mod inspect;

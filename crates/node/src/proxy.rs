@@ -120,6 +120,7 @@ fn proxier_config(
     c.node_port_addresses = settings.node_ports.clone();
     c.counters = settings.service_counters;
     c.metrics = settings.service_metrics.clone();
+    c.flow_log_group = settings.flow_log_group;
     c.validate()?;
     Ok(c)
 }

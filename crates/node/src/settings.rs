@@ -48,6 +48,9 @@ pub struct NodeSettings {
     pub service_metrics: verdict_model::MetricsSelection,
     /// Leave kube-proxy's own nftables tables in place.
     pub keep_kube_proxy_nftables: bool,
+    /// The flow stream (`--flows`): the nfnetlink_log group the rules
+    /// that reject or drop log to; `None`: off.
+    pub flow_log_group: Option<u16>,
 }
 
 impl NodeSettings {
@@ -65,6 +68,7 @@ impl NodeSettings {
             service_counters: true,
             service_metrics: verdict_model::MetricsSelection::default(),
             keep_kube_proxy_nftables: false,
+            flow_log_group: None,
         }
     }
 }

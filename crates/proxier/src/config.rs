@@ -114,6 +114,10 @@ pub struct ProxierConfig {
     /// their entry points' connections, packets and bytes, and at the
     /// endpoint level each endpoint's. Only with [`counters`](Self::counters).
     pub metrics: MetricsSelection,
+    /// The nfnetlink_log group the rules that reject or drop a new
+    /// connection log it to, once per connection, for the flow stream
+    /// (`--flows`); `None`: nothing is logged.
+    pub flow_log_group: Option<u16>,
 }
 
 impl ProxierConfig {
@@ -134,7 +138,15 @@ impl ProxierConfig {
             session_affinity: true,
             counters: true,
             metrics: MetricsSelection::default(),
+            flow_log_group: None,
         }
+    }
+
+    /// Whether a rejected or dropped connection goes through the chains
+    /// that remember it, so that it is counted and logged once: with the
+    /// counters, or with the flow stream.
+    pub fn ends_once(&self) -> bool {
+        self.counters || self.flow_log_group.is_some()
     }
 
     /// The finest level any Service is counted at (none without the

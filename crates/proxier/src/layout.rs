@@ -147,6 +147,18 @@ pub const AFFINITY_SIZE: u32 = 1 << 20;
 /// Table comment.
 pub const TABLE_COMMENT: &str = "rules for verdict, the kube-proxy replacement";
 
+/// The log prefixes of the rules that end a new connection, as the flow
+/// stream reads them back (`--flows`): verdict, then reason.
+pub const LOG_REJECTED_NO_ENDPOINTS: &str = "verdict rejected no-endpoints";
+/// A port of a ClusterIP that no Service has.
+pub const LOG_REJECTED_INVALID_PORT: &str = "verdict rejected invalid-port";
+/// From outside `loadBalancerSourceRanges`.
+pub const LOG_DROPPED_SOURCE_RANGE: &str = "verdict dropped source-range";
+/// A Local policy and no local endpoint.
+pub const LOG_DROPPED_NO_LOCAL_ENDPOINT: &str = "verdict dropped no-local-endpoint";
+/// An address of the service CIDRs that no Service has.
+pub const LOG_DROPPED_UNALLOCATED: &str = "verdict dropped unallocated";
+
 /// The comment of the rule rejecting traffic to ports of ClusterIPs that
 /// no Service has (kube-proxy's).
 pub const INVALID_PORT_COMMENT: &str = "Reject traffic to invalid ports of ClusterIPs";
@@ -228,10 +240,22 @@ pub fn connection_key() -> Vec<Selector> {
 
 /// Ends a new connection (`reject` or `drop`), remembering it in `set` so
 /// that it counts once: a retry of one already seen ends uncounted; a new
-/// one is remembered and counted; when the set is full, every packet is
-/// counted.
-fn end_once(set: &str, end: Expr) -> Vec<Rule> {
+/// one is remembered, counted and, with the flow stream, logged to `log`'s
+/// group with its prefix; when the set is full, every packet is counted
+/// (and none logged: a flood past the set's size is not recorded).
+fn end_once(set: &str, end: Expr, log: Option<Expr>) -> Vec<Rule> {
     let key = connection_key();
+    let mut new = vec![
+        Expr::Update {
+            set: set.into(),
+            key: key.iter().cloned().map(KeyPart::Field).collect(),
+            timeout: None,
+            value: Vec::new(),
+        },
+        Expr::Counter,
+    ];
+    new.extend(log);
+    new.push(end.clone());
     vec![
         Rule::new(vec![
             Expr::Lookup {
@@ -242,16 +266,7 @@ fn end_once(set: &str, end: Expr) -> Vec<Rule> {
             end.clone(),
         ])
         .with_comment("a retry of a connection already counted"),
-        Rule::new(vec![
-            Expr::Update {
-                set: set.into(),
-                key: key.into_iter().map(KeyPart::Field).collect(),
-                timeout: None,
-                value: Vec::new(),
-            },
-            Expr::Counter,
-            end.clone(),
-        ]),
+        Rule::new(new),
         Rule::new(vec![Expr::Counter, end]).with_comment("the set is full"),
     ]
 }
@@ -459,7 +474,7 @@ pub type ChainWithRules = (Chain, Vec<Rule>);
 /// How a rule drops a new connection: through `chain`, which counts it
 /// once, with the counters; else at once, as kube-proxy does.
 fn drop_verdict(cfg: &ProxierConfig, chain: &str) -> Verdict {
-    if cfg.counters {
+    if cfg.ends_once() {
         Verdict::Goto(chain.into())
     } else {
         Verdict::Drop
@@ -719,17 +734,22 @@ pub fn fixed_chains(cfg: &ProxierConfig) -> Vec<ChainWithRules> {
         }
         Rule::new(exprs)
     };
-    let mut cluster_ips_check = vec![
-        count(vec![
-            Expr::Lookup {
-                key: vec![Selector::Daddr],
-                set: CLUSTER_IPS.into(),
-                negate: false,
-            },
-            Expr::Reject,
-        ])
-        .with_comment(INVALID_PORT_COMMENT),
-    ];
+    let log = |prefix: &str| {
+        cfg.flow_log_group.map(|group| Expr::Log {
+            prefix: prefix.into(),
+            group,
+        })
+    };
+    // A reject here answers at once (TCP reset, ICMP port unreachable):
+    // nothing retries, so each packet is logged.
+    let mut invalid_port = vec![Expr::Lookup {
+        key: vec![Selector::Daddr],
+        set: CLUSTER_IPS.into(),
+        negate: false,
+    }];
+    invalid_port.extend(log(LOG_REJECTED_INVALID_PORT));
+    invalid_port.push(Expr::Reject);
+    let mut cluster_ips_check = vec![count(invalid_port).with_comment(INVALID_PORT_COMMENT)];
     for cidr in &cfg.service_cidrs {
         cluster_ips_check.push(
             Rule::new(vec![
@@ -748,31 +768,38 @@ pub fn fixed_chains(cfg: &ProxierConfig) -> Vec<ChainWithRules> {
     chains.push((
         Chain::regular(REJECT_CHAIN)
             .with_comment("helper for @no-endpoint-services / @no-endpoint-nodeports"),
-        if cfg.counters {
-            end_once(REJECTED_CONNECTIONS, Expr::Reject)
+        if cfg.ends_once() {
+            end_once(
+                REJECTED_CONNECTIONS,
+                Expr::Reject,
+                log(LOG_REJECTED_NO_ENDPOINTS),
+            )
         } else {
             vec![Rule::new(vec![Expr::Reject])]
         },
     ));
-    for (chain, set, comment) in [
+    for (chain, set, prefix, comment) in [
         (
             DROP_SOURCE_RANGE,
             DROPPED_SOURCE_RANGE,
+            LOG_DROPPED_SOURCE_RANGE,
             "drops connections from outside loadBalancerSourceRanges, counting each once",
         ),
         (
             DROP_NO_LOCAL_ENDPOINT,
             DROPPED_NO_LOCAL_ENDPOINT,
+            LOG_DROPPED_NO_LOCAL_ENDPOINT,
             "drops connections to Services with a Local policy and no local endpoint, counting each once",
         ),
         (
             DROP_UNALLOCATED,
             DROPPED_UNALLOCATED,
+            LOG_DROPPED_UNALLOCATED,
             "drops connections to unallocated ClusterIPs, counting each once",
         ),
     ] {
-        let rules = if cfg.counters {
-            end_once(set, Expr::Verdict(Verdict::Drop))
+        let rules = if cfg.ends_once() {
+            end_once(set, Expr::Verdict(Verdict::Drop), log(prefix))
         } else {
             Vec::new()
         };

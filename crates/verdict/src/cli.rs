@@ -31,12 +31,14 @@ pub enum Command {
     /// The kernel's connections by Service and endpoint
     /// (`verdict connections [NAMESPACE/NAME]`).
     Connections,
+    /// The flow stream (`verdict flows`).
+    Flows,
     /// Check the node for what breaks Services (`verdict doctor`).
     Doctor,
 }
 
 /// Every command, in the order `--help` lists them.
-pub const COMMANDS: [Command; 10] = [
+pub const COMMANDS: [Command; 11] = [
     Command::Run,
     Command::Plan,
     Command::Cleanup,
@@ -46,6 +48,7 @@ pub const COMMANDS: [Command; 10] = [
     Command::Services,
     Command::Syncs,
     Command::Connections,
+    Command::Flows,
     Command::Doctor,
 ];
 
@@ -67,6 +70,7 @@ impl Command {
             Command::Services => "services",
             Command::Syncs => "syncs",
             Command::Connections => "connections",
+            Command::Flows => "flows",
             Command::Doctor => "doctor",
         }
     }
@@ -81,6 +85,7 @@ impl Command {
                 | Command::Services
                 | Command::Syncs
                 | Command::Connections
+                | Command::Flows
                 | Command::Doctor
         )
     }
@@ -118,6 +123,10 @@ pub struct Cli {
     pub keep_kube_proxy_nftables: bool,
     /// `--service-counters` (verdict's own; on by default).
     pub service_counters: bool,
+    /// `--flows` (verdict's own; off by default).
+    pub flows: bool,
+    /// `--flow-log` (verdict's own): a file, or `-` for standard output.
+    pub flow_log: Option<String>,
     /// `--api-bind-address` (verdict's own; none by default: the API and
     /// the web view answer loopback clients on the metrics address).
     pub api_bind_address: Option<std::net::SocketAddr>,
@@ -192,6 +201,8 @@ enum Opt {
     Manifests,
     KeepKubeProxyNftables,
     ServiceCounters,
+    Flows,
+    FlowLog,
     ServiceMetrics,
     ServiceMetricsNamespaces,
     ServiceMetricsSelector,
@@ -238,6 +249,7 @@ const ASKING: &[Command] = &[
     Command::Services,
     Command::Syncs,
     Command::Connections,
+    Command::Flows,
     Command::Doctor,
 ];
 
@@ -362,6 +374,24 @@ const OPTIONS: &[OptSpec] = &[
         commands: &[],
     },
     OptSpec {
+        name: "flows",
+        short: None,
+        opt: Opt::Flows,
+        takes_value: false,
+        help: "The flow stream: record every connection through the node's Services (from conntrack's events) and every one the rules reject or drop (logged once per connection to nfnetlink_log group 7331), with its Service, endpoint, pod and reason, for verdict flows and /api/v1/flows; off by default",
+        kube_proxy: false,
+        commands: &[],
+    },
+    OptSpec {
+        name: "flow-log",
+        short: None,
+        opt: Opt::FlowLog,
+        takes_value: true,
+        help: "Turn the flow stream on and also write each flow as one JSON line to this file (appended to), or to standard output with -, for a log shipper",
+        kube_proxy: false,
+        commands: &[],
+    },
+    OptSpec {
         name: "service-metrics",
         short: None,
         opt: Opt::ServiceMetrics,
@@ -457,6 +487,45 @@ const OPTIONS: &[OptSpec] = &[
         &[Command::Trace],
         "trace: the destination port",
     ),
+    OptSpec {
+        name: "follow",
+        short: Some('f'),
+        opt: Opt::Inspect,
+        takes_value: false,
+        help: "flows: keep printing flows as they arrive",
+        kube_proxy: false,
+        commands: &[Command::Flows],
+    },
+    inspect(
+        "service",
+        None,
+        &[Command::Flows],
+        "flows: only this Service's (NAMESPACE/NAME)",
+    ),
+    inspect(
+        "namespace",
+        None,
+        &[Command::Flows],
+        "flows: only the Services of this namespace",
+    ),
+    inspect(
+        "ip",
+        None,
+        &[Command::Flows],
+        "flows: only flows with this address as client, destination or endpoint",
+    ),
+    inspect(
+        "verdict",
+        None,
+        &[Command::Flows],
+        "flows: only forwarded, rejected or dropped flows",
+    ),
+    inspect(
+        "since",
+        None,
+        &[Command::Flows],
+        "flows: only flows seen in this last while (30s, 5m, 1h)",
+    ),
     inspect(
         "search",
         None,
@@ -466,8 +535,8 @@ const OPTIONS: &[OptSpec] = &[
     inspect(
         "limit",
         None,
-        &[Command::Services],
-        "services: how many Services to list (default 100, at most 1000)",
+        &[Command::Services, Command::Flows],
+        "services, flows: how many to list (services: default 100, at most 1000; flows: default 200, at most 5000)",
     ),
     inspect(
         "offset",
@@ -543,6 +612,8 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, UsageError>
         manifests: None,
         keep_kube_proxy_nftables: false,
         service_counters: true,
+        flows: false,
+        flow_log: None,
         api_bind_address: None,
         service_metrics: verdict_model::MetricsSelection::default(),
         nftables_backend: crate::config::NftablesBackend::default(),
@@ -647,6 +718,16 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, UsageError>
                     Opt::Manifests => cli.manifests = Some(value),
                     Opt::KeepKubeProxyNftables => cli.keep_kube_proxy_nftables = boolean(&value)?,
                     Opt::ServiceCounters => cli.service_counters = boolean(&value)?,
+                    Opt::Flows => cli.flows = boolean(&value)?,
+                    Opt::FlowLog => {
+                        if value.is_empty() {
+                            return Err(UsageError(
+                                "--flow-log: give a file, or - for standard output".into(),
+                            ));
+                        }
+                        cli.flow_log = Some(value);
+                        cli.flows = true;
+                    }
                     Opt::ServiceMetrics => {
                         cli.service_metrics.level = value
                             .parse()
@@ -689,7 +770,7 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, UsageError>
         ));
     }
     if let [cmd, target] = positional.as_slice()
-        && (cmd == "explain" || cmd == "connections" || cmd == "help")
+        && (cmd == "explain" || cmd == "connections" || cmd == "flows" || cmd == "help")
     {
         cli.target = Some(target.clone());
         positional.truncate(1);
@@ -850,6 +931,13 @@ script assumes every kernel feature works.",
 loopback); offline there is no conntrack table to read.",
     },
     CommandHelp {
+        command: Command::Flows,
+        summary: "the flow stream: recent connections through the Services, where each went or why it was refused",
+        usage: "verdict flows [NAMESPACE/NAME] [--follow] [--service NS/NAME] [--namespace NS] [--ip IP] [--verdict forwarded|rejected|dropped] [--since DURATION] [--limit N] [-o json]",
+        more: "Asks the running verdict at --server, which must run with --flows. --follow keeps
+printing flows as they arrive (with -o json, one object per line).",
+    },
+    CommandHelp {
         command: Command::Doctor,
         summary: "check this node for what breaks Services: kernel, capabilities, conflicting rules, kube-proxy's leftovers, sysctls, conntrack, the API server and RBAC, drift",
         usage: "verdict doctor [-o json] [--server HOST:PORT] [flags of verdict run]",
@@ -934,6 +1022,8 @@ Seeing into verdict (ask the running verdict's metrics address, or with
   verdict syncs             the last syncs and foreign changes to verdict's tables
   verdict connections [NAMESPACE/NAME]
                             the kernel's connections by Service and endpoint, stale ones flagged
+  verdict flows [--follow] [--service NS/NAME] [--ip IP] [--verdict V] [--since 1m]
+                            recent connections through the Services (--flows), and why some failed
   verdict doctor            check this node: kernel, capabilities, conflicting rules, sysctls,
                             conntrack, API server and RBAC, drift (exit 1 on any failure)
 

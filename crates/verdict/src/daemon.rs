@@ -106,6 +106,7 @@ fn node_settings(settings: &Settings, source: &Source) -> NodeSettings {
         service_counters: settings.service_counters,
         service_metrics: settings.service_metrics.clone(),
         keep_kube_proxy_nftables: source.keep_kube_proxy_nftables,
+        flow_log_group: settings.flows.then_some(verdict_node::flows::DEFAULT_GROUP),
     }
 }
 
@@ -248,12 +249,18 @@ pub fn run(settings: &Settings, source: &Source, verbosity: &Verbosity) -> anyho
     if let Some(c) = &counters {
         c.read_periodically();
     }
+    let flows = if settings.flows {
+        Some(start_flows(settings, &handle, &metrics)?)
+    } else {
+        None
+    };
     let api_for = |exposure: Exposure| {
         api::handler(
             kind,
             handle.clone(),
             api::kernel_reader(kind),
             counters.clone(),
+            flows.clone(),
             exposure,
         )
     };
@@ -347,6 +354,36 @@ pub fn run(settings: &Settings, source: &Source, verbosity: &Verbosity) -> anyho
     };
     verdict_node::run(node, kernel, inputs)?;
     Ok(())
+}
+
+/// The flow stream (`--flows`): the kernel's reports read on a thread of
+/// their own into a bounded store. A flow log that cannot be opened, or an
+/// nfnetlink_log group another process holds, stops verdict at start with
+/// the reason, before it changes anything.
+fn start_flows(
+    settings: &Settings,
+    handle: &verdict_node::NodeHandle,
+    metrics: &Arc<Mutex<Metrics>>,
+) -> anyhow::Result<Arc<verdict_node::flows::FlowStore>> {
+    use verdict_node::flows::{DEFAULT_CAPACITY, DEFAULT_GROUP, FlowLog, FlowStore, Recorder};
+    let log = match &settings.flow_log {
+        Some(target) => {
+            Some(FlowLog::open(target).with_context(|| format!("--flow-log {target}"))?)
+        }
+        None => None,
+    };
+    let monitor = verdict_nft::flows::FlowMonitor::open(Some(DEFAULT_GROUP))
+        .context("the flow stream (--flows)")?;
+    let store = FlowStore::new(DEFAULT_CAPACITY);
+    let recorder = Recorder::new(handle.clone(), store.clone(), metrics.clone(), log);
+    verdict_node::flows::spawn(monitor, recorder).context("starting the flow stream")?;
+    tracing::info!(
+        group = DEFAULT_GROUP,
+        capacity = DEFAULT_CAPACITY,
+        log = settings.flow_log.as_deref().unwrap_or(""),
+        "flow stream on"
+    );
+    Ok(store)
 }
 
 /// The node built in memory from the source, as `run` would program it.

@@ -85,6 +85,8 @@ fn main() -> ExitCode {
     };
     let mut settings = resolved.settings;
     settings.service_counters = cli.service_counters;
+    settings.flows = cli.flows;
+    settings.flow_log = cli.flow_log.clone();
     settings.api_bind_address = cli.api_bind_address;
     settings.service_metrics = cli.service_metrics.clone();
     settings.nftables_backend = cli.nftables_backend;
@@ -149,7 +151,8 @@ fn main() -> ExitCode {
         | Command::Explain
         | Command::Services
         | Command::Syncs
-        | Command::Connections => match &query {
+        | Command::Connections
+        | Command::Flows => match &query {
             Some(q) => client::run(q, &cli, &settings, &source),
             None => Ok(()),
         },

@@ -995,6 +995,31 @@ mod tests {
     }
 
     #[test]
+    fn a_log_statement_is_read_as_nft_lists_it() {
+        // `nft -j list` of `log prefix "verdict dropped source-range" group 7331 drop`.
+        let t = parse_table(
+            &table_with_rule(
+                r#"{"log": {"prefix": "verdict dropped source-range", "group": 7331}}, {"drop": null}"#,
+            ),
+            Family::Ip,
+            "verdict",
+        )
+        .unwrap();
+        let rule = &t.chains["c"].rules[0];
+        assert_eq!(
+            rule.exprs[0],
+            Expr::Log {
+                prefix: "verdict dropped source-range".into(),
+                group: 7331
+            }
+        );
+        assert_eq!(
+            rule.render(Family::Ip),
+            r#"log prefix "verdict dropped source-range" group 7331 drop"#
+        );
+    }
+
+    #[test]
     fn a_rules_counter_is_read_beside_the_rule() {
         let t = parse_table(
             &table_with_rule(r#"{"counter": {"packets": 7, "bytes": 420}}, {"drop": null}"#),
@@ -1022,7 +1047,9 @@ mod tests {
     #[test]
     fn unknown_expressions_are_errors() {
         for (expr, why) in [
-            (r#"{"log": null}"#, "unsupported expression"),
+            (r#"{"log": null}"#, "log without a group"),
+            (r#"{"log": {"group": 70000}}"#, "log without a group"),
+            (r#"{"limit": {"rate": 1}}"#, "unsupported expression"),
             (
                 r#"{"vmap": {"key": {"meta": {"key": "l4proto"}}, "data": {"set": [["tcp", {"accept": null}]]}}}"#,
                 "anonymous",

@@ -131,6 +131,18 @@ impl<'a> RuleParser<'a> {
                 });
                 Ok(Expr::Counter)
             }
+            "log" => {
+                let group = v
+                    .get("group")
+                    .and_then(Json::as_u64)
+                    .and_then(|g| u16::try_from(g).ok())
+                    .ok_or("log without a group")?;
+                let prefix = v.get("prefix").and_then(Json::as_str).unwrap_or_default();
+                Ok(Expr::Log {
+                    prefix: prefix.to_owned(),
+                    group,
+                })
+            }
             "masquerade" => masquerade(v),
             "dnat" => self.dnat(v.as_object().ok_or("dnat is not an object")?),
             "set" | "map" => self.update_json(k, v.as_object().ok_or("not an object")?),

@@ -15,10 +15,10 @@ use crate::error::NftError;
 use crate::ir::Family;
 
 /// `NFNL_SUBSYS_CTNETLINK`.
-const SUBSYS_CTNETLINK: u16 = 1;
-const MSG_CT_NEW: u16 = 0;
+pub(crate) const SUBSYS_CTNETLINK: u16 = 1;
+pub(crate) const MSG_CT_NEW: u16 = 0;
 const MSG_CT_GET: u16 = 1;
-const MSG_CT_DELETE: u16 = 2;
+pub(crate) const MSG_CT_DELETE: u16 = 2;
 
 const CTA_TUPLE_ORIG: u16 = 1;
 const CTA_TUPLE_REPLY: u16 = 2;
@@ -27,6 +27,7 @@ const CTA_PROTOINFO: u16 = 4;
 const CTA_TIMEOUT: u16 = 7;
 const CTA_COUNTERS_ORIG: u16 = 9;
 const CTA_COUNTERS_REPLY: u16 = 10;
+const CTA_ID: u16 = 12;
 const CTA_TUPLE_IP: u16 = 1;
 const CTA_TUPLE_PROTO: u16 = 2;
 const CTA_IP_V4_SRC: u16 = 1;
@@ -40,31 +41,34 @@ const CTA_PROTOINFO_TCP: u16 = 1;
 const CTA_PROTOINFO_SCTP: u16 = 3;
 const CTA_COUNTERS_PACKETS: u16 = 1;
 const CTA_COUNTERS_BYTES: u16 = 2;
-/// `IPS_SEEN_REPLY` and `IPS_DST_NAT`.
+/// `IPS_SEEN_REPLY`, `IPS_SRC_NAT` and `IPS_DST_NAT`.
 const IPS_SEEN_REPLY: u32 = 0x2;
-const IPS_DST_NAT: u32 = 0x20;
+pub(crate) const IPS_SRC_NAT: u32 = 0x10;
+pub(crate) const IPS_DST_NAT: u32 = 0x20;
 const UDP: u8 = 17;
 
 /// One direction of a connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Tuple {
-    src: IpAddr,
-    dst: IpAddr,
-    proto: u8,
-    sport: u16,
-    dport: u16,
+pub(crate) struct Tuple {
+    pub(crate) src: IpAddr,
+    pub(crate) dst: IpAddr,
+    pub(crate) proto: u8,
+    pub(crate) sport: u16,
+    pub(crate) dport: u16,
 }
 
 /// One conntrack entry, as dumped.
 #[derive(Clone, Debug, PartialEq, Eq)]
-struct Entry {
-    orig: Tuple,
-    reply: Tuple,
-    status: u32,
-    timeout: u64,
-    state: String,
-    packets: Option<u64>,
-    bytes: Option<u64>,
+pub(crate) struct Entry {
+    pub(crate) orig: Tuple,
+    pub(crate) reply: Tuple,
+    pub(crate) status: u32,
+    pub(crate) timeout: u64,
+    pub(crate) state: String,
+    pub(crate) packets: Option<u64>,
+    pub(crate) bytes: Option<u64>,
+    /// The kernel's id of the entry (`CTA_ID`), the same in its events.
+    pub(crate) id: Option<u32>,
 }
 
 fn addr(a: Attrs<'_>, v4: u16, v6: u16) -> Option<IpAddr> {
@@ -132,8 +136,8 @@ fn state(proto: u8, a: Option<Attrs<'_>>) -> String {
         .unwrap_or_default()
 }
 
-/// An entry from a `IPCTNL_MSG_CT_NEW` message of a dump.
-fn entry(a: Attrs<'_>) -> Option<Entry> {
+/// An entry from a `IPCTNL_MSG_CT_NEW` message of a dump, or of an event.
+pub(crate) fn entry(a: Attrs<'_>) -> Option<Entry> {
     let orig = tuple(a.nested(CTA_TUPLE_ORIG)?)?;
     let reply = tuple(a.nested(CTA_TUPLE_REPLY)?)?;
     let counters = |kind: u16| {
@@ -156,10 +160,11 @@ fn entry(a: Attrs<'_>) -> Option<Entry> {
         state: state(orig.proto, a.nested(CTA_PROTOINFO)),
         packets: both(|c| c.0),
         bytes: both(|c| c.1),
+        id: a.u32_be(CTA_ID),
     })
 }
 
-fn proto_name(p: u8) -> String {
+pub(crate) fn proto_name(p: u8) -> String {
     match p {
         1 => "icmp".into(),
         6 => "tcp".into(),
@@ -177,7 +182,7 @@ fn nfproto(family: Family) -> u8 {
     }
 }
 
-fn write_tuple(w: &mut Writer, kind: u16, t: &Tuple) {
+pub(crate) fn write_tuple(w: &mut Writer, kind: u16, t: &Tuple) {
     let n = w.open(kind);
     let ip = w.open(CTA_TUPLE_IP);
     match (t.src, t.dst) {
@@ -357,10 +362,10 @@ impl Conntrack for NetlinkConntrack {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn message(w: &mut Writer, orig: &Tuple, reply: &Tuple, status: u32) {
+    pub(crate) fn message(w: &mut Writer, orig: &Tuple, reply: &Tuple, status: u32) {
         write_tuple(w, CTA_TUPLE_ORIG, orig);
         write_tuple(w, CTA_TUPLE_REPLY, reply);
         w.u32_be(CTA_STATUS, status);

@@ -71,6 +71,9 @@ const NAT_PROTO_SPECIFIED: u32 = 0x2;
 /// `NF_NAT_RANGE_PROTO_RANDOM_FULLY`.
 const NAT_RANDOM_FULLY: u32 = 0x10;
 const REJECT_ICMP_UNREACH: u32 = 0;
+/// `NFTA_LOG_GROUP` and `NFTA_LOG_PREFIX`.
+const LOG_GROUP: u16 = 1;
+const LOG_PREFIX: u16 = 2;
 /// ICMP and ICMPv6 "port unreachable".
 const ICMP_PORT_UNREACH: u8 = 3;
 const ICMPV6_PORT_UNREACH: u8 = 4;
@@ -463,6 +466,11 @@ impl Encoder<'_> {
             Expr::Counter => self.kernel("counter", |w| {
                 w.u64_be(1, 0);
                 w.u64_be(2, 0);
+            }),
+            // As nft writes it: the prefix, then the group.
+            Expr::Log { prefix, group } => self.kernel("log", |w| {
+                w.str(LOG_PREFIX, prefix);
+                w.attr(LOG_GROUP, &group.to_be_bytes());
             }),
             Expr::Masquerade => self.kernel("masq", |w| w.u32_be(1, NAT_RANDOM_FULLY)),
             Expr::Dnat(DnatTarget::Addr(addr, port)) => {
@@ -1000,6 +1008,18 @@ impl Decoder<'_> {
                     )));
                 }
                 self.out.push(Expr::Reject);
+            }
+            "log" => {
+                let group = a
+                    .get(LOG_GROUP)
+                    .and_then(|g| Some(u16::from_be_bytes(g.get(..2)?.try_into().ok()?)));
+                let Some(group) = group else {
+                    return Err(NftError::Parse("log without a group".into()));
+                };
+                self.out.push(Expr::Log {
+                    prefix: a.str(LOG_PREFIX).unwrap_or_default().to_owned(),
+                    group,
+                });
             }
             "counter" => {
                 self.counter = Some(crate::backend::Counter {

@@ -13,7 +13,7 @@
 //! - [`expr`]: rules as register-machine expressions, both ways.
 //! - [`objects`]: tables, chains, sets and elements, both ways.
 
-mod conntrack;
+pub(crate) mod conntrack;
 mod expr;
 mod objects;
 mod ruleset;

@@ -196,6 +196,11 @@ impl Socket {
         })
     }
 
+    /// The socket's netlink port id.
+    pub(crate) fn portid(&self) -> std::io::Result<u32> {
+        Ok(getsockname::<NetlinkAddr>(self.fd.as_raw_fd())?.pid())
+    }
+
     fn with(fd: OwnedFd, protocol: Protocol, datagram: usize) -> Socket {
         Socket {
             fd,
@@ -373,6 +378,25 @@ impl Socket {
         self.send(w.bytes())?;
         let mut each = each;
         self.receive(true, seq, seq, |_, k, a| each(k, a))
+    }
+
+    /// Sends one nfnetlink command for the resource `res_id` (an
+    /// nfnetlink_log group, say), acknowledged.
+    pub(crate) fn request_for(
+        &mut self,
+        kind: u16,
+        family: u8,
+        res_id: u16,
+        attrs: impl FnOnce(&mut Writer),
+    ) -> Result<Reply, NftError> {
+        self.seq = self.seq.wrapping_add(1);
+        let seq = self.seq;
+        let mut w = Writer::new();
+        w.begin(kind, NLM_F_REQUEST | NLM_F_ACK, seq, family, res_id);
+        attrs(&mut w);
+        w.end();
+        self.send(w.bytes())?;
+        self.receive(true, seq, seq, |_, _, _| Ok(()))
     }
 
     /// Sends one request of any protocol: `body` writes what follows the

@@ -306,6 +306,14 @@ fn rules(family: Family) -> Vec<Rule> {
             Reject,
         ])
         .with_comment("counted"),
+        // A rule that tells the flow stream why it rejects.
+        Rule::new(vec![
+            crate::ir::Expr::Log {
+                prefix: "verdict rejected no-endpoints".into(),
+                group: 7331,
+            },
+            Reject,
+        ]),
         // The probe `trace --live` marks.
         Rule::new(vec![
             Cmp {

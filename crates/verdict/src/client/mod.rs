@@ -11,6 +11,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use serde_json::Value as Json;
 
+pub mod flows;
 pub mod live;
 
 use verdict_node::inspect::answers::TraceAnswer;
@@ -155,6 +156,7 @@ fn targets(cli: &Cli) -> Result<Vec<String>, UsageError> {
             vec![format!("/api/v1/services?{}", q.join("&"))]
         }
         Command::Syncs => vec!["/api/v1/syncs".into(), "/api/v1/foreign".into()],
+        Command::Flows => vec![flows::target(cli)?],
         Command::Connections => match cli.target.as_deref() {
             None => vec!["/api/v1/connections".into()],
             Some(t) => {
@@ -236,6 +238,14 @@ fn read<T: serde::de::DeserializeOwned>(doc: &Json) -> anyhow::Result<T> {
 /// Runs an introspection command; the text or JSON goes to stdout.
 pub fn run(query: &Query, cli: &Cli, settings: &Settings, source: &Source) -> anyhow::Result<()> {
     let (output, targets) = (query.output, &query.targets);
+    if cli.command == Command::Flows {
+        if source.manifests.is_some() {
+            bail!("the flow stream is a running node's: ask it (--server), not --manifests");
+        }
+        let follow = flag_bool(cli, "follow")?;
+        let target = targets.first().context("no flows query")?;
+        return flows::run(server(cli, settings)?, target, output, follow);
+    }
     let answers: Vec<(u16, Json)> = if source.manifests.is_some() {
         let node = offline(settings, source)?;
         targets.iter().map(|t| node.get(t)).collect()

@@ -159,6 +159,10 @@ pub struct Settings {
     /// verdict's per-service and per-endpoint counters
     /// (`--service-counters`, verdict's own flag; on by default).
     pub service_counters: bool,
+    /// The flow stream (`--flows`, verdict's own; off by default).
+    pub flows: bool,
+    /// Where the flow log goes (`--flow-log`: a file, or `-`).
+    pub flow_log: Option<String>,
     /// Where the API and the web view are served to other hosts, with a
     /// bearer token (`--api-bind-address`, verdict's own).
     pub api_bind_address: Option<SocketAddr>,
@@ -207,6 +211,8 @@ impl std::default::Default for Settings {
             oom_score_adj: Some(-999),
             effective: Value::Null,
             service_counters: true,
+            flows: false,
+            flow_log: None,
             api_bind_address: None,
             service_metrics: verdict_model::MetricsSelection::default(),
             nftables_backend: NftablesBackend::default(),

@@ -1,0 +1,748 @@
+//! The flow stream (`--flows`): a bounded record of the recent connections
+//! through this node's Services, each with where it went or why it was
+//! refused.
+//!
+//! The kernel reports them ([`verdict_nft::flows`]): conntrack's events for
+//! the connections it forwarded (confirmed, then destroyed with their
+//! packets and bytes), and the first packet of each connection a rule
+//! rejected or dropped, logged with a prefix that says why. The
+//! [`Recorder`] matches each to a Service by the entry point it was sent
+//! to, through the read model's indexes, and keeps it in a [`FlowStore`]: a
+//! ring of the most recent flows (older ones are evicted and counted), with
+//! two indexes that point only into the ring, so the memory is bounded
+//! whatever the rate. Connections to an address no Service has are not
+//! recorded (except the unallocated ClusterIPs the table drops, which the
+//! operator asked about by having a service CIDR).
+//!
+//! Readers (`/api/v1/flows`, `verdict flows`, the web view) take the store's
+//! lock to copy a page; the recorder takes it to add a batch. Neither
+//! waits for the kernel or a sync. The optional flow log writes each flow
+//! as one JSON line when it is recorded and, for a forwarded connection,
+//! once more when it closes.
+
+use std::collections::{HashMap, VecDeque};
+use std::io::Write as _;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
+
+use serde::{Deserialize, Serialize};
+use verdict_admin::Metrics;
+use verdict_model::{IpFamily, NamespacedName, Protocol};
+use verdict_nft::flows::{Connection, FlowEvent, FlowMonitor, Logged};
+use verdict_proxier::layout;
+
+use crate::view::{NodeHandle, PortView, ServiceView};
+
+/// The nfnetlink_log group the table logs to, unless told otherwise.
+pub const DEFAULT_GROUP: u16 = 7331;
+/// Flows kept, unless told otherwise (about 300 bytes each).
+pub const DEFAULT_CAPACITY: usize = 16_384;
+/// How long a logged packet of a connection already recorded counts as
+/// its retry: as long as the table remembers a rejected connection.
+const RETRY_WINDOW: Duration = Duration::from_secs(layout::PROBLEM_TIMEOUT as u64);
+
+use verdict_admin::metrics::{
+    FLOWS_EVICTED as METRIC_EVICTED, FLOWS_NOT_RECORDED as METRIC_NOT_RECORDED,
+    FLOWS_RECORDED as METRIC_RECORDED,
+};
+
+/// What became of a connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FlowVerdict {
+    /// Sent to an endpoint.
+    Forwarded,
+    /// Refused with a reset or an ICMP error.
+    Rejected,
+    /// Dropped without an answer.
+    Dropped,
+}
+
+impl FlowVerdict {
+    /// Every verdict.
+    pub const ALL: [FlowVerdict; 3] = [
+        FlowVerdict::Forwarded,
+        FlowVerdict::Rejected,
+        FlowVerdict::Dropped,
+    ];
+
+    /// Its name, as the API and the metrics spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FlowVerdict::Forwarded => "forwarded",
+            FlowVerdict::Rejected => "rejected",
+            FlowVerdict::Dropped => "dropped",
+        }
+    }
+
+    /// The verdict of this name.
+    pub fn parse(s: &str) -> Option<FlowVerdict> {
+        FlowVerdict::ALL.into_iter().find(|v| v.as_str() == s)
+    }
+}
+
+/// How the connection entered the Service.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum EntryKind {
+    /// Its ClusterIP.
+    ClusterIP,
+    /// One of its external IPs.
+    ExternalIP,
+    /// One of its load-balancer addresses.
+    LoadBalancer,
+    /// Its NodePort, on one of the node's addresses.
+    NodePort,
+}
+
+/// One connection through a Service.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FlowRecord {
+    /// Its place in the stream: later flows have larger numbers.
+    pub seq: u64,
+    /// When it was first seen (RFC 3339).
+    pub first_seen: String,
+    /// When it was last seen: closed, or its last retry.
+    pub last_seen: String,
+    /// `tcp`, `udp` or `sctp`.
+    pub protocol: String,
+    /// The client's address and port.
+    pub client: SocketAddr,
+    /// How it entered (`None`: an address of the service CIDRs no Service has).
+    pub entry: Option<EntryKind>,
+    /// The address and port it was sent to.
+    pub destination: SocketAddr,
+    /// The Service (`namespace/name`), when one has the destination.
+    pub service: Option<String>,
+    /// The Service's port name, when the port is one of the Service's.
+    pub port: Option<String>,
+    /// The endpoint chosen.
+    pub endpoint: Option<SocketAddr>,
+    /// The endpoint's pod (`targetRef.name`), when the EndpointSlice says.
+    pub pod: Option<String>,
+    /// The source was masqueraded (the endpoint saw the node, not the client).
+    pub masqueraded: bool,
+    /// Packets both ways, when conntrack accounting is on and it closed.
+    pub packets: Option<u64>,
+    /// Bytes both ways, likewise.
+    pub bytes: Option<u64>,
+    /// What became of it.
+    pub verdict: FlowVerdict,
+    /// Why it was rejected or dropped.
+    pub reason: Option<String>,
+    /// Still open (forwarded, and not yet destroyed in conntrack).
+    pub open: bool,
+    /// Packets of it the table logged (a rejected connection's retries
+    /// seen after the table forgot it, or datagrams to an invalid port).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub retries: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+/// Which flows a reader wants.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FlowFilter {
+    /// Only this Service's.
+    pub service: Option<NamespacedName>,
+    /// Only the Services of this namespace.
+    pub namespace: Option<String>,
+    /// Only flows with this address as client, destination or endpoint.
+    pub ip: Option<IpAddr>,
+    /// Only flows with this verdict.
+    pub verdict: Option<FlowVerdict>,
+    /// Only flows seen since then.
+    pub since: Option<SystemTime>,
+    /// Only flows after this one (a follower's last).
+    pub after: Option<u64>,
+}
+
+impl FlowFilter {
+    fn admits(&self, f: &FlowRecord, last_seen: SystemTime) -> bool {
+        let service = f.service.as_deref();
+        self.after.is_none_or(|a| f.seq > a)
+            && self.verdict.is_none_or(|v| f.verdict == v)
+            && self.since.is_none_or(|t| last_seen >= t)
+            && self
+                .service
+                .as_ref()
+                .is_none_or(|s| service == Some(s.to_string().as_str()))
+            && self.namespace.as_ref().is_none_or(|ns| {
+                service.and_then(|s| s.split_once('/')).map(|(n, _)| n) == Some(ns.as_str())
+            })
+            && self.ip.is_none_or(|ip| {
+                f.client.ip() == ip
+                    || f.destination.ip() == ip
+                    || f.endpoint.is_some_and(|e| e.ip() == ip)
+            })
+    }
+}
+
+/// A page of the stream, newest first.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FlowsAnswer {
+    /// The flows that match, newest first, at most the limit.
+    pub flows: Vec<FlowRecord>,
+    /// How many match in all.
+    pub matched: usize,
+    /// The newest flow's number (a follower asks for those after it).
+    pub last_seq: u64,
+    /// Flows kept at most.
+    pub capacity: usize,
+    /// Flows recorded since start, by verdict.
+    pub recorded: HashMap<FlowVerdict, u64>,
+    /// Flows evicted to make room.
+    pub evicted: u64,
+    /// Reports the kernel dropped because the reader fell behind: flows
+    /// (or their ends) not recorded.
+    pub not_recorded: u64,
+}
+
+/// (protocol, client, destination): one connection, before DNAT.
+type Key = (u8, SocketAddr, SocketAddr);
+
+#[derive(Debug)]
+struct Slot {
+    record: FlowRecord,
+    last: SystemTime,
+    key: Key,
+    conntrack_id: Option<u32>,
+}
+
+#[derive(Debug, Default)]
+struct Ring {
+    slots: VecDeque<Slot>,
+    capacity: usize,
+    next_seq: u64,
+    by_id: HashMap<u32, u64>,
+    by_key: HashMap<Key, u64>,
+    recorded: HashMap<FlowVerdict, u64>,
+    evicted: u64,
+    not_recorded: u64,
+}
+
+impl Ring {
+    fn index(&self, seq: u64) -> Option<usize> {
+        let first = self.next_seq - self.slots.len() as u64;
+        (seq >= first && seq < self.next_seq).then(|| (seq - first) as usize)
+    }
+
+    fn get_mut(&mut self, seq: u64) -> Option<&mut Slot> {
+        let i = self.index(seq)?;
+        self.slots.get_mut(i)
+    }
+
+    fn push(&mut self, mut slot: Slot) -> u64 {
+        if self.capacity == 0 {
+            self.evicted += 1;
+            return 0;
+        }
+        while self.slots.len() >= self.capacity {
+            if let Some(old) = self.slots.pop_front() {
+                self.evicted += 1;
+                let seq = old.record.seq;
+                if self.by_key.get(&old.key) == Some(&seq) {
+                    self.by_key.remove(&old.key);
+                }
+                if let Some(id) = old.conntrack_id
+                    && self.by_id.get(&id) == Some(&seq)
+                {
+                    self.by_id.remove(&id);
+                }
+            }
+        }
+        // Numbers start at 1: a follower that has seen nothing asks for
+        // those after 0.
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        slot.record.seq = seq;
+        *self.recorded.entry(slot.record.verdict).or_default() += 1;
+        self.by_key.insert(slot.key, seq);
+        if let Some(id) = slot.conntrack_id {
+            self.by_id.insert(id, seq);
+        }
+        self.slots.push_back(slot);
+        seq
+    }
+}
+
+/// The recent flows, shared by the recorder and the readers.
+#[derive(Debug)]
+pub struct FlowStore {
+    ring: Mutex<Ring>,
+}
+
+impl FlowStore {
+    /// An empty store keeping at most `capacity` flows.
+    pub fn new(capacity: usize) -> Arc<FlowStore> {
+        Arc::new(FlowStore {
+            ring: Mutex::new(Ring {
+                capacity,
+                next_seq: 1,
+                ..Ring::default()
+            }),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Ring> {
+        self.ring.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The flows `filter` admits, newest first, at most `limit`.
+    pub fn query(&self, filter: &FlowFilter, limit: usize) -> FlowsAnswer {
+        let r = self.lock();
+        let mut flows = Vec::new();
+        let mut matched = 0;
+        for s in r.slots.iter().rev() {
+            if filter.after.is_some_and(|a| s.record.seq <= a) {
+                break;
+            }
+            if !filter.admits(&s.record, s.last) {
+                continue;
+            }
+            matched += 1;
+            if flows.len() < limit {
+                flows.push(s.record.clone());
+            }
+        }
+        FlowsAnswer {
+            flows,
+            matched,
+            last_seq: r.next_seq - 1,
+            capacity: r.capacity,
+            recorded: r.recorded.clone(),
+            evicted: r.evicted,
+            not_recorded: r.not_recorded,
+        }
+    }
+
+    /// How many flows it holds.
+    pub fn len(&self) -> usize {
+        self.lock().slots.len()
+    }
+
+    /// Whether it holds none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Where the flow log goes (`--flow-log`).
+pub enum FlowLog {
+    /// Standard output (`--flow-log=-`).
+    Stdout,
+    /// A file, appended to.
+    File(std::fs::File),
+}
+
+impl FlowLog {
+    /// `-` for standard output, else a file path (created, appended to).
+    pub fn open(target: &str) -> std::io::Result<FlowLog> {
+        if target == "-" {
+            return Ok(FlowLog::Stdout);
+        }
+        Ok(FlowLog::File(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(target)?,
+        ))
+    }
+
+    fn write(&mut self, lines: &[u8]) -> std::io::Result<()> {
+        match self {
+            FlowLog::Stdout => {
+                let mut out = std::io::stdout().lock();
+                out.write_all(lines)?;
+                out.flush()
+            }
+            FlowLog::File(f) => f.write_all(lines),
+        }
+    }
+}
+
+/// The reason in words, and the verdict, of a log prefix of verdict's
+/// table (`None`: not one of verdict's).
+pub fn reason_of(prefix: &str) -> Option<(FlowVerdict, &'static str)> {
+    Some(match prefix {
+        layout::LOG_REJECTED_NO_ENDPOINTS => (FlowVerdict::Rejected, "no endpoints"),
+        layout::LOG_REJECTED_INVALID_PORT => {
+            (FlowVerdict::Rejected, "a port the Service does not have")
+        }
+        layout::LOG_DROPPED_SOURCE_RANGE => (
+            FlowVerdict::Dropped,
+            "source outside loadBalancerSourceRanges",
+        ),
+        layout::LOG_DROPPED_NO_LOCAL_ENDPOINT => (
+            FlowVerdict::Dropped,
+            "no local endpoint for a Local traffic policy",
+        ),
+        layout::LOG_DROPPED_UNALLOCATED => (FlowVerdict::Dropped, "unallocated ClusterIP"),
+        _ => return None,
+    })
+}
+
+fn protocol_of(p: u8) -> Option<Protocol> {
+    match p {
+        6 => Some(Protocol::Tcp),
+        17 => Some(Protocol::Udp),
+        132 => Some(Protocol::Sctp),
+        _ => None,
+    }
+}
+
+/// The Service port a connection to `dst` enters, and how.
+pub(crate) struct Entered {
+    view: Arc<ServiceView>,
+    port: Option<PortView>,
+    kind: EntryKind,
+}
+
+/// The Service port that `dst` is an entry point of, for `proto`: an
+/// address and port of a Service (ClusterIP, external IP, load-balancer
+/// address), else a NodePort on one of the node's addresses; with
+/// `any_port`, the Service whose ClusterIP it is even if the port is none
+/// of its own.
+fn entered(node: &NodeHandle, proto: Protocol, dst: SocketAddr, any_port: bool) -> Option<Entered> {
+    let family = IpFamily::of(dst.ip());
+    let (ip, port) = (dst.ip(), dst.port());
+    let views = node.services_at(ip);
+    for v in &views {
+        for (f, p) in v.ports() {
+            let sp = &p.port;
+            if f != family || sp.protocol != proto || sp.port != port {
+                continue;
+            }
+            let kind = if sp.cluster_ip == ip {
+                EntryKind::ClusterIP
+            } else if sp.external_ips.contains(&ip) {
+                EntryKind::ExternalIP
+            } else if sp.load_balancer_vips.contains(&ip) {
+                EntryKind::LoadBalancer
+            } else {
+                continue;
+            };
+            return Some(Entered {
+                view: v.clone(),
+                port: Some(p.clone()),
+                kind,
+            });
+        }
+    }
+    if any_port
+        && let Some(v) = views
+            .iter()
+            .find(|v| v.ports().any(|(_, p)| p.port.cluster_ip == ip))
+    {
+        return Some(Entered {
+            view: v.clone(),
+            port: None,
+            kind: EntryKind::ClusterIP,
+        });
+    }
+    let on_node = node.local_ips().contains(&ip)
+        || node
+            .family(family)
+            .is_some_and(|f| f.node_port_ips.contains(&ip));
+    if !on_node {
+        return None;
+    }
+    for v in node.services_at_node_port(family, port) {
+        let found = v
+            .ports()
+            .find(|(f, p)| {
+                *f == family && p.port.protocol == proto && p.port.node_port == Some(port)
+            })
+            .map(|(_, p)| p.clone());
+        if let Some(p) = found {
+            return Some(Entered {
+                view: v,
+                port: Some(p),
+                kind: EntryKind::NodePort,
+            });
+        }
+    }
+    None
+}
+
+/// Matches the kernel's reports to Services and records them.
+pub struct Recorder {
+    node: NodeHandle,
+    store: Arc<FlowStore>,
+    metrics: Arc<Mutex<Metrics>>,
+    log: Option<FlowLog>,
+    /// The flow log failed: said once, not again until it works.
+    log_failed: bool,
+    /// Lines of the flow log not yet written (one batch of events).
+    pending: Vec<u8>,
+}
+
+impl Recorder {
+    /// A recorder into `store`, resolving through `node`.
+    pub fn new(
+        node: NodeHandle,
+        store: Arc<FlowStore>,
+        metrics: Arc<Mutex<Metrics>>,
+        log: Option<FlowLog>,
+    ) -> Recorder {
+        {
+            let mut m = metrics.lock().unwrap_or_else(|e| e.into_inner());
+            for v in FlowVerdict::ALL {
+                m.touch(METRIC_RECORDED, &[v.as_str()]);
+            }
+            m.touch(METRIC_EVICTED, &[]);
+            m.touch(METRIC_NOT_RECORDED, &["kernel_buffer"]);
+        }
+        Recorder {
+            node,
+            store,
+            metrics,
+            log,
+            log_failed: false,
+            pending: Vec::new(),
+        }
+    }
+
+    /// Records one batch of the kernel's reports, seen at `now`; `lost`
+    /// says how many reports the kernel dropped in all, when it dropped
+    /// some.
+    pub fn record(&mut self, events: Vec<FlowEvent>, now: SystemTime, lost: Option<u64>) {
+        let mut added: HashMap<FlowVerdict, u64> = HashMap::new();
+        let (evicted, not_recorded) = {
+            let store = self.store.clone();
+            let mut ring = store.lock();
+            let before = ring.evicted;
+            let lost_before = ring.not_recorded;
+            for e in events {
+                let verdict = match e {
+                    FlowEvent::New(c) => self.forwarded(&mut ring, &c, now),
+                    FlowEvent::Destroyed(c) => {
+                        self.destroyed(&mut ring, &c, now);
+                        None
+                    }
+                    FlowEvent::Logged(l) => self.logged(&mut ring, &l, now),
+                    FlowEvent::Lost => None,
+                };
+                if let Some(v) = verdict {
+                    *added.entry(v).or_default() += 1;
+                }
+            }
+            if let Some(n) = lost {
+                ring.not_recorded = ring.not_recorded.max(n);
+            }
+            (ring.evicted - before, ring.not_recorded - lost_before)
+        };
+        {
+            let mut m = self.metrics.lock().unwrap_or_else(|e| e.into_inner());
+            for (v, n) in added {
+                m.add(METRIC_RECORDED, &[v.as_str()], n as f64);
+            }
+            if evicted > 0 {
+                m.add(METRIC_EVICTED, &[], evicted as f64);
+            }
+            if not_recorded > 0 {
+                m.add(METRIC_NOT_RECORDED, &["kernel_buffer"], not_recorded as f64);
+            }
+        }
+        self.flush_log();
+    }
+
+    /// Keeps a new flow, and logs it with its number.
+    fn push(&mut self, ring: &mut Ring, slot: Slot) {
+        let seq = ring.push(slot);
+        if self.log.is_some()
+            && let Some(s) = ring.get_mut(seq)
+        {
+            let r = s.record.clone();
+            self.log_line(&r);
+        }
+    }
+
+    fn log_line(&mut self, r: &FlowRecord) {
+        if self.log.is_none() {
+            return;
+        }
+        if serde_json::to_writer(&mut self.pending, r).is_ok() {
+            self.pending.push(b'\n');
+        }
+    }
+
+    fn flush_log(&mut self) {
+        let Some(log) = &mut self.log else {
+            return;
+        };
+        if self.pending.is_empty() {
+            return;
+        }
+        match log.write(&self.pending) {
+            Ok(()) => self.log_failed = false,
+            Err(e) => {
+                if !self.log_failed {
+                    tracing::warn!(error = %e, "cannot write the flow log; its lines are lost until it can be written");
+                }
+                self.log_failed = true;
+            }
+        }
+        self.pending.clear();
+    }
+
+    fn new_record(
+        seen: SystemTime,
+        proto: Protocol,
+        client: SocketAddr,
+        dst: SocketAddr,
+        verdict: FlowVerdict,
+    ) -> FlowRecord {
+        let t = verdict_admin::time::rfc3339_micro(seen);
+        FlowRecord {
+            seq: 0,
+            first_seen: t.clone(),
+            last_seen: t,
+            protocol: proto.as_str().to_owned(),
+            client,
+            entry: None,
+            destination: dst,
+            service: None,
+            port: None,
+            endpoint: None,
+            pod: None,
+            masqueraded: false,
+            packets: None,
+            bytes: None,
+            verdict,
+            reason: None,
+            open: false,
+            retries: 0,
+        }
+    }
+
+    fn forwarded(
+        &mut self,
+        ring: &mut Ring,
+        c: &Connection,
+        now: SystemTime,
+    ) -> Option<FlowVerdict> {
+        if !c.dnat {
+            return None;
+        }
+        let proto = protocol_of(c.proto)?;
+        let e = entered(&self.node, proto, c.dst, false)?;
+        let mut r = Self::new_record(now, proto, c.client, c.dst, FlowVerdict::Forwarded);
+        r.entry = Some(e.kind);
+        r.service = Some(e.view.name.to_string());
+        r.endpoint = Some(c.reply_src);
+        r.masqueraded = c.snat;
+        r.open = true;
+        if let Some(p) = &e.port {
+            r.port = Some(p.name.port.to_string());
+            r.pod = p
+                .endpoints
+                .iter()
+                .find(|ep| ep.ip == c.reply_src.ip() && ep.port == c.reply_src.port())
+                .and_then(|ep| ep.target.as_ref())
+                .map(|t| t.to_string());
+        }
+        self.push(
+            ring,
+            Slot {
+                record: r,
+                last: now,
+                key: (c.proto, c.client, c.dst),
+                conntrack_id: c.id,
+            },
+        );
+        Some(FlowVerdict::Forwarded)
+    }
+
+    fn destroyed(&mut self, ring: &mut Ring, c: &Connection, now: SystemTime) {
+        let seq = match c.id {
+            Some(id) => ring.by_id.remove(&id),
+            None => ring.by_key.get(&(c.proto, c.client, c.dst)).copied(),
+        };
+        let Some(slot) = seq.and_then(|s| ring.get_mut(s)) else {
+            return;
+        };
+        if !slot.record.open {
+            return;
+        }
+        slot.last = now;
+        let r = &mut slot.record;
+        r.open = false;
+        r.last_seen = verdict_admin::time::rfc3339_micro(now);
+        r.packets = c.packets;
+        r.bytes = c.bytes;
+        let r = r.clone();
+        self.log_line(&r);
+    }
+
+    fn logged(&mut self, ring: &mut Ring, l: &Logged, now: SystemTime) -> Option<FlowVerdict> {
+        let (verdict, reason) = reason_of(&l.prefix)?;
+        let proto = protocol_of(l.proto)?;
+        let key = (l.proto, l.src, l.dst);
+        if let Some(seq) = ring.by_key.get(&key).copied()
+            && let Some(slot) = ring.get_mut(seq)
+            && slot.record.verdict == verdict
+            && now.duration_since(slot.last).unwrap_or_default() < RETRY_WINDOW
+        {
+            slot.last = now;
+            slot.record.last_seen = verdict_admin::time::rfc3339_micro(now);
+            slot.record.retries = slot.record.retries.saturating_add(1);
+            return None;
+        }
+        let unallocated = l.prefix == layout::LOG_DROPPED_UNALLOCATED;
+        let invalid_port = l.prefix == layout::LOG_REJECTED_INVALID_PORT;
+        let e = entered(&self.node, proto, l.dst, invalid_port);
+        if e.is_none() && !unallocated {
+            return None;
+        }
+        let mut r = Self::new_record(now, proto, l.src, l.dst, verdict);
+        r.reason = Some(reason.to_owned());
+        if let Some(e) = &e {
+            r.entry = Some(e.kind);
+            r.service = Some(e.view.name.to_string());
+            r.port = e.port.as_ref().map(|p| p.name.port.to_string());
+        }
+        self.push(
+            ring,
+            Slot {
+                record: r,
+                last: now,
+                key,
+                conntrack_id: None,
+            },
+        );
+        Some(verdict)
+    }
+}
+
+/// Reads the kernel's reports on a thread of its own until the process
+/// ends, recording each batch.
+pub fn spawn(mut monitor: FlowMonitor, mut recorder: Recorder) -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name("flows".into())
+        .spawn(move || {
+            loop {
+                match monitor.next(Duration::from_secs(1)) {
+                    Ok(Some(events)) => {
+                        let lost = events
+                            .iter()
+                            .any(|e| matches!(e, FlowEvent::Lost))
+                            .then(|| monitor.dropped())
+                            .flatten();
+                        recorder.record(events, SystemTime::now(), lost);
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        tracing::warn!(error = %e, "reading the kernel's flow reports failed; the flow stream stops");
+                        return;
+                    }
+                }
+            }
+        })?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

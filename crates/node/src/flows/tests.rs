@@ -1,0 +1,442 @@
+use std::time::Instant;
+
+use verdict_conformance::{ServiceExt, SliceExt, TCP, UDP, slice, svc};
+use verdict_nft::MemoryBackend;
+use verdict_proxier::{Proxier, ProxierConfig};
+
+use super::*;
+
+const NODE_IP: &str = "192.168.0.2";
+
+fn sock(s: &str) -> SocketAddr {
+    s.parse().unwrap()
+}
+
+/// A node with shop/web (ClusterIP 172.30.0.41:80, NodePort 30080, two
+/// endpoints, the first with its pod named) and shop/empty (no endpoints).
+fn node() -> (NodeHandle, Proxier) {
+    let mut c = ProxierConfig::new(IpFamily::V4, "n1");
+    c.node_ips = vec![NODE_IP.parse().unwrap()];
+    c.local_ips = c.node_ips.clone();
+    let mut p = Proxier::new(c).unwrap();
+    let web = svc("shop", "web")
+        .cluster_ip("172.30.0.41")
+        .port("http", TCP, 80, 30080)
+        .external_ips(&["192.0.2.9"]);
+    let empty = svc("shop", "empty")
+        .cluster_ip("172.30.0.42")
+        .port("dns", UDP, 53, 0);
+    p.on_service(None, Some(&web));
+    p.on_service(None, Some(&empty));
+    let mut s = slice("shop", "web", "web-1")
+        .port("http", TCP, 8080)
+        .ep("10.180.0.1", "n1")
+        .ep("10.180.0.2", "n2");
+    s.endpoints[0].target_name = Some("web-7d4b9c-x2x9q".into());
+    p.on_endpoint_slice(&s, false);
+    p.sync(&mut MemoryBackend::new(), Instant::now()).unwrap();
+    let h = NodeHandle::of_proxiers(&[&p], &[NODE_IP.parse().unwrap()]);
+    (h, p)
+}
+
+fn recorder(capacity: usize) -> (Recorder, Arc<FlowStore>, Arc<Mutex<Metrics>>) {
+    let (h, _) = node();
+    let store = FlowStore::new(capacity);
+    let metrics = Arc::new(Mutex::new(Metrics::new()));
+    (
+        Recorder::new(h, store.clone(), metrics.clone(), None),
+        store,
+        metrics,
+    )
+}
+
+fn conn(id: u32, client: &str, dst: &str, endpoint: &str) -> Connection {
+    Connection {
+        id: Some(id),
+        proto: 6,
+        client: sock(client),
+        dst: sock(dst),
+        reply_src: sock(endpoint),
+        reply_dst: sock(client),
+        dnat: true,
+        snat: false,
+        packets: None,
+        bytes: None,
+    }
+}
+
+fn logged(prefix: &str, proto: u8, src: &str, dst: &str) -> FlowEvent {
+    FlowEvent::Logged(Logged {
+        prefix: prefix.into(),
+        group: DEFAULT_GROUP,
+        proto,
+        src: sock(src),
+        dst: sock(dst),
+    })
+}
+
+fn all(store: &FlowStore) -> Vec<FlowRecord> {
+    store.query(&FlowFilter::default(), 1000).flows
+}
+
+#[test]
+fn a_forwarded_connection_names_its_service_endpoint_and_pod_and_closes() {
+    let (mut r, store, metrics) = recorder(100);
+    let t0 = SystemTime::now();
+    let mut c = conn(7, "10.77.0.21:40000", "172.30.0.41:80", "10.180.0.1:8080");
+    c.snat = true;
+    r.record(vec![FlowEvent::New(c)], t0, None);
+    let f = &all(&store)[0];
+    assert_eq!(f.seq, 1);
+    assert_eq!(f.service.as_deref(), Some("shop/web"));
+    assert_eq!(f.port.as_deref(), Some("http"));
+    assert_eq!(f.entry, Some(EntryKind::ClusterIP));
+    assert_eq!(f.endpoint, Some(sock("10.180.0.1:8080")));
+    assert_eq!(f.pod.as_deref(), Some("web-7d4b9c-x2x9q"));
+    assert!(f.masqueraded && f.open);
+    assert_eq!(f.verdict, FlowVerdict::Forwarded);
+    let mut gone = c;
+    (gone.packets, gone.bytes) = (Some(12), Some(3400));
+    r.record(
+        vec![FlowEvent::Destroyed(gone)],
+        t0 + Duration::from_secs(2),
+        None,
+    );
+    let f = &all(&store)[0];
+    assert!(!f.open);
+    assert_eq!((f.packets, f.bytes), (Some(12), Some(3400)));
+    assert_ne!(f.first_seen, f.last_seen);
+    // The other endpoint has no pod named; the NodePort and the external
+    // IP are entry points too.
+    r.record(
+        vec![
+            FlowEvent::New(conn(
+                8,
+                "10.77.0.22:40001",
+                "192.168.0.2:30080",
+                "10.180.0.2:8080",
+            )),
+            FlowEvent::New(conn(
+                9,
+                "10.77.0.22:40002",
+                "192.0.2.9:80",
+                "10.180.0.2:8080",
+            )),
+        ],
+        t0,
+        None,
+    );
+    let flows = all(&store);
+    assert_eq!(flows.len(), 3);
+    assert_eq!(flows[0].entry, Some(EntryKind::ExternalIP));
+    assert_eq!(flows[1].entry, Some(EntryKind::NodePort));
+    assert_eq!((flows[1].pod.as_deref(), flows[1].seq), (None, 2));
+    let text = metrics.lock().unwrap().render();
+    assert!(
+        text.contains("verdict_flows_recorded_total{verdict=\"forwarded\"} 3"),
+        "{text}"
+    );
+}
+
+#[test]
+fn connections_to_no_service_and_connections_not_dnated_are_not_recorded() {
+    let (mut r, store, _) = recorder(100);
+    let now = SystemTime::now();
+    let mut plain = conn(1, "10.77.0.21:40000", "172.30.0.41:80", "172.30.0.41:80");
+    plain.dnat = false;
+    r.record(
+        vec![
+            FlowEvent::New(plain),
+            // DNATed by someone else, to an address no Service has.
+            FlowEvent::New(conn(
+                2,
+                "10.77.0.21:40000",
+                "10.9.9.9:80",
+                "10.180.0.1:8080",
+            )),
+            // The Service's address, another port.
+            FlowEvent::New(conn(
+                3,
+                "10.77.0.21:40000",
+                "172.30.0.41:81",
+                "10.180.0.1:8080",
+            )),
+            // A NodePort number on an address that is not the node's.
+            FlowEvent::New(conn(
+                4,
+                "10.77.0.21:40000",
+                "10.9.9.9:30080",
+                "10.180.0.1:8080",
+            )),
+            // A prefix that is not verdict's.
+            logged("someone else", 6, "10.77.0.21:40000", "172.30.0.42:53"),
+            logged(
+                layout::LOG_DROPPED_SOURCE_RANGE,
+                6,
+                "10.77.0.21:40000",
+                "10.9.9.9:80",
+            ),
+            // The end of a connection never recorded.
+            FlowEvent::Destroyed(conn(
+                99,
+                "10.77.0.21:1",
+                "172.30.0.41:80",
+                "10.180.0.1:8080",
+            )),
+        ],
+        now,
+        None,
+    );
+    assert_eq!(all(&store), Vec::new());
+}
+
+#[test]
+fn a_rejected_connection_is_one_flow_however_often_it_is_logged() {
+    let (mut r, store, _) = recorder(100);
+    let t0 = SystemTime::now();
+    let syn = || {
+        logged(
+            layout::LOG_REJECTED_NO_ENDPOINTS,
+            17,
+            "10.77.0.21:40000",
+            "172.30.0.42:53",
+        )
+    };
+    r.record(vec![syn()], t0, None);
+    r.record(vec![syn(), syn()], t0 + Duration::from_secs(1), None);
+    let flows = all(&store);
+    assert_eq!(flows.len(), 1, "{flows:?}");
+    let f = &flows[0];
+    assert_eq!(f.verdict, FlowVerdict::Rejected);
+    assert_eq!(f.reason.as_deref(), Some("no endpoints"));
+    assert_eq!(f.service.as_deref(), Some("shop/empty"));
+    assert_eq!((f.protocol.as_str(), f.retries), ("udp", 2));
+    // Long after, the same tuple is a new connection.
+    r.record(vec![syn()], t0 + RETRY_WINDOW * 2, None);
+    assert_eq!(all(&store).len(), 2);
+    // Another port of a ClusterIP names the Service, not a port.
+    r.record(
+        vec![logged(
+            layout::LOG_REJECTED_INVALID_PORT,
+            6,
+            "10.77.0.21:40001",
+            "172.30.0.41:8443",
+        )],
+        t0,
+        None,
+    );
+    let f = &all(&store)[0];
+    assert_eq!(
+        (f.service.as_deref(), f.port.as_deref(), f.reason.as_deref()),
+        (
+            Some("shop/web"),
+            None,
+            Some("a port the Service does not have")
+        )
+    );
+    // An unallocated ClusterIP has no Service, and is recorded.
+    r.record(
+        vec![logged(
+            layout::LOG_DROPPED_UNALLOCATED,
+            6,
+            "10.77.0.21:40002",
+            "172.30.0.99:80",
+        )],
+        t0,
+        None,
+    );
+    let f = &all(&store)[0];
+    assert_eq!(
+        (f.verdict, f.service.as_deref()),
+        (FlowVerdict::Dropped, None)
+    );
+    assert_eq!(f.reason.as_deref(), Some("unallocated ClusterIP"));
+}
+
+#[test]
+fn the_ring_keeps_the_newest_flows_and_counts_the_rest() {
+    let (mut r, store, metrics) = recorder(3);
+    let now = SystemTime::now();
+    let events = (0..5u16)
+        .map(|i| {
+            FlowEvent::New(conn(
+                u32::from(i),
+                &format!("10.77.0.21:{}", 40000 + i),
+                "172.30.0.41:80",
+                "10.180.0.1:8080",
+            ))
+        })
+        .collect();
+    r.record(events, now, Some(4));
+    let a = store.query(&FlowFilter::default(), 10);
+    let seqs: Vec<u64> = a.flows.iter().map(|f| f.seq).collect();
+    assert_eq!(seqs, [5, 4, 3]);
+    assert_eq!((a.evicted, a.last_seq, a.not_recorded), (2, 5, 4));
+    {
+        let ring = store.lock();
+        assert_eq!((ring.by_id.len(), ring.by_key.len()), (3, 3));
+    }
+    // The end of an evicted connection finds nothing; a kept one closes.
+    r.record(
+        vec![
+            FlowEvent::Destroyed(conn(
+                0,
+                "10.77.0.21:40000",
+                "172.30.0.41:80",
+                "10.180.0.1:8080",
+            )),
+            FlowEvent::Destroyed(conn(
+                4,
+                "10.77.0.21:40004",
+                "172.30.0.41:80",
+                "10.180.0.1:8080",
+            )),
+        ],
+        now,
+        Some(4),
+    );
+    let a = store.query(&FlowFilter::default(), 10);
+    assert!(!a.flows[0].open && a.flows[1].open);
+    let text = metrics.lock().unwrap().render();
+    assert!(text.contains("verdict_flows_evicted_total 2"), "{text}");
+    assert!(
+        text.contains("verdict_flows_not_recorded_total{reason=\"kernel_buffer\"} 4"),
+        "{text}"
+    );
+}
+
+#[test]
+fn filters_choose_by_service_namespace_address_verdict_time_and_position() {
+    let (mut r, store, _) = recorder(100);
+    let t0 = SystemTime::now();
+    r.record(
+        vec![
+            FlowEvent::New(conn(
+                1,
+                "10.77.0.21:40000",
+                "172.30.0.41:80",
+                "10.180.0.1:8080",
+            )),
+            logged(
+                layout::LOG_REJECTED_NO_ENDPOINTS,
+                17,
+                "10.77.0.22:40000",
+                "172.30.0.42:53",
+            ),
+        ],
+        t0,
+        None,
+    );
+    r.record(
+        vec![FlowEvent::New(conn(
+            3,
+            "10.77.0.23:40000",
+            "172.30.0.41:80",
+            "10.180.0.2:8080",
+        ))],
+        t0 + Duration::from_secs(60),
+        None,
+    );
+    let count = |f: FlowFilter| store.query(&f, 100).flows.len();
+    let ip = |s: &str| Some(s.parse::<IpAddr>().unwrap());
+    assert_eq!(count(FlowFilter::default()), 3);
+    assert_eq!(
+        count(FlowFilter {
+            service: Some(NamespacedName::new("shop", "web")),
+            ..FlowFilter::default()
+        }),
+        2
+    );
+    assert_eq!(
+        count(FlowFilter {
+            namespace: Some("shop".into()),
+            ..FlowFilter::default()
+        }),
+        3
+    );
+    assert_eq!(
+        count(FlowFilter {
+            namespace: Some("other".into()),
+            ..FlowFilter::default()
+        }),
+        0
+    );
+    assert_eq!(
+        count(FlowFilter {
+            ip: ip("10.77.0.22"),
+            ..FlowFilter::default()
+        }),
+        1
+    );
+    assert_eq!(
+        count(FlowFilter {
+            ip: ip("10.180.0.2"),
+            ..FlowFilter::default()
+        }),
+        1
+    );
+    assert_eq!(
+        count(FlowFilter {
+            verdict: Some(FlowVerdict::Rejected),
+            ..FlowFilter::default()
+        }),
+        1
+    );
+    assert_eq!(
+        count(FlowFilter {
+            since: Some(t0 + Duration::from_secs(30)),
+            ..FlowFilter::default()
+        }),
+        1
+    );
+    let after = store.query(
+        &FlowFilter {
+            after: Some(1),
+            ..FlowFilter::default()
+        },
+        100,
+    );
+    assert_eq!(
+        after.flows.iter().map(|f| f.seq).collect::<Vec<_>>(),
+        [3, 2]
+    );
+    let limited = store.query(&FlowFilter::default(), 1);
+    assert_eq!((limited.flows.len(), limited.matched), (1, 3));
+}
+
+#[test]
+fn the_flow_log_has_a_line_when_a_flow_is_recorded_and_when_it_closes() {
+    let (h, _) = node();
+    let dir = std::env::temp_dir().join(format!("verdict-flowlog-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("flows.jsonl");
+    let log = FlowLog::open(path.to_str().unwrap()).unwrap();
+    let store = FlowStore::new(10);
+    let mut r = Recorder::new(h, store, Arc::new(Mutex::new(Metrics::new())), Some(log));
+    let c = conn(1, "10.77.0.21:40000", "172.30.0.41:80", "10.180.0.1:8080");
+    let now = SystemTime::now();
+    r.record(
+        vec![
+            FlowEvent::New(c),
+            logged(
+                layout::LOG_REJECTED_NO_ENDPOINTS,
+                17,
+                "10.77.0.22:40000",
+                "172.30.0.42:53",
+            ),
+        ],
+        now,
+        None,
+    );
+    r.record(vec![FlowEvent::Destroyed(c)], now, None);
+    let text = std::fs::read_to_string(&path).unwrap();
+    let lines: Vec<FlowRecord> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 3, "{text}");
+    assert!(lines[0].open && !lines[2].open);
+    assert_eq!(lines[0].seq, lines[2].seq);
+    assert_eq!(lines[1].verdict, FlowVerdict::Rejected);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

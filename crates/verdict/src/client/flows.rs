@@ -1,0 +1,155 @@
+//! `verdict flows`: the flow stream of the running node (`--flows`), one
+//! page, or followed (`--follow`): the page, then every flow recorded after
+//! its newest, asked for twice a second.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::bail;
+use verdict_node::flows::{FlowRecord, FlowsAnswer};
+
+use super::{Output, encode, get, read};
+use crate::cli::{Cli, UsageError};
+
+/// How often a follower asks for what is new.
+const POLL: Duration = Duration::from_millis(500);
+
+/// The `/api/v1/flows` query of the command's flags, without `after`.
+pub fn target(cli: &Cli) -> Result<String, UsageError> {
+    let mut q = Vec::new();
+    let service = cli.inspect_flag("service").or(cli.target.as_deref());
+    if let Some(s) = service {
+        super::service_name("flows", s)?;
+        q.push(format!("service={}", encode(s)));
+    }
+    for k in ["namespace", "ip", "verdict", "limit"] {
+        if let Some(v) = cli.inspect_flag(k) {
+            q.push(format!("{k}={}", encode(v)));
+        }
+    }
+    if let Some(v) = cli.inspect_flag("verdict")
+        && verdict_node::flows::FlowVerdict::parse(v).is_none()
+    {
+        return Err(UsageError(format!(
+            "--verdict {v:?}: give forwarded, rejected or dropped"
+        )));
+    }
+    if let Some(v) = cli.inspect_flag("ip")
+        && v.parse::<std::net::IpAddr>().is_err()
+    {
+        return Err(UsageError(format!("--ip {v:?} is not an address")));
+    }
+    if let Some(v) = cli.inspect_flag("since") {
+        match crate::config::value::parse_duration(v) {
+            Some((false, d)) => q.push(format!("since={}", d.as_secs_f64())),
+            _ => {
+                return Err(UsageError(format!(
+                    "--since {v:?}: give a duration (30s, 5m, 1h)"
+                )));
+            }
+        }
+    }
+    Ok(format!("/api/v1/flows?{}", q.join("&")))
+}
+
+/// One flow on one line.
+pub fn line(f: &FlowRecord) -> String {
+    let service = match (&f.service, &f.port) {
+        (Some(s), Some(p)) if !p.is_empty() => format!("{s}:{p}"),
+        (Some(s), _) => s.clone(),
+        (None, _) => "-".into(),
+    };
+    let entry = f.entry.map_or("-".to_owned(), |e| format!("{e:?}"));
+    let outcome = match (&f.endpoint, &f.reason) {
+        (Some(e), _) => {
+            let pod = f
+                .pod
+                .as_deref()
+                .map(|p| format!(" ({p})"))
+                .unwrap_or_default();
+            format!("→ {e}{pod}")
+        }
+        (None, Some(r)) => r.clone(),
+        (None, None) => String::new(),
+    };
+    let mut extra = Vec::new();
+    if f.masqueraded {
+        extra.push("masqueraded".to_owned());
+    }
+    if let (Some(p), Some(b)) = (f.packets, f.bytes) {
+        extra.push(format!("{p} packets, {b} bytes"));
+    }
+    if f.open {
+        extra.push("open".into());
+    }
+    if f.retries > 0 {
+        extra.push(format!("{} retries", f.retries));
+    }
+    let extra = if extra.is_empty() {
+        String::new()
+    } else {
+        format!("  [{}]", extra.join(", "))
+    };
+    format!(
+        "{}  {:<9} {:<4} {} → {} {} {}  {}{}\n",
+        f.first_seen,
+        f.verdict.as_str(),
+        f.protocol,
+        f.client,
+        f.destination,
+        entry,
+        service,
+        outcome,
+        extra
+    )
+}
+
+fn print(flows: &[FlowRecord], output: Output) -> anyhow::Result<()> {
+    // The API answers newest first; a terminal reads oldest first.
+    for f in flows.iter().rev() {
+        match output {
+            Output::Text => print!("{}", line(f)),
+            Output::Json => println!("{}", serde_json::to_string(f)?),
+        }
+    }
+    Ok(())
+}
+
+fn ask(addr: SocketAddr, target: &str) -> anyhow::Result<FlowsAnswer> {
+    let (code, doc) = get(addr, target)?;
+    if code != 200 {
+        let e = doc["error"].as_str().unwrap_or("unexpected answer");
+        bail!("verdict answered {code}: {e}");
+    }
+    read(&doc)
+}
+
+/// Prints one page, or follows the stream until interrupted.
+pub fn run(addr: SocketAddr, target: &str, output: Output, follow: bool) -> anyhow::Result<()> {
+    let page = ask(addr, target)?;
+    if !follow {
+        match output {
+            Output::Json => println!("{}", serde_json::to_string_pretty(&page)?),
+            Output::Text => {
+                print(&page.flows, output)?;
+                let recorded: u64 = page.recorded.values().sum();
+                println!(
+                    "{} of {} matching flows shown; {recorded} recorded since start, {} evicted, {} not recorded (kernel buffer)",
+                    page.flows.len(),
+                    page.matched,
+                    page.evicted,
+                    page.not_recorded
+                );
+            }
+        }
+        return Ok(());
+    }
+    print(&page.flows, output)?;
+    let mut last = page.last_seq;
+    loop {
+        std::thread::sleep(POLL);
+        let page = ask(addr, &format!("{target}&after={last}"))?;
+        print(&page.flows, output)?;
+        last = last.max(page.last_seq);
+    }
+}

@@ -1,0 +1,196 @@
+//! The flow stream (`--flows`) with real traffic, inside the node of a
+//! network-namespace test bed: each connection to a ClusterIP is recorded
+//! once with its endpoint and pod, each one to a Service without endpoints
+//! as rejected, each connect from outside `loadBalancerSourceRanges` once
+//! (not once per SYN) as dropped; all within a second, and `verdict flows`
+//! filters them. Needs root.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::*;
+
+use std::time::Duration;
+
+use serde_json::Value as Json;
+use verdict_e2e::bed::Placement;
+
+const MANIFESTS: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: shop}\nspec:\n  clusterIP: 172.30.0.41\n  ports: [{name: http, port: 80, protocol: TCP}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: web-1\n  namespace: shop\n  labels: {kubernetes.io/service-name: web}\naddressType: IPv4\nports: [{name: http, port: 80, protocol: TCP}]\nendpoints:\n- addresses: [10.180.0.1]\n  nodeName: test-node\n  targetRef: {kind: Pod, namespace: shop, name: web-7d4b9c-x2x9q}\n---\napiVersion: v1\nkind: Service\nmetadata: {name: empty, namespace: shop}\nspec:\n  clusterIP: 172.30.0.43\n  ports: [{name: http, port: 80, protocol: TCP}]\n---\napiVersion: v1\nkind: Service\nmetadata: {name: guarded, namespace: shop}\nspec:\n  type: LoadBalancer\n  clusterIP: 172.30.0.44\n  loadBalancerSourceRanges: [203.0.113.0/24]\n  ports: [{name: http, port: 80, nodePort: 30081, protocol: TCP}]\nstatus:\n  loadBalancer: {ingress: [{ip: 198.51.100.44}]}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: guarded-1\n  namespace: shop\n  labels: {kubernetes.io/service-name: guarded}\naddressType: IPv4\nports: [{name: http, port: 80, protocol: TCP}]\nendpoints:\n- addresses: [10.180.0.1]\n  nodeName: test-node\n";
+
+fn body(response: &str) -> Json {
+    let (_, body) = response.split_once("\r\n\r\n").expect(response);
+    serde_json::from_str(body).expect(body)
+}
+
+fn of<'a>(flows: &'a [Json], service: &str, verdict: &str) -> Vec<&'a Json> {
+    flows
+        .iter()
+        .filter(|f| f["service"] == service && f["verdict"] == verdict)
+        .collect()
+}
+
+#[test]
+fn each_connection_is_one_flow_with_its_endpoint_or_its_reason() {
+    let Some(mut bed) = bed() else {
+        return;
+    };
+    bed.add_pod(ip("10.180.0.1"), Placement::Local, &[80], &[])
+        .unwrap();
+    bed.add_pod(ip("10.0.0.2"), Placement::Local, &[], &[])
+        .unwrap();
+    let dir = scratch_dir("flows");
+    write(&dir, "cluster.yaml", MANIFESTS);
+    let log = dir.join("verdict.log");
+    let flow_log = dir.join("flows.jsonl");
+    let dir_s = dir.to_string_lossy().into_owned();
+    let flow_log_s = flow_log.to_string_lossy().into_owned();
+    let _daemon = spawn_verdict(
+        &bed,
+        [
+            "run",
+            "--manifests",
+            &dir_s,
+            "--hostname-override",
+            "test-node",
+            "--bind-address",
+            "192.168.0.2",
+            "--cluster-cidr",
+            "10.0.0.0/8",
+            "--min-sync-period",
+            "0s",
+            "--flows",
+            "--flow-log",
+            &flow_log_s,
+        ],
+        &log,
+        None,
+    );
+    assert_eq!(
+        wait_for(&bed, "10.180.0.1:80"),
+        "10.180.0.1:80",
+        "{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    // The connections wait_for made are flows too: count from here.
+    std::thread::sleep(Duration::from_millis(1200));
+    let before = body(&http_on(&bed, 10249, "/api/v1/flows?limit=5000"));
+    let after = before["last_seq"].as_u64().unwrap();
+
+    let client = ip("10.0.0.2");
+    for _ in 0..50 {
+        let line = bed
+            .connect(client, ip("172.30.0.41"), "tcp", 80, 1000)
+            .unwrap();
+        assert!(line.contains("10.180.0.1:80"), "{line}");
+    }
+    for _ in 0..20 {
+        // Refused at once (a reset): nothing answers.
+        let _ = bed.connect(client, ip("172.30.0.43"), "tcp", 80, 1000);
+    }
+    for _ in 0..10 {
+        // Dropped: the client sends its SYN again after a second, and
+        // gives up after 1.5 s.
+        let _ = bed.connect(client, ip("198.51.100.44"), "tcp", 80, 1500);
+    }
+    // Every flow is there within a second of its connection.
+    std::thread::sleep(Duration::from_secs(1));
+    let answer = body(&http_on(
+        &bed,
+        10249,
+        &format!("/api/v1/flows?limit=5000&after={after}"),
+    ));
+    let flows = answer["flows"].as_array().unwrap();
+
+    let forwarded = of(flows, "shop/web", "forwarded");
+    assert_eq!(forwarded.len(), 50, "{answer:#}");
+    let ports: std::collections::BTreeSet<&str> = forwarded
+        .iter()
+        .map(|f| f["client"].as_str().unwrap())
+        .collect();
+    assert_eq!(ports.len(), 50, "each connection once");
+    for f in &forwarded {
+        assert_eq!(f["endpoint"], "10.180.0.1:80", "{f}");
+        assert_eq!(f["pod"], "web-7d4b9c-x2x9q", "{f}");
+        assert_eq!(f["entry"], "ClusterIP", "{f}");
+        assert_eq!(f["destination"], "172.30.0.41:80", "{f}");
+    }
+    let rejected = of(flows, "shop/empty", "rejected");
+    assert_eq!(rejected.len(), 20, "{answer:#}");
+    assert!(rejected.iter().all(|f| f["reason"] == "no endpoints"));
+    let dropped = of(flows, "shop/guarded", "dropped");
+    assert_eq!(
+        dropped.len(),
+        10,
+        "one flow per connect, not per SYN: {answer:#}"
+    );
+    assert!(
+        dropped
+            .iter()
+            .all(|f| f["reason"] == "source outside loadBalancerSourceRanges"
+                && f["entry"] == "LoadBalancer")
+    );
+    assert_eq!(flows.len(), 80, "nothing else: {answer:#}");
+
+    // `verdict flows` against the running node, with filters.
+    let out = bed
+        .node
+        .exec(
+            env!("CARGO_BIN_EXE_verdict"),
+            &[
+                "flows",
+                "--verdict",
+                "rejected",
+                "--since",
+                "1m",
+                "-o",
+                "json",
+            ],
+        )
+        .unwrap();
+    let page: Json = serde_json::from_str(&out).expect(&out);
+    let listed = page["flows"].as_array().unwrap();
+    assert_eq!(listed.len(), 20, "{out}");
+    assert!(listed.iter().all(|f| f["verdict"] == "rejected"));
+    let text = bed
+        .node
+        .exec(
+            env!("CARGO_BIN_EXE_verdict"),
+            &["flows", "shop/guarded", "--ip", "10.0.0.2"],
+        )
+        .unwrap();
+    assert_eq!(
+        text.lines()
+            .filter(|l| l.contains("source outside loadBalancerSourceRanges"))
+            .count(),
+        10,
+        "{text}"
+    );
+
+    // The flow log: every flow recorded, forwarded ones again as they close.
+    let lines = std::fs::read_to_string(&flow_log).unwrap();
+    let logged: Vec<Json> = lines
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let new_ones = logged
+        .iter()
+        .filter(|f| f["seq"].as_u64().unwrap() > after && f["open"] != false)
+        .count();
+    assert!(new_ones >= 50, "{lines}");
+    assert!(
+        logged
+            .iter()
+            .any(|f| f["verdict"] == "dropped" && f["service"] == "shop/guarded")
+    );
+    let metrics = http_on(&bed, 10249, "/metrics");
+    assert!(
+        sample(
+            &metrics,
+            "verdict_flows_recorded_total{verdict=\"rejected\"}"
+        )
+        .is_some_and(|v| v >= 20.0),
+        "{metrics}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
