@@ -245,21 +245,11 @@ impl FlowMonitor {
 
     /// The next reports, waiting at most `timeout` (`Ok(None)`: none came).
     pub fn next(&mut self, timeout: Duration) -> std::io::Result<Option<Vec<FlowEvent>>> {
-        self.socket
-            .set_timeout(Some(timeout.max(Duration::from_millis(1))))?;
-        match self.socket.next_datagram() {
-            Ok(Datagram::Messages(buf)) => Ok(Some(decode(buf))),
-            Ok(Datagram::Overflow) => Ok(Some(vec![FlowEvent::Lost])),
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
-                Ok(None)
-            }
-            Err(e) => Err(e),
-        }
+        Ok(match self.socket.next_within(timeout)? {
+            Some(Datagram::Messages(buf)) => Some(decode(buf)),
+            Some(Datagram::Overflow) => Some(vec![FlowEvent::Lost]),
+            None => None,
+        })
     }
 }
 

@@ -173,21 +173,11 @@ impl TraceMonitor {
     /// none came). Lost messages (a full buffer) end nothing: what
     /// arrives afterwards is returned.
     pub fn next(&mut self, timeout: Duration) -> std::io::Result<Option<Vec<TraceEvent>>> {
-        self.socket
-            .set_timeout(Some(timeout.max(Duration::from_millis(1))))?;
-        match self.socket.next_datagram() {
-            Ok(Datagram::Messages(buf)) => Ok(Some(decode(buf))),
-            Ok(Datagram::Overflow) => Ok(Some(Vec::new())),
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
-                Ok(None)
-            }
-            Err(e) => Err(e),
-        }
+        Ok(match self.socket.next_within(timeout)? {
+            Some(Datagram::Messages(buf)) => Some(decode(buf)),
+            Some(Datagram::Overflow) => Some(Vec::new()),
+            None => None,
+        })
     }
 }
 

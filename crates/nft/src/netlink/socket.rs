@@ -234,6 +234,27 @@ impl Socket {
         }
     }
 
+    /// The next datagram of a listening socket, waiting at most `timeout`
+    /// (`Ok(None)`: none came).
+    pub(crate) fn next_within(
+        &mut self,
+        timeout: Duration,
+    ) -> std::io::Result<Option<Datagram<'_>>> {
+        self.set_timeout(Some(timeout.max(Duration::from_millis(1))))?;
+        match self.next_datagram() {
+            Ok(d) => Ok(Some(d)),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     pub(crate) fn send(&mut self, bytes: &[u8]) -> Result<(), NftError> {
         self.drain();
         // The kernel refuses a message larger than the send buffer, and
