@@ -160,15 +160,14 @@ pub struct FlowFilter {
 }
 
 impl FlowFilter {
-    fn admits(&self, f: &FlowRecord, last_seen: SystemTime) -> bool {
+    /// Whether it admits `f`, last seen then; `wanted` is
+    /// [`service`](Self::service) as the records name it, written once
+    /// per query. ([`FlowStore::query`] stops at [`after`](Self::after).)
+    fn admits(&self, wanted: Option<&str>, f: &FlowRecord, last_seen: SystemTime) -> bool {
         let service = f.service.as_deref();
-        self.after.is_none_or(|a| f.seq > a)
-            && self.verdict.is_none_or(|v| f.verdict == v)
+        self.verdict.is_none_or(|v| f.verdict == v)
             && self.since.is_none_or(|t| last_seen >= t)
-            && self
-                .service
-                .as_ref()
-                .is_none_or(|s| service == Some(s.to_string().as_str()))
+            && wanted.is_none_or(|s| service == Some(s))
             && self.namespace.as_ref().is_none_or(|ns| {
                 service.and_then(|s| s.split_once('/')).map(|(n, _)| n) == Some(ns.as_str())
             })
@@ -292,6 +291,7 @@ impl FlowStore {
 
     /// The flows `filter` admits, newest first, at most `limit`.
     pub fn query(&self, filter: &FlowFilter, limit: usize) -> FlowsAnswer {
+        let wanted = filter.service.as_ref().map(|s| s.to_string());
         let r = self.lock();
         let mut flows = Vec::new();
         let mut matched = 0;
@@ -299,7 +299,7 @@ impl FlowStore {
             if filter.after.is_some_and(|a| s.record.seq <= a) {
                 break;
             }
-            if !filter.admits(&s.record, s.last) {
+            if !filter.admits(wanted.as_deref(), &s.record, s.last) {
                 continue;
             }
             matched += 1;
@@ -316,16 +316,6 @@ impl FlowStore {
             evicted: r.evicted,
             not_recorded: r.not_recorded,
         }
-    }
-
-    /// How many flows it holds.
-    pub fn len(&self) -> usize {
-        self.lock().slots.len()
-    }
-
-    /// Whether it holds none.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 
@@ -394,7 +384,7 @@ fn protocol_of(p: u8) -> Option<Protocol> {
 }
 
 /// The Service port a connection to `dst` enters, and how.
-pub(crate) struct Entered {
+struct Entered {
     view: Arc<ServiceView>,
     port: Option<PortView>,
     kind: EntryKind,

@@ -164,7 +164,7 @@ pub(crate) fn entry(a: Attrs<'_>) -> Option<Entry> {
     })
 }
 
-pub(crate) fn proto_name(p: u8) -> String {
+fn proto_name(p: u8) -> String {
     match p {
         1 => "icmp".into(),
         6 => "tcp".into(),
@@ -182,7 +182,7 @@ fn nfproto(family: Family) -> u8 {
     }
 }
 
-pub(crate) fn write_tuple(w: &mut Writer, kind: u16, t: &Tuple) {
+fn write_tuple(w: &mut Writer, kind: u16, t: &Tuple) {
     let n = w.open(kind);
     let ip = w.open(CTA_TUPLE_IP);
     match (t.src, t.dst) {
