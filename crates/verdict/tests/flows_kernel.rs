@@ -167,6 +167,97 @@ fn each_connection_is_one_flow_with_its_endpoint_or_its_reason() {
         "{text}"
     );
 
+    // `verdict flows --follow`: the page, then each new flow as it comes,
+    // the filter applied to both.
+    let mut follower = bed
+        .node
+        .spawn(
+            env!("CARGO_BIN_EXE_verdict"),
+            &["flows", "--follow", "--service", "shop/empty", "-o", "json"],
+        )
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(800));
+    for _ in 0..5 {
+        let _ = bed.connect(client, ip("172.30.0.43"), "tcp", 80, 1000);
+        bed.connect(client, ip("172.30.0.41"), "tcp", 80, 1000)
+            .unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    follower.kill().unwrap();
+    let out = follower.wait_with_output().unwrap();
+    let followed: Vec<Json> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect(l))
+        .collect();
+    assert!(
+        followed.iter().all(|f| f["service"] == "shop/empty"),
+        "{followed:#?}"
+    );
+    let seqs: Vec<u64> = followed
+        .iter()
+        .map(|f| f["seq"].as_u64().unwrap())
+        .collect();
+    assert!(
+        seqs.windows(2).all(|w| w[0] < w[1]),
+        "oldest first, once each: {seqs:?}"
+    );
+    assert_eq!(
+        followed.len(),
+        25,
+        "the 20 of the page and the 5 followed: {followed:#?}"
+    );
+
+    // The web view, in a real browser: the flow view with its filters, and
+    // the link to it from the Service's page.
+    if let Some(browser) = chromium() {
+        let ui = "http://127.0.0.1:10249/ui";
+        let page = browse(
+            &bed,
+            &browser,
+            &format!("{ui}#/flows?service=shop%2Fguarded&verdict=dropped&ip=10.0.0.2"),
+            None,
+        );
+        let rows = page
+            .matches("data-verdict=\"dropped\" data-service=\"shop/guarded\"")
+            .count();
+        assert_eq!(rows, 10, "{page}");
+        // (The page's script holds the row's template: count real rows.)
+        for other in [
+            "data-verdict=\"forwarded\"",
+            "data-verdict=\"rejected\"",
+            "data-service=\"shop/web\"",
+            "data-service=\"shop/empty\"",
+        ] {
+            assert!(!page.contains(other), "{other}: {page}");
+        }
+        assert!(
+            page.contains("source outside loadBalancerSourceRanges"),
+            "{page}"
+        );
+        let all = browse(
+            &bed,
+            &browser,
+            &format!("{ui}#/flows?service=shop%2Fweb"),
+            None,
+        );
+        assert!(all.contains("web-7d4b9c-x2x9q"), "the pod: {all}");
+        assert!(all.contains("data-verdict=\"forwarded\""), "{all}");
+        assert!(!all.contains("data-service=\"shop/empty\""), "{all}");
+        let svc = browse(&bed, &browser, &format!("{ui}#/service/shop/guarded"), None);
+        assert!(
+            svc.contains("id=\"service-flows\"")
+                && svc.contains("href=\"#/flows?service=shop%2Fguarded\""),
+            "{svc}"
+        );
+        let shots = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("ui-screenshots");
+        std::fs::create_dir_all(&shots).unwrap();
+        let shot = shots.join("flows.png");
+        browse(&bed, &browser, &format!("{ui}#/flows"), Some(&shot));
+        let size = std::fs::metadata(&shot).map(|m| m.len()).unwrap_or(0);
+        assert!(size > 10_000, "{}: {size} bytes", shot.display());
+        println!("screenshot: {}", shot.display());
+    }
+
     // The flow log: every flow recorded, forwarded ones again as they close.
     let lines = std::fs::read_to_string(&flow_log).unwrap();
     let logged: Vec<Json> = lines

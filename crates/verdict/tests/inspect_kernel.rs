@@ -693,53 +693,6 @@ fn the_counters_can_be_turned_off_and_on_across_a_restart() {
     assert_eq!(reach_both(&bed), both, "after the rebuild:\n{table}");
 }
 
-/// Chromium, if installed (CI installs it and sets VERDICT_REQUIRE_CHROMIUM).
-fn chromium() -> Option<String> {
-    let found = ["chromium", "chromium-browser", "google-chrome"]
-        .into_iter()
-        .find(|b| {
-            std::process::Command::new("sh")
-                .args(["-c", &format!("command -v {b}")])
-                .output()
-                .is_ok_and(|o| o.status.success())
-        })
-        .map(str::to_owned);
-    if found.is_none() {
-        assert!(
-            std::env::var_os("VERDICT_REQUIRE_CHROMIUM").is_none(),
-            "chromium is required here (VERDICT_REQUIRE_CHROMIUM) but not installed"
-        );
-        println!("skipped: no chromium");
-    }
-    found
-}
-
-/// Loads `url` in headless Chromium inside the node and returns the DOM
-/// once the page's script has run; with `shot`, also saves a screenshot.
-fn browse(bed: &TestBed, browser: &str, url: &str, shot: Option<&std::path::Path>) -> String {
-    let profile = scratch_dir("chromium-profile");
-    let profile_flag = format!("--user-data-dir={}", profile.display());
-    let mut args = vec![
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--no-first-run",
-        "--window-size=1280,900",
-        "--virtual-time-budget=6000",
-        profile_flag.as_str(),
-    ];
-    let shot_flag = shot.map(|p| format!("--screenshot={}", p.display()));
-    if let Some(s) = &shot_flag {
-        args.push(s);
-    } else {
-        args.push("--dump-dom");
-    }
-    args.push(url);
-    bed.node
-        .exec(browser, &args)
-        .unwrap_or_else(|e| panic!("chromium {url}: {e}"))
-}
-
 #[test]
 fn the_web_view_shows_services_endpoints_and_counters_in_a_real_browser() {
     let Some(browser) = chromium() else {

@@ -3,8 +3,9 @@
 //! introspection API and polls it for live updates. Pages (by the URL's
 //! fragment): the overview (syncs and foreign changes), the Service list
 //! (search, pages of 50, counters), one Service (entry points, endpoints
-//! with their state and connection rate, kernel elements, drift) and the
-//! trace form.
+//! with their state and connection rate, kernel elements, drift, a link to
+//! its flows), the flow stream (`--flows`: filters, newest first, asked for
+//! every second) and the trace form.
 
 use verdict_admin::Response;
 use verdict_admin::http::Request;
@@ -36,6 +37,8 @@ mod tests {
         for route in [
             "#/services",
             "#/trace",
+            "#/flows",
+            "\"/flows?\"",
             "const API = \"/api/v1\"",
             "\"/problems\"",
             "\"/syncs\"",

@@ -13,6 +13,8 @@ use crate::cli::{Cli, UsageError};
 
 /// How often a follower asks for what is new.
 const POLL: Duration = Duration::from_millis(500);
+/// The most flows a follower asks for at once (the API's most).
+const FOLLOW_LIMIT: usize = 5000;
 
 /// The `/api/v1/flows` query of the command's flags, without `after`.
 pub fn target(cli: &Cli) -> Result<String, UsageError> {
@@ -146,10 +148,44 @@ pub fn run(addr: SocketAddr, target: &str, output: Output, follow: bool) -> anyh
     }
     print(&page.flows, output)?;
     let mut last = page.last_seq;
+    let next = follow_target(target);
     loop {
         std::thread::sleep(POLL);
-        let page = ask(addr, &format!("{target}&after={last}"))?;
+        let page = ask(addr, &format!("{next}&after={last}"))?;
+        if page.matched > page.flows.len() {
+            eprintln!(
+                "verdict flows: {} flows arrived faster than a follower reads them; skipped",
+                page.matched - page.flows.len()
+            );
+        }
         print(&page.flows, output)?;
         last = last.max(page.last_seq);
+    }
+}
+
+/// What a follower asks for after the first page: everything new, up to
+/// the API's most per answer, whatever `--limit` chose for the first.
+fn follow_target(target: &str) -> String {
+    let (path, query) = target.split_once('?').unwrap_or((target, ""));
+    let mut q: Vec<&str> = query
+        .split('&')
+        .filter(|p| !p.is_empty() && !p.starts_with("limit="))
+        .collect();
+    let limit = format!("limit={FOLLOW_LIMIT}");
+    q.push(&limit);
+    format!("{path}?{}", q.join("&"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_follower_asks_for_all_that_is_new_whatever_the_first_page_limit() {
+        assert_eq!(
+            follow_target("/api/v1/flows?service=shop%2Fweb&limit=10&verdict=rejected"),
+            "/api/v1/flows?service=shop%2Fweb&verdict=rejected&limit=5000"
+        );
+        assert_eq!(follow_target("/api/v1/flows?"), "/api/v1/flows?limit=5000");
     }
 }
