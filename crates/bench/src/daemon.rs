@@ -79,7 +79,7 @@ impl Source {
 
 /// The objects as YAML in block style, as `kubectl get -o yaml` writes
 /// them (each a document of its own).
-fn yaml(objects: &[Value]) -> String {
+pub(crate) fn yaml(objects: &[Value]) -> String {
     fn scalar(v: &Value) -> String {
         match v {
             // Quoted only where YAML would read another type.
@@ -215,7 +215,7 @@ impl Log {
     }
 
     /// Waits for a line containing every one of `parts`.
-    fn wait(&self, parts: &[&str], within: Duration) -> Result<Instant, String> {
+    pub(crate) fn wait(&self, parts: &[&str], within: Duration) -> Result<Instant, String> {
         self.wait_line(parts, within).map(|(at, _)| at)
     }
 
@@ -362,9 +362,9 @@ pub(crate) struct Inspect {
 /// The daemon's metrics address in the benchmark's namespace, where the
 /// introspection API is served (`--inspect`, `--readers`,
 /// `--slow-clients`).
-const METRICS: &str = "127.0.0.1:10249";
+pub(crate) const METRICS: &str = "127.0.0.1:10249";
 /// Its health address (`--readers`, `--slow-clients`).
-const HEALTH: &str = "127.0.0.1:10256";
+pub(crate) const HEALTH: &str = "127.0.0.1:10256";
 /// How often the readers are probed.
 const PROBE_EVERY: Duration = Duration::from_millis(50);
 
@@ -690,7 +690,7 @@ fn kernel_matches(ns: &Netns, eps: &Endpoints, count: usize) -> Result<bool, Str
 }
 
 /// The resident set (MiB) of a live process now.
-fn rss_now(pid: u32) -> f64 {
+pub(crate) fn rss_now(pid: u32) -> f64 {
     status_mib(pid, "VmRSS:")
 }
 
@@ -787,7 +787,7 @@ fn churn(
 }
 
 /// A process group, killed whole when dropped.
-struct Group(u32);
+pub(crate) struct Group(u32);
 
 impl Drop for Group {
     fn drop(&mut self) {
@@ -867,7 +867,7 @@ pub(crate) struct Programs<'a> {
 /// Starts verdict in `ns` on `source_args` (its admin ports served if
 /// `serves`), its log lines on a channel (and in `log_to`, stamped from
 /// `started`): the process, its group, the log and its pid.
-fn spawn_verdict(
+pub(crate) fn spawn_verdict(
     ns: &Netns,
     p: &Programs,
     source_args: &[String],

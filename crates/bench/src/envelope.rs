@@ -91,21 +91,7 @@ impl AnswerProbe {
         port: u16,
         within: Duration,
     ) -> Result<AnswerProbe, String> {
-        let setup = [
-            "link add verdict-bench0 type veth peer name verdict-bench1",
-            "link set verdict-bench0 up",
-            "link set verdict-bench1 up",
-            "addr add 192.168.0.2/24 dev verdict-bench0",
-            "route add default dev verdict-bench0",
-        ];
-        for cmd in setup {
-            ns.exec("ip", &cmd.split(' ').collect::<Vec<_>>())
-                .map_err(|e| format!("ip {cmd}: {}", e.0))?;
-        }
-        for ep in endpoints {
-            ns.exec("ip", &["addr", "add", &format!("{ep}/32"), "dev", "lo"])
-                .map_err(|e| format!("ip addr add {ep}: {}", e.0))?;
-        }
+        loopback_endpoints(ns, endpoints)?;
         let (name, target) = (ns.name().to_owned(), service_ip(30, svc));
         let (tx, rx) = channel();
         let stop = Arc::new(AtomicBool::new(false));
@@ -137,6 +123,29 @@ impl AnswerProbe {
             .recv()
             .map_err(|_| "the answer probe died".to_owned())?
     }
+}
+
+/// Makes `endpoints` addresses of `ns`'s loopback, and sends every other
+/// address (the ClusterIPs) out of a veth pair within `ns`, from
+/// 192.168.0.2: a connection from inside `ns` to a Service reaches an
+/// endpoint only through verdict's DNAT.
+pub(crate) fn loopback_endpoints(ns: &Netns, endpoints: &[Ipv4Addr]) -> Result<(), String> {
+    let setup = [
+        "link add verdict-bench0 type veth peer name verdict-bench1",
+        "link set verdict-bench0 up",
+        "link set verdict-bench1 up",
+        "addr add 192.168.0.2/24 dev verdict-bench0",
+        "route add default dev verdict-bench0",
+    ];
+    for cmd in setup {
+        ns.exec("ip", &cmd.split(' ').collect::<Vec<_>>())
+            .map_err(|e| format!("ip {cmd}: {}", e.0))?;
+    }
+    for ep in endpoints {
+        ns.exec("ip", &["addr", "add", &format!("{ep}/32"), "dev", "lo"])
+            .map_err(|e| format!("ip addr add {ep}: {}", e.0))?;
+    }
+    Ok(())
 }
 
 /// The `operations=` field of a sync's log line.

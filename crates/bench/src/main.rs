@@ -26,6 +26,7 @@
 mod backends;
 mod daemon;
 mod envelope;
+mod flows;
 mod probe;
 mod readers;
 mod report;
@@ -56,6 +57,7 @@ fn main() -> ExitCode {
         Some("daemon") => daemon::daemon(&args[1..]),
         Some("restarts") => restarts::restarts(&args[1..]),
         Some("envelope") => envelope::envelope(&args[1..]),
+        Some("flows") => flows::flows(&args[1..]),
         Some("backends") => backends::backends(&args[1..]),
         Some("backend-one") => backends::backend_one(&args[1..]),
         _ => orchestrate(&args),

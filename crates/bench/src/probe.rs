@@ -31,7 +31,7 @@ pub fn quantile(sorted: &[f64], q: f64) -> f64 {
     sorted[idx]
 }
 
-fn connect_once(addr: SocketAddr) -> Option<Duration> {
+pub(crate) fn connect_once(addr: SocketAddr) -> Option<Duration> {
     let sock = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP)).ok()?;
     sock.set_linger(Some(Duration::ZERO)).ok()?;
     let t0 = Instant::now();

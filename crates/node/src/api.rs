@@ -151,7 +151,7 @@ pub fn flow_stream(store: Option<&FlowStore>, req: &Request) -> (u16, Json) {
     let Some(store) = store else {
         return (
             404,
-            json!({"error": "the flow stream is off: start verdict with --flows"}),
+            json!({"error": "the flow stream is off on this node (--flows=false, or it could not start: see verdict's log)"}),
         );
     };
     match flow_query(|k| req.query_param(k)) {

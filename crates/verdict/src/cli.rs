@@ -123,8 +123,11 @@ pub struct Cli {
     pub keep_kube_proxy_nftables: bool,
     /// `--service-counters` (verdict's own; on by default).
     pub service_counters: bool,
-    /// `--flows` (verdict's own; off by default).
+    /// `--flows` (verdict's own; on by default).
     pub flows: bool,
+    /// `--flows` or `--flow-log` given: a stream that cannot start then
+    /// stops verdict, where by default it is left off with a warning.
+    pub flows_required: bool,
     /// `--flow-log` (verdict's own): a file, or `-` for standard output.
     pub flow_log: Option<String>,
     /// `--api-bind-address` (verdict's own; none by default: the API and
@@ -369,7 +372,7 @@ const OPTIONS: &[OptSpec] = &[
         short: None,
         opt: Opt::ServiceCounters,
         takes_value: false,
-        help: "Count in the kernel the node's connections sent to endpoints, and each rejected or dropped connection once, by reason (verdict_connections_total, verdict_rejected_total, verdict_dropped_total), and per Service what --service-metrics chooses; --service-counters=false leaves kube-proxy's rules exactly, counting nothing",
+        help: "Count in the kernel the node's connections sent to endpoints, and each rejected or dropped connection once, by reason (verdict_connections_total, verdict_rejected_total, verdict_dropped_total), and per Service what --service-metrics chooses; --service-counters=false leaves kube-proxy's rules exactly, counting nothing (the flow stream then records forwarded connections only, unless --flows is given)",
         kube_proxy: false,
         commands: &[],
     },
@@ -378,7 +381,7 @@ const OPTIONS: &[OptSpec] = &[
         short: None,
         opt: Opt::Flows,
         takes_value: false,
-        help: "The flow stream: record every connection through the node's Services (from conntrack's events) and every one the rules reject or drop (logged once per connection to nfnetlink_log group 7331), with its Service, endpoint, pod and reason, for verdict flows and /api/v1/flows; off by default",
+        help: "The flow stream: record every connection through the node's Services (from conntrack's events) and every one the rules reject or drop (logged once per connection to nfnetlink_log group 7331), with its Service, endpoint, pod and reason, for verdict flows, /api/v1/flows and the web view; on by default (--flows=false turns it off; a stream that cannot start, its log group held by another program, is then left off with a warning, where --flows stops verdict)",
         kube_proxy: false,
         commands: &[],
     },
@@ -612,7 +615,8 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, UsageError>
         manifests: None,
         keep_kube_proxy_nftables: false,
         service_counters: true,
-        flows: false,
+        flows: true,
+        flows_required: false,
         flow_log: None,
         api_bind_address: None,
         service_metrics: verdict_model::MetricsSelection::default(),
@@ -718,7 +722,10 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, UsageError>
                     Opt::Manifests => cli.manifests = Some(value),
                     Opt::KeepKubeProxyNftables => cli.keep_kube_proxy_nftables = boolean(&value)?,
                     Opt::ServiceCounters => cli.service_counters = boolean(&value)?,
-                    Opt::Flows => cli.flows = boolean(&value)?,
+                    Opt::Flows => {
+                        cli.flows = boolean(&value)?;
+                        cli.flows_required = cli.flows;
+                    }
                     Opt::FlowLog => {
                         if value.is_empty() {
                             return Err(UsageError(
@@ -727,6 +734,7 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, UsageError>
                         }
                         cli.flow_log = Some(value);
                         cli.flows = true;
+                        cli.flows_required = true;
                     }
                     Opt::ServiceMetrics => {
                         cli.service_metrics.level = value
@@ -760,6 +768,11 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, UsageError>
                 }
             }
         }
+    }
+    if !cli.flows && cli.flow_log.is_some() {
+        return Err(UsageError(
+            "--flow-log writes the flow stream, which --flows=false turns off: give one or the other".into(),
+        ));
     }
     let m = &cli.service_metrics;
     if m.level == verdict_model::Counting::None
@@ -934,7 +947,7 @@ loopback); offline there is no conntrack table to read.",
         command: Command::Flows,
         summary: "the flow stream: recent connections through the Services, where each went or why it was refused",
         usage: "verdict flows [NAMESPACE/NAME] [--follow] [--service NS/NAME] [--namespace NS] [--ip IP] [--verdict forwarded|rejected|dropped] [--since DURATION] [--limit N] [-o json]",
-        more: "Asks the running verdict at --server, which must run with --flows. --follow keeps
+        more: "Asks the running verdict at --server, whose flow stream is on (the default). --follow keeps
 printing flows as they arrive (with -o json, one object per line).",
     },
     CommandHelp {
@@ -1023,7 +1036,7 @@ Seeing into verdict (ask the running verdict's metrics address, or with
   verdict connections [NAMESPACE/NAME]
                             the kernel's connections by Service and endpoint, stale ones flagged
   verdict flows [--follow] [--service NS/NAME] [--ip IP] [--verdict V] [--since 1m]
-                            recent connections through the Services (--flows), and why some failed
+                            recent connections through the Services (the flow stream), and why some failed
   verdict doctor            check this node: kernel, capabilities, conflicting rules, sysctls,
                             conntrack, API server and RBAC, drift (exit 1 on any failure)
 
@@ -1093,6 +1106,23 @@ mod tests {
             .filter(|f| f.setting.path == path)
             .map(|f| f.value.clone())
             .collect()
+    }
+
+    #[test]
+    fn the_flow_stream_is_on_by_default_and_required_only_when_asked_for() {
+        let default = parse_str(&[]).unwrap();
+        assert!(default.flows && !default.flows_required);
+        let off = parse_str(&["--flows=false"]).unwrap();
+        assert!(!off.flows && !off.flows_required);
+        let asked = parse_str(&["--flows"]).unwrap();
+        assert!(asked.flows && asked.flows_required);
+        let logged = parse_str(&["--flow-log", "-"]).unwrap();
+        assert!(logged.flows && logged.flows_required);
+        let both = parse_str(&["--flow-log", "/var/log/flows.jsonl", "--flows=false"]);
+        assert!(
+            both.is_err_and(|e| e.0.contains("--flows=false")),
+            "a flow log of a stream turned off"
+        );
     }
 
     #[test]

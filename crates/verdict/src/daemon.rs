@@ -106,8 +106,17 @@ fn node_settings(settings: &Settings, source: &Source) -> NodeSettings {
         service_counters: settings.service_counters,
         service_metrics: settings.service_metrics.clone(),
         keep_kube_proxy_nftables: source.keep_kube_proxy_nftables,
-        flow_log_group: settings.flows.then_some(verdict_node::flows::DEFAULT_GROUP),
+        flow_log_group: flow_log_group(settings),
     }
+}
+
+/// The nfnetlink_log group the rules send rejected and dropped connections
+/// to: with the flow stream on, unless `--service-counters=false` asked for
+/// kube-proxy's rules exactly and `--flows` was not given (the stream then
+/// records forwarded connections only, which need no rule).
+fn flow_log_group(settings: &Settings) -> Option<u16> {
+    (settings.flows && (settings.service_counters || settings.flows_required))
+        .then_some(verdict_node::flows::DEFAULT_GROUP)
 }
 
 /// The registry, with the per-family counters visible from the start, the
@@ -184,11 +193,14 @@ pub fn run(settings: &Settings, source: &Source, verbosity: &Verbosity) -> anyho
         Err(e) => tracing::warn!(error = %e, "cannot raise the limit of open files"),
     }
     let metrics = kube_proxy_metrics(settings);
-    let mut node = NodeProxy::new(
-        node_settings(settings, source),
-        metrics.clone(),
-        &KernelAddresses,
-    )?;
+    // The flow stream's kernel side first: the rules log rejected and
+    // dropped connections to its group only if verdict holds that group.
+    let flow_source = open_flows(settings)?;
+    let mut wanted = node_settings(settings, source);
+    if flow_source.is_none() {
+        wanted.flow_log_group = None;
+    }
+    let mut node = NodeProxy::new(wanted, metrics.clone(), &KernelAddresses)?;
     let name = node.settings().node_name.clone();
     tracing::info!(
         node = %name,
@@ -249,10 +261,9 @@ pub fn run(settings: &Settings, source: &Source, verbosity: &Verbosity) -> anyho
     if let Some(c) = &counters {
         c.read_periodically();
     }
-    let flows = if settings.flows {
-        Some(start_flows(settings, &handle, &metrics)?)
-    } else {
-        None
+    let flows = match flow_source {
+        Some(opened) => Some(start_flows(settings, opened, &handle, &metrics)?),
+        None => None,
     };
     let api_for = |exposure: Exposure| {
         api::handler(
@@ -356,29 +367,63 @@ pub fn run(settings: &Settings, source: &Source, verbosity: &Verbosity) -> anyho
     Ok(())
 }
 
-/// The flow stream (`--flows`): the kernel's reports read on a thread of
-/// their own into a bounded store. A flow log that cannot be opened, or an
-/// nfnetlink_log group another process holds, stops verdict at start with
-/// the reason, before it changes anything.
-fn start_flows(
+/// The flow stream's sources, opened (`None`: the stream is off): the
+/// kernel's reports and the flow log. A flow log that cannot be opened, or
+/// a stream that cannot start when `--flows` or `--flow-log` asked for it,
+/// stops verdict at start with the reason, before it changes anything; the
+/// stream on by default is left off instead, with a warning (another
+/// program holding its nfnetlink_log group must not stop the proxy, nor be
+/// sent verdict's logged packets).
+fn open_flows(
     settings: &Settings,
-    handle: &verdict_node::NodeHandle,
-    metrics: &Arc<Mutex<Metrics>>,
-) -> anyhow::Result<Arc<verdict_node::flows::FlowStore>> {
-    use verdict_node::flows::{DEFAULT_CAPACITY, DEFAULT_GROUP, FlowLog, FlowStore, Recorder};
+) -> anyhow::Result<
+    Option<(
+        verdict_nft::flows::FlowMonitor,
+        Option<verdict_node::flows::FlowLog>,
+    )>,
+> {
+    use verdict_node::flows::FlowLog;
+    if !settings.flows {
+        return Ok(None);
+    }
     let log = match &settings.flow_log {
         Some(target) => {
             Some(FlowLog::open(target).with_context(|| format!("--flow-log {target}"))?)
         }
         None => None,
     };
-    let monitor = verdict_nft::flows::FlowMonitor::open(Some(DEFAULT_GROUP))
-        .context("the flow stream (--flows)")?;
+    let group = flow_log_group(settings);
+    match verdict_nft::flows::FlowMonitor::open(group) {
+        Ok(monitor) => Ok(Some((monitor, log))),
+        Err(e) if !settings.flows_required => {
+            tracing::warn!(
+                error = %e,
+                group,
+                "the flow stream is off: it cannot start (--flows=false turns it off without this warning; --flows makes this an error)"
+            );
+            Ok(None)
+        }
+        Err(e) => Err(e).context("the flow stream (--flows)"),
+    }
+}
+
+/// The flow stream: the kernel's reports read on a thread of their own
+/// into a bounded store.
+fn start_flows(
+    settings: &Settings,
+    (monitor, log): (
+        verdict_nft::flows::FlowMonitor,
+        Option<verdict_node::flows::FlowLog>,
+    ),
+    handle: &verdict_node::NodeHandle,
+    metrics: &Arc<Mutex<Metrics>>,
+) -> anyhow::Result<Arc<verdict_node::flows::FlowStore>> {
+    use verdict_node::flows::{DEFAULT_CAPACITY, FlowStore, Recorder};
     let store = FlowStore::new(DEFAULT_CAPACITY);
     let recorder = Recorder::new(handle.clone(), store.clone(), metrics.clone(), log);
     verdict_node::flows::spawn(monitor, recorder).context("starting the flow stream")?;
     tracing::info!(
-        group = DEFAULT_GROUP,
+        log_group = flow_log_group(settings),
         capacity = DEFAULT_CAPACITY,
         log = settings.flow_log.as_deref().unwrap_or(""),
         "flow stream on"

@@ -86,6 +86,7 @@ fn main() -> ExitCode {
     let mut settings = resolved.settings;
     settings.service_counters = cli.service_counters;
     settings.flows = cli.flows;
+    settings.flows_required = cli.flows_required;
     settings.flow_log = cli.flow_log.clone();
     settings.api_bind_address = cli.api_bind_address;
     settings.service_metrics = cli.service_metrics.clone();

@@ -285,3 +285,102 @@ fn each_connection_is_one_flow_with_its_endpoint_or_its_reason() {
     );
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn the_stream_is_on_by_default_and_a_log_group_held_elsewhere_turns_it_off_or_stops_an_explicit_one()
+ {
+    let Some(mut bed) = bed() else {
+        return;
+    };
+    bed.add_pod(ip("10.180.0.1"), Placement::Local, &[80], &[])
+        .unwrap();
+    bed.add_pod(ip("10.0.0.2"), Placement::Local, &[], &[])
+        .unwrap();
+    let dir = scratch_dir("flows-default");
+    write(&dir, "cluster.yaml", MANIFESTS);
+    let dir_s = dir.to_string_lossy().into_owned();
+    let flags = |extra: &[&str]| -> Vec<String> {
+        let mut a: Vec<String> = [
+            "run",
+            "--manifests",
+            &dir_s,
+            "--hostname-override",
+            "test-node",
+            "--bind-address",
+            "192.168.0.2",
+            "--cluster-cidr",
+            "10.0.0.0/8",
+            "--min-sync-period",
+            "0s",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a
+    };
+    let client = ip("10.0.0.2");
+
+    // No flag: the stream is on, forwarded and rejected flows recorded.
+    let log = dir.join("default.log");
+    let daemon = spawn_verdict(&bed, flags(&[]), &log, None);
+    assert_eq!(
+        wait_for(&bed, "10.180.0.1:80"),
+        "10.180.0.1:80",
+        "{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    let _ = bed.connect(client, ip("172.30.0.43"), "tcp", 80, 1000);
+    std::thread::sleep(Duration::from_millis(800));
+    let answer = body(&http_on(&bed, 10249, "/api/v1/flows?limit=5000"));
+    let flows = answer["flows"].as_array().unwrap();
+    assert!(!of(flows, "shop/web", "forwarded").is_empty(), "{answer:#}");
+    assert_eq!(of(flows, "shop/empty", "rejected").len(), 1, "{answer:#}");
+    drop(daemon);
+
+    // Another program holds the log group.
+    let mut holder = bed
+        .node
+        .spawn(&verdict_e2e_echo(), &["hold-log-group", "7331"])
+        .unwrap();
+    let mut ready = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(holder.stdout.as_mut().unwrap()),
+        &mut ready,
+    )
+    .unwrap();
+    assert_eq!(ready.trim(), "ready");
+    // Asked for: verdict stops at start, saying why.
+    let verdict = env!("CARGO_BIN_EXE_verdict");
+    let mut asked = vec![verdict.to_owned()];
+    asked.extend(flags(&["--flows"]));
+    let asked: Vec<&str> = asked.iter().map(String::as_str).collect();
+    let mut with_timeout = vec!["20"];
+    with_timeout.extend(asked);
+    let refused = bed.node.exec("timeout", &with_timeout);
+    let why = refused.expect_err("verdict --flows ran with its log group held elsewhere");
+    assert!(why.0.contains("flow stream"), "{}", why.0);
+    // By default: verdict runs without the stream, and its rules log
+    // nothing to a group another program reads.
+    let log = dir.join("held.log");
+    let _daemon = spawn_verdict(&bed, flags(&["-v=2"]), &log, None);
+    // (The last one's rules are still there: wait for this one's sync.)
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    let mut text = String::new();
+    while !text.contains("synced") && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+        text = std::fs::read_to_string(&log).unwrap_or_default();
+    }
+    assert!(text.contains("the flow stream is off"), "{text}");
+    assert_eq!(wait_for(&bed, "10.180.0.1:80"), "10.180.0.1:80");
+    let off = http_on(&bed, 10249, "/api/v1/flows");
+    assert!(off.starts_with("HTTP/1.1 404"), "{off}");
+    let table = bed
+        .node
+        .exec("nft", &["list", "table", "ip", "verdict"])
+        .unwrap();
+    assert!(!table.contains("log prefix"), "{table}");
+    let _ = holder.kill();
+    let _ = holder.wait();
+    std::fs::remove_dir_all(&dir).ok();
+}

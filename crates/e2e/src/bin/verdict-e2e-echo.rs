@@ -8,6 +8,9 @@
 //! `verdict-e2e-echo connect --proto tcp|udp --src IP --dst IP --port P [--timeout-ms N]`
 //! makes one connection from `IP` and prints one line:
 //! `OK <answer> <local port>`, `REFUSED`, `TIMEOUT` or `ERROR <what>`.
+//!
+//! `verdict-e2e-echo hold-log-group GROUP` binds that nfnetlink_log group
+//! (as a logging daemon would), prints `ready`, and holds it until killed.
 
 use std::io::{BufRead, BufReader, ErrorKind, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, UdpSocket};
@@ -22,7 +25,8 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("serve") => serve(&args[1..]),
         Some("connect") => connect(&args[1..]),
-        _ => Err("usage: verdict-e2e-echo serve|connect …".to_string()),
+        Some("hold-log-group") => hold_log_group(&args[1..]),
+        _ => Err("usage: verdict-e2e-echo serve|connect|hold-log-group …".to_string()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -197,5 +201,20 @@ fn classify(e: &std::io::Error) -> String {
         ErrorKind::ConnectionRefused => "REFUSED".into(),
         ErrorKind::TimedOut | ErrorKind::WouldBlock => "TIMEOUT".into(),
         _ => format!("ERROR {e}"),
+    }
+}
+
+/// Binds an nfnetlink_log group and holds it until killed.
+fn hold_log_group(args: &[String]) -> Result<(), String> {
+    let group: u16 = args
+        .first()
+        .and_then(|g| g.parse().ok())
+        .ok_or("hold-log-group GROUP")?;
+    let _held = verdict_nft::flows::FlowMonitor::open(Some(group))
+        .map_err(|e| format!("binding nfnetlink_log group {group}: {e}"))?;
+    println!("ready");
+    std::io::stdout().flush().map_err(|e| e.to_string())?;
+    loop {
+        thread::sleep(Duration::from_secs(3600));
     }
 }

@@ -224,8 +224,12 @@ impl Socket {
 
     /// Waits for the next datagram of a listening socket.
     pub(crate) fn next_datagram(&mut self) -> std::io::Result<Datagram<'_>> {
+        self.recv_datagram(MsgFlags::empty())
+    }
+
+    fn recv_datagram(&mut self, flags: MsgFlags) -> std::io::Result<Datagram<'_>> {
         loop {
-            match recv(self.fd.as_raw_fd(), &mut self.buf, MsgFlags::empty()) {
+            match recv(self.fd.as_raw_fd(), &mut self.buf, flags) {
                 Ok(n) => return Ok(Datagram::Messages(&self.buf[..n])),
                 Err(Errno::ENOBUFS) => return Ok(Datagram::Overflow),
                 Err(Errno::EINTR) => {}
@@ -235,13 +239,19 @@ impl Socket {
     }
 
     /// The next datagram of a listening socket, waiting at most `timeout`
-    /// (`Ok(None)`: none came).
+    /// (`Ok(None)`: none came). A zero `timeout` does not wait at all: the
+    /// reader is then never a sleeper the kernel must wake.
     pub(crate) fn next_within(
         &mut self,
         timeout: Duration,
     ) -> std::io::Result<Option<Datagram<'_>>> {
-        self.set_timeout(Some(timeout.max(Duration::from_millis(1))))?;
-        match self.next_datagram() {
+        let got = if timeout.is_zero() {
+            self.recv_datagram(MsgFlags::MSG_DONTWAIT)
+        } else {
+            self.set_timeout(Some(timeout.max(Duration::from_millis(1))))?;
+            self.next_datagram()
+        };
+        match got {
             Ok(d) => Ok(Some(d)),
             Err(e)
                 if matches!(

@@ -159,8 +159,10 @@ pub struct Settings {
     /// verdict's per-service and per-endpoint counters
     /// (`--service-counters`, verdict's own flag; on by default).
     pub service_counters: bool,
-    /// The flow stream (`--flows`, verdict's own; off by default).
+    /// The flow stream (`--flows`, verdict's own; on by default).
     pub flows: bool,
+    /// `--flows` or `--flow-log` given: the stream must start.
+    pub flows_required: bool,
     /// Where the flow log goes (`--flow-log`: a file, or `-`).
     pub flow_log: Option<String>,
     /// Where the API and the web view are served to other hosts, with a
@@ -211,7 +213,8 @@ impl std::default::Default for Settings {
             oom_score_adj: Some(-999),
             effective: Value::Null,
             service_counters: true,
-            flows: false,
+            flows: true,
+            flows_required: false,
             flow_log: None,
             api_bind_address: None,
             service_metrics: verdict_model::MetricsSelection::default(),
