@@ -786,6 +786,33 @@ fn churn(
     })
 }
 
+/// `nft monitor` in a namespace of its own: it listens to every
+/// namespace's commits as far as the kernel's cost goes (the kernel builds
+/// an announcement for every element of every commit while it runs).
+pub(crate) struct Monitor {
+    _child: Process,
+    _ns: Netns,
+}
+
+impl Monitor {
+    pub(crate) fn start() -> Result<Monitor, String> {
+        let ns = Netns::create(&format!("{}-mon", unique_prefix())).map_err(|e| e.0)?;
+        let child = Command::new("ip")
+            .args(["netns", "exec", ns.name(), "nft", "monitor"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("nft monitor: {e}"))?;
+        // It subscribes as it starts.
+        std::thread::sleep(Duration::from_millis(300));
+        Ok(Monitor {
+            _child: Process(child),
+            _ns: ns,
+        })
+    }
+}
+
 /// A process group, killed whole when dropped.
 pub(crate) struct Group(u32);
 
@@ -999,20 +1026,8 @@ pub(crate) fn run_one(
     };
     let count = source.services(n);
     let prepared = t.elapsed();
-    // `nft monitor` in a namespace of its own: it listens to every
-    // namespace's commits as far as the kernel's cost goes.
     let _listener = if p.listener {
-        let other = Netns::create(&format!("{}-mon", unique_prefix())).map_err(|e| e.0)?;
-        let child = Command::new("ip")
-            .args(["netns", "exec", other.name(), "nft", "monitor"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| format!("nft monitor: {e}"))?;
-        // It subscribes as it starts.
-        std::thread::sleep(Duration::from_millis(300));
-        Some((Process(child), other))
+        Some(Monitor::start()?)
     } else {
         None
     };

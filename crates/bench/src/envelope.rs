@@ -243,15 +243,7 @@ pub fn envelope(args: &[String]) -> Result<(), String> {
             other => Err(format!("--sources: {other}: manifests or api\n{USAGE}")),
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let listeners = flag(args, "--listener")
-        .unwrap_or("absent,present")
-        .split(',')
-        .map(|s| match s {
-            "absent" => Ok(false),
-            "present" => Ok(true),
-            other => Err(format!("--listener: {other}: absent or present\n{USAGE}")),
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    let listeners = crate::listeners(args).map_err(|e| format!("{e}\n{USAGE}"))?;
     let verdict = crate::daemon::sibling("verdict")?;
     let apiserver = crate::daemon::sibling("verdict-e2e-apiserver")?;
     let out_dir = flag(args, "--out").map(std::path::PathBuf::from);

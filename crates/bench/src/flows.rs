@@ -33,7 +33,7 @@ use serde_json::{Value, json};
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 use verdict_e2e::netns::{Netns, Process, can_run, unique_prefix};
 
-use crate::daemon::{Group, HEALTH, Log, METRICS, Programs};
+use crate::daemon::{Group, HEALTH, Log, METRICS, Monitor, Programs};
 use crate::readers::{Prober, summarize};
 use crate::workload::service_ip;
 use crate::{flag, num_flag, pct};
@@ -73,15 +73,7 @@ pub fn flows(args: &[String]) -> Result<(), String> {
             "--services at least {TARGETS}; --samples, --rate, --duration and --cold-runs at least 1\n{USAGE}"
         ));
     }
-    let listeners = flag(args, "--listener")
-        .unwrap_or("absent,present")
-        .split(',')
-        .map(|s| match s {
-            "absent" => Ok(false),
-            "present" => Ok(true),
-            other => Err(format!("--listener: {other}: absent or present\n{USAGE}")),
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    let listeners = crate::listeners(args).map_err(|e| format!("{e}\n{USAGE}"))?;
     let verdict = crate::daemon::sibling("verdict")?;
     crate::readers::raise_open_files();
 
@@ -297,30 +289,6 @@ fn write_manifests(dir: &Path, n: usize) -> Result<(), String> {
     }
     let p = dir.join("cluster.yaml");
     std::fs::write(&p, crate::daemon::yaml(&objects)).map_err(|e| format!("{}: {e}", p.display()))
-}
-
-/// `nft monitor` in a namespace of its own, listening to every commit.
-struct Monitor {
-    _child: Process,
-    _ns: Netns,
-}
-
-impl Monitor {
-    fn start() -> Result<Monitor, String> {
-        let ns = Netns::create(&format!("{}-mon", unique_prefix())).map_err(|e| e.0)?;
-        let child = Command::new("ip")
-            .args(["netns", "exec", ns.name(), "nft", "monitor"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| format!("nft monitor: {e}"))?;
-        std::thread::sleep(Duration::from_millis(300));
-        Ok(Monitor {
-            _child: Process(child),
-            _ns: ns,
-        })
-    }
 }
 
 /// A node: its namespace, the listener behind the target Services, and

@@ -102,6 +102,20 @@ fn num_flag(args: &[String], name: &str, default: usize) -> Result<usize, String
     })
 }
 
+/// `--listener absent,present` (both by default): whether another process
+/// listens to nftables events, for each run.
+fn listeners(args: &[String]) -> Result<Vec<bool>, String> {
+    flag(args, "--listener")
+        .unwrap_or("absent,present")
+        .split(',')
+        .map(|s| match s {
+            "absent" => Ok(false),
+            "present" => Ok(true),
+            other => Err(format!("--listener: {other}: absent or present")),
+        })
+        .collect()
+}
+
 /// `--sizes N,N,…`, or `default`.
 fn sizes(args: &[String], default: &[usize]) -> Result<Vec<usize>, String> {
     match flag(args, "--sizes") {

@@ -18,6 +18,27 @@ use verdict_e2e::bed::Placement;
 
 const MANIFESTS: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: shop}\nspec:\n  clusterIP: 172.30.0.41\n  ports: [{name: http, port: 80, protocol: TCP}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: web-1\n  namespace: shop\n  labels: {kubernetes.io/service-name: web}\naddressType: IPv4\nports: [{name: http, port: 80, protocol: TCP}]\nendpoints:\n- addresses: [10.180.0.1]\n  nodeName: test-node\n  targetRef: {kind: Pod, namespace: shop, name: web-7d4b9c-x2x9q}\n---\napiVersion: v1\nkind: Service\nmetadata: {name: empty, namespace: shop}\nspec:\n  clusterIP: 172.30.0.43\n  ports: [{name: http, port: 80, protocol: TCP}]\n---\napiVersion: v1\nkind: Service\nmetadata: {name: guarded, namespace: shop}\nspec:\n  type: LoadBalancer\n  clusterIP: 172.30.0.44\n  loadBalancerSourceRanges: [203.0.113.0/24]\n  ports: [{name: http, port: 80, nodePort: 30081, protocol: TCP}]\nstatus:\n  loadBalancer: {ingress: [{ip: 198.51.100.44}]}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: guarded-1\n  namespace: shop\n  labels: {kubernetes.io/service-name: guarded}\naddressType: IPv4\nports: [{name: http, port: 80, protocol: TCP}]\nendpoints:\n- addresses: [10.180.0.1]\n  nodeName: test-node\n";
 
+/// `verdict run` on the manifests in `dir` as the test node, and `extra`.
+fn run_flags(dir: &str, extra: &[&str]) -> Vec<String> {
+    [
+        "run",
+        "--manifests",
+        dir,
+        "--hostname-override",
+        "test-node",
+        "--bind-address",
+        "192.168.0.2",
+        "--cluster-cidr",
+        "10.0.0.0/8",
+        "--min-sync-period",
+        "0s",
+    ]
+    .iter()
+    .chain(extra)
+    .map(|s| s.to_string())
+    .collect()
+}
+
 fn body(response: &str) -> Json {
     let (_, body) = response.split_once("\r\n\r\n").expect(response);
     serde_json::from_str(body).expect(body)
@@ -47,22 +68,7 @@ fn each_connection_is_one_flow_with_its_endpoint_or_its_reason() {
     let flow_log_s = flow_log.to_string_lossy().into_owned();
     let _daemon = spawn_verdict(
         &bed,
-        [
-            "run",
-            "--manifests",
-            &dir_s,
-            "--hostname-override",
-            "test-node",
-            "--bind-address",
-            "192.168.0.2",
-            "--cluster-cidr",
-            "10.0.0.0/8",
-            "--min-sync-period",
-            "0s",
-            "--flows",
-            "--flow-log",
-            &flow_log_s,
-        ],
+        run_flags(&dir_s, &["--flows", "--flow-log", &flow_log_s]),
         &log,
         None,
     );
@@ -299,26 +305,7 @@ fn the_stream_is_on_by_default_and_a_log_group_held_elsewhere_turns_it_off_or_st
     let dir = scratch_dir("flows-default");
     write(&dir, "cluster.yaml", MANIFESTS);
     let dir_s = dir.to_string_lossy().into_owned();
-    let flags = |extra: &[&str]| -> Vec<String> {
-        let mut a: Vec<String> = [
-            "run",
-            "--manifests",
-            &dir_s,
-            "--hostname-override",
-            "test-node",
-            "--bind-address",
-            "192.168.0.2",
-            "--cluster-cidr",
-            "10.0.0.0/8",
-            "--min-sync-period",
-            "0s",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        a.extend(extra.iter().map(|s| s.to_string()));
-        a
-    };
+    let flags = |extra: &[&str]| run_flags(&dir_s, extra);
     let client = ip("10.0.0.2");
 
     // No flag: the stream is on, forwarded and rejected flows recorded.
