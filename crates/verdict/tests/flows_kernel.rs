@@ -14,29 +14,34 @@ use common::*;
 use std::time::Duration;
 
 use serde_json::Value as Json;
-use verdict_e2e::bed::Placement;
+use verdict_e2e::bed::{Placement, TestBed};
 
 const MANIFESTS: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: shop}\nspec:\n  clusterIP: 172.30.0.41\n  ports: [{name: http, port: 80, protocol: TCP}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: web-1\n  namespace: shop\n  labels: {kubernetes.io/service-name: web}\naddressType: IPv4\nports: [{name: http, port: 80, protocol: TCP}]\nendpoints:\n- addresses: [10.180.0.1]\n  nodeName: test-node\n  targetRef: {kind: Pod, namespace: shop, name: web-7d4b9c-x2x9q}\n---\napiVersion: v1\nkind: Service\nmetadata: {name: empty, namespace: shop}\nspec:\n  clusterIP: 172.30.0.43\n  ports: [{name: http, port: 80, protocol: TCP}]\n---\napiVersion: v1\nkind: Service\nmetadata: {name: guarded, namespace: shop}\nspec:\n  type: LoadBalancer\n  clusterIP: 172.30.0.44\n  loadBalancerSourceRanges: [203.0.113.0/24]\n  ports: [{name: http, port: 80, nodePort: 30081, protocol: TCP}]\nstatus:\n  loadBalancer: {ingress: [{ip: 198.51.100.44}]}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: guarded-1\n  namespace: shop\n  labels: {kubernetes.io/service-name: guarded}\naddressType: IPv4\nports: [{name: http, port: 80, protocol: TCP}]\nendpoints:\n- addresses: [10.180.0.1]\n  nodeName: test-node\n";
 
 /// `verdict run` on the manifests in `dir` as the test node, and `extra`.
 fn run_flags(dir: &str, extra: &[&str]) -> Vec<String> {
-    [
-        "run",
-        "--manifests",
-        dir,
-        "--hostname-override",
-        "test-node",
-        "--bind-address",
-        "192.168.0.2",
-        "--cluster-cidr",
-        "10.0.0.0/8",
-        "--min-sync-period",
-        "0s",
-    ]
-    .iter()
-    .chain(extra)
-    .map(|s| s.to_string())
-    .collect()
+    let mut a = vec!["run".to_owned()];
+    a.extend(node_flags(dir));
+    a.extend(
+        ["--min-sync-period", "0s"]
+            .iter()
+            .chain(extra)
+            .map(|s| s.to_string()),
+    );
+    a
+}
+
+/// The test bed with the web pod and the client, and the manifests in a
+/// scratch directory of `tag`.
+fn shop(tag: &str) -> Option<(TestBed, std::path::PathBuf)> {
+    let mut bed = bed()?;
+    bed.add_pod(ip("10.180.0.1"), Placement::Local, &[80], &[])
+        .unwrap();
+    bed.add_pod(ip("10.0.0.2"), Placement::Local, &[], &[])
+        .unwrap();
+    let dir = scratch_dir(tag);
+    write(&dir, "cluster.yaml", MANIFESTS);
+    Some((bed, dir))
 }
 
 fn body(response: &str) -> Json {
@@ -53,15 +58,9 @@ fn of<'a>(flows: &'a [Json], service: &str, verdict: &str) -> Vec<&'a Json> {
 
 #[test]
 fn each_connection_is_one_flow_with_its_endpoint_or_its_reason() {
-    let Some(mut bed) = bed() else {
+    let Some((bed, dir)) = shop("flows") else {
         return;
     };
-    bed.add_pod(ip("10.180.0.1"), Placement::Local, &[80], &[])
-        .unwrap();
-    bed.add_pod(ip("10.0.0.2"), Placement::Local, &[], &[])
-        .unwrap();
-    let dir = scratch_dir("flows");
-    write(&dir, "cluster.yaml", MANIFESTS);
     let log = dir.join("verdict.log");
     let flow_log = dir.join("flows.jsonl");
     let dir_s = dir.to_string_lossy().into_owned();
@@ -295,15 +294,9 @@ fn each_connection_is_one_flow_with_its_endpoint_or_its_reason() {
 #[test]
 fn the_stream_is_on_by_default_and_a_log_group_held_elsewhere_turns_it_off_or_stops_an_explicit_one()
  {
-    let Some(mut bed) = bed() else {
+    let Some((bed, dir)) = shop("flows-default") else {
         return;
     };
-    bed.add_pod(ip("10.180.0.1"), Placement::Local, &[80], &[])
-        .unwrap();
-    bed.add_pod(ip("10.0.0.2"), Placement::Local, &[], &[])
-        .unwrap();
-    let dir = scratch_dir("flows-default");
-    write(&dir, "cluster.yaml", MANIFESTS);
     let dir_s = dir.to_string_lossy().into_owned();
     let flags = |extra: &[&str]| run_flags(&dir_s, extra);
     let client = ip("10.0.0.2");

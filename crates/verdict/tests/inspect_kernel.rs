@@ -84,22 +84,6 @@ endpoints:
 - {addresses: [10.180.0.1], nodeName: test-node}
 ";
 
-/// The node's flags, for the daemon and for the offline commands.
-fn node_flags(dir: &str) -> Vec<String> {
-    [
-        "--manifests",
-        dir,
-        "--hostname-override",
-        "test-node",
-        "--bind-address",
-        "192.168.0.2",
-        "--cluster-cidr",
-        "10.0.0.0/8",
-    ]
-    .map(str::to_owned)
-    .to_vec()
-}
-
 /// Runs `verdict ARGS` in the node and parses its JSON output.
 fn json(bed: &TestBed, args: &[&str]) -> Json {
     let out = bed

@@ -208,3 +208,20 @@ pub fn browse(bed: &TestBed, browser: &str, url: &str, shot: Option<&std::path::
         .exec(browser, &args)
         .unwrap_or_else(|e| panic!("chromium {url}: {e}"))
 }
+
+/// The test node's flags on the manifests in `dir`, for the daemon and
+/// for the offline commands.
+pub fn node_flags(dir: &str) -> Vec<String> {
+    [
+        "--manifests",
+        dir,
+        "--hostname-override",
+        "test-node",
+        "--bind-address",
+        "192.168.0.2",
+        "--cluster-cidr",
+        "10.0.0.0/8",
+    ]
+    .map(str::to_owned)
+    .to_vec()
+}
