@@ -15,10 +15,10 @@
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 use std::{fmt, io};
 
-use crate::time::rfc3339_nano;
+use crate::time::{Moment, rfc3339_nano};
 
 /// An IP family, as kube-proxy names it in JSON.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -44,10 +44,10 @@ pub const REPAIR_WINDOW: Duration = Duration::from_secs(5);
 
 #[derive(Clone, Copy, Debug, Default)]
 struct FamilyState {
-    last_updated: Option<SystemTime>,
-    oldest_pending: Option<SystemTime>,
+    last_updated: Option<Moment>,
+    oldest_pending: Option<Moment>,
     /// Since when the rules are known missing or stale.
-    broken_since: Option<SystemTime>,
+    broken_since: Option<Moment>,
 }
 
 /// An HTTP answer.
@@ -176,7 +176,7 @@ impl Health {
     }
 
     /// A change is waiting for a sync of `family`.
-    pub fn queued_update(&mut self, family: Family, now: SystemTime) {
+    pub fn queued_update(&mut self, family: Family, now: Moment) {
         let s = self.families.entry(family).or_default();
         if s.oldest_pending.is_none() {
             s.oldest_pending = Some(now);
@@ -184,14 +184,14 @@ impl Health {
     }
 
     /// `family` synced successfully.
-    pub fn updated(&mut self, family: Family, now: SystemTime) {
+    pub fn updated(&mut self, family: Family, now: Moment) {
         let s = self.families.entry(family).or_default();
         s.last_updated = Some(now);
         s.oldest_pending = None;
     }
 
     /// `family`'s rules are known to be missing or stale since `since`.
-    pub fn broken(&mut self, family: Family, since: SystemTime) {
+    pub fn broken(&mut self, family: Family, since: Moment) {
         let s = self.families.entry(family).or_default();
         if s.broken_since.is_none() {
             s.broken_since = Some(since);
@@ -200,7 +200,7 @@ impl Health {
 
     /// A sync of `family` that began at `started` succeeded: what was
     /// known broken before it began is repaired.
-    pub fn repaired(&mut self, family: Family, started: SystemTime) {
+    pub fn repaired(&mut self, family: Family, started: Moment) {
         if let Some(s) = self.families.get_mut(&family)
             && s.broken_since.is_some_and(|t| t <= started)
         {
@@ -214,34 +214,33 @@ impl Health {
         self.node_eligible = Some(eligible);
     }
 
-    fn family_healthy(&self, s: &FamilyState, now: SystemTime) -> bool {
-        let within = |since: Option<SystemTime>, limit: Duration| {
-            since.is_none_or(|t| now.duration_since(t).unwrap_or_default() <= limit)
-        };
+    fn family_healthy(&self, s: &FamilyState, now: Moment) -> bool {
+        let within =
+            |since: Option<Moment>, limit: Duration| since.is_none_or(|t| now.since(t) <= limit);
         within(s.oldest_pending, self.timeout) && within(s.broken_since, REPAIR_WINDOW)
     }
 
     /// Whether every family that ever synced is healthy.
-    pub fn healthy(&self, now: SystemTime) -> bool {
+    pub fn healthy(&self, now: Moment) -> bool {
         self.families
             .values()
             .filter(|s| s.last_updated.is_some())
             .all(|s| self.family_healthy(s, now))
     }
 
-    fn answer(&self, now: SystemTime, with_node: bool) -> Response {
+    fn answer(&self, now: Moment, with_node: bool) -> Response {
         let healthy = self.healthy(now);
         let eligible = self.node_eligible.unwrap_or(false);
         let ok = healthy && (!with_node || eligible);
         let newest = self.families.values().filter_map(|s| s.last_updated).max();
         let last = match (ok, newest) {
-            (true, _) => rfc3339_nano(now),
-            (false, Some(t)) => rfc3339_nano(t),
+            (true, _) => rfc3339_nano(now.wall),
+            (false, Some(t)) => rfc3339_nano(t.wall),
             (false, None) => ZERO_TIME.into(),
         };
         let mut body = format!(
             "{{\"lastUpdated\":\"{last}\",\"currentTime\":\"{}\"",
-            rfc3339_nano(now)
+            rfc3339_nano(now.wall)
         );
         if with_node {
             body.push_str(&format!(",\"nodeEligible\":{eligible}"));
@@ -254,7 +253,7 @@ impl Health {
                 s.last_updated.map(|t| {
                     format!(
                         "\"{f}\":{{\"lastUpdated\":\"{}\",\"healthy\":{}}}",
-                        rfc3339_nano(t),
+                        rfc3339_nano(t.wall),
                         self.family_healthy(s, now)
                     )
                 })
@@ -268,12 +267,12 @@ impl Health {
     }
 
     /// `/healthz`.
-    pub fn healthz(&self, now: SystemTime) -> Response {
+    pub fn healthz(&self, now: Moment) -> Response {
         self.answer(now, true)
     }
 
     /// `/livez`.
-    pub fn livez(&self, now: SystemTime) -> Response {
+    pub fn livez(&self, now: Moment) -> Response {
         self.answer(now, false)
     }
 }
@@ -281,10 +280,56 @@ impl Health {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::UNIX_EPOCH;
+    use std::sync::OnceLock;
+    use std::time::{Instant, UNIX_EPOCH};
 
-    fn at(s: u64) -> SystemTime {
-        UNIX_EPOCH + Duration::from_secs(1_735_787_000 + s)
+    /// `s` seconds into a test: both clocks agree.
+    fn at(s: u64) -> Moment {
+        static START: OnceLock<Instant> = OnceLock::new();
+        let mono = *START.get_or_init(Instant::now);
+        Moment {
+            wall: UNIX_EPOCH + Duration::from_secs(1_735_787_000),
+            mono,
+        }
+        .plus(Duration::from_secs(s))
+    }
+
+    /// `s` seconds into a test, with the wall clock stepped by `step`
+    /// seconds since the start (as NTP steps a clock that was wrong).
+    fn stepped(s: u64, step: i64) -> Moment {
+        let m = at(s);
+        let wall = if step >= 0 {
+            m.wall + Duration::from_secs(step.unsigned_abs())
+        } else {
+            m.wall - Duration::from_secs(step.unsigned_abs())
+        };
+        Moment { wall, ..m }
+    }
+
+    #[test]
+    fn a_stepped_wall_clock_changes_no_window() {
+        let mut h = Health::new(Duration::from_secs(60));
+        h.set_node_eligible(true);
+        h.updated(Family::V4, at(0));
+        h.queued_update(Family::V4, at(10));
+        // The wall clock jumps an hour ahead: the change waited 20 s, not
+        // an hour.
+        assert_eq!(h.healthz(stepped(30, 3_600)).code, 200);
+        // It jumps an hour back: the change still times out on time.
+        assert_eq!(h.healthz(stepped(70, -3_600)).code, 200);
+        assert_eq!(h.healthz(stepped(71, -3_600)).code, 503);
+        h.updated(Family::V4, at(72));
+        h.broken(Family::V4, at(80));
+        assert_eq!(h.healthz(stepped(85, 3_600)).code, 200, "within the window");
+        let r = h.healthz(stepped(86, -3_600));
+        assert_eq!(r.code, 503, "beyond it, whatever the wall clock says");
+        // What is shown is the wall clock's.
+        assert!(
+            r.text_body()
+                .contains("\"currentTime\":\"2025-01-02T02:04:46Z\""),
+            "{}",
+            r.text_body()
+        );
     }
 
     #[test]

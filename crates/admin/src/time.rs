@@ -1,7 +1,7 @@
 //! Times as Go marshals `time.Time` to JSON (RFC 3339 with nanoseconds,
 //! trailing zeros of the fraction dropped), in UTC.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// Days since 1970-01-01 to a civil date (Howard Hinnant's algorithm).
 fn civil(days: i64) -> (i64, u32, u32) {
@@ -138,6 +138,55 @@ pub fn parse_rfc3339(s: &str) -> Option<SystemTime> {
         - offset;
     let secs = u64::try_from(secs).ok()?;
     Some(UNIX_EPOCH + std::time::Duration::new(secs, nanos))
+}
+
+/// A point in time read from both clocks, as Go's `time.Now()` is: the
+/// wall clock for what is shown, the monotonic clock for how long ago. A
+/// wall clock stepped by NTP (a node that booted with a wrong clock) must
+/// not make a pending change look older or younger than it is, so every
+/// duration between two moments is taken on the monotonic clock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Moment {
+    /// The wall clock.
+    pub wall: SystemTime,
+    /// The monotonic clock.
+    pub mono: Instant,
+}
+
+impl Moment {
+    /// Now.
+    pub fn now() -> Moment {
+        Moment {
+            wall: SystemTime::now(),
+            mono: Instant::now(),
+        }
+    }
+
+    /// How long after `earlier` this moment is (zero if it is not after).
+    pub fn since(&self, earlier: Moment) -> Duration {
+        self.mono.saturating_duration_since(earlier.mono)
+    }
+
+    /// The moment `d` later.
+    pub fn plus(&self, d: Duration) -> Moment {
+        Moment {
+            wall: self.wall + d,
+            mono: self.mono + d,
+        }
+    }
+}
+
+impl PartialOrd for Moment {
+    fn partial_cmp(&self, other: &Moment) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+/// Moments are ordered by the monotonic clock.
+impl Ord for Moment {
+    fn cmp(&self, other: &Moment) -> std::cmp::Ordering {
+        self.mono.cmp(&other.mono)
+    }
 }
 
 #[cfg(test)]

@@ -6,7 +6,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
-use std::time::{Instant, SystemTime};
+use std::time::Instant;
+use verdict_admin::time::Moment;
 
 use verdict_admin::Health;
 use verdict_admin::service_health::{Healthy, ServiceHealthServers};
@@ -111,11 +112,8 @@ impl FamilyPlane {
             .is_none_or(|s| s.addresses() != addresses)
         {
             let h = health.clone();
-            let healthy: Healthy = Arc::new(move || {
-                h.lock()
-                    .map(|h| h.healthy(SystemTime::now()))
-                    .unwrap_or(false)
-            });
+            let healthy: Healthy =
+                Arc::new(move || h.lock().map(|h| h.healthy(Moment::now())).unwrap_or(false));
             self.health_checks = Some(ServiceHealthServers::new(addresses, healthy));
         }
         let services: Vec<NamespacedName> = match touched {

@@ -9,6 +9,7 @@ use std::time::{Duration, SystemTime};
 
 use verdict_admin::Metrics;
 use verdict_admin::metrics as m;
+use verdict_admin::time::Moment;
 use verdict_proxier::{ProxierError, SyncResult};
 
 use crate::history::{self, SyncRecord};
@@ -25,9 +26,9 @@ pub struct Finished<'a> {
     /// Why the daemon synced.
     pub trigger: &'static str,
     /// When the sync began, how long it took, and when it ended.
-    pub started: SystemTime,
+    pub started: Moment,
     pub took: Duration,
-    pub ended: SystemTime,
+    pub ended: Moment,
     /// What the proxier reported.
     pub result: Result<&'a SyncResult, &'a ProxierError>,
     /// UDP Services whose stale conntrack entries still wait for a
@@ -67,9 +68,9 @@ impl Metric {
 pub enum HealthChange {
     /// The family is programmed as of `at`; a breakage seen before
     /// `started` is over.
-    Updated { at: SystemTime, started: SystemTime },
+    Updated { at: Moment, started: Moment },
     /// The family's rules could not be programmed, since `since`.
-    Broken { since: SystemTime },
+    Broken { since: Moment },
 }
 
 /// What the work after the sync looks at again.
@@ -110,7 +111,7 @@ pub fn decide(f: &Finished) -> Outcome {
             };
             return Outcome {
                 record: SyncRecord {
-                    at: f.started,
+                    at: f.started.wall,
                     family: f.family.to_owned(),
                     full: f.requested_full,
                     trigger: f.trigger,
@@ -137,7 +138,7 @@ pub fn decide(f: &Finished) -> Outcome {
     let mut metrics = vec![
         Metric::Observe(m::SYNC_DURATION, fam.clone(), secs),
         Metric::Observe(kind, fam.clone(), secs),
-        Metric::Set(m::LAST_SYNC, fam.clone(), unix_seconds(f.ended)),
+        Metric::Set(m::LAST_SYNC, fam.clone(), unix_seconds(f.ended.wall)),
         Metric::Set(
             m::NO_LOCAL_ENDPOINTS,
             vec![f.label.to_owned(), "internal".into()],
@@ -156,7 +157,7 @@ pub fn decide(f: &Finished) -> Outcome {
     for t in r.last_change_trigger_times.values().flatten() {
         if let Some(at) = verdict_admin::time::parse_rfc3339(t)
             && at >= f.tracking_since
-            && let Ok(d) = f.ended.duration_since(at)
+            && let Ok(d) = f.ended.wall.duration_since(at)
         {
             metrics.push(Metric::Observe(
                 m::NETWORK_PROGRAMMING,
@@ -175,7 +176,7 @@ pub fn decide(f: &Finished) -> Outcome {
     };
     Outcome {
         record: SyncRecord {
-            at: f.started,
+            at: f.started.wall,
             family: f.family.to_owned(),
             full: r.full,
             // The proxier makes a sync full on its own once an hour.
@@ -210,15 +211,24 @@ mod tests {
         SystemTime::UNIX_EPOCH + Duration::from_secs(secs)
     }
 
+    /// `secs` on both clocks (the monotonic one from the test's start).
+    fn moment(secs: u64) -> Moment {
+        static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+        Moment {
+            wall: at(secs),
+            mono: *START.get_or_init(std::time::Instant::now) + Duration::from_secs(secs),
+        }
+    }
+
     fn finished<'a>(result: Result<&'a SyncResult, &'a ProxierError>) -> Finished<'a> {
         Finished {
             family: "ip",
             label: "IPv4",
             requested_full: false,
             trigger: "change",
-            started: at(1_000),
+            started: moment(1_000),
             took: Duration::from_millis(250),
-            ended: at(1_001),
+            ended: moment(1_001),
             result,
             udp_pending: 0,
             tracking_since: at(900),
@@ -258,8 +268,8 @@ mod tests {
         assert_eq!(
             o.health,
             HealthChange::Updated {
-                at: at(1_001),
-                started: at(1_000)
+                at: moment(1_001),
+                started: moment(1_000)
             }
         );
         assert_eq!(o.record.trigger, "change");
@@ -340,7 +350,12 @@ mod tests {
                 1.0
             )]
         );
-        assert_eq!(o.health, HealthChange::Broken { since: at(1_000) });
+        assert_eq!(
+            o.health,
+            HealthChange::Broken {
+                since: moment(1_000)
+            }
+        );
         assert_eq!(o.after, After::Nothing);
         assert!(o.record.error.is_some());
         assert!(

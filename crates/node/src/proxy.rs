@@ -11,6 +11,7 @@ use std::net::IpAddr;
 use std::sync::mpsc::SyncSender;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
+use verdict_admin::time::Moment;
 
 use verdict_admin::metrics as m;
 use verdict_admin::{Family as HealthFamily, Health, Metrics};
@@ -337,13 +338,13 @@ impl NodeProxy {
     /// Records that a change waits for a sync (both families): health and
     /// `last_queued_timestamp`.
     pub fn queued(&self) {
-        let now = SystemTime::now();
+        let now = Moment::now();
         {
             let mut h = health(self.health());
             h.queued_update(HealthFamily::V4, now);
             h.queued_update(HealthFamily::V6, now);
         }
-        let secs = unix_seconds(now);
+        let secs = unix_seconds(now.wall);
         record(self.metrics(), |x| {
             for f in ["IPv4", "IPv6"] {
                 x.set(m::LAST_QUEUED, &[f], secs);
@@ -355,7 +356,7 @@ impl NodeProxy {
     /// lost): says what, counts it, and marks the families broken until
     /// the repair.
     pub fn foreign_change(&mut self, event: &Foreign) {
-        let now = SystemTime::now();
+        let now = Moment::now();
         let (families, record_of) = match event {
             Foreign::Overflow => {
                 tracing::warn!(
@@ -364,7 +365,7 @@ impl NodeProxy {
                 (
                     vec![HealthFamily::V4, HealthFamily::V6],
                     ForeignRecord {
-                        at: now,
+                        at: now.wall,
                         process: None,
                         changes: 0,
                         sample: Vec::new(),
@@ -406,7 +407,7 @@ impl NodeProxy {
                 (
                     f,
                     ForeignRecord {
-                        at: now,
+                        at: now.wall,
                         process: Some((process.clone(), *pid)),
                         changes: n,
                         sample,
@@ -685,7 +686,7 @@ impl NodeProxy {
     /// (`pending`), it counts as a sync that had nothing to do, for health
     /// and `last_timestamp`; the history records it either way.
     pub fn resync_unneeded(&mut self, generation: u32, pending: bool) {
-        let now = SystemTime::now();
+        let now = Moment::now();
         tracing::debug!(
             generation,
             pending,
@@ -697,11 +698,11 @@ impl NodeProxy {
             if !pending {
                 health(self.health()).updated(health_family(family), now);
                 record(self.metrics(), |x| {
-                    x.set(m::LAST_SYNC, &[label.as_str()], unix_seconds(now))
+                    x.set(m::LAST_SYNC, &[label.as_str()], unix_seconds(now.wall))
                 });
             }
             self.view.history().sync(SyncRecord {
-                at: now,
+                at: now.wall,
                 family: family.to_string(),
                 full: true,
                 trigger: "periodic resync, not needed: the ruleset is unchanged since the last sync",
@@ -773,7 +774,7 @@ impl NodeProxy {
         let family = p.config().nft_family();
         let label = health_family(family).to_string();
         let t = Instant::now();
-        let started = SystemTime::now();
+        let started = Moment::now();
         if full {
             p.force_full_sync();
         }
@@ -786,7 +787,7 @@ impl NodeProxy {
             trigger,
             started,
             took: t.elapsed(),
-            ended: SystemTime::now(),
+            ended: Moment::now(),
             result: result.as_ref(),
             udp_pending: plane.udp.pending(),
             tracking_since: self.tracking_since,

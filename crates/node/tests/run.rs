@@ -10,7 +10,7 @@ use std::net::IpAddr;
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use verdict_admin::Metrics;
 use verdict_conformance::{ServiceExt, SliceExt, TCP, UDP, slice, svc};
@@ -299,7 +299,12 @@ fn nothing_is_programmed_before_the_lists_then_changes_flow_through_to_readers()
     assert_eq!(port.endpoints.len(), 2);
     assert_eq!(r.handle.services_at(ip("172.30.0.41")).len(), 1);
     // Health, metrics and history, as the servers read them.
-    let healthz = r.handle.health().lock().unwrap().healthz(SystemTime::now());
+    let healthz = r
+        .handle
+        .health()
+        .lock()
+        .unwrap()
+        .healthz(verdict_admin::time::Moment::now());
     assert_eq!(healthz.code, 200, "{}", healthz.text_body());
     assert!(
         metric(
@@ -619,7 +624,12 @@ fn two_load_balancers_on_one_address_are_resolved_once_with_a_warning_on_the_los
         notices.try_recv().is_err(),
         "no Event again for the same conflict"
     );
-    let healthz = r.handle.health().lock().unwrap().healthz(SystemTime::now());
+    let healthz = r
+        .handle
+        .health()
+        .lock()
+        .unwrap()
+        .healthz(verdict_admin::time::Moment::now());
     assert_eq!(healthz.code, 200, "the node is healthy");
 
     // lb2 also lists lb1's ClusterIP as an externalIP: a second

@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 use std::{fmt, io};
+use verdict_admin::time::Moment;
 
 use verdict_admin::http::{Handler, Request, Routes};
 use verdict_admin::metrics as m;
@@ -105,8 +106,8 @@ pub fn health_routes(health: Arc<Mutex<Health>>, probes: Arc<ProbeCounts>) -> Ro
         let (answer, livez) = {
             let h = health.lock().unwrap_or_else(|e| e.into_inner());
             match req.path.as_str() {
-                "/healthz" => (h.healthz(SystemTime::now()), false),
-                "/livez" => (h.livez(SystemTime::now()), true),
+                "/healthz" => (h.healthz(Moment::now()), false),
+                "/livez" => (h.livez(Moment::now()), true),
                 _ => return None,
             }
         };

@@ -320,12 +320,24 @@ fn rules_known_broken_beyond_the_repair_window_fail_healthz() {
         "{}",
         log_of(&log)
     );
-    wait_until("healthy", Duration::from_secs(10), || {
-        http(&bed, "/healthz").starts_with("HTTP/1.1 200")
-    });
+    // Both families synced (not only the IPv4 one the traffic proves), so
+    // no first sync is still under way when the gate closes: a sync that
+    // began before the test's clock starts and fails at the gate would
+    // date the breakage from its own start.
+    wait_until(
+        "both families synced and healthy",
+        Duration::from_secs(10),
+        || {
+            let h = http(&bed, "/healthz");
+            h.starts_with("HTTP/1.1 200") && h.contains("\"IPv6\":{\"lastUpdated\"")
+        },
+    );
 
-    std::fs::write(&gate, "").unwrap();
+    // The node dates a breakage from when it learns of it (the delete
+    // below, or a sync it starts after), on the monotonic clock as the
+    // test does.
     let t = Instant::now();
+    std::fs::write(&gate, "").unwrap();
     bed.node
         .exec("nft", &["delete", "table", "ip", "verdict"])
         .unwrap();

@@ -832,7 +832,7 @@ fn service_item(v: &ServiceView) -> ServiceItem {
 /// view's overview. Its cost grows with what is wrong, not with the
 /// cluster.
 pub fn problems(handle: &NodeHandle, snap: Option<&counters::Snapshot>) -> ProblemsAnswer {
-    let now = std::time::SystemTime::now();
+    let now = verdict_admin::time::Moment::now();
     let (healthy, health) = {
         let h = handle.health().lock().unwrap_or_else(|e| e.into_inner());
         let body = h.healthz(now).text_body();
