@@ -28,7 +28,7 @@ use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 use verdict_admin::Metrics;
-use verdict_model::{IpFamily, NamespacedName, Protocol};
+use verdict_model::{IpFamily, Name, NamespacedName, Protocol};
 use verdict_nft::flows::{Connection, FlowEvent, FlowMonitor, Logged};
 use verdict_proxier::layout;
 
@@ -36,8 +36,8 @@ use crate::view::{NodeHandle, PortView, ServiceView};
 
 /// The nfnetlink_log group the table logs to, unless told otherwise.
 pub const DEFAULT_GROUP: u16 = 7331;
-/// Flows kept, unless told otherwise (about 1.8 KiB of RSS each, measured
-/// with the ring full: docs/flows.md).
+/// Flows kept, unless told otherwise (the ring's RSS with it full is in
+/// docs/flows.md).
 pub const DEFAULT_CAPACITY: usize = 16_384;
 /// How long the recorder lets reports gather after the first one, before it
 /// reads them: a flow is recorded at most this late.
@@ -164,17 +164,17 @@ pub struct FlowFilter {
 }
 
 impl FlowFilter {
-    /// Whether it admits `f`, last seen then; `wanted` is
-    /// [`service`](Self::service) as the records name it, written once
-    /// per query. ([`FlowStore::query`] stops at [`after`](Self::after).)
-    fn admits(&self, wanted: Option<&str>, f: &FlowRecord, last_seen: SystemTime) -> bool {
-        let service = f.service.as_deref();
+    /// Whether it admits `f`. ([`FlowStore::query`] stops at
+    /// [`after`](Self::after).)
+    fn admits(&self, f: &Flow) -> bool {
+        let service = f.service.as_ref();
         self.verdict.is_none_or(|v| f.verdict == v)
-            && self.since.is_none_or(|t| last_seen >= t)
-            && wanted.is_none_or(|s| service == Some(s))
-            && self.namespace.as_ref().is_none_or(|ns| {
-                service.and_then(|s| s.split_once('/')).map(|(n, _)| n) == Some(ns.as_str())
-            })
+            && self.since.is_none_or(|t| f.last >= t)
+            && self.service.as_ref().is_none_or(|s| service == Some(s))
+            && self
+                .namespace
+                .as_ref()
+                .is_none_or(|ns| service.is_some_and(|s| s.namespace.as_str() == ns.as_str()))
             && self.ip.is_none_or(|ip| {
                 f.client.ip() == ip
                     || f.destination.ip() == ip
@@ -206,17 +206,100 @@ pub struct FlowsAnswer {
 /// (protocol, client, destination): one connection, before DNAT.
 type Key = (u8, SocketAddr, SocketAddr);
 
-#[derive(Debug)]
-struct Slot {
-    record: FlowRecord,
+/// One connection as the ring keeps it: times as times, names shared with
+/// the read model (`Name`s are reference-counted), nothing allocated for
+/// it alone. A reader gets it as a [`FlowRecord`].
+#[derive(Clone, Debug)]
+struct Flow {
+    seq: u64,
+    first: SystemTime,
     last: SystemTime,
-    key: Key,
+    /// The protocol's number (6, 17, 132), as the kernel reports it.
+    proto: u8,
+    client: SocketAddr,
+    entry: Option<EntryKind>,
+    destination: SocketAddr,
+    service: Option<NamespacedName>,
+    port: Option<Name>,
+    endpoint: Option<SocketAddr>,
+    pod: Option<Name>,
+    masqueraded: bool,
+    open: bool,
+    verdict: FlowVerdict,
+    retries: u32,
+    reason: Option<&'static str>,
+    packets: Option<u64>,
+    bytes: Option<u64>,
     conntrack_id: Option<u32>,
+}
+
+impl Flow {
+    /// A connection first seen at `seen`, nothing known of it yet but
+    /// where it was sent and what became of it.
+    fn new(
+        seen: SystemTime,
+        proto: u8,
+        client: SocketAddr,
+        destination: SocketAddr,
+        verdict: FlowVerdict,
+    ) -> Flow {
+        Flow {
+            seq: 0,
+            first: seen,
+            last: seen,
+            proto,
+            client,
+            entry: None,
+            destination,
+            service: None,
+            port: None,
+            endpoint: None,
+            pod: None,
+            masqueraded: false,
+            open: false,
+            verdict,
+            retries: 0,
+            reason: None,
+            packets: None,
+            bytes: None,
+            conntrack_id: None,
+        }
+    }
+
+    /// Its key in the ring's index of connections.
+    fn key(&self) -> Key {
+        (self.proto, self.client, self.destination)
+    }
+
+    /// The flow as readers and the flow log see it.
+    fn record(&self) -> FlowRecord {
+        FlowRecord {
+            seq: self.seq,
+            first_seen: verdict_admin::time::rfc3339_micro(self.first),
+            last_seen: verdict_admin::time::rfc3339_micro(self.last),
+            protocol: protocol_of(self.proto)
+                .map_or_else(|| self.proto.to_string(), |p| p.as_str().to_owned()),
+            client: self.client,
+            entry: self.entry,
+            destination: self.destination,
+            service: self.service.as_ref().map(ToString::to_string),
+            port: self.port.as_ref().map(|p| p.as_str().to_owned()),
+            endpoint: self.endpoint,
+            pod: self.pod.as_ref().map(|p| p.as_str().to_owned()),
+            masqueraded: self.masqueraded,
+            packets: self.packets,
+            bytes: self.bytes,
+            verdict: self.verdict,
+            reason: self.reason.map(str::to_owned),
+            open: self.open,
+            retries: self.retries,
+        }
+    }
 }
 
 #[derive(Debug, Default)]
 struct Ring {
-    slots: VecDeque<Slot>,
+    slots: VecDeque<Flow>,
     capacity: usize,
     next_seq: u64,
     by_id: HashMap<u32, u64>,
@@ -232,12 +315,12 @@ impl Ring {
         (seq >= first && seq < self.next_seq).then(|| (seq - first) as usize)
     }
 
-    fn get_mut(&mut self, seq: u64) -> Option<&mut Slot> {
+    fn get_mut(&mut self, seq: u64) -> Option<&mut Flow> {
         let i = self.index(seq)?;
         self.slots.get_mut(i)
     }
 
-    fn push(&mut self, mut slot: Slot) -> u64 {
+    fn push(&mut self, mut flow: Flow) -> u64 {
         if self.capacity == 0 {
             self.evicted += 1;
             return 0;
@@ -245,9 +328,10 @@ impl Ring {
         while self.slots.len() >= self.capacity {
             if let Some(old) = self.slots.pop_front() {
                 self.evicted += 1;
-                let seq = old.record.seq;
-                if self.by_key.get(&old.key) == Some(&seq) {
-                    self.by_key.remove(&old.key);
+                let seq = old.seq;
+                let key = old.key();
+                if self.by_key.get(&key) == Some(&seq) {
+                    self.by_key.remove(&key);
                 }
                 if let Some(id) = old.conntrack_id
                     && self.by_id.get(&id) == Some(&seq)
@@ -260,13 +344,13 @@ impl Ring {
         // those after 0.
         let seq = self.next_seq;
         self.next_seq += 1;
-        slot.record.seq = seq;
-        *self.recorded.entry(slot.record.verdict).or_default() += 1;
-        self.by_key.insert(slot.key, seq);
-        if let Some(id) = slot.conntrack_id {
+        flow.seq = seq;
+        *self.recorded.entry(flow.verdict).or_default() += 1;
+        self.by_key.insert(flow.key(), seq);
+        if let Some(id) = flow.conntrack_id {
             self.by_id.insert(id, seq);
         }
-        self.slots.push_back(slot);
+        self.slots.push_back(flow);
         seq
     }
 }
@@ -293,32 +377,44 @@ impl FlowStore {
         self.ring.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The flows `filter` admits, newest first, at most `limit`.
+    /// The flows `filter` admits, newest first, at most `limit`. The lock
+    /// is held only to copy the flows (no allocation but the page's);
+    /// they are written out as records after.
     pub fn query(&self, filter: &FlowFilter, limit: usize) -> FlowsAnswer {
-        let wanted = filter.service.as_ref().map(|s| s.to_string());
-        let r = self.lock();
-        let mut flows = Vec::new();
-        let mut matched = 0;
-        for s in r.slots.iter().rev() {
-            if filter.after.is_some_and(|a| s.record.seq <= a) {
-                break;
+        let (page, matched, last_seq, capacity, recorded, evicted, not_recorded) = {
+            let r = self.lock();
+            let mut page: Vec<Flow> = Vec::new();
+            let mut matched = 0;
+            for f in r.slots.iter().rev() {
+                if filter.after.is_some_and(|a| f.seq <= a) {
+                    break;
+                }
+                if !filter.admits(f) {
+                    continue;
+                }
+                matched += 1;
+                if page.len() < limit {
+                    page.push(f.clone());
+                }
             }
-            if !filter.admits(wanted.as_deref(), &s.record, s.last) {
-                continue;
-            }
-            matched += 1;
-            if flows.len() < limit {
-                flows.push(s.record.clone());
-            }
-        }
+            (
+                page,
+                matched,
+                r.next_seq - 1,
+                r.capacity,
+                r.recorded.clone(),
+                r.evicted,
+                r.not_recorded,
+            )
+        };
         FlowsAnswer {
-            flows,
+            flows: page.iter().map(Flow::record).collect(),
             matched,
-            last_seq: r.next_seq - 1,
-            capacity: r.capacity,
-            recorded: r.recorded.clone(),
-            evicted: r.evicted,
-            not_recorded: r.not_recorded,
+            last_seq,
+            capacity,
+            recorded,
+            evicted,
+            not_recorded,
         }
     }
 }
@@ -544,12 +640,12 @@ impl Recorder {
     }
 
     /// Keeps a new flow, and logs it with its number.
-    fn push(&mut self, ring: &mut Ring, slot: Slot) {
-        let seq = ring.push(slot);
+    fn push(&mut self, ring: &mut Ring, flow: Flow) {
+        let seq = ring.push(flow);
         if self.log.is_some()
-            && let Some(s) = ring.get_mut(seq)
+            && let Some(f) = ring.get_mut(seq)
         {
-            let r = s.record.clone();
+            let r = f.record();
             self.log_line(&r);
         }
     }
@@ -582,36 +678,6 @@ impl Recorder {
         self.pending.clear();
     }
 
-    fn new_record(
-        seen: SystemTime,
-        proto: Protocol,
-        client: SocketAddr,
-        dst: SocketAddr,
-        verdict: FlowVerdict,
-    ) -> FlowRecord {
-        let t = verdict_admin::time::rfc3339_micro(seen);
-        FlowRecord {
-            seq: 0,
-            first_seen: t.clone(),
-            last_seen: t,
-            protocol: proto.as_str().to_owned(),
-            client,
-            entry: None,
-            destination: dst,
-            service: None,
-            port: None,
-            endpoint: None,
-            pod: None,
-            masqueraded: false,
-            packets: None,
-            bytes: None,
-            verdict,
-            reason: None,
-            open: false,
-            retries: 0,
-        }
-    }
-
     fn forwarded(
         &mut self,
         ring: &mut Ring,
@@ -623,30 +689,22 @@ impl Recorder {
         }
         let proto = protocol_of(c.proto)?;
         let e = entered(&self.node, proto, c.dst, false)?;
-        let mut r = Self::new_record(now, proto, c.client, c.dst, FlowVerdict::Forwarded);
-        r.entry = Some(e.kind);
-        r.service = Some(e.view.name.to_string());
-        r.endpoint = Some(c.reply_src);
-        r.masqueraded = c.snat;
-        r.open = true;
+        let mut f = Flow::new(now, c.proto, c.client, c.dst, FlowVerdict::Forwarded);
+        f.entry = Some(e.kind);
+        f.service = Some(e.view.name.clone());
+        f.endpoint = Some(c.reply_src);
+        f.masqueraded = c.snat;
+        f.open = true;
+        f.conntrack_id = c.id;
         if let Some(p) = &e.port {
-            r.port = Some(p.name.port.to_string());
-            r.pod = p
+            f.port = Some(p.name.port.clone());
+            f.pod = p
                 .endpoints
                 .iter()
                 .find(|ep| ep.ip == c.reply_src.ip() && ep.port == c.reply_src.port())
-                .and_then(|ep| ep.target.as_ref())
-                .map(|t| t.to_string());
+                .and_then(|ep| ep.target.clone());
         }
-        self.push(
-            ring,
-            Slot {
-                record: r,
-                last: now,
-                key: (c.proto, c.client, c.dst),
-                conntrack_id: c.id,
-            },
-        );
+        self.push(ring, f);
         Some(FlowVerdict::Forwarded)
     }
 
@@ -655,20 +713,20 @@ impl Recorder {
             Some(id) => ring.by_id.remove(&id),
             None => ring.by_key.get(&(c.proto, c.client, c.dst)).copied(),
         };
-        let Some(slot) = seq.and_then(|s| ring.get_mut(s)) else {
+        let Some(f) = seq.and_then(|s| ring.get_mut(s)) else {
             return;
         };
-        if !slot.record.open {
+        if !f.open {
             return;
         }
-        slot.last = now;
-        let r = &mut slot.record;
-        r.open = false;
-        r.last_seen = verdict_admin::time::rfc3339_micro(now);
-        r.packets = c.packets;
-        r.bytes = c.bytes;
-        let r = r.clone();
-        self.log_line(&r);
+        f.last = now;
+        f.open = false;
+        f.packets = c.packets;
+        f.bytes = c.bytes;
+        if self.log.is_some() {
+            let r = f.record();
+            self.log_line(&r);
+        }
     }
 
     fn logged(&mut self, ring: &mut Ring, l: &Logged, now: SystemTime) -> Option<FlowVerdict> {
@@ -676,13 +734,12 @@ impl Recorder {
         let proto = protocol_of(l.proto)?;
         let key = (l.proto, l.src, l.dst);
         if let Some(seq) = ring.by_key.get(&key).copied()
-            && let Some(slot) = ring.get_mut(seq)
-            && slot.record.verdict == verdict
-            && now.duration_since(slot.last).unwrap_or_default() < RETRY_WINDOW
+            && let Some(f) = ring.get_mut(seq)
+            && f.verdict == verdict
+            && now.duration_since(f.last).unwrap_or_default() < RETRY_WINDOW
         {
-            slot.last = now;
-            slot.record.last_seen = verdict_admin::time::rfc3339_micro(now);
-            slot.record.retries = slot.record.retries.saturating_add(1);
+            f.last = now;
+            f.retries = f.retries.saturating_add(1);
             return None;
         }
         let unallocated = l.prefix == layout::LOG_DROPPED_UNALLOCATED;
@@ -691,22 +748,14 @@ impl Recorder {
         if e.is_none() && !unallocated {
             return None;
         }
-        let mut r = Self::new_record(now, proto, l.src, l.dst, verdict);
-        r.reason = Some(reason.to_owned());
+        let mut f = Flow::new(now, l.proto, l.src, l.dst, verdict);
+        f.reason = Some(reason);
         if let Some(e) = &e {
-            r.entry = Some(e.kind);
-            r.service = Some(e.view.name.to_string());
-            r.port = e.port.as_ref().map(|p| p.name.port.to_string());
+            f.entry = Some(e.kind);
+            f.service = Some(e.view.name.clone());
+            f.port = e.port.as_ref().map(|p| p.name.port.clone());
         }
-        self.push(
-            ring,
-            Slot {
-                record: r,
-                last: now,
-                key,
-                conntrack_id: None,
-            },
-        );
+        self.push(ring, f);
         Some(verdict)
     }
 }

@@ -440,3 +440,45 @@ fn the_flow_log_has_a_line_when_a_flow_is_recorded_and_when_it_closes() {
     assert_eq!(lines[1].verdict, FlowVerdict::Rejected);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn a_kept_flow_shares_its_names_and_allocates_nothing_of_its_own() {
+    let (mut r, store, _) = recorder(100);
+    r.record(
+        vec![
+            FlowEvent::New(conn(
+                7,
+                "10.77.0.21:40000",
+                "172.30.0.41:80",
+                "10.180.0.1:8080",
+            )),
+            FlowEvent::New(conn(
+                8,
+                "10.77.0.21:40001",
+                "172.30.0.41:80",
+                "10.180.0.1:8080",
+            )),
+        ],
+        SystemTime::now(),
+        None,
+    );
+    let ring = store.lock();
+    let (a, b) = (&ring.slots[0], &ring.slots[1]);
+    let same = |x: Option<&Name>, y: Option<&Name>| {
+        let (x, y) = (x.expect("named"), y.expect("named"));
+        std::ptr::eq(x.as_str().as_ptr(), y.as_str().as_ptr())
+    };
+    // The read model's names, not a copy per flow: 16,384 flows of one
+    // Service hold its name once.
+    let (sa, sb) = (a.service.as_ref().unwrap(), b.service.as_ref().unwrap());
+    assert!(same(Some(&sa.name), Some(&sb.name)));
+    assert!(same(Some(&sa.namespace), Some(&sb.namespace)));
+    assert!(same(a.port.as_ref(), b.port.as_ref()));
+    assert!(same(a.pod.as_ref(), b.pod.as_ref()));
+    // What a kept flow costs in the ring, besides its two index entries.
+    assert!(
+        std::mem::size_of::<Flow>() <= 280,
+        "{} bytes",
+        std::mem::size_of::<Flow>()
+    );
+}
