@@ -634,3 +634,94 @@ fn a_table_read_before_the_first_sync_is_used_unless_a_commit_came_between() {
         assert_eq!(nft.inner.dump(Family::Ip, "verdict"), dump);
     }
 }
+
+/// Service `i` of a cluster of varied shapes: ClusterIP, NodePort and
+/// LoadBalancer, Local policies, affinity, no endpoints, 1 to 3 endpoints.
+fn varied(fx: &mut Fixture, i: usize) {
+    let name = format!("s{i}");
+    let ip = format!("172.30.{}.{}", i / 250, 1 + i % 250);
+    let node_port = 30000 + (i % 2000) as i32;
+    let mut s = svc("ns", &name).cluster_ip(&ip);
+    s = match i % 7 {
+        0 => s
+            .kind(verdict_model::ServiceType::LoadBalancer)
+            .port("p", TCP, 80, node_port)
+            .lb(&[&format!("198.18.{}.{}", i / 250, 1 + i % 250)])
+            .etp_local(),
+        1 => s
+            .kind(verdict_model::ServiceType::NodePort)
+            .port("p", UDP, 53, node_port),
+        2 => s.port("p", TCP, 80, 0).affinity(300),
+        _ => s.port("p", TCP, 80, 0),
+    };
+    fx.service(s);
+    if i % 5 != 4 {
+        let proto = if i % 7 == 1 { UDP } else { TCP };
+        let mut sl = slice("ns", &name, &format!("{name}-1")).port("p", proto, 8080);
+        for k in 0..1 + i % 3 {
+            let node = if k == 0 {
+                verdict_conformance::NODE
+            } else {
+                "other"
+            };
+            sl = sl.ep(&format!("10.{}.{}.{}", 1 + k, i / 250, 1 + i % 250), node);
+        }
+        fx.slice(sl);
+    }
+}
+
+#[test]
+fn a_rebuild_of_many_services_programs_what_one_at_a_time_does_and_is_adopted() {
+    // 5,000 service ports: a first sync computes them on every core.
+    const N: usize = 5_000;
+    let mut at_once = Fixture::new(IpFamily::V4);
+    for i in 0..N {
+        varied(&mut at_once, i);
+    }
+    at_once.sync();
+
+    // The same cluster built in partial syncs of 250 Services, each
+    // computed on this thread.
+    let mut in_steps = Fixture::new(IpFamily::V4);
+    for i in 0..N {
+        varied(&mut in_steps, i);
+        if i % 250 == 249 {
+            in_steps.sync();
+        }
+    }
+    in_steps.sync();
+    assert_eq!(at_once.dump(), in_steps.dump());
+    // A restarted proxier over that table adopts it as it is.
+    let dump = at_once.dump();
+    let forced_full_ops = {
+        at_once.proxier.force_full_sync();
+        at_once.sync().operations
+    };
+    let mut restarted = Fixture::new(IpFamily::V4);
+    restarted.nft = at_once.nft.clone();
+    for i in 0..N {
+        varied(&mut restarted, i);
+    }
+    let r = restarted.sync();
+    assert!(r.full);
+    assert_eq!(r.operations, forced_full_ops);
+    assert_eq!(restarted.dump(), dump);
+
+    // Each port's contribution is its own: deleting some Services and
+    // changing others withdraws exactly theirs, in both.
+    for fx in [&mut at_once, &mut in_steps] {
+        for i in (0..N).step_by(10) {
+            fx.delete_service("ns", &format!("s{i}"));
+        }
+        for i in (3..N).step_by(13) {
+            let name = format!("s{i}");
+            fx.slice(
+                slice("ns", &name, &format!("{name}-1"))
+                    .port("p", if i % 7 == 1 { UDP } else { TCP }, 8080)
+                    .ep(&format!("10.9.{}.{}", i / 250, 1 + i % 250), "other"),
+            );
+        }
+        fx.sync();
+    }
+    assert_eq!(at_once.dump(), in_steps.dump());
+}
