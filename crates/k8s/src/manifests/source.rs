@@ -18,7 +18,8 @@
 //! parsed again once that parse ends; one still being parsed after
 //! [`SLOW`] is named, once.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::hash::{BuildHasher, RandomState};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -86,8 +87,10 @@ struct File {
     /// Its path, shared with the owner lists.
     id: Arc<Path>,
     stamp: Option<Stamp>,
-    services: Vec<Key>,
-    slices: Vec<Key>,
+    /// The Services and EndpointSlices it defines, by [`Manifests::id`]:
+    /// their names are kept once, in [`Manifests::owners`].
+    services: Vec<Id>,
+    slices: Vec<Id>,
     /// Its definitions of this node's Node object.
     nodes: Vec<NodeInfo>,
     cidrs: Vec<IpNet>,
@@ -124,6 +127,107 @@ enum Kind {
     Slice,
 }
 
+/// A 128-bit fingerprint of an object's kind, namespace and name.
+type Id = u128;
+
+/// The files defining one Service or EndpointSlice, in path order (the
+/// first one's definition is used), and its name. There is one of these
+/// per object (60,000 at 30,000 Services), so it is small: the name in one
+/// allocation, the first file inline, and the others (nearly every object
+/// has none) behind a pointer that is null without them.
+struct Owned {
+    /// `namespace/name` (neither can hold a `/`).
+    name: Box<str>,
+    first: Arc<Path>,
+    #[allow(
+        clippy::box_collection,
+        reason = "8 bytes in every object's entry, where a Vec takes 24"
+    )]
+    rest: Option<Box<Vec<Arc<Path>>>>,
+}
+
+impl Owned {
+    fn new(key: &Key, file: &Arc<Path>) -> Owned {
+        Owned {
+            name: format!("{}/{}", key.0, key.1).into_boxed_str(),
+            first: file.clone(),
+            rest: None,
+        }
+    }
+
+    /// Whether it is the object named `key`.
+    fn is(&self, key: &Key) -> bool {
+        self.name
+            .split_once('/')
+            .is_some_and(|(ns, name)| ns == key.0 && name == key.1)
+    }
+
+    /// Its namespace and name.
+    fn key(&self) -> Key {
+        let (ns, name) = self.name.split_once('/').unwrap_or(("", &self.name));
+        (ns.to_owned(), name.to_owned())
+    }
+
+    /// The files after the first.
+    fn rest(&self) -> &[Arc<Path>] {
+        self.rest.as_deref().map_or(&[], Vec::as_slice)
+    }
+
+    /// Adds `file`; returns its place.
+    fn insert(&mut self, file: &Arc<Path>) -> usize {
+        match file.cmp(&self.first) {
+            std::cmp::Ordering::Equal => 0,
+            std::cmp::Ordering::Less => {
+                let was = std::mem::replace(&mut self.first, file.clone());
+                self.rest.get_or_insert_default().insert(0, was);
+                0
+            }
+            std::cmp::Ordering::Greater => match self.rest().binary_search(file) {
+                Ok(i) => i + 1,
+                Err(i) => {
+                    self.rest.get_or_insert_default().insert(i, file.clone());
+                    i + 1
+                }
+            },
+        }
+    }
+
+    /// Takes `file` out.
+    fn remove(&mut self, file: &Arc<Path>) -> Removed {
+        let removed = if self.first == *file {
+            let Some(rest) = self.rest.as_mut().filter(|r| !r.is_empty()) else {
+                return Removed::Last;
+            };
+            self.first = rest.remove(0);
+            Removed::First
+        } else {
+            match (self.rest().binary_search(file), self.rest.as_mut()) {
+                (Ok(i), Some(rest)) => {
+                    rest.remove(i);
+                    Removed::Other
+                }
+                _ => return Removed::Absent,
+            }
+        };
+        if self.rest.as_ref().is_some_and(|r| r.is_empty()) {
+            self.rest = None;
+        }
+        removed
+    }
+}
+
+/// What taking a file out of an object's [`Owned`] did.
+enum Removed {
+    /// The file did not define it.
+    Absent,
+    /// It was the only file: the caller removes the entry.
+    Last,
+    /// It was the first: the next one's definition is used now.
+    First,
+    /// It was a repeat.
+    Other,
+}
+
 impl Kind {
     fn name(self) -> &'static str {
         match self {
@@ -141,7 +245,10 @@ pub struct Manifests {
     files: BTreeMap<PathBuf, File>,
     /// For each Service and EndpointSlice, the files defining it, in name
     /// order: the first one's definition is used.
-    owners: HashMap<(Kind, Key), Vec<Arc<Path>>>,
+    owners: HashMap<Id, Owned>,
+    /// The keys of [`Manifests::id`] (SipHash with keys of this process's
+    /// own: no name can be crafted to collide with another).
+    prints: [RandomState; 2],
     /// What was last said about this node's Node object.
     node: Option<NodeInfo>,
     /// What was last said about the ServiceCIDRs.
@@ -172,6 +279,7 @@ impl Manifests {
             node_name: node_name.to_owned(),
             files: BTreeMap::new(),
             owners: HashMap::new(),
+            prints: [RandomState::new(), RandomState::new()],
             node: None,
             cidrs: Vec::new(),
             loaded: false,
@@ -500,18 +608,20 @@ impl Manifests {
         let mut services = Vec::with_capacity(parsed.services.len());
         for s in parsed.services {
             let key = (s.namespace.clone(), s.name.clone());
-            if self.own(Kind::Service, &key, &id, out) {
-                out.updates.push(Update::Service(key.clone(), Some(s)));
+            let (object, used) = self.own(Kind::Service, &key, &id, out);
+            if used {
+                out.updates.push(Update::Service(key, Some(s)));
             }
-            services.push(key);
+            services.push(object);
         }
         let mut slices = Vec::with_capacity(parsed.slices.len());
         for s in parsed.slices {
             let key = (s.namespace.clone(), s.name.clone());
-            if self.own(Kind::Slice, &key, &id, out) {
-                out.updates.push(Update::Slice(key.clone(), Some(s)));
+            let (object, used) = self.own(Kind::Slice, &key, &id, out);
+            if used {
+                out.updates.push(Update::Slice(key, Some(s)));
             }
-            slices.push(key);
+            slices.push(object);
         }
         self.disown(Kind::Service, old_services, &services, &id, out, todo);
         self.disown(Kind::Slice, old_slices, &slices, &id, out, todo);
@@ -521,31 +631,48 @@ impl Manifests {
         }
     }
 
-    /// Records that `file` defines `key`. Returns whether its definition
-    /// is the one used (the file is the first to define it).
-    fn own(&mut self, kind: Kind, key: &Key, file: &Arc<Path>, out: &mut Refresh) -> bool {
-        let owners = self.owners.entry((kind, key.clone())).or_default();
-        let at = match owners.binary_search(file) {
-            Ok(i) => i,
-            Err(i) => {
-                // Nearly every key has one file: no room for four.
-                owners.reserve_exact(1);
-                owners.insert(i, file.clone());
-                i
+    /// The fingerprint an object of `kind` named `key` is kept by.
+    fn id(&self, kind: Kind, key: &Key) -> Id {
+        let [a, b] = &self.prints;
+        let what = (kind as u8, key);
+        (u128::from(a.hash_one(what)) << 64) | u128::from(b.hash_one(what))
+    }
+
+    /// Records that `file` defines `key`. Returns the object's fingerprint,
+    /// and whether its definition is the one used (the file is the first
+    /// to define it).
+    fn own(&mut self, kind: Kind, key: &Key, file: &Arc<Path>, out: &mut Refresh) -> (Id, bool) {
+        let id = self.id(kind, key);
+        let owned = match self.owners.entry(id) {
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(Owned::new(key, file));
+                return (id, true);
             }
+            std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
         };
-        match (at, owners.get(1)) {
+        if !owned.is(key) {
+            // Two names with one fingerprint: 2^-128 per pair, and keyed
+            // by this process; said rather than mixed up.
+            out.errors.push(ManifestError {
+                file: file.to_path_buf(),
+                object: format!("{} {}/{}", kind.name(), key.0, key.1),
+                message: format!("its fingerprint is also {}'s: left out", owned.name),
+            });
+            return (id, false);
+        }
+        let at = owned.insert(file);
+        match (at, owned.rest().first()) {
             (0, Some(second)) => {
                 // The other definition is the repeat.
                 out.errors
                     .push(duplicate(second, kind.name(), &key.0, &key.1));
-                true
+                (id, true)
             }
-            (0, None) => true,
+            (0, None) => (id, true),
             _ => {
                 out.errors
                     .push(duplicate(file, kind.name(), &key.0, &key.1));
-                false
+                (id, false)
             }
         }
     }
@@ -555,8 +682,8 @@ impl Manifests {
     fn disown(
         &mut self,
         kind: Kind,
-        old: Vec<Key>,
-        now: &[Key],
+        old: Vec<Id>,
+        now: &[Id],
         file: &Arc<Path>,
         out: &mut Refresh,
         todo: &mut BTreeSet<PathBuf>,
@@ -564,32 +691,27 @@ impl Manifests {
         if old.is_empty() {
             return;
         }
-        let now: std::collections::HashSet<&Key> = now.iter().collect();
-        for key in old {
-            if now.contains(&key) {
+        let now: HashSet<&Id> = now.iter().collect();
+        for id in old {
+            if now.contains(&id) {
                 continue;
             }
-            let k = (kind, key);
-            let Some(owners) = self.owners.get_mut(&k) else {
+            let Some(owned) = self.owners.get_mut(&id) else {
                 continue;
             };
-            let Ok(at) = owners.binary_search(file) else {
-                continue;
-            };
-            owners.remove(at);
-            match owners.first() {
-                None => {
-                    self.owners.remove(&k);
-                    let (_, key) = k;
-                    out.updates.push(match kind {
-                        Kind::Service => Update::Service(key, None),
-                        Kind::Slice => Update::Slice(key, None),
-                    });
+            match owned.remove(file) {
+                Removed::Absent | Removed::Other => {}
+                Removed::Last => {
+                    if let Some(gone) = self.owners.remove(&id) {
+                        out.updates.push(match kind {
+                            Kind::Service => Update::Service(gone.key(), None),
+                            Kind::Slice => Update::Slice(gone.key(), None),
+                        });
+                    }
                 }
-                Some(next) if at == 0 => {
-                    todo.insert(next.to_path_buf());
+                Removed::First => {
+                    todo.insert(owned.first.to_path_buf());
                 }
-                Some(_) => {}
             }
         }
     }
@@ -761,6 +883,26 @@ mod tests {
                 Update::Synced => "Synced".into(),
             })
             .collect()
+    }
+
+    #[test]
+    fn an_objects_files_stay_in_path_order_and_the_first_is_used() {
+        let f = |p: &str| -> Arc<Path> { Arc::from(Path::new(p)) };
+        let key: Key = ("ns".into(), "web".into());
+        let mut o = Owned::new(&key, &f("/m/c.yaml"));
+        assert!(o.is(&key) && !o.is(&("ns".into(), "we".into())));
+        assert_eq!(o.key(), key);
+        assert_eq!(o.insert(&f("/m/a.yaml")), 0);
+        assert_eq!(o.insert(&f("/m/b.yaml")), 1);
+        assert_eq!(o.insert(&f("/m/b.yaml")), 1, "once each");
+        assert_eq!(o.first, f("/m/a.yaml"));
+        assert_eq!(o.rest(), [f("/m/b.yaml"), f("/m/c.yaml")]);
+        assert!(matches!(o.remove(&f("/m/x.yaml")), Removed::Absent));
+        assert!(matches!(o.remove(&f("/m/b.yaml")), Removed::Other));
+        assert!(matches!(o.remove(&f("/m/a.yaml")), Removed::First));
+        assert_eq!(o.first, f("/m/c.yaml"));
+        assert!(o.rest.is_none(), "no room kept for repeats");
+        assert!(matches!(o.remove(&f("/m/c.yaml")), Removed::Last));
     }
 
     #[test]
