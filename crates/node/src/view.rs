@@ -63,14 +63,17 @@ pub struct ServiceView {
 impl ServiceView {
     /// The Service as the proxiers have it now (`None`: no family has it).
     pub fn build(name: &NamespacedName, proxiers: &[&Proxier]) -> Option<ServiceView> {
-        let mut families = Vec::new();
+        // Views are kept for every Service (30,000 and more): each list
+        // holds what it has and no spare room (a collected or pushed
+        // vector starts with room for four).
+        let mut families = Vec::with_capacity(proxiers.len());
         for p in proxiers {
             let mut intents: BTreeMap<ServicePortName, Intent> = p
                 .intent_of(name)
                 .into_iter()
                 .map(|i| (i.port.clone(), i))
                 .collect();
-            let ports: Vec<PortView> = p
+            let mut ports: Vec<PortView> = p
                 .service_ports()
                 .range(ServicePortName::first_of(name)..)
                 .take_while(|(k, _)| k.service == *name)
@@ -94,12 +97,14 @@ impl ServiceView {
             if ports.is_empty() && quarantined_gone.is_empty() {
                 continue;
             }
+            ports.shrink_to_fit();
             families.push(ServiceFamily {
                 family: p.config().family,
                 ports,
                 quarantined_gone,
             });
         }
+        families.shrink_to_fit();
         (!families.is_empty()).then(|| ServiceView {
             name: name.clone(),
             families,
@@ -210,6 +215,8 @@ fn index<K: std::hash::Hash + Eq>(
 ) {
     let v = index.entry(key).or_default();
     if !v.contains(name) {
+        // Nearly every address has one Service: no room for four.
+        v.reserve_exact(1);
         v.push(name.clone());
     }
 }
