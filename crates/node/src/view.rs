@@ -493,6 +493,13 @@ mod tests {
         let (_, port) = v.ports().next().unwrap();
         let (_, sp) = p.service_ports().iter().next().unwrap();
         assert!(Arc::ptr_eq(&port.port, sp), "shared, not copied");
+        // A view is kept per Service: no spare room in its lists.
+        assert_eq!(v.families.capacity(), v.families.len());
+        assert!(
+            v.families
+                .iter()
+                .all(|f| f.ports.capacity() == f.ports.len())
+        );
         assert_eq!(port.endpoints.len(), 1);
         assert!(
             port.intent.as_ref().is_some_and(|i| !i.elements.is_empty()),
@@ -506,6 +513,10 @@ mod tests {
             (1, 1, 0)
         );
         assert_eq!(h.services_at_node_port(IpFamily::V4, 30080).len(), 1);
+        {
+            let s = read(&h.0.services);
+            assert!(s.by_address.values().all(|v| v.capacity() == v.len()));
+        }
         assert_eq!(h.services_page("web", 0, 10).0, 1);
         assert_eq!(h.services_page("nope", 0, 10).0, 0);
         // Gone from the proxier: gone from the view and its indexes.
