@@ -14,6 +14,25 @@ use crate::names::{Name, NamespacedName, ServicePortName};
 /// a change replaces it, so a reader may keep the one it has.
 pub type EndpointsMap = BTreeMap<ServicePortName, Arc<[Endpoint]>>;
 
+/// An endpoint's topology hints.
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Hints {
+    /// `hints.forZones`, `None` when there are none.
+    pub zones: Option<BTreeSet<String>>,
+    /// `hints.forNodes`, `None` when there are none.
+    pub nodes: Option<BTreeSet<String>>,
+}
+
+impl Hints {
+    /// The hints, or `None` when there are none of either kind.
+    pub fn of(
+        zones: Option<BTreeSet<String>>,
+        nodes: Option<BTreeSet<String>>,
+    ) -> Option<Arc<Hints>> {
+        (zones.is_some() || nodes.is_some()).then(|| Arc::new(Hints { zones, nodes }))
+    }
+}
+
 /// One backend (IP:port) of a service port, with the conditions and topology facts
 /// the proxy needs.
 ///
@@ -37,10 +56,10 @@ pub struct Endpoint {
     pub node_name: Option<Name>,
     /// `zone` (shared likewise).
     pub zone: Option<Name>,
-    /// Zone hints (`hints.forZones`), `None` when there are none.
-    pub zone_hints: Option<BTreeSet<String>>,
-    /// Node hints (`hints.forNodes`), `None` when there are none.
-    pub node_hints: Option<BTreeSet<String>>,
+    /// Topology hints, `None` when there are none: rare, so kept behind
+    /// one pointer, shared by the copies of an endpoint (one per port of
+    /// its slice, the cache's and the proxier's).
+    pub hints: Option<Arc<Hints>>,
     /// `targetRef.name`: the pod behind the address, when the slice says.
     pub target: Option<Name>,
 }
@@ -57,10 +76,19 @@ impl Endpoint {
             terminating: false,
             node_name: None,
             zone: None,
-            zone_hints: None,
-            node_hints: None,
+            hints: None,
             target: None,
         }
+    }
+
+    /// Zone hints (`hints.forZones`), `None` when there are none.
+    pub fn zone_hints(&self) -> Option<&BTreeSet<String>> {
+        self.hints.as_ref()?.zones.as_ref()
+    }
+
+    /// Node hints (`hints.forNodes`), `None` when there are none.
+    pub fn node_hints(&self) -> Option<&BTreeSet<String>> {
+        self.hints.as_ref()?.nodes.as_ref()
     }
 
     /// The endpoint as a socket address.

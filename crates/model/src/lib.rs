@@ -43,7 +43,7 @@ pub use api::{
     ServicePortSpec, ServiceType, SessionAffinity, SliceEndpoint, SlicePort, TrafficPolicy,
 };
 pub use endpoints::{
-    Endpoint, EndpointsMap, cmp_by_display, local_ready_endpoints, local_ready_endpoints_of,
+    Endpoint, EndpointsMap, Hints, cmp_by_display, local_ready_endpoints, local_ready_endpoints_of,
     sort_endpoints,
 };
 pub use error::ModelError;

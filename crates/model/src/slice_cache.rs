@@ -3,9 +3,10 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use crate::api::{EndpointSlice, SliceEndpoint};
-use crate::endpoints::{Endpoint, EndpointsMap, sort_endpoints};
+use crate::endpoints::{Endpoint, EndpointsMap, Hints, sort_endpoints};
 use crate::ip::{IpFamily, parse_ip_legacy};
 use crate::names::{Name, NamespacedName, Protocol, ServicePortName};
 
@@ -27,8 +28,7 @@ struct EndpointInfo {
     terminating: bool,
     node_name: Option<Name>,
     zone: Option<Name>,
-    zone_hints: Option<BTreeSet<String>>,
-    node_hints: Option<BTreeSet<String>>,
+    hints: Option<Arc<Hints>>,
     target: Option<Name>,
 }
 
@@ -43,8 +43,7 @@ impl EndpointInfo {
             terminating: self.terminating,
             node_name: self.node_name.clone(),
             zone: self.zone.clone(),
-            zone_hints: self.zone_hints.clone(),
-            node_hints: self.node_hints.clone(),
+            hints: self.hints.clone(),
             target: self.target.clone(),
         }
     }
@@ -306,8 +305,10 @@ impl EndpointSliceCache {
             terminating: ep.terminating.unwrap_or(false),
             node_name: ep.node_name.as_deref().map(|n| self.intern(n)),
             zone: ep.zone.as_deref().map(|z| self.intern(z)),
-            zone_hints: hint_set(hints.map(|h| &h.for_zones)),
-            node_hints: hint_set(hints.map(|h| &h.for_nodes)),
+            hints: Hints::of(
+                hint_set(hints.map(|h| &h.for_zones)),
+                hint_set(hints.map(|h| &h.for_nodes)),
+            ),
             // One pod per endpoint: not interned.
             target: ep.target_name.as_deref().map(Name::from),
         })
@@ -493,15 +494,16 @@ mod tests {
         ));
         let eps = &cache.endpoints_for(&svc())[&spn("p", Protocol::Tcp)];
         assert_eq!(
-            eps[0].zone_hints,
-            Some(["a".to_string(), "b".to_string()].into_iter().collect())
+            eps[0].zone_hints(),
+            Some(&["a".to_string(), "b".to_string()].into_iter().collect())
         );
         assert_eq!(
-            eps[0].node_hints,
-            Some(["n".to_string()].into_iter().collect())
+            eps[0].node_hints(),
+            Some(&["n".to_string()].into_iter().collect())
         );
-        assert_eq!(eps[1].zone_hints, None);
-        assert_eq!(eps[1].node_hints, None);
+        assert_eq!(eps[1].zone_hints(), None);
+        assert_eq!(eps[1].node_hints(), None);
+        assert_eq!(eps[1].hints, None, "empty hints take no room");
     }
 
     #[test]

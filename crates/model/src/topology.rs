@@ -55,14 +55,14 @@ fn topology_mode(endpoints: &[Endpoint], node: &NodeTopology) -> TopologyMode {
     if ready().next().is_none() {
         return TopologyMode::None;
     }
-    if ready().all(|ep| has_hints(ep.node_hints.as_ref()))
-        && ready().any(|ep| hinted(ep.node_hints.as_ref(), &node.node_name))
+    if ready().all(|ep| has_hints(ep.node_hints()))
+        && ready().any(|ep| hinted(ep.node_hints(), &node.node_name))
     {
         return TopologyMode::SameNode;
     }
     if let Some(zone) = node.zone.as_deref()
-        && ready().all(|ep| has_hints(ep.zone_hints.as_ref()))
-        && ready().any(|ep| hinted(ep.zone_hints.as_ref(), zone))
+        && ready().all(|ep| has_hints(ep.zone_hints()))
+        && ready().any(|ep| hinted(ep.zone_hints(), zone))
     {
         return TopologyMode::SameZone;
     }
@@ -72,11 +72,11 @@ fn topology_mode(endpoints: &[Endpoint], node: &NodeTopology) -> TopologyMode {
 fn available_for_topology(ep: &Endpoint, mode: TopologyMode, node: &NodeTopology) -> bool {
     match mode {
         TopologyMode::None => true,
-        TopologyMode::SameNode => hinted(ep.node_hints.as_ref(), &node.node_name),
+        TopologyMode::SameNode => hinted(ep.node_hints(), &node.node_name),
         TopologyMode::SameZone => node
             .zone
             .as_deref()
-            .is_some_and(|zone| hinted(ep.zone_hints.as_ref(), zone)),
+            .is_some_and(|zone| hinted(ep.zone_hints(), zone)),
     }
 }
 
@@ -147,6 +147,7 @@ mod tests {
     use std::net::SocketAddr;
 
     use super::*;
+    use crate::endpoints::Hints;
     use crate::names::{Protocol, ServicePortName};
 
     const NODE: &str = "node1";
@@ -186,12 +187,20 @@ mod tests {
     }
 
     fn zones(mut e: Endpoint, zones: &[&str]) -> Endpoint {
-        e.zone_hints = Some(zones.iter().map(|z| z.to_string()).collect::<BTreeSet<_>>());
+        let nodes = e.node_hints().cloned();
+        e.hints = Hints::of(
+            Some(zones.iter().map(|z| z.to_string()).collect::<BTreeSet<_>>()),
+            nodes,
+        );
         e
     }
 
     fn nodes(mut e: Endpoint, nodes: &[&str]) -> Endpoint {
-        e.node_hints = Some(nodes.iter().map(|z| z.to_string()).collect::<BTreeSet<_>>());
+        let zones = e.zone_hints().cloned();
+        e.hints = Hints::of(
+            zones,
+            Some(nodes.iter().map(|z| z.to_string()).collect::<BTreeSet<_>>()),
+        );
         e
     }
 

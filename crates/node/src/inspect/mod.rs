@@ -929,11 +929,16 @@ fn endpoint_answer(ep: &Endpoint, sp: &ServicePort, cluster: bool, local: bool) 
         "serving but terminating: unused while a ready endpoint exists".to_owned()
     } else if sp.uses_cluster_endpoints() {
         let hints = ep
-            .zone_hints
-            .iter()
+            .zone_hints()
+            .into_iter()
             .flatten()
             .map(|z| format!("zone {z}"))
-            .chain(ep.node_hints.iter().flatten().map(|n| format!("node {n}")))
+            .chain(
+                ep.node_hints()
+                    .into_iter()
+                    .flatten()
+                    .map(|n| format!("node {n}")),
+            )
             .collect::<Vec<_>>();
         format!(
             "filtered out by topology: hinted for {}",
@@ -954,8 +959,8 @@ fn endpoint_answer(ep: &Endpoint, sp: &ServicePort, cluster: bool, local: bool) 
         local: ep.is_local,
         node: ep.node_name.as_deref().map(str::to_owned),
         zone: ep.zone.as_deref().map(str::to_owned),
-        zone_hints: ep.zone_hints.clone(),
-        node_hints: ep.node_hints.clone(),
+        zone_hints: ep.zone_hints().cloned(),
+        node_hints: ep.node_hints().cloned(),
         used_by: used.into_iter().map(str::to_owned).collect(),
         why,
         connections: None,
