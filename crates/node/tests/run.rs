@@ -278,6 +278,14 @@ fn metric(h: &NodeHandle, line_start: &str) -> Option<f64> {
         .and_then(|v| v.parse().ok())
 }
 
+/// `/healthz` as the server answers it now.
+fn healthz_now(h: &verdict_node::NodeHandle) -> verdict_admin::Response {
+    h.health()
+        .lock()
+        .unwrap()
+        .healthz(verdict_admin::time::Moment::now())
+}
+
 #[test]
 fn nothing_is_programmed_before_the_lists_then_changes_flow_through_to_readers() {
     let r = start();
@@ -299,12 +307,7 @@ fn nothing_is_programmed_before_the_lists_then_changes_flow_through_to_readers()
     assert_eq!(port.endpoints.len(), 2);
     assert_eq!(r.handle.services_at(ip("172.30.0.41")).len(), 1);
     // Health, metrics and history, as the servers read them.
-    let healthz = r
-        .handle
-        .health()
-        .lock()
-        .unwrap()
-        .healthz(verdict_admin::time::Moment::now());
+    let healthz = healthz_now(&r.handle);
     assert_eq!(healthz.code, 200, "{}", healthz.text_body());
     assert!(
         metric(
@@ -624,12 +627,7 @@ fn two_load_balancers_on_one_address_are_resolved_once_with_a_warning_on_the_los
         notices.try_recv().is_err(),
         "no Event again for the same conflict"
     );
-    let healthz = r
-        .handle
-        .health()
-        .lock()
-        .unwrap()
-        .healthz(verdict_admin::time::Moment::now());
+    let healthz = healthz_now(&r.handle);
     assert_eq!(healthz.code, 200, "the node is healthy");
 
     // lb2 also lists lb1's ClusterIP as an externalIP: a second
