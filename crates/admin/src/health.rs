@@ -286,12 +286,11 @@ mod tests {
     /// `s` seconds into a test: both clocks agree.
     fn at(s: u64) -> Moment {
         static START: OnceLock<Instant> = OnceLock::new();
-        let mono = *START.get_or_init(Instant::now);
+        let d = Duration::from_secs(s);
         Moment {
-            wall: UNIX_EPOCH + Duration::from_secs(1_735_787_000),
-            mono,
+            wall: UNIX_EPOCH + Duration::from_secs(1_735_787_000) + d,
+            mono: *START.get_or_init(Instant::now) + d,
         }
-        .plus(Duration::from_secs(s))
     }
 
     /// `s` seconds into a test, with the wall clock stepped by `step`

@@ -166,14 +166,6 @@ impl Moment {
     pub fn since(&self, earlier: Moment) -> Duration {
         self.mono.saturating_duration_since(earlier.mono)
     }
-
-    /// The moment `d` later.
-    pub fn plus(&self, d: Duration) -> Moment {
-        Moment {
-            wall: self.wall + d,
-            mono: self.mono + d,
-        }
-    }
 }
 
 impl PartialOrd for Moment {

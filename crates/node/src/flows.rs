@@ -381,7 +381,7 @@ impl FlowStore {
     /// is held only to copy the flows (no allocation but the page's);
     /// they are written out as records after.
     pub fn query(&self, filter: &FlowFilter, limit: usize) -> FlowsAnswer {
-        let (page, matched, last_seq, capacity, recorded, evicted, not_recorded) = {
+        let (page, mut answer) = {
             let r = self.lock();
             let mut page: Vec<Flow> = Vec::new();
             let mut matched = 0;
@@ -397,25 +397,19 @@ impl FlowStore {
                     page.push(f.clone());
                 }
             }
-            (
-                page,
+            let answer = FlowsAnswer {
+                flows: Vec::new(),
                 matched,
-                r.next_seq - 1,
-                r.capacity,
-                r.recorded.clone(),
-                r.evicted,
-                r.not_recorded,
-            )
+                last_seq: r.next_seq - 1,
+                capacity: r.capacity,
+                recorded: r.recorded.clone(),
+                evicted: r.evicted,
+                not_recorded: r.not_recorded,
+            };
+            (page, answer)
         };
-        FlowsAnswer {
-            flows: page.iter().map(Flow::record).collect(),
-            matched,
-            last_seq,
-            capacity,
-            recorded,
-            evicted,
-            not_recorded,
-        }
+        answer.flows = page.iter().map(Flow::record).collect();
+        answer
     }
 }
 

@@ -773,7 +773,6 @@ impl NodeProxy {
         let p = &mut plane.proxier;
         let family = p.config().nft_family();
         let label = health_family(family).to_string();
-        let t = Instant::now();
         let started = Moment::now();
         if full {
             p.force_full_sync();
@@ -786,7 +785,7 @@ impl NodeProxy {
             requested_full: full,
             trigger,
             started,
-            took: t.elapsed(),
+            took: started.mono.elapsed(),
             ended: Moment::now(),
             result: result.as_ref(),
             udp_pending: plane.udp.pending(),

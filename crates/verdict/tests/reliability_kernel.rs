@@ -88,20 +88,13 @@ fn base(dir: &Path, endpoint: &str) {
 
 /// Starts verdict in the node, its log in `log`; `path` replaces `$PATH`.
 fn start(bed: &TestBed, dir: &Path, log: &Path, extra: &[&str], path: Option<&str>) -> Process {
-    let mut args: Vec<std::ffi::OsString> = vec!["run".into(), "--manifests".into(), dir.into()];
-    for a in [
-        "--hostname-override",
-        "test-node",
-        "--bind-address",
-        "192.168.0.2",
-        "--cluster-cidr",
-        "10.0.0.0/8",
-    ]
-    .iter()
-    .chain(extra)
-    {
-        args.push(a.into());
-    }
+    let mut args: Vec<std::ffi::OsString> = vec!["run".into()];
+    args.extend(
+        node_flags(&dir.to_string_lossy())
+            .into_iter()
+            .map(Into::into),
+    );
+    args.extend(extra.iter().map(Into::into));
     spawn_verdict(bed, args, log, path)
 }
 
