@@ -24,6 +24,8 @@ use crate::cli::{Command, Version};
 const EXIT_CONFIG: u8 = 2;
 
 fn main() -> ExitCode {
+    // Before any thread allocates (see the function).
+    let arenas = verdict_node::memory::limit_arenas();
     let cli = match cli::parse(std::env::args().skip(1)) {
         Ok(c) => c,
         Err(e) => {
@@ -109,6 +111,9 @@ fn main() -> ExitCode {
             configuration = %settings.effective,
             "Using configuration"
         );
+        if let Some(n) = arenas {
+            tracing::debug!(arenas = n, "Allocator arenas capped at one per CPU");
+        }
     }
     for (flag, value) in &cli.given {
         tracing::debug!("FLAG: --{flag}={value:?}");
