@@ -164,11 +164,13 @@ pub(crate) async fn client_config(src: &ApiSource) -> Result<Config, SourceError
 
 /// Keeps what one watch has reported, so that a relist can be turned into
 /// the difference from it (see the module documentation). Only each
-/// object's resourceVersion is kept, not the object: the daemon holds the
-/// objects once.
+/// object's name and resourceVersion are kept, not the object: the daemon
+/// holds the objects once. The name is one allocation and the version
+/// none when it is a number (etcd's are): 60,000 objects at 30,000
+/// Services.
 #[derive(Debug)]
 pub struct Mirror<T> {
-    known: BTreeMap<Key, String>,
+    known: BTreeMap<Box<str>, Version>,
     relisting: Option<BTreeMap<Key, (String, T)>>,
     listed: bool,
 }
@@ -179,6 +181,36 @@ impl<T> Default for Mirror<T> {
             known: BTreeMap::new(),
             relisting: None,
             listed: false,
+        }
+    }
+}
+
+/// An object's namespace and name as one string, `namespace/name` (a
+/// slash is in neither).
+fn joined((namespace, name): &Key) -> Box<str> {
+    format!("{namespace}/{name}").into_boxed_str()
+}
+
+fn split(joined: &str) -> Key {
+    let (namespace, name) = joined.split_once('/').unwrap_or(("", joined));
+    (namespace.to_owned(), name.to_owned())
+}
+
+/// A resourceVersion, compared for equality only (it is opaque): a
+/// decimal number in its one spelling is kept as a number, anything else
+/// as the string.
+#[derive(Debug, PartialEq, Eq)]
+enum Version {
+    Number(u64),
+    Other(Box<str>),
+}
+
+impl Version {
+    fn of(v: &str) -> Version {
+        let canonical = v.bytes().all(|b| b.is_ascii_digit()) && (v == "0" || !v.starts_with('0'));
+        match v.parse() {
+            Ok(n) if canonical => Version::Number(n),
+            _ => Version::Other(v.into()),
         }
     }
 }
@@ -208,9 +240,14 @@ impl<T> Mirror<T> {
         self.listed
     }
 
-    /// The objects known now, with their resourceVersions.
-    pub fn known(&self) -> &BTreeMap<Key, String> {
-        &self.known
+    /// How many objects are known now.
+    pub fn len(&self) -> usize {
+        self.known.len()
+    }
+
+    /// Whether no object is known now.
+    pub fn is_empty(&self) -> bool {
+        self.known.is_empty()
     }
 
     /// Takes one event; returns the changes to apply (`None`: deleted).
@@ -228,31 +265,35 @@ impl<T> Mirror<T> {
             }
             Seen::ListDone => {
                 let fresh = self.relisting.take().unwrap_or_default();
-                let mut out: Vec<(Key, Option<T>)> = self
-                    .known
-                    .keys()
-                    .filter(|k| !fresh.contains_key(*k))
-                    .map(|k| (k.clone(), None))
-                    .collect();
                 let mut known = BTreeMap::new();
+                let mut changed = Vec::new();
                 for (k, (version, obj)) in fresh {
-                    if self.known.get(&k) != Some(&version) {
-                        out.push((k.clone(), Some(obj)));
+                    let name = joined(&k);
+                    let version = Version::of(&version);
+                    if self.known.remove(&name).as_ref() != Some(&version) {
+                        changed.push((k, Some(obj)));
                     }
-                    known.insert(k, version);
+                    known.insert(name, version);
                 }
+                // What is left was not listed: deleted meanwhile.
+                let mut out: Vec<(Key, Option<T>)> =
+                    self.known.keys().map(|k| (split(k), None)).collect();
+                out.extend(changed);
                 self.known = known;
                 self.listed = true;
                 out
             }
             Seen::Applied(key, Some((version, obj))) => {
-                if self.known.get(&key) == Some(&version) {
+                let name = joined(&key);
+                let version = Version::of(&version);
+                if self.known.get(&name) == Some(&version) {
                     return Vec::new();
                 }
-                self.known.insert(key.clone(), version);
+                self.known.insert(name, version);
                 vec![(key, Some(obj))]
             }
-            Seen::Applied(key, None) | Seen::Deleted(key) => match self.known.remove(&key) {
+            Seen::Applied(key, None) | Seen::Deleted(key) => match self.known.remove(&joined(&key))
+            {
                 Some(_) => vec![(key, None)],
                 None => Vec::new(),
             },
@@ -672,7 +713,7 @@ impl Mirrors {
             Watched::Node(Ok(e)) => {
                 let first = !self.nodes.listed();
                 let changes = self.nodes.see(seen(e, |n| Some(node_info(n))));
-                if first && self.nodes.listed() && self.nodes.known().is_empty() {
+                if first && self.nodes.listed() && self.nodes.is_empty() {
                     tracing::warn!(node = %self.node, "no Node object of this name: NodePorts use no node address until it appears (set --hostname-override?)");
                 }
                 out.extend(changes.into_iter().map(|(_, v)| Update::Node(v)));
@@ -701,8 +742,8 @@ impl Mirrors {
         if !self.synced && self.services.listed() && self.slices.listed() && self.nodes.listed() {
             self.synced = true;
             tracing::info!(
-                services = self.services.known().len(),
-                endpoint_slices = self.slices.known().len(),
+                services = self.services.len(),
+                endpoint_slices = self.slices.len(),
                 "initial lists complete"
             );
             out.push(Update::Synced);
@@ -837,7 +878,7 @@ mod tests {
             got,
             vec![(k("c"), None), (k("a"), Some(10)), (k("d"), Some(4))]
         );
-        assert_eq!(m.known().len(), 3);
+        assert_eq!(m.len(), 3);
     }
 
     #[test]
@@ -846,7 +887,52 @@ mod tests {
         listed(&mut m, &[("a", 1)]);
         assert!(m.see(Seen::ListStart).is_empty());
         assert!(m.see(Seen::Listed(k("b"), v(2))).is_empty());
-        assert_eq!(m.known().get(&k("a")).map(String::as_str), Some("1"));
+        // a is still known, at version 1: seeing it so again is no change.
+        assert!(m.see(Seen::Applied(k("a"), v(1))).is_empty());
+        assert_eq!(m.len(), 1);
+    }
+
+    #[test]
+    fn versions_are_opaque_and_only_one_spelling_is_a_number() {
+        assert_eq!(Version::of("12345"), Version::Number(12345));
+        assert_eq!(Version::of("0"), Version::Number(0));
+        // Another spelling of the same number is another version.
+        assert_ne!(Version::of("012345"), Version::of("12345"));
+        assert_ne!(Version::of("+1"), Version::of("1"));
+        assert_eq!(Version::of("abc"), Version::Other("abc".into()));
+        let huge = "123456789012345678901234567890";
+        assert_eq!(Version::of(huge), Version::Other(huge.into()));
+        assert_eq!(Version::of(""), Version::Other("".into()));
+    }
+
+    #[test]
+    fn a_relist_names_what_went_in_every_namespace() {
+        let mut m: Mirror<u32> = Mirror::default();
+        let key = |ns: &str, n: &str| (ns.to_string(), n.to_string());
+        let max = "n".repeat(253);
+        m.see(Seen::ListStart);
+        for (ns, n) in [
+            ("a", "x"),
+            ("a-b", "y"),
+            ("", "cluster-wide"),
+            ("kube-system", max.as_str()),
+        ] {
+            m.see(Seen::Listed(key(ns, n), v(7)));
+        }
+        assert_eq!(m.see(Seen::ListDone).len(), 4);
+        m.see(Seen::ListStart);
+        m.see(Seen::Listed(key("a", "x"), v(7)));
+        let mut gone = m.see(Seen::ListDone);
+        gone.sort();
+        assert_eq!(
+            gone,
+            vec![
+                (key("", "cluster-wide"), None),
+                (key("a-b", "y"), None),
+                (key("kube-system", &max), None)
+            ]
+        );
+        assert_eq!(m.len(), 1);
     }
 
     #[test]
