@@ -855,6 +855,14 @@ impl Proxier {
                 self.contributions.insert(port.clone(), stored);
             }
         }
+        if rebuild {
+            // Filled in the ports' order, each set's map is a B-tree whose
+            // nodes are about two thirds full; rebuilt from its own sorted
+            // entries, they are full (180,000 entries at 30,000 Services).
+            for m in self.desired.values_mut() {
+                *m = std::mem::take(m).into_iter().collect();
+            }
+        }
         if let Some(t) = touched.as_mut() {
             // Which source ranges a firewalled destination allows follows
             // whoever holds it: when that may have changed, every range
@@ -1078,7 +1086,11 @@ impl Proxier {
         }
         // The kernel has it now: record the element changes (every
         // element operation of the transaction is one of these, the
-        // deletions first).
+        // deletions first). A set recorded empty takes its additions in
+        // one piece: a B-tree built from sorted entries fills its nodes,
+        // where one insert after another leaves each about half full
+        // (a cold sync records 180,000 elements at 30,000 Services).
+        let mut added: BTreeMap<&'static str, Vec<(Key, Arc<Element>)>> = BTreeMap::new();
         for op in tx.ops().get(fixed_ops..).unwrap_or_default() {
             match op {
                 verdict_nft::Op::DeleteElement(set, key) => {
@@ -1088,13 +1100,21 @@ impl Proxier {
                 }
                 verdict_nft::Op::AddElement(set, e) => {
                     if let Some(set) = own_set_name(set) {
-                        self.programmed
+                        added
                             .entry(set)
                             .or_default()
-                            .insert(e.key.clone(), e.clone());
+                            .push((e.key.clone(), e.clone()));
                     }
                 }
                 _ => {}
+            }
+        }
+        for (set, elements) in added {
+            let m = self.programmed.entry(set).or_default();
+            if m.is_empty() {
+                *m = elements.into_iter().collect();
+            } else {
+                m.extend(elements);
             }
         }
         self.programmed_chains = wanted_names;
