@@ -173,6 +173,11 @@ impl EndpointSliceCache {
         true
     }
 
+    /// Rebuilds the map of services in one piece (see [`crate::compact`]).
+    pub fn compact(&mut self) {
+        crate::compact(&mut self.services);
+    }
+
     /// Removes a slice. Returns true if it was stored.
     pub fn delete(&mut self, slice: &EndpointSlice) -> bool {
         match slice.service() {

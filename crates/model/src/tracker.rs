@@ -188,10 +188,14 @@ impl ServiceChangeTracker {
     /// Applies pending changes to `map`; returns the services touched.
     pub fn apply(&mut self, map: &mut ServicePortMap) -> ServiceUpdateResult {
         let mut result = ServiceUpdateResult::default();
+        let compact = crate::worth_compacting(self.items.len(), map.len());
         for (name, change) in std::mem::take(&mut self.items) {
             take_service(map, &name);
             map.extend(change.current);
             result.updated_services.insert(name);
+        }
+        if compact {
+            crate::compact(map);
         }
         result
     }
@@ -289,6 +293,7 @@ impl EndpointsChangeTracker {
             last_change_trigger_times: std::mem::take(&mut self.trigger_times),
             ..Default::default()
         };
+        let compact = crate::worth_compacting(self.pending.len(), map.len());
         for service in std::mem::take(&mut self.pending) {
             let previous = take_service(map, &service);
             let current = self.cache.endpoints_for(&service);
@@ -318,6 +323,10 @@ impl EndpointsChangeTracker {
                 result.updated_services.insert(service);
             }
             map.extend(current);
+        }
+        if compact {
+            crate::compact(map);
+            self.cache.compact();
         }
         result
     }
@@ -890,6 +899,72 @@ mod tests {
                 .unwrap_or(0),
             0
         );
+    }
+
+    /// A batch that at least doubles a map is applied, then the map is
+    /// rebuilt in one piece: what it holds, and what later batches do to
+    /// it, are as if it had not been.
+    #[test]
+    fn a_large_batch_is_applied_whole_then_changed_as_usual() {
+        const N: usize = 2_500;
+        let mut services = ServiceChangeTracker::new(IpFamily::V4);
+        let mut endpoints = EndpointsChangeTracker::new(IpFamily::V4, "node1");
+        let ip = |i: usize| format!("10.{}.{}.{}", i / 65_536, (i / 256) % 256, i % 256);
+        for i in (0..N).rev() {
+            let name = format!("s{i:05}");
+            services.update(None, Some(&svc(&name, &ip(i), 80)));
+            let eps = vec![sep(&ip(100_000 + i))];
+            endpoints.update(
+                &slice(&name, &format!("{name}-1"), 8080, Protocol::Tcp, eps),
+                false,
+            );
+        }
+        let (mut ports, mut eps) = (ServicePortMap::new(), EndpointsMap::new());
+        assert_eq!(services.apply(&mut ports).updated_services.len(), N);
+        assert_eq!(endpoints.apply(&mut eps).updated_services.len(), N);
+        assert_eq!((ports.len(), eps.len()), (N, N));
+        assert!(ports.keys().zip(ports.keys().skip(1)).all(|(a, b)| a < b));
+        assert_eq!(
+            eps[&spn("s01234", Protocol::Tcp)][0].ip.to_string(),
+            ip(101_234)
+        );
+        // Then one Service and one slice change, and one of each goes.
+        services.update(None, Some(&svc("s00007", "10.9.9.9", 81)));
+        services.update(Some(&svc("s00008", &ip(8), 80)), None);
+        let moved = vec![sep("10.250.0.1")];
+        endpoints.update(
+            &slice("s00009", "s00009-1", 8080, Protocol::Tcp, moved),
+            false,
+        );
+        endpoints.update(
+            &slice("s00010", "s00010-1", 8080, Protocol::Tcp, vec![]),
+            true,
+        );
+        services.apply(&mut ports);
+        let r = endpoints.apply(&mut eps);
+        assert_eq!(ports.len(), N - 1);
+        assert_eq!(ports[&spn("s00007", Protocol::Tcp)].port, 81);
+        assert_eq!(eps.len(), N - 1);
+        assert_eq!(
+            eps[&spn("s00009", Protocol::Tcp)][0].ip.to_string(),
+            "10.250.0.1"
+        );
+        assert_eq!(r.updated_services.len(), 2);
+        assert_eq!(endpoints.cache().services().count(), N - 1);
+    }
+
+    #[test]
+    fn only_a_batch_that_at_least_doubles_a_map_rebuilds_it() {
+        assert!(crate::worth_compacting(30_000, 0));
+        assert!(crate::worth_compacting(30_000, 30_000));
+        assert!(!crate::worth_compacting(29_999, 30_000));
+        // Small maps are left as they are.
+        assert!(!crate::worth_compacting(999, 0));
+        let mut m: BTreeMap<u32, u32> = (0..5_000).map(|i| (i, i * 2)).collect();
+        m.insert(7, 1);
+        let before: Vec<(u32, u32)> = m.clone().into_iter().collect();
+        crate::compact(&mut m);
+        assert_eq!(m.into_iter().collect::<Vec<_>>(), before);
     }
 
     #[test]

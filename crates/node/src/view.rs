@@ -438,8 +438,12 @@ impl NodeHandle {
             return;
         }
         let mut s = self.0.services.write().unwrap_or_else(|e| e.into_inner());
+        let compact = verdict_model::worth_compacting(views.len(), s.by_name.len());
         for (name, view) in views {
             s.put(name, view);
+        }
+        if compact {
+            verdict_model::compact(&mut s.by_name);
         }
     }
 
