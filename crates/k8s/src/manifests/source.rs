@@ -245,7 +245,11 @@ pub struct Manifests {
     files: BTreeMap<PathBuf, File>,
     /// For each Service and EndpointSlice, the files defining it, in name
     /// order: the first one's definition is used.
-    owners: HashMap<Id, Owned>,
+    /// A B-tree rebuilt in one piece after a load that at least doubles
+    /// it (`verdict_model::compact`): 3.9 MiB at 30,000 Services, where a
+    /// hash table of the same entries took 8.5 MiB (twice as many slots
+    /// as entries, and each rounded to 64 bytes).
+    owners: BTreeMap<Id, Owned>,
     /// The keys of [`Manifests::id`] (SipHash with keys of this process's
     /// own: no name can be crafted to collide with another).
     prints: [RandomState; 2],
@@ -278,7 +282,7 @@ impl Manifests {
             path: path.to_path_buf(),
             node_name: node_name.to_owned(),
             files: BTreeMap::new(),
-            owners: HashMap::new(),
+            owners: BTreeMap::new(),
             prints: [RandomState::new(), RandomState::new()],
             node: None,
             cidrs: Vec::new(),
@@ -605,6 +609,7 @@ impl Manifests {
         entry.cidrs = parsed.service_cidrs;
         let old_services = std::mem::take(&mut entry.services);
         let old_slices = std::mem::take(&mut entry.slices);
+        let owned_before = self.owners.len();
         let mut services = Vec::with_capacity(parsed.services.len());
         for s in parsed.services {
             let key = (s.namespace.clone(), s.name.clone());
@@ -625,6 +630,10 @@ impl Manifests {
         }
         self.disown(Kind::Service, old_services, &services, &id, out, todo);
         self.disown(Kind::Slice, old_slices, &slices, &id, out, todo);
+        let added = self.owners.len().saturating_sub(owned_before);
+        if verdict_model::worth_compacting(added, owned_before) {
+            verdict_model::compact(&mut self.owners);
+        }
         if let Some(entry) = self.files.get_mut(file) {
             entry.services = services;
             entry.slices = slices;
@@ -644,11 +653,11 @@ impl Manifests {
     fn own(&mut self, kind: Kind, key: &Key, file: &Arc<Path>, out: &mut Refresh) -> (Id, bool) {
         let id = self.id(kind, key);
         let owned = match self.owners.entry(id) {
-            std::collections::hash_map::Entry::Vacant(v) => {
+            std::collections::btree_map::Entry::Vacant(v) => {
                 v.insert(Owned::new(key, file));
                 return (id, true);
             }
-            std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+            std::collections::btree_map::Entry::Occupied(o) => o.into_mut(),
         };
         if !owned.is(key) {
             // Two names with one fingerprint: 2^-128 per pair, and keyed
