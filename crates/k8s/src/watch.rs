@@ -602,22 +602,22 @@ async fn watch_all(client: Client, node: String, tx: Sender<Vec<Update>>) {
     let mut mirrors = Mirrors::new(node);
     // Batches sent since this thread's allocator was last settled.
     let mut unsettled = false;
+    // And the run loop's requests after a full sync, which freed objects
+    // this thread's arena holds: looked at once a quiet second.
+    let mut requests = verdict_model::SettleRequests::new();
     loop {
-        let next = if unsettled {
-            match tokio::time::timeout(SETTLE_AFTER, all.next()).await {
-                Ok(next) => next,
-                Err(_) => {
-                    // The batch's objects were made here and freed by
-                    // the node's thread, into this thread's arena: the
-                    // next watch event would merge them (17 ms after a
-                    // cold start at 30,000 Services).
+        let next = match tokio::time::timeout(SETTLE_AFTER, all.next()).await {
+            Ok(next) => next,
+            Err(_) => {
+                // The batch's objects were made here and freed by the
+                // node's thread, into this thread's arena: the next watch
+                // event would merge them (17 ms after a cold start at
+                // 30,000 Services).
+                if std::mem::take(&mut unsettled) | requests.due() {
                     verdict_model::settle_allocator();
-                    unsettled = false;
-                    continue;
                 }
+                continue;
             }
-        } else {
-            all.next().await
         };
         let Some(w) = next else {
             return;

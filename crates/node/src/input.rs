@@ -76,10 +76,13 @@ pub fn manifests(path: &Path, node_name: &str, tx: Sender<Input>) -> bool {
         // thread made those) into this thread's arena, where the next
         // parse would merge them (1.5 ms added to the first edit after a
         // cold start at 30,000 Services). A quiet second settles it.
+        // So does the run loop's request after a full sync (it freed
+        // objects this thread's arena holds).
         let mut unsettled = false;
+        let mut requests = verdict_model::SettleRequests::new();
         loop {
             let Some(r) = m.changes(Duration::from_secs(1)) else {
-                if std::mem::take(&mut unsettled) {
+                if std::mem::take(&mut unsettled) | requests.due() {
                     verdict_model::settle_allocator();
                 }
                 continue;

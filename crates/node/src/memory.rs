@@ -9,8 +9,8 @@
 //! pages stay resident. [`trim`] merges every arena's free chunks and
 //! returns their free pages at once.
 //!
-//! [`limit_arenas`] keeps the arenas few: one per CPU verdict may run on,
-//! not glibc's eight.
+//! [`tune_allocator`] keeps the arenas few (one per CPU verdict may run
+//! on, not glibc's eight) and maps large buffers of their own.
 
 /// Merges the free chunks of every allocator arena and returns the free
 /// pages to the system (glibc's `malloc_trim`). Call after a full sync,
@@ -28,54 +28,106 @@ pub fn trim() {
     }
 }
 
-/// Caps glibc's allocator arenas at one per CPU this process may run on
-/// (glibc's default is eight per CPU), unless the operator set the cap
-/// (`MALLOC_ARENA_MAX`, or `arena_max` in `GLIBC_TUNABLES`). Call first
-/// thing in `main`, before any other thread allocates: glibc reads the cap
-/// when a thread first needs an arena.
-///
-/// Why: the threads that parse manifests or compute a full sync's elements
-/// each take an arena of their own, and the long-lived objects they make
-/// (a Service, an element) sit between the short-lived ones (the parser's
-/// documents) in pages that stay resident after those are freed. At 30,000
-/// Services, 43 MiB of the arenas' 60 MiB was such free space, in pages no
-/// trim can return. With one arena per CPU the threads reuse each other's
-/// free space: 219 -> 199 MiB peak RSS from manifests and 239 -> 202-216
-/// MiB from the API server, with the cold start as fast
-/// (`docs/bench/memory.md`). Returns the cap set, if any.
-pub fn limit_arenas() -> Option<usize> {
-    let cpus = std::thread::available_parallelism().map_or(1, usize::from);
-    let tunables = std::env::var("GLIBC_TUNABLES").ok();
-    let cap = arena_cap(
-        std::env::var_os("MALLOC_ARENA_MAX").is_some(),
-        tunables.as_deref(),
-        cpus,
-    )?;
-    set_arena_max(cap)
+/// How [`tune_allocator`] set glibc's allocator.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Tuning {
+    /// The arena cap set (none where the operator chose one).
+    pub arenas: Option<usize>,
+    /// The fixed mmap threshold set, in bytes (likewise).
+    pub mmap_threshold: Option<usize>,
 }
 
-/// The arena cap to set: none where the operator chose one.
-fn arena_cap(malloc_arena_max: bool, tunables: Option<&str>, cpus: usize) -> Option<usize> {
-    let in_tunables = tunables.is_some_and(|t| {
-        t.split(':')
-            .any(|kv| kv.split('=').next() == Some("glibc.malloc.arena_max"))
-    });
-    (!malloc_arena_max && !in_tunables).then_some(cpus.max(1))
+/// Allocations this large or larger get pages of their own, returned when
+/// they are freed.
+pub const MMAP_THRESHOLD: usize = 1 << 20;
+
+/// Sets glibc's allocator for a daemon that keeps a large heap of small,
+/// long-lived objects and makes large buffers now and then; call first
+/// thing in `main`, before any other thread allocates (glibc reads the
+/// arena cap when a thread first needs an arena). A setting the operator
+/// made (`MALLOC_ARENA_MAX`, `MALLOC_MMAP_THRESHOLD_`, or the same in
+/// `GLIBC_TUNABLES`) is left alone.
+///
+/// - **One arena per CPU** this process may run on, not glibc's eight.
+///   The threads that parse manifests each took an arena of their own,
+///   and the long-lived objects they make (names, a Service's record) sat
+///   between the parser's freed documents in pages no trim can return: at
+///   30,000 Services, 43 of the arenas' 60 MiB. With one arena per CPU the
+///   threads reuse each other's free space.
+/// - **A fixed mmap threshold of 1 MiB.** glibc raises its threshold to
+///   the size of each mapped buffer freed, up to 32 MiB, so after the
+///   first large buffer (a manifest file's text, a transaction, a netlink
+///   batch) the next ones come from the heap, and the holes they leave
+///   between long-lived objects stay resident.
+///
+/// Peak RSS at 30,000 Services: 219 -> 198 MiB from manifests and 239 ->
+/// 202-216 MiB from the API server with the arena cap, then 174 -> 165
+/// MiB with the threshold, the cold start as fast (`docs/bench/memory.md`).
+pub fn tune_allocator() -> Tuning {
+    let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+    let tunables = std::env::var("GLIBC_TUNABLES").ok();
+    let env = |name: &str| std::env::var_os(name).is_some();
+    let want = tuning(
+        |name| env(&format!("MALLOC_{}", name.to_uppercase())),
+        tunables.as_deref(),
+        cpus,
+    );
+    Tuning {
+        arenas: want.arenas.and_then(set_arena_max),
+        mmap_threshold: want.mmap_threshold.and_then(set_mmap_threshold),
+    }
+}
+
+/// What to set, given which of glibc's variables the operator set
+/// (`env("arena_max")`: whether `MALLOC_ARENA_MAX` is), `GLIBC_TUNABLES`
+/// and the CPUs.
+fn tuning(env: impl Fn(&str) -> bool, tunables: Option<&str>, cpus: usize) -> Tuning {
+    let chosen = |name: &str| {
+        let tunable = format!("glibc.malloc.{name}");
+        env(if name == "mmap_threshold" {
+            "mmap_threshold_"
+        } else {
+            name
+        }) || tunables.is_some_and(|t| {
+            t.split(':')
+                .any(|kv| kv.split('=').next() == Some(tunable.as_str()))
+        })
+    };
+    Tuning {
+        arenas: (!chosen("arena_max")).then_some(cpus.max(1)),
+        mmap_threshold: (!chosen("mmap_threshold")).then_some(MMAP_THRESHOLD),
+    }
+}
+
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn mallopt(param: libc::c_int, n: usize) -> Option<usize> {
+    let value = libc::c_int::try_from(n).ok()?;
+    // SAFETY: `mallopt` takes two integers and no pointer. M_ARENA_MAX
+    // sets the limit glibc reads when a thread next needs an arena, and
+    // M_MMAP_THRESHOLD the size from which later requests are mapped;
+    // neither changes memory already handed out.
+    #[allow(unsafe_code)]
+    let ok = unsafe { libc::mallopt(param, value) };
+    (ok == 1).then_some(n)
 }
 
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 fn set_arena_max(n: usize) -> Option<usize> {
-    let value = libc::c_int::try_from(n).ok()?;
-    // SAFETY: `mallopt` takes two integers and no pointer; M_ARENA_MAX only
-    // sets the limit glibc reads when a thread next needs an arena, and
-    // changes no arena that exists.
-    #[allow(unsafe_code)]
-    let ok = unsafe { libc::mallopt(libc::M_ARENA_MAX, value) };
-    (ok == 1).then_some(n)
+    mallopt(libc::M_ARENA_MAX, n)
+}
+
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn set_mmap_threshold(n: usize) -> Option<usize> {
+    mallopt(libc::M_MMAP_THRESHOLD, n)
 }
 
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
 fn set_arena_max(_: usize) -> Option<usize> {
+    None
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn set_mmap_threshold(_: usize) -> Option<usize> {
     None
 }
 
@@ -84,21 +136,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_arena_cap_is_one_per_cpu_unless_the_operator_set_one() {
-        assert_eq!(arena_cap(false, None, 2), Some(2));
-        assert_eq!(arena_cap(false, None, 0), Some(1));
-        assert_eq!(
-            arena_cap(false, Some("glibc.malloc.trim_threshold=1"), 4),
-            Some(4)
+    fn each_setting_is_made_unless_the_operator_made_it() {
+        let none = |_: &str| false;
+        let both = Tuning {
+            arenas: Some(2),
+            mmap_threshold: Some(MMAP_THRESHOLD),
+        };
+        assert_eq!(tuning(none, None, 2), both);
+        assert_eq!(tuning(none, None, 0).arenas, Some(1));
+        assert_eq!(tuning(none, Some("glibc.malloc.trim_threshold=1"), 2), both);
+        // MALLOC_ARENA_MAX, MALLOC_MMAP_THRESHOLD_ (glibc's spelling).
+        let t = tuning(|n| n == "arena_max", None, 4);
+        assert_eq!((t.arenas, t.mmap_threshold), (None, Some(MMAP_THRESHOLD)));
+        let t = tuning(|n| n == "mmap_threshold_", None, 4);
+        assert_eq!((t.arenas, t.mmap_threshold), (Some(4), None));
+        let t = tuning(
+            none,
+            Some("glibc.malloc.mmap_max=0:glibc.malloc.arena_max=8"),
+            4,
         );
-        assert_eq!(arena_cap(true, None, 4), None);
-        assert_eq!(
-            arena_cap(
-                false,
-                Some("glibc.malloc.mmap_max=0:glibc.malloc.arena_max=8"),
-                4
-            ),
-            None
-        );
+        assert_eq!((t.arenas, t.mmap_threshold), (None, Some(MMAP_THRESHOLD)));
+        let t = tuning(none, Some("glibc.malloc.mmap_threshold=65536"), 4);
+        assert_eq!((t.arenas, t.mmap_threshold), (Some(4), None));
     }
 }

@@ -25,7 +25,7 @@ const EXIT_CONFIG: u8 = 2;
 
 fn main() -> ExitCode {
     // Before any thread allocates (see the function).
-    let arenas = verdict_node::memory::limit_arenas();
+    let allocator = verdict_node::memory::tune_allocator();
     let cli = match cli::parse(std::env::args().skip(1)) {
         Ok(c) => c,
         Err(e) => {
@@ -111,9 +111,11 @@ fn main() -> ExitCode {
             configuration = %settings.effective,
             "Using configuration"
         );
-        if let Some(n) = arenas {
-            tracing::debug!(arenas = n, "Allocator arenas capped at one per CPU");
-        }
+        tracing::debug!(
+            arenas = ?allocator.arenas,
+            mmap_threshold = ?allocator.mmap_threshold,
+            "Allocator tuned (none: as the operator set it)"
+        );
     }
     for (flag, value) in &cli.given {
         tracing::debug!("FLAG: --{flag}={value:?}");
