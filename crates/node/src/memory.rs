@@ -19,9 +19,9 @@
 /// with glibc it does nothing.
 pub fn trim() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: `malloc_trim` takes no
-    // pointer and has no precondition; it walks the allocator's own free
-    // lists under their locks, and any thread may call it at any time.
+    // SAFETY: `malloc_trim` takes no pointer and has no precondition; it
+    // walks the allocator's own free lists under their locks, and any
+    // thread may call it at any time.
     #[allow(unsafe_code)]
     unsafe {
         libc::malloc_trim(0);
@@ -61,14 +61,15 @@ pub const MMAP_THRESHOLD: usize = 1 << 20;
 ///   between long-lived objects stay resident.
 ///
 /// Peak RSS at 30,000 Services: 219 -> 198 MiB from manifests and 239 ->
-/// 202-216 MiB from the API server with the arena cap, then 174 -> 165
-/// MiB with the threshold, the cold start as fast (`docs/bench/memory.md`).
+/// 202-216 MiB from the API server with the arena cap; then, with the
+/// threshold, 175 -> 167 MiB and 187-188 -> 174-179 MiB. The cold start
+/// is as fast (`docs/bench/memory.md`).
 pub fn tune_allocator() -> Tuning {
     let cpus = std::thread::available_parallelism().map_or(1, usize::from);
     let tunables = std::env::var("GLIBC_TUNABLES").ok();
-    let env = |name: &str| std::env::var_os(name).is_some();
     let want = tuning(
-        |name| env(&format!("MALLOC_{}", name.to_uppercase())),
+        std::env::var_os("MALLOC_ARENA_MAX").is_some(),
+        std::env::var_os("MALLOC_MMAP_THRESHOLD_").is_some(),
         tunables.as_deref(),
         cpus,
     );
@@ -78,24 +79,17 @@ pub fn tune_allocator() -> Tuning {
     }
 }
 
-/// What to set, given which of glibc's variables the operator set
-/// (`env("arena_max")`: whether `MALLOC_ARENA_MAX` is), `GLIBC_TUNABLES`
-/// and the CPUs.
-fn tuning(env: impl Fn(&str) -> bool, tunables: Option<&str>, cpus: usize) -> Tuning {
-    let chosen = |name: &str| {
-        let tunable = format!("glibc.malloc.{name}");
-        env(if name == "mmap_threshold" {
-            "mmap_threshold_"
-        } else {
-            name
-        }) || tunables.is_some_and(|t| {
-            t.split(':')
-                .any(|kv| kv.split('=').next() == Some(tunable.as_str()))
-        })
+/// What to set, given whether the operator set `MALLOC_ARENA_MAX` and
+/// `MALLOC_MMAP_THRESHOLD_`, `GLIBC_TUNABLES`, and the CPUs.
+fn tuning(arena_env: bool, mmap_env: bool, tunables: Option<&str>, cpus: usize) -> Tuning {
+    let tuned = |name: &str| {
+        tunables.is_some_and(|t| t.split(':').any(|kv| kv.split('=').next() == Some(name)))
     };
+    let arenas = arena_env || tuned("glibc.malloc.arena_max");
+    let mmap = mmap_env || tuned("glibc.malloc.mmap_threshold");
     Tuning {
-        arenas: (!chosen("arena_max")).then_some(cpus.max(1)),
-        mmap_threshold: (!chosen("mmap_threshold")).then_some(MMAP_THRESHOLD),
+        arenas: (!arenas).then_some(cpus.max(1)),
+        mmap_threshold: (!mmap).then_some(MMAP_THRESHOLD),
     }
 }
 
@@ -137,26 +131,25 @@ mod tests {
 
     #[test]
     fn each_setting_is_made_unless_the_operator_made_it() {
-        let none = |_: &str| false;
         let both = Tuning {
             arenas: Some(2),
             mmap_threshold: Some(MMAP_THRESHOLD),
         };
-        assert_eq!(tuning(none, None, 2), both);
-        assert_eq!(tuning(none, None, 0).arenas, Some(1));
-        assert_eq!(tuning(none, Some("glibc.malloc.trim_threshold=1"), 2), both);
-        // MALLOC_ARENA_MAX, MALLOC_MMAP_THRESHOLD_ (glibc's spelling).
-        let t = tuning(|n| n == "arena_max", None, 4);
+        assert_eq!(tuning(false, false, None, 2), both);
+        assert_eq!(tuning(false, false, None, 0).arenas, Some(1));
+        let other = Some("glibc.malloc.trim_threshold=1");
+        assert_eq!(tuning(false, false, other, 2), both);
+        // MALLOC_ARENA_MAX, MALLOC_MMAP_THRESHOLD_.
+        let t = tuning(true, false, None, 4);
         assert_eq!((t.arenas, t.mmap_threshold), (None, Some(MMAP_THRESHOLD)));
-        let t = tuning(|n| n == "mmap_threshold_", None, 4);
+        let t = tuning(false, true, None, 4);
         assert_eq!((t.arenas, t.mmap_threshold), (Some(4), None));
-        let t = tuning(
-            none,
-            Some("glibc.malloc.mmap_max=0:glibc.malloc.arena_max=8"),
-            4,
-        );
+        // The same in GLIBC_TUNABLES, among others.
+        let arenas = Some("glibc.malloc.mmap_max=0:glibc.malloc.arena_max=8");
+        let t = tuning(false, false, arenas, 4);
         assert_eq!((t.arenas, t.mmap_threshold), (None, Some(MMAP_THRESHOLD)));
-        let t = tuning(none, Some("glibc.malloc.mmap_threshold=65536"), 4);
+        let mmap = Some("glibc.malloc.mmap_threshold=65536");
+        let t = tuning(false, false, mmap, 4);
         assert_eq!((t.arenas, t.mmap_threshold), (Some(4), None));
     }
 }
