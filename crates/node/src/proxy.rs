@@ -652,10 +652,8 @@ impl NodeProxy {
     /// logged and skipped; the rest keeps working.
     pub fn apply(&mut self, updates: Vec<Update>) -> bool {
         let mut changed = false;
-        let compact = verdict_model::worth_compacting(
-            updates.len(),
-            self.services.len() + self.slices.len(),
-        );
+        let compact =
+            verdict_model::worth_compacting(updates.len(), self.services.len() + self.slices.len());
         for u in updates {
             changed |= match u {
                 Update::Service(key, s) => self.set_service(key, s),

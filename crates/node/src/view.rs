@@ -68,11 +68,8 @@ impl ServiceView {
         // vector starts with room for four).
         let mut families = Vec::with_capacity(proxiers.len());
         for p in proxiers {
-            let mut intents: BTreeMap<ServicePortName, Intent> = p
-                .intent_of(name)
-                .into_iter()
-                .map(|i| (i.port.clone(), i))
-                .collect();
+            let mut intents: BTreeMap<ServicePortName, Intent> =
+                p.intent_of(name).into_iter().collect();
             let mut ports: Vec<PortView> = p
                 .service_ports()
                 .range(ServicePortName::first_of(name)..)

@@ -135,15 +135,15 @@ impl std::fmt::Display for Conflict {
     }
 }
 
-/// What one service port asks of the table ([`Proxier::intent_of`]).
+/// What one service port asks of the table ([`Proxier::intent_of`]). The
+/// read model keeps one per service port (30,000 and more): it holds no
+/// copy of the port's name and its chains unformatted.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Intent {
-    /// The service port.
-    pub port: ServicePortName,
     /// Its elements.
     pub elements: Vec<IntendedElement>,
-    /// The shared chains its elements jump to.
-    pub chains: Vec<String>,
+    /// The shared chains its elements jump to, in order.
+    pub chains: Box<[DynChain]>,
 }
 
 /// One element a service port wants.
@@ -509,7 +509,7 @@ impl Proxier {
     /// Everything the ports of `svc` ask of the table: each element with
     /// whether it is the one programmed for its key (another service may
     /// claim the same key first), and the shared chains they jump to.
-    pub fn intent_of(&self, svc: &NamespacedName) -> Vec<Intent> {
+    pub fn intent_of(&self, svc: &NamespacedName) -> Vec<(ServicePortName, Intent)> {
         let mut out = Vec::new();
         for (port, stored) in self
             .contributions
@@ -530,11 +530,13 @@ impl Proxier {
                     });
                 }
             }
-            out.push(Intent {
-                port: port.clone(),
-                elements,
-                chains: stored.chains.iter().map(ToString::to_string).collect(),
-            });
+            out.push((
+                port.clone(),
+                Intent {
+                    elements,
+                    chains: stored.chains.clone(),
+                },
+            ));
         }
         out
     }

@@ -732,8 +732,8 @@ fn recorded(fx: &Fixture, services: usize) -> Vec<String> {
     let mut out = Vec::new();
     for i in 0..services {
         let name = verdict_model::NamespacedName::new("ns", format!("s{i}"));
-        for intent in fx.proxier.intent_of(&name) {
-            out.push(format!("{intent:?}"));
+        for (port, intent) in fx.proxier.intent_of(&name) {
+            out.push(format!("{port} {intent:?}"));
             for e in &intent.elements {
                 let owners = fx.proxier.owners_of(e.set, &e.element.key);
                 out.push(format!("{} {:?} {owners:?}", e.set, e.element.key));

@@ -1198,7 +1198,9 @@ pub fn explain(
                     has_usable_endpoints: cat.has_any_endpoints,
                     endpoints,
                     elements,
-                    chains: intent.map(|i| i.chains.clone()).unwrap_or_default(),
+                    chains: intent
+                        .map(|i| i.chains.iter().map(ToString::to_string).collect())
+                        .unwrap_or_default(),
                     counts: None,
                 }),
             });
