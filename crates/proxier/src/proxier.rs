@@ -211,26 +211,18 @@ impl Owners {
     }
 
     fn remove(&mut self, owner: &ServicePortName) {
-        let Some(rest) = &mut self.rest else {
-            if self
-                .first
-                .as_ref()
-                .is_some_and(|(o, _)| o.as_ref() == owner)
-            {
-                self.first = None;
-            }
-            return;
-        };
         if self
             .first
             .as_ref()
             .is_some_and(|(o, _)| o.as_ref() == owner)
         {
-            self.first = Some(rest.remove(0));
-        } else if let Ok(i) = rest.binary_search_by(|(o, _)| o.as_ref().cmp(owner)) {
+            self.first = self.rest.as_mut().map(|r| r.remove(0));
+        } else if let Some(rest) = &mut self.rest
+            && let Ok(i) = rest.binary_search_by(|(o, _)| o.as_ref().cmp(owner))
+        {
             rest.remove(i);
         }
-        if rest.is_empty() {
+        if self.rest.as_ref().is_some_and(|r| r.is_empty()) {
             self.rest = None;
         }
     }
@@ -1315,55 +1307,33 @@ impl Proxier {
     /// owners of a key in name order, a port's keys in its elements' order,
     /// each key stored once.
     fn contribute_all(&mut self, ports: &[ServicePortName], computed: Vec<Option<Contribution>>) {
-        /// An element waiting for its set's map: its key, the index of its
-        /// port (in `owners`), its place among the port's elements.
-        type Staged = (Key, usize, usize, Element);
+        /// An element waiting for its set's map: the index of its port (in
+        /// `owners`), its place among the port's elements, the element.
+        type Staged = (usize, usize, Element);
         let mut owners: Vec<Owner> = Vec::with_capacity(ports.len());
         let mut stored: Vec<Stored> = Vec::with_capacity(ports.len());
         let mut staged: BTreeMap<&'static str, Vec<Staged>> = BTreeMap::new();
         for (port, c) in ports.iter().zip(computed) {
             let Some(c) = c else { continue };
             let i = owners.len();
-            let owner = Arc::new(port.clone());
-            for (entry, allowed) in &c.affinity {
-                self.affinity_allowed
-                    .entry(entry.clone())
-                    .or_default()
-                    .insert(port.clone(), allowed.clone());
-                self.affinity_dirty = true;
+            let (elements, mut s) = self.account(port, c);
+            for (at, (set, e)) in elements.into_iter().enumerate() {
+                s.keys.push((set, e.key.clone()));
+                staged.entry(set).or_default().push((i, at, e));
             }
-            self.no_local.0 += usize::from(c.no_local_internal);
-            self.no_local.1 += usize::from(c.no_local_external);
-            for chain in &c.chains {
-                *self.chain_refs.entry(*chain).or_default() += 1;
-            }
-            let mut keys = Vec::with_capacity(c.elements.len());
-            for (at, (set, e)) in c.elements.into_iter().enumerate() {
-                keys.push((set, e.key.clone()));
-                staged
-                    .entry(set)
-                    .or_default()
-                    .push((e.key.clone(), i, at, e));
-            }
-            owners.push(owner);
-            stored.push(Stored {
-                keys,
-                chains: c.chains.into_iter().collect(),
-                no_local_internal: c.no_local_internal,
-                no_local_external: c.no_local_external,
-                affinity: c.affinity,
-            });
+            owners.push(Arc::new(port.clone()));
+            stored.push(s);
         }
         for (set, mut elements) in staged {
             // Stable: one port's elements of one key stay in their order,
             // and the last is the one kept, as one insert after another.
-            elements.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1)));
+            elements.sort_by(|a, b| a.2.key.cmp(&b.2.key).then(a.0.cmp(&b.0)));
             let destination = DESTINATIONS.contains(&set);
             let mut entries: Vec<(Key, Owners)> = Vec::with_capacity(elements.len());
-            for (key, i, at, mut e) in elements {
+            for (i, at, mut e) in elements {
                 let owner = &owners[i];
                 match entries.last_mut() {
-                    Some((k, o)) if *k == key => {
+                    Some((k, o)) if *k == e.key => {
                         // Stored once: the element and the port's list of
                         // keys take the first allocation of it.
                         e.key = k.clone();
@@ -1377,6 +1347,7 @@ impl Proxier {
                     }
                     _ => {
                         let mut o = Owners::default();
+                        let key = e.key.clone();
                         o.insert(owner.clone(), Arc::new(e));
                         entries.push((key, o));
                     }
@@ -1391,23 +1362,45 @@ impl Proxier {
             .collect();
     }
 
+    /// Records what `port`'s contribution asks besides its elements (the
+    /// affinity entries it allows, the no-local counts, its references to
+    /// shared chains), and returns its elements and its record, whose keys
+    /// the caller fills as it stores them.
+    fn account(
+        &mut self,
+        port: &ServicePortName,
+        c: Contribution,
+    ) -> (Vec<(&'static str, Element)>, Stored) {
+        for (entry, allowed) in &c.affinity {
+            self.affinity_allowed
+                .entry(entry.clone())
+                .or_default()
+                .insert(port.clone(), allowed.clone());
+            self.affinity_dirty = true;
+        }
+        self.no_local.0 += usize::from(c.no_local_internal);
+        self.no_local.1 += usize::from(c.no_local_external);
+        for chain in &c.chains {
+            *self.chain_refs.entry(*chain).or_default() += 1;
+        }
+        let stored = Stored {
+            keys: Vec::with_capacity(c.elements.len()),
+            chains: c.chains.into_iter().collect(),
+            no_local_internal: c.no_local_internal,
+            no_local_external: c.no_local_external,
+            affinity: c.affinity,
+        };
+        (c.elements, stored)
+    }
+
     fn contribute(
         &mut self,
         owner: Owner,
         c: Contribution,
         mut touched: Option<&mut BTreeSet<SetKey>>,
     ) -> Stored {
-        for (entry, allowed) in &c.affinity {
-            self.affinity_allowed
-                .entry(entry.clone())
-                .or_default()
-                .insert(owner.as_ref().clone(), allowed.clone());
-            self.affinity_dirty = true;
-        }
-        self.no_local.0 += usize::from(c.no_local_internal);
-        self.no_local.1 += usize::from(c.no_local_external);
-        let mut keys = Vec::with_capacity(c.elements.len());
-        for (set, mut e) in c.elements {
+        let (elements, mut stored) = self.account(&owner, c);
+        for (set, mut e) in elements {
             let m = self.desired.entry(set).or_default();
             // The key as the map has it already (other owners, or the
             // element programmed), so that each key is stored once: the
@@ -1433,18 +1426,9 @@ impl Proxier {
             if let Some(t) = touched.as_deref_mut() {
                 t.insert((set, key.clone()));
             }
-            keys.push((set, key));
+            stored.keys.push((set, key));
         }
-        for chain in &c.chains {
-            *self.chain_refs.entry(*chain).or_default() += 1;
-        }
-        Stored {
-            keys,
-            chains: c.chains.into_iter().collect(),
-            no_local_internal: c.no_local_internal,
-            no_local_external: c.no_local_external,
-            affinity: c.affinity,
-        }
+        stored
     }
 
     /// The elements read back from `set`, as the record of the kernel
