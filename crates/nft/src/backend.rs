@@ -36,6 +36,23 @@ pub trait Backend {
         set_elements(self.table(family, table)?.as_ref(), family, table, set)
     }
 
+    /// Calls `each` with every element of one set or map as it is read, in
+    /// no particular order: a reader that compares them holds no more of
+    /// the set than one reply. An element may come twice if the set
+    /// changes while it is read.
+    fn each_element(
+        &mut self,
+        family: Family,
+        table: &str,
+        set: &str,
+        each: &mut dyn FnMut(Element),
+    ) -> Result<(), NftError> {
+        for e in self.elements(family, table, set)? {
+            each(e);
+        }
+        Ok(())
+    }
+
     /// One set or map with its elements and their counters (`None`: the
     /// table or the set does not exist); cheaper than the whole table.
     fn set(
@@ -143,6 +160,16 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
         set: &str,
     ) -> Result<Vec<Element>, NftError> {
         (**self).elements(family, table, set)
+    }
+
+    fn each_element(
+        &mut self,
+        family: Family,
+        table: &str,
+        set: &str,
+        each: &mut dyn FnMut(Element),
+    ) -> Result<(), NftError> {
+        (**self).each_element(family, table, set, each)
     }
 
     fn generation(&mut self) -> Result<Option<u32>, NftError> {
@@ -448,6 +475,16 @@ impl<B: Backend> Backend for Counting<B> {
         set: &str,
     ) -> Result<Vec<Element>, NftError> {
         self.inner.elements(family, table, set)
+    }
+
+    fn each_element(
+        &mut self,
+        family: Family,
+        table: &str,
+        set: &str,
+        each: &mut dyn FnMut(Element),
+    ) -> Result<(), NftError> {
+        self.inner.each_element(family, table, set, each)
     }
 
     fn generation(&mut self) -> Result<Option<u32>, NftError> {

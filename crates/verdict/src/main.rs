@@ -18,14 +18,29 @@ mod version;
 
 use std::process::ExitCode;
 
+/// mimalloc (see `verdict_node::memory`).
+#[global_allocator]
+static ALLOCATOR: verdict_node::memory::Allocator = verdict_node::memory::Allocator;
+
+/// Tunes the allocator when the process loads: mimalloc reserves its first
+/// arena at the first allocation, which the Rust runtime makes before
+/// `main`, and how an arena is committed is fixed when it is reserved. An
+/// `.init_array` entry with a priority runs before the runtime and before
+/// the entries without one; it is the only way to run first. The function
+/// allocates nothing and takes no argument.
+#[used]
+#[allow(unsafe_code)]
+#[unsafe(link_section = ".init_array.00100")]
+static TUNE_ALLOCATOR: extern "C" fn() = verdict_node::memory::tune_allocator;
+
 use crate::cli::{Command, Version};
 
 /// Exit code for invalid flags or configuration (runtime failures use 1).
 const EXIT_CONFIG: u8 = 2;
 
 fn main() -> ExitCode {
-    // Before any thread allocates (see the function).
-    let allocator = verdict_node::memory::tune_allocator();
+    // Made when the process loaded (`TUNE_ALLOCATOR`).
+    let allocator = verdict_node::memory::tuning();
     let cli = match cli::parse(std::env::args().skip(1)) {
         Ok(c) => c,
         Err(e) => {
@@ -112,8 +127,8 @@ fn main() -> ExitCode {
             "Using configuration"
         );
         tracing::debug!(
-            arenas = ?allocator.arenas,
-            mmap_threshold = ?allocator.mmap_threshold,
+            purge_delay_ms = ?allocator.purge_delay_ms,
+            arena_eager_commit = ?allocator.arena_eager_commit,
             "Allocator tuned (none: as the operator set it)"
         );
     }

@@ -278,7 +278,34 @@ impl NetlinkBackend {
         table: &str,
         set: &Set,
     ) -> Result<(SetState, bool), NftError> {
+        let (items, interrupted) = self.read_items(family, table, set)?;
+        Ok((objects::set_state(set, items), interrupted))
+    }
+
+    /// Every element of one set with its counter, in the kernel's order,
+    /// and whether the set changed while being read.
+    fn read_items(
+        &mut self,
+        family: Family,
+        table: &str,
+        set: &Set,
+    ) -> Result<(objects::Items, bool), NftError> {
         let mut items = objects::Items::new();
+        let interrupted = self.read_each(family, table, set, &mut |e, c| items.push((e, c)))?;
+        Ok((items, interrupted))
+    }
+
+    /// Hands every element of one set with its counter to `each`, one
+    /// reply at a time, in the kernel's order; says whether the set
+    /// changed while being read.
+    fn read_each(
+        &mut self,
+        family: Family,
+        table: &str,
+        set: &Set,
+        each: &mut dyn FnMut(Element, Option<crate::backend::Counter>),
+    ) -> Result<bool, NftError> {
+        let mut reply = objects::Items::new();
         let mut failed = None;
         let r = self.request(
             objects::GETSETELEM,
@@ -292,9 +319,11 @@ impl NetlinkBackend {
                 if m == objects::NEWSETELEM
                     && failed.is_none()
                     && let Some(list) = a.nested(3)
-                    && let Err(e) = objects::element_items(set, list, &mut items)
                 {
-                    failed = Some(e);
+                    match objects::element_items(set, list, &mut reply) {
+                        Ok(()) => reply.drain(..).for_each(|(e, c)| each(e, c)),
+                        Err(e) => failed = Some(e),
+                    }
                 }
                 Ok(())
             },
@@ -308,7 +337,7 @@ impl NetlinkBackend {
                 &format!("listing set {family} {table} {}", set.name),
             ));
         }
-        Ok((objects::set_state(set, items), r.interrupted))
+        Ok(r.interrupted)
     }
 
     /// One attempt at reading a table (its elements too, if `elements`);
@@ -538,8 +567,30 @@ impl Backend for NetlinkBackend {
             .ok_or_else(|| NftError::NotFound(format!("set {family} {table} {set}")))?
             .clone();
         self.known.insert((family, table.to_owned()), sets);
-        let (state, _) = self.read_elements(family, table, &s)?;
-        Ok(state.elements.into_values().collect())
+        // Sorted and without duplicates, as a set's state has them, but
+        // without building its maps (a copy of every key): a reader of
+        // the whole table holds one set at a time, and no more of it.
+        let mut items = self.read_items(family, table, &s)?.0;
+        items.sort_unstable_by(|a, b| a.0.key.cmp(&b.0.key));
+        items.dedup_by(|a, b| a.0.key == b.0.key);
+        Ok(items.into_iter().map(|(e, _)| e).collect())
+    }
+
+    fn each_element(
+        &mut self,
+        family: Family,
+        table: &str,
+        set: &str,
+        each: &mut dyn FnMut(Element),
+    ) -> Result<(), NftError> {
+        let sets = self.read_sets(family, table)?;
+        let s = sets
+            .get(set)
+            .ok_or_else(|| NftError::NotFound(format!("set {family} {table} {set}")))?
+            .clone();
+        self.known.insert((family, table.to_owned()), sets);
+        self.read_each(family, table, &s, &mut |e, _| each(e))?;
+        Ok(())
     }
 
     fn set(
