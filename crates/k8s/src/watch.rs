@@ -600,43 +600,15 @@ async fn watch_all(client: Client, node: String, tx: Sender<Vec<Update>>) {
     ];
     let mut all = futures::stream::select_all(streams);
     let mut mirrors = Mirrors::new(node);
-    // Batches sent since this thread's allocator was last settled.
-    let mut unsettled = false;
-    // And the run loop's requests after a full sync, which freed objects
-    // this thread's arena holds: looked at once a quiet second.
-    let mut requests = verdict_model::SettleRequests::new();
-    loop {
-        let next = match tokio::time::timeout(SETTLE_AFTER, all.next()).await {
-            Ok(next) => next,
-            Err(_) => {
-                // The batch's objects were made here and freed by the
-                // node's thread, into this thread's arena: the next watch
-                // event would merge them (17 ms after a cold start at
-                // 30,000 Services).
-                if std::mem::take(&mut unsettled) | requests.due() {
-                    verdict_model::settle_allocator();
-                }
-                continue;
-            }
-        };
-        let Some(w) = next else {
-            return;
-        };
+    while let Some(w) = all.next().await {
         // One event's changes travel together: a relist's difference is
         // applied as a whole, never half before a sync.
         let batch = mirrors.take(w);
-        if !batch.is_empty() {
-            if tx.send(batch).is_err() {
-                return;
-            }
-            unsettled = true;
+        if !batch.is_empty() && tx.send(batch).is_err() {
+            return;
         }
     }
 }
-
-/// How long the watches are quiet after a batch before this thread's
-/// allocator is settled.
-const SETTLE_AFTER: Duration = Duration::from_secs(1);
 
 /// The mirrors of every watch, and the one-time [`Update::Synced`].
 struct Mirrors {

@@ -69,46 +69,12 @@ pub use tracker::{
 /// to the first endpoint change after a cold sync at 30,000 Services.
 /// Call when nothing waits for the thread: enough large requests to sort
 /// that many chunks are made now. With another allocator it only
-/// allocates and frees 32 KiB 64 times.
+/// allocates and frees 32 KiB 64 times: the `verdict` binary runs on
+/// mimalloc and does not call it; a program that runs the proxier on
+/// glibc's allocator (`verdict-bench backends`) does.
 pub fn settle_allocator() {
     for _ in 0..64 {
         drop(std::hint::black_box(Vec::<u8>::with_capacity(32 << 10)));
-    }
-}
-
-/// How many times [`request_settle`] was called.
-static SETTLE_REQUESTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
-/// Asks the threads that keep a [`SettleRequests`] to settle their arena
-/// at their next quiet moment. The run loop does after a full sync: its
-/// thread frees the parse and compute threads' objects into their arenas
-/// (one per CPU, shared), and the next parse of a small edit would merge
-/// them (4-8 ms added to the first edit after a cold start at 30,000
-/// Services, where settling takes that thread off the path).
-pub fn request_settle() {
-    SETTLE_REQUESTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-}
-
-/// What a thread has seen of [`request_settle`].
-#[derive(Debug)]
-pub struct SettleRequests(u64);
-
-impl SettleRequests {
-    /// None due yet.
-    pub fn new() -> SettleRequests {
-        SettleRequests(SETTLE_REQUESTS.load(std::sync::atomic::Ordering::Relaxed))
-    }
-
-    /// Whether a settle was requested since this last said so.
-    pub fn due(&mut self) -> bool {
-        let now = SETTLE_REQUESTS.load(std::sync::atomic::Ordering::Relaxed);
-        std::mem::replace(&mut self.0, now) != now
-    }
-}
-
-impl Default for SettleRequests {
-    fn default() -> SettleRequests {
-        SettleRequests::new()
     }
 }
 
@@ -125,26 +91,4 @@ pub fn compact<K: Ord, V>(map: &mut std::collections::BTreeMap<K, V>) {
 /// the rebuild costs no more than the batch did.
 pub fn worth_compacting(batch: usize, len: usize) -> bool {
     batch >= 1_000 && batch >= len
-}
-
-#[cfg(test)]
-mod settle_tests {
-    use super::*;
-
-    #[test]
-    fn a_settle_request_is_due_once_for_each_thread() {
-        let mut a = SettleRequests::new();
-        let mut b = SettleRequests::new();
-        request_settle();
-        assert!(a.due());
-        assert!(!a.due(), "once");
-        request_settle();
-        request_settle();
-        assert!(a.due() && !a.due());
-        // Another follower sees the requests made since it started.
-        assert!(b.due() && !b.due());
-        // One made before a follower starts is not due for it.
-        let mut c = SettleRequests::new();
-        assert!(!c.due());
-    }
 }

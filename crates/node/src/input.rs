@@ -71,20 +71,8 @@ pub fn manifests(path: &Path, node_name: &str, tx: Sender<Input>) -> bool {
     let mut m = Manifests::new(path, node_name);
     spawn("manifests", move || {
         let mut first = true;
-        // A large batch was sent since this thread's allocator was last
-        // settled: the node frees its objects (and their names, this
-        // thread made those) into this thread's arena, where the next
-        // parse would merge them (1.5 ms added to the first edit after a
-        // cold start at 30,000 Services). A quiet second settles it.
-        // So does the run loop's request after a full sync (it freed
-        // objects this thread's arena holds).
-        let mut unsettled = false;
-        let mut requests = verdict_model::SettleRequests::new();
         loop {
             let Some(r) = m.changes(Duration::from_secs(1)) else {
-                if std::mem::take(&mut unsettled) | requests.due() {
-                    verdict_model::settle_allocator();
-                }
                 continue;
             };
             for e in &r.errors {
@@ -110,7 +98,6 @@ pub fn manifests(path: &Path, node_name: &str, tx: Sender<Input>) -> bool {
             if updates.is_empty() {
                 continue;
             }
-            unsettled |= updates.len() >= 1000;
             if tx.send(Input::Updates(updates)).is_err() {
                 return;
             }

@@ -227,11 +227,7 @@ pub fn run(mut node: NodeProxy, kernel: Kernel, inputs: Receiver<Input>) -> Resu
             Err(_) => None,
         };
         if full {
-            verdict_proxier::proxier::settle_allocator();
             crate::memory::trim();
-            // And the arenas of the source's threads, which this thread
-            // freed into.
-            verdict_model::request_settle();
         }
         if let Err(e) = &result {
             tracing::error!(error = %e, "sync failed; retrying with backoff, and new changes still go through");

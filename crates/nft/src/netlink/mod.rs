@@ -166,7 +166,7 @@ impl NetlinkBackend {
         // then its new type is the one its elements and rules use).
         let mut sets = self.known.get(&key).cloned().unwrap_or_default();
         apply_sets(&mut sets, tx.ops());
-        let mut w = Writer::new();
+        let mut w = Writer::chunked();
         self.socket.seq = self.socket.seq.wrapping_add(1);
         let begin = self.socket.seq;
         w.begin(
@@ -220,7 +220,8 @@ impl NetlinkBackend {
             w.end();
         }
         self.socket.seq = end;
-        self.socket.send(w.bytes())?;
+        self.socket.send_chunks(&w.chunks())?;
+        drop(w);
         let reply = self.socket.receive(false, end, end, |_, _, _| Ok(()))?;
         if let Some((seq, errno)) = reply.errors.first() {
             // The kernel undid the whole batch; what it knew of the sets
@@ -455,11 +456,11 @@ fn apply_sets(sets: &mut BTreeMap<String, Set>, ops: &[Op]) {
 }
 
 /// Names the operation behind the failed message `seq`.
-fn describe(tx: &Transaction, origin: &[(u32, usize)], seq: u32) -> String {
+fn describe(tx: &Transaction, origin: &[(u32, usize, usize)], seq: u32) -> String {
     let ops: Vec<usize> = origin
         .iter()
-        .filter(|(s, _)| *s == seq)
-        .map(|(_, i)| *i)
+        .filter(|(s, _, _)| *s == seq)
+        .flat_map(|(_, first, n)| *first..first + n)
         .collect();
     match ops.as_slice() {
         [] => format!(

@@ -296,8 +296,11 @@ pub(crate) struct Batch<'a> {
     /// The table's sets as the transaction leaves them: how their
     /// elements, and the lookups in rules, are encoded.
     pub(crate) sets: &'a BTreeMap<String, Set>,
-    /// The operation each message came from, by sequence number.
-    pub(crate) origin: Vec<(u32, usize)>,
+    /// The operations each message came from, by sequence number: the
+    /// first and how many (a message of elements carries consecutive
+    /// ones), so that a cold sync's 180,000 elements cost a few thousand
+    /// entries here, not one each.
+    pub(crate) origin: Vec<(u32, usize, usize)>,
     pub(crate) next_set_id: u32,
 }
 
@@ -311,7 +314,7 @@ impl Batch<'_> {
             nfproto(self.family),
             0,
         );
-        self.origin.push((self.seq, op));
+        self.origin.push((self.seq, op, 1));
     }
 
     fn close(&mut self, at: usize, what: &str) -> Result<(), NftError> {
@@ -478,7 +481,9 @@ impl Batch<'_> {
                 self.end_elements(list.take())?;
             }
             if list.is_some() {
-                self.origin.push((self.seq, *i));
+                if let Some(last) = self.origin.last_mut() {
+                    last.2 += 1;
+                }
             } else {
                 self.begin(
                     if add { NEWSETELEM } else { DELSETELEM },

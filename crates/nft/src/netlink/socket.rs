@@ -10,7 +10,7 @@ use std::time::Duration;
 use nix::errno::Errno;
 use nix::sys::socket::{
     AddressFamily, MsgFlags, NetlinkAddr, SockFlag, SockProtocol, SockType, bind, getsockname,
-    recv, send, setsockopt, socket, sockopt,
+    recv, sendmsg, setsockopt, socket, sockopt,
 };
 
 use super::wire::{Attrs, Message, Writer, messages};
@@ -266,10 +266,17 @@ impl Socket {
     }
 
     pub(crate) fn send(&mut self, bytes: &[u8]) -> Result<(), NftError> {
+        self.send_chunks(&[bytes])
+    }
+
+    /// Sends `chunks` as one datagram (one `sendmsg` gathering them): the
+    /// kernel reads a batch only from one.
+    pub(crate) fn send_chunks(&mut self, chunks: &[&[u8]]) -> Result<(), NftError> {
         self.drain();
-        // The kernel refuses a message larger than the send buffer, and
-        // reads a batch only from one message: grow the buffer to fit.
-        let need = bytes.len() + 4096;
+        let total: usize = chunks.iter().map(|c| c.len()).sum();
+        // The kernel refuses a message larger than the send buffer: grow
+        // the buffer to fit.
+        let need = total + 4096;
         if need > self.send_buffer {
             let size = need.max(1 << 20);
             if setsockopt(&self.fd, sockopt::SndBufForce, &size).is_err() {
@@ -277,11 +284,13 @@ impl Socket {
             }
             self.send_buffer = size;
         }
-        let sent = send(self.fd.as_raw_fd(), bytes, MsgFlags::empty()).map_err(io)?;
-        if sent != bytes.len() {
+        let iov: Vec<std::io::IoSlice<'_>> =
+            chunks.iter().map(|c| std::io::IoSlice::new(c)).collect();
+        let sent =
+            sendmsg::<()>(self.fd.as_raw_fd(), &iov, &[], MsgFlags::empty(), None).map_err(io)?;
+        if sent != total {
             return Err(NftError::Refused(format!(
-                "netlink took {sent} of {} bytes",
-                bytes.len()
+                "netlink took {sent} of {total} bytes"
             )));
         }
         Ok(())

@@ -613,3 +613,30 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_refused_message_names_the_operations_it_carried() {
+    let mut tx = Transaction::new(Family::Ip, "verdict");
+    tx.add_table(None);
+    for port in [80, 81, 82] {
+        tx.add_element("ports", Element::key(vec![Value::Port(port)]));
+    }
+    tx.add_element("other", Element::key(vec![Value::Port(90)]));
+    // Message 1 the table, 2 the three elements of `ports`, 3 the last.
+    let origin = [(1, 0, 1), (2, 1, 3), (3, 4, 1)];
+    let table = super::describe(&tx, &origin, 1);
+    assert_eq!(table, "add table ip verdict");
+    let three = super::describe(&tx, &origin, 2);
+    assert!(three.contains("ports { 80 }"), "{three}");
+    assert!(
+        three.ends_with("(one of 3 elements in one message)"),
+        "{three}"
+    );
+    let one = super::describe(&tx, &origin, 3);
+    assert!(
+        one.contains("other { 90 }") && !one.contains("one of"),
+        "{one}"
+    );
+    let unknown = super::describe(&tx, &origin, 9);
+    assert_eq!(unknown, "committing the transaction on ip verdict");
+}

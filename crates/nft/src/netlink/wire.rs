@@ -16,12 +16,24 @@ pub(crate) fn align(n: usize) -> usize {
     (n + 3) & !3
 }
 
-/// A buffer of netlink messages being written.
+/// How large a chunk of a [`Writer::chunked`] writer grows before the
+/// next message starts another.
+pub(crate) const CHUNK: usize = 1 << 20;
+
+/// A buffer of netlink messages being written: one buffer, or for a
+/// large batch ([`Writer::chunked`]) chunks of about [`CHUNK`] bytes, each
+/// ending at a message's end, sent together with one `sendmsg`. One
+/// buffer grows by doubling, so a batch of 13 MB held up to 24 MiB while
+/// the last doubling copied it.
 #[derive(Debug, Default)]
 pub(crate) struct Writer {
     buf: Vec<u8>,
-    /// Where the open message starts.
+    /// Where the open message starts (in `buf`).
     msg: Option<usize>,
+    /// Chunks already full, in order (only a chunked writer has them).
+    full: Vec<Vec<u8>>,
+    /// Whether a message that starts after [`CHUNK`] bytes starts a chunk.
+    chunked: bool,
 }
 
 impl Writer {
@@ -29,11 +41,30 @@ impl Writer {
         Writer::default()
     }
 
-    /// The bytes written so far.
+    /// A writer for a batch of any size, in chunks.
+    pub(crate) fn chunked() -> Writer {
+        Writer {
+            buf: Vec::with_capacity(CHUNK + CHUNK / 4),
+            chunked: true,
+            ..Writer::default()
+        }
+    }
+
+    /// The bytes written so far, of a writer that is not chunked.
     pub(crate) fn bytes(&self) -> &[u8] {
+        debug_assert!(self.full.is_empty(), "a chunked writer's bytes");
         &self.buf
     }
 
+    /// The bytes written so far, chunk by chunk.
+    pub(crate) fn chunks(&self) -> Vec<&[u8]> {
+        let mut out: Vec<&[u8]> = self.full.iter().map(Vec::as_slice).collect();
+        out.push(&self.buf);
+        out
+    }
+
+    /// The bytes written so far in the current chunk: only lengths within
+    /// one message may be taken from it.
     pub(crate) fn len(&self) -> usize {
         self.buf.len()
     }
@@ -52,6 +83,10 @@ impl Writer {
     /// [`Writer::raw`].
     pub(crate) fn begin_raw(&mut self, kind: u16, flags: u16, seq: u32) {
         self.end();
+        if self.chunked && self.buf.len() >= CHUNK {
+            let next = Vec::with_capacity(CHUNK + CHUNK / 4);
+            self.full.push(std::mem::replace(&mut self.buf, next));
+        }
         let start = self.buf.len();
         self.buf.extend_from_slice(&0u32.to_ne_bytes());
         self.buf.extend_from_slice(&kind.to_ne_bytes());
@@ -288,6 +323,41 @@ pub(crate) mod udata {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Writes the same messages, of 1..=5000 bytes each, into `w`.
+    fn fill(w: &mut Writer) {
+        for i in 0..3000u32 {
+            w.begin(0x0a0c, 1, i, 2, 0);
+            let n = w.open(3);
+            w.attr(1, &vec![i as u8; (i as usize * 7919) % 5000 + 1]);
+            w.close(n).unwrap();
+        }
+        w.end();
+    }
+
+    #[test]
+    fn a_chunked_writer_cuts_only_between_messages_and_writes_the_same_bytes() {
+        let (mut one, mut chunked) = (Writer::new(), Writer::chunked());
+        fill(&mut one);
+        fill(&mut chunked);
+        let chunks = chunked.chunks();
+        assert!(chunks.len() >= 5, "{} chunks", chunks.len());
+        // Each chunk is whole messages, the last one a little over CHUNK.
+        let mut seqs = Vec::new();
+        for (i, c) in chunks.iter().enumerate() {
+            if i + 1 < chunks.len() {
+                assert!(c.len() >= CHUNK && c.len() < CHUNK + 5100, "{}", c.len());
+            }
+            let mut len = 0;
+            for m in messages(c) {
+                seqs.push(m.seq);
+                len += align(NLMSG_HDRLEN + m.payload.len());
+            }
+            assert_eq!(len, c.len(), "chunk {i} ends inside a message");
+        }
+        assert_eq!(seqs, (0..3000).collect::<Vec<u32>>());
+        assert_eq!(chunks.concat(), one.bytes());
+    }
 
     #[test]
     fn messages_and_attributes_round_trip() {
