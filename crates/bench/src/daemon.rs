@@ -1579,8 +1579,9 @@ pub fn daemon(args: &[String]) -> Result<(), String> {
             println!("|---:|---:|---:|---:|---:|");
         }
     }
+    let log_dir = crate::log_dir(args)?;
     for n in sizes {
-        let log_to = flag(args, "--log").map(|d| PathBuf::from(d).join(format!("verdict-{n}.log")));
+        let log_to = log_dir.as_ref().map(|d| d.join(format!("verdict-{n}.log")));
         let shape = Shape {
             n,
             k,

@@ -244,6 +244,7 @@ pub fn envelope(args: &[String]) -> Result<(), String> {
         })
         .collect::<Result<Vec<_>, _>>()?;
     let listeners = crate::listeners(args).map_err(|e| format!("{e}\n{USAGE}"))?;
+    let log_dir = crate::log_dir(args)?;
     let verdict = crate::daemon::sibling("verdict")?;
     let apiserver = crate::daemon::sibling("verdict-e2e-apiserver")?;
     let out_dir = flag(args, "--out").map(std::path::PathBuf::from);
@@ -268,8 +269,8 @@ pub fn envelope(args: &[String]) -> Result<(), String> {
                     Source::Api => "api",
                     Source::Manifests => "manifests",
                 };
-                let log_to = flag(args, "--log").map(|d| {
-                    std::path::PathBuf::from(d).join(format!(
+                let log_to = log_dir.as_ref().map(|d| {
+                    d.join(format!(
                         "envelope-{n}-{name}-{}.log",
                         if listener { "listener" } else { "alone" }
                     ))

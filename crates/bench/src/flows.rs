@@ -82,7 +82,7 @@ pub fn flows(args: &[String]) -> Result<(), String> {
     let manifests = dir.join("manifests");
     std::fs::create_dir_all(&manifests).map_err(|e| e.to_string())?;
     write_manifests(&manifests, n)?;
-    let log_dir = flag(args, "--log").map(std::path::PathBuf::from);
+    let log_dir = crate::log_dir(args)?;
 
     let mut text = String::new();
     let mut say = |line: String| {

@@ -85,6 +85,16 @@ pub struct Options {
     out: Option<PathBuf>,
 }
 
+/// `--log DIR`, made if it is missing: a run must not fail at its first
+/// log after minutes of setup because the directory was not there.
+fn log_dir(args: &[String]) -> Result<Option<PathBuf>, String> {
+    let Some(d) = flag(args, "--log") else {
+        return Ok(None);
+    };
+    std::fs::create_dir_all(d).map_err(|e| format!("--log {d}: {e}"))?;
+    Ok(Some(PathBuf::from(d)))
+}
+
 fn flag<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
     args.iter().enumerate().find_map(|(i, a)| {
         if a == name {
@@ -687,5 +697,31 @@ fn run_with_peak(argv: &[&str], input: &str, comm: &str) -> Result<f64, String> 
             Ok(None) => std::thread::sleep(Duration::from_millis(2)),
             Err(e) => return Err(e.to_string()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_log_directory_is_made_or_named_in_the_error() {
+        let args = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        assert_eq!(log_dir(&args(&["--sizes", "10"])), Ok(None));
+        let base = std::env::temp_dir().join(format!("verdict-bench-log-{}", std::process::id()));
+        let deep = base.join("a/b");
+        let d = deep.to_str().unwrap();
+        assert_eq!(log_dir(&args(&["--log", d])), Ok(Some(deep.clone())));
+        assert!(deep.is_dir());
+        // A file where a directory should be.
+        let file = base.join("file");
+        std::fs::write(&file, "").unwrap();
+        let under = file.join("logs");
+        let e = log_dir(&args(&[&format!("--log={}", under.display())])).unwrap_err();
+        assert!(
+            e.starts_with(&format!("--log {}: ", under.display())),
+            "{e}"
+        );
+        std::fs::remove_dir_all(&base).unwrap();
     }
 }

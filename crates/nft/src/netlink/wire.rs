@@ -41,10 +41,10 @@ impl Writer {
         Writer::default()
     }
 
-    /// A writer for a batch of any size, in chunks.
+    /// A writer for a batch of any size, in chunks (the first grows as a
+    /// small batch needs; the next ones are made at their full size).
     pub(crate) fn chunked() -> Writer {
         Writer {
-            buf: Vec::with_capacity(CHUNK + CHUNK / 4),
             chunked: true,
             ..Writer::default()
         }
