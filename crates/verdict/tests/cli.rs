@@ -375,3 +375,35 @@ fn each_command_has_its_own_help() {
         assert_eq!(exit(&[cmd, "-h"]).1, page, "{cmd} -h");
     }
 }
+
+/// mimalloc's options as it read them when the process loaded
+/// (`MIMALLOC_VERBOSE=1` prints each one then).
+fn allocator_options(env: &[(&str, &str)]) -> String {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_verdict"));
+    cmd.arg("version")
+        .env("MIMALLOC_VERBOSE", "1")
+        .env_remove("MIMALLOC_PURGE_DELAY")
+        .env_remove("MIMALLOC_ARENA_EAGER_COMMIT");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn the_allocator_is_tuned_before_it_first_reads_its_options() {
+    // The binary's `.init_array` entry runs before mimalloc loads: the
+    // options it read at load are verdict's, not its defaults (1000, 2).
+    let text = allocator_options(&[]);
+    assert!(text.contains("option 'purge_delay': 0"), "{text}");
+    assert!(text.contains("option 'arena_eager_commit': 0"), "{text}");
+    // The operator's environment wins.
+    let text = allocator_options(&[
+        ("MIMALLOC_PURGE_DELAY", "25"),
+        ("MIMALLOC_ARENA_EAGER_COMMIT", "1"),
+    ]);
+    assert!(text.contains("option 'purge_delay': 25"), "{text}");
+    assert!(text.contains("option 'arena_eager_commit': 1"), "{text}");
+}
