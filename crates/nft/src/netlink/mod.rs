@@ -273,6 +273,18 @@ impl NetlinkBackend {
         }
     }
 
+    /// One set's definition, read with the table's others (kept for the
+    /// encoding of later transactions); a set that is not there is named.
+    fn known_set(&mut self, family: Family, table: &str, set: &str) -> Result<Set, NftError> {
+        let sets = self.read_sets(family, table)?;
+        let s = sets
+            .get(set)
+            .ok_or_else(|| NftError::NotFound(format!("set {family} {table} {set}")))?
+            .clone();
+        self.known.insert((family, table.to_owned()), sets);
+        Ok(s)
+    }
+
     fn read_elements(
         &mut self,
         family: Family,
@@ -562,12 +574,7 @@ impl Backend for NetlinkBackend {
         table: &str,
         set: &str,
     ) -> Result<Vec<Element>, NftError> {
-        let sets = self.read_sets(family, table)?;
-        let s = sets
-            .get(set)
-            .ok_or_else(|| NftError::NotFound(format!("set {family} {table} {set}")))?
-            .clone();
-        self.known.insert((family, table.to_owned()), sets);
+        let s = self.known_set(family, table, set)?;
         // Sorted and without duplicates, as a set's state has them, but
         // without building its maps (a copy of every key): a reader of
         // the whole table holds one set at a time, and no more of it.
@@ -584,12 +591,7 @@ impl Backend for NetlinkBackend {
         set: &str,
         each: &mut dyn FnMut(Element),
     ) -> Result<(), NftError> {
-        let sets = self.read_sets(family, table)?;
-        let s = sets
-            .get(set)
-            .ok_or_else(|| NftError::NotFound(format!("set {family} {table} {set}")))?
-            .clone();
-        self.known.insert((family, table.to_owned()), sets);
+        let s = self.known_set(family, table, set)?;
         self.read_each(family, table, &s, &mut |e, _| each(e))?;
         Ok(())
     }
