@@ -1068,13 +1068,14 @@ impl Proxier {
                 attempt: Some(Box::new((tx, owners))),
             });
         }
+        // Who owns each operation matters only to a failure.
+        drop(owners);
         // The kernel has it now: record the element changes (every
         // element operation of the transaction is one of these, the
         // deletions first). A set recorded empty takes its additions in
         // one piece: a B-tree built from sorted entries fills its nodes,
         // where one insert after another leaves each about half full
         // (a cold sync records 180,000 elements at 30,000 Services).
-        drop(owners);
         let mut added: BTreeMap<&'static str, Vec<(Key, Arc<Element>)>> = BTreeMap::new();
         for op in tx.ops().get(fixed_ops..).unwrap_or_default() {
             match op {

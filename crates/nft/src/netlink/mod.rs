@@ -579,8 +579,7 @@ impl Backend for NetlinkBackend {
         // without building its maps (a copy of every key): a reader of
         // the whole table holds one set at a time, and no more of it.
         let mut items = self.read_items(family, table, &s)?.0;
-        items.sort_unstable_by(|a, b| a.0.key.cmp(&b.0.key));
-        items.dedup_by(|a, b| a.0.key == b.0.key);
+        objects::sort_items(&mut items);
         Ok(items.into_iter().map(|(e, _)| e).collect())
     }
 

@@ -714,16 +714,21 @@ fn network(start: &Value, end: &Value) -> Option<Value> {
     })
 }
 
-/// The elements of one `NEWSETELEM` message of a dump, with their
-/// counters.
-/// Every element of a dump, in the kernel's (hash) order.
+/// Elements of a dump with their counters, in the kernel's (hash) order:
+/// one `NEWSETELEM` message's, or a whole set's.
 pub(crate) type Items = Vec<(Element, Option<Counter>)>;
+
+/// A dump's elements in key order, each key once (a dump that spans a
+/// change of the set can repeat one).
+pub(crate) fn sort_items(items: &mut Items) {
+    items.sort_unstable_by(|a, b| a.0.key.cmp(&b.0.key));
+    items.dedup_by(|a, b| a.0.key == b.0.key);
+}
 
 /// A set's state from the elements of its whole dump: sorted once and
 /// built in bulk, rather than inserted one by one into the maps.
 pub(crate) fn set_state(set: &Set, mut items: Items) -> SetState {
-    items.sort_unstable_by(|a, b| a.0.key.cmp(&b.0.key));
-    items.dedup_by(|a, b| a.0.key == b.0.key);
+    sort_items(&mut items);
     let counters = items
         .iter()
         .filter_map(|(e, c)| c.map(|c| (e.key.clone(), c)))
