@@ -134,10 +134,38 @@ struct Change {
     new: Option<Value>,
 }
 
+/// An object as stored, with its JSON text made once when it was written:
+/// whole (for watch events) and as a list's item (without `kind` and
+/// `apiVersion`). An API server serves from its watch cache; the fake would
+/// otherwise copy and serialize every object for every list and watch, on
+/// the CPUs of the node whose proxy a benchmark measures.
+#[derive(Debug)]
+struct Stored {
+    value: Value,
+    text: Arc<str>,
+    item: Arc<str>,
+}
+
+impl Stored {
+    fn new(value: Value) -> Stored {
+        let text: Arc<str> = value.to_string().into();
+        let mut bare = value.clone();
+        if let Some(m) = bare.as_object_mut() {
+            m.remove("kind");
+            m.remove("apiVersion");
+        }
+        Stored {
+            value,
+            text,
+            item: bare.to_string().into(),
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 struct Store {
     rv: u64,
-    objects: BTreeMap<Key, Value>,
+    objects: BTreeMap<Key, Stored>,
     /// Changes with `rv > compacted`.
     history: Vec<Change>,
     /// Watches from a resourceVersion below this get 410 Gone.
@@ -269,7 +297,10 @@ impl FakeApiServer {
         meta.entry("uid")
             .or_insert_with(|| json!(format!("uid-{}-{}", key.1, key.2)));
         obj["apiVersion"] = json!(resource.api_version());
-        let old = s.objects.insert(key, obj.clone());
+        let old = s
+            .objects
+            .insert(key, Stored::new(obj.clone()))
+            .map(|o| o.value);
         s.history.push(Change {
             rv,
             resource,
@@ -287,7 +318,7 @@ impl FakeApiServer {
             .ok_or_else(|| ApiError::Invalid(format!("kind {kind:?} is not served")))?;
         let key = (resource, namespace.to_string(), name.to_string());
         let mut s = self.shared.lock();
-        let Some(mut last) = s.objects.remove(&key) else {
+        let Some(mut last) = s.objects.remove(&key).map(|o| o.value) else {
             return Err(ApiError::NotFound(format!("{kind} {namespace}/{name}")));
         };
         s.rv += 1;
@@ -723,12 +754,15 @@ fn read_request(reader: &mut BufReader<TcpStream>) -> std::io::Result<Option<Req
 }
 
 fn respond(conn: &mut TcpStream, code: u16, reason: &str, body: &Value) -> std::io::Result<()> {
-    let body = body.to_string();
+    respond_text(conn, code, reason, &body.to_string())
+}
+
+fn respond_text(conn: &mut TcpStream, code: u16, reason: &str, body: &str) -> std::io::Result<()> {
     let head = format!(
         "HTTP/1.1 {code} {reason}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     );
-    conn.write_all((head + &body).as_bytes())?;
+    conn.write_all((head + body).as_bytes())?;
     conn.flush()
 }
 
@@ -923,42 +957,54 @@ fn serve(shared: &Shared, conn: TcpStream) -> std::io::Result<()> {
             .objects
             .range(from..)
             .take_while(|(k, _)| k.0 == resource)
-            .filter(|(k, o)| in_scope(k, o));
-        let mut items: Vec<Value> = Vec::new();
+            .filter(|(k, o)| in_scope(k, &o.value));
+        // Lists carry the kind once, not per item.
+        let mut items: Vec<Arc<str>> = Vec::new();
         let mut next: Option<String> = None;
         for (k, o) in matching.by_ref() {
             if limit > 0 && items.len() == limit {
                 next = Some(format!("{version}|{}/{}", k.1, k.2));
                 break;
             }
-            let mut o = o.clone();
-            // Lists carry the kind once, not per item.
-            if let Some(m) = o.as_object_mut() {
-                m.remove("kind");
-                m.remove("apiVersion");
-            }
-            items.push(o);
+            items.push(o.item.clone());
         }
+        drop(s);
         let mut meta = json!({"resourceVersion": version.to_string()});
         if let Some(next) = next {
             meta["continue"] = json!(next);
         }
-        let list = json!({
+        let mut body = json!({
             "kind": format!("{}List", resource.kind()),
             "apiVersion": resource.api_version(),
             "metadata": meta,
-            "items": items,
-        });
-        drop(s);
-        return respond(&mut conn, 200, "OK", &list);
+        })
+        .to_string();
+        // The items, spliced in as stored: `{…,"items":[a,b]}`.
+        body.pop();
+        body.push_str(",\"items\":[");
+        for (i, item) in items.iter().enumerate() {
+            if i > 0 {
+                body.push(',');
+            }
+            body.push_str(item);
+        }
+        body.push_str("]}");
+        return respond_text(&mut conn, 200, "OK", &body);
     }
     watch(shared, conn, resource, &req, &in_scope)
 }
 
 fn chunk(conn: &mut TcpStream, event: &Value) -> std::io::Result<()> {
-    let line = format!("{event}\n");
-    // One write per event: split writes would wait on Nagle's algorithm.
-    conn.write_all(format!("{:x}\r\n{line}\r\n", line.len()).as_bytes())?;
+    chunk_text(conn, &format!("{event}\n"))
+}
+
+/// How much of a watch's initial events goes into one chunk.
+const INITIAL_CHUNK: usize = 64 * 1024;
+
+/// One chunk of a chunked response, holding whole lines.
+fn chunk_text(conn: &mut TcpStream, lines: &str) -> std::io::Result<()> {
+    // One write per chunk: split writes would wait on Nagle's algorithm.
+    conn.write_all(format!("{:x}\r\n{lines}\r\n", lines.len()).as_bytes())?;
     conn.flush()
 }
 
@@ -1006,16 +1052,28 @@ fn watch(
     let mut cursor = match q("resourceVersion").as_str() {
         // "Any": start with the current state as ADDED events.
         "" | "0" => {
-            let current: Vec<Value> = s
+            let current: Vec<Arc<str>> = s
                 .objects
                 .iter()
-                .filter(|(k, o)| in_scope(k, o))
-                .map(|(_, o)| o.clone())
+                .filter(|(k, o)| in_scope(k, &o.value))
+                .map(|(_, o)| o.text.clone())
                 .collect();
             let rv = s.rv;
             drop(s);
+            // Many events to a chunk, as an API server's buffered writer
+            // sends them, not a write each.
+            let mut out = String::new();
             for o in current {
-                chunk(&mut conn, &json!({"type": "ADDED", "object": o}))?;
+                out.push_str("{\"type\":\"ADDED\",\"object\":");
+                out.push_str(&o);
+                out.push_str("}\n");
+                if out.len() >= INITIAL_CHUNK {
+                    chunk_text(&mut conn, &out)?;
+                    out.clear();
+                }
+            }
+            if !out.is_empty() {
+                chunk_text(&mut conn, &out)?;
             }
             if initial_events {
                 let end = json!({"type": "BOOKMARK", "object": {
@@ -1149,6 +1207,96 @@ mod tests {
             "!service.kubernetes.io/headless"
         );
         assert_eq!(unescape("a%3D%3Db+c%"), "a==b c%");
+    }
+
+    /// A GET's status line and body (a chunked body de-chunked), and how
+    /// many chunks it came in.
+    fn get(addr: SocketAddr, path: &str) -> (String, String, usize) {
+        use std::io::Read;
+        let mut c = TcpStream::connect(addr).unwrap();
+        write!(c, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        let mut raw = Vec::new();
+        c.read_to_end(&mut raw).unwrap();
+        let raw = String::from_utf8(raw).unwrap();
+        let (head, mut rest) = raw.split_once("\r\n\r\n").unwrap();
+        if !head.contains("Transfer-Encoding: chunked") {
+            return (head.lines().next().unwrap().into(), rest.into(), 0);
+        }
+        let mut body = String::new();
+        let mut chunks = 0;
+        loop {
+            let (size, after) = rest.split_once("\r\n").unwrap();
+            let n = usize::from_str_radix(size, 16).unwrap();
+            if n == 0 {
+                break;
+            }
+            body.push_str(&after[..n]);
+            chunks += 1;
+            rest = &after[n + 2..];
+        }
+        (head.lines().next().unwrap().into(), body, chunks)
+    }
+
+    fn service(i: usize) -> Value {
+        json!({"kind": "Service", "apiVersion": "v1",
+               "metadata": {"name": format!("s{i:05}"), "namespace": "n"},
+               "spec": {"clusterIP": format!("10.0.{}.{}", i / 250, i % 250 + 1)}})
+    }
+
+    #[test]
+    fn lists_and_initial_events_carry_every_object_as_written() {
+        let api =
+            FakeApiServer::start("127.0.0.1:0".parse().unwrap(), Duration::from_secs(60)).unwrap();
+        // Enough objects for the initial events to take several chunks.
+        let n = 2_000;
+        for i in 0..n {
+            api.apply(service(i)).unwrap();
+        }
+        api.apply(service(7)).unwrap();
+        api.delete("Service", "n", "s00009").unwrap();
+        let rv = api.resource_version();
+
+        let (status, body, _) = get(api.addr(), "/api/v1/services");
+        assert_eq!(status, "HTTP/1.1 200 OK");
+        let list: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(list["kind"], "ServiceList");
+        assert_eq!(list["metadata"]["resourceVersion"], rv.to_string());
+        let items = list["items"].as_array().unwrap();
+        assert_eq!(items.len(), n - 1);
+        assert!(
+            items
+                .iter()
+                .all(|o| o.get("kind").is_none() && o.get("apiVersion").is_none())
+        );
+        assert_eq!(items[7]["metadata"]["resourceVersion"], (n + 1).to_string());
+        assert_eq!(items[7]["spec"]["clusterIP"], "10.0.0.8");
+        assert!(items.iter().all(|o| o["metadata"]["name"] != "s00009"));
+
+        let (status, body, _) = get(api.addr(), "/api/v1/services?limit=500&resourceVersion=0");
+        assert_eq!(status, "HTTP/1.1 200 OK");
+        let page: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(page["items"].as_array().unwrap().len(), 500);
+        assert!(page["metadata"]["continue"].is_string());
+
+        let (_, body, chunks) = get(
+            api.addr(),
+            "/api/v1/services?watch=true&sendInitialEvents=true&allowWatchBookmarks=true\
+             &resourceVersionMatch=NotOlderThan&resourceVersion=&timeoutSeconds=1",
+        );
+        // Many events to a chunk (the bookmark in one of its own).
+        assert!(body.len() > 2 * INITIAL_CHUNK, "{} bytes", body.len());
+        assert!(chunks < n / 20, "{chunks} chunks");
+        let events: Vec<Value> = body
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let added: Vec<&Value> = events.iter().filter(|e| e["type"] == "ADDED").collect();
+        assert_eq!(added.len(), n - 1);
+        assert!(added.iter().all(|e| e["object"]["kind"] == "Service"));
+        assert_eq!(added[7]["object"]["spec"]["clusterIP"], "10.0.0.8");
+        let end = &events[added.len()];
+        assert_eq!(end["type"], "BOOKMARK");
+        assert_eq!(end["object"]["metadata"]["resourceVersion"], rv.to_string());
     }
 
     #[test]
