@@ -56,4 +56,4 @@ pub use netlink::{NetlinkBackend, NetlinkConntrack};
 pub use trace::{
     Disposition, ElementSource, InTable, Packet, Trace, TraceLookup, TracePath, TraceStep, Tracer,
 };
-pub use tx::{Op, SetName, Transaction};
+pub use tx::{ChainRule, Name, Op, SetId, SetName, Transaction};

@@ -147,8 +147,8 @@ impl TableState {
         }
     }
 
-    /// Applies one operation.
-    fn apply(&mut self, op: &Op) -> Result<(), NftError> {
+    /// Applies one operation of `tx`.
+    fn apply(&mut self, tx: &Transaction, op: &Op) -> Result<(), NftError> {
         match op {
             Op::AddTable(_) => Ok(()),
             Op::DeleteTable => Ok(()),
@@ -185,7 +185,7 @@ impl TableState {
                 if let Some(by) = self.chain_referenced(name) {
                     return Err(NftError::Busy(format!("chain {name} is used by a {by}")));
                 }
-                self.chains.remove(name);
+                self.chains.remove(name.as_str());
                 Ok(())
             }
             Op::AddSet(set) => match self.sets.get(&set.name) {
@@ -214,19 +214,20 @@ impl TableState {
                 if let Some(by) = self.set_referenced(name) {
                     return Err(NftError::Busy(format!("set {name} is used by a {by}")));
                 }
-                self.sets.remove(name);
+                self.sets.remove(name.as_str());
                 Ok(())
             }
-            Op::AddRule(chain, rule) => {
-                self.chain_mut(chain)?;
-                self.check_rule(chain, rule)?;
-                self.chain_mut(chain)?.rules.push((**rule).clone());
+            Op::AddRule(r) => {
+                self.chain_mut(&r.chain)?;
+                self.check_rule(&r.chain, &r.rule)?;
+                self.chain_mut(&r.chain)?.rules.push(r.rule.clone());
                 Ok(())
             }
             Op::AddElement(set, element) => {
+                let set = tx.set_name(*set);
                 let s = self
                     .sets
-                    .get(set.as_ref())
+                    .get(set)
                     .ok_or_else(|| NftError::NotFound(format!("set {set}")))?;
                 self.check_element(s, element)?;
                 let s = self.set_mut(set)?;
@@ -254,7 +255,9 @@ impl TableState {
                     }
                 }
             }
-            Op::DeleteElement(set, key) => {
+            Op::DeleteElement(set, element) => {
+                let set = tx.set_name(*set);
+                let key = &element.key;
                 let s = self.set_mut(set)?;
                 if s.elements.remove(key.as_ref()).is_none() {
                     return Err(NftError::NotFound(format!(
@@ -364,7 +367,7 @@ impl MemoryBackend {
             match (&mut table, op) {
                 (None, Op::AddTable(comment)) => {
                     table = Some(TableState {
-                        comment: comment.clone(),
+                        comment: comment.as_deref().cloned(),
                         ..TableState::default()
                     });
                 }
@@ -375,7 +378,7 @@ impl MemoryBackend {
                         tx.table()
                     )));
                 }
-                (Some(t), op) => t.apply(op)?,
+                (Some(t), op) => t.apply(tx, op)?,
             }
         }
         Ok(table)
@@ -525,38 +528,43 @@ mod tests {
     fn rejects_dangling_references() {
         let mut nft = MemoryBackend::new();
         nft.run(&base_tx()).unwrap();
-        let cases: Vec<(Op, &str)> = vec![
+        type Build = fn(&mut Transaction);
+        let cases: Vec<(Build, &str)> = vec![
             (
-                Op::AddRule(
-                    "services".into(),
-                    Box::new(Rule::new(vec![Expr::Verdict(Verdict::Goto("nope".into()))])),
-                ),
+                |tx| {
+                    tx.add_rule(
+                        "services",
+                        Rule::new(vec![Expr::Verdict(Verdict::Goto("nope".into()))]),
+                    )
+                },
                 "chain nope",
             ),
             (
-                Op::AddRule(
-                    "services".into(),
-                    Box::new(Rule::new(vec![Expr::Lookup {
-                        key: vec![Selector::Daddr],
-                        set: "nope".into(),
-                        negate: false,
-                    }])),
-                ),
+                |tx| {
+                    tx.add_rule(
+                        "services",
+                        Rule::new(vec![Expr::Lookup {
+                            key: vec![Selector::Daddr],
+                            set: "nope".into(),
+                            negate: false,
+                        }]),
+                    )
+                },
                 "set nope",
             ),
-            (Op::FlushChain("nope".into()), "chain nope"),
+            (|tx| tx.flush_chain("nope"), "chain nope"),
             (
-                Op::DeleteElement("service-ips".into(), vec![Value::Port(1)].into()),
+                |tx| tx.delete_element("service-ips", vec![Value::Port(1)]),
                 "element",
             ),
             (
-                Op::AddRule("nope".into(), Box::new(Rule::new(vec![Expr::Reject]))),
+                |tx| tx.add_rule("nope", Rule::new(vec![Expr::Reject])),
                 "chain nope",
             ),
         ];
-        for (op, what) in cases {
+        for (build, what) in cases {
             let mut tx = Transaction::new(Family::Ip, T);
-            tx.push(op);
+            build(&mut tx);
             let err = nft.run(&tx).unwrap_err();
             assert!(
                 err.is_not_found() && err.to_string().contains(what),
@@ -575,13 +583,15 @@ mod tests {
         tx.add_element("service-ips", elem("172.30.0.41", "reject-chain"));
         tx.add_rule("reject-chain", Rule::new(vec![Expr::Reject]));
         nft.run(&tx).unwrap();
-        for op in [
-            Op::DeleteChain("reject-chain".into()),
-            Op::DeleteChain("services".into()),
-            Op::DeleteSet("service-ips".into()),
-        ] {
+        type Build = fn(&mut Transaction);
+        let deletes: [Build; 3] = [
+            |tx| tx.delete_chain("reject-chain"),
+            |tx| tx.delete_chain("services"),
+            |tx| tx.delete_set("service-ips"),
+        ];
+        for build in deletes {
             let mut tx = Transaction::new(Family::Ip, T);
-            tx.push(op);
+            build(&mut tx);
             assert!(matches!(nft.run(&tx), Err(NftError::Busy(_))));
         }
         // Flushed and unreferenced, it can go.

@@ -955,7 +955,7 @@ impl Proxier {
             Some(t) => t.len(),
             None => self.desired.values().map(BTreeMap::len).sum::<usize>() + node_port_ips.len(),
         });
-        let mut deletes: Vec<SetKey> = Vec::new();
+        let mut deletes: Vec<(&'static str, Arc<Element>)> = Vec::new();
         let mut adds = Adds {
             tx: &mut tx,
             owners: Vec::new(),
@@ -969,7 +969,7 @@ impl Proxier {
                         .and_then(|m| m.get(key))
                         .and_then(|o| holder(&self.desired, set, key, o));
                     let have = self.programmed.get(set).and_then(|m| m.get(key));
-                    diff(set, key, want, have, &mut deletes, &mut adds);
+                    diff(set, want, have, &mut deletes, &mut adds);
                 }
             }
             None => {
@@ -997,18 +997,18 @@ impl Proxier {
                             std::cmp::Ordering::Less => {
                                 if let Some((k, o)) = w.next() {
                                     let o = holder(&self.desired, set, k, o);
-                                    diff(set, k, o, None, &mut deletes, &mut adds);
+                                    diff(set, o, None, &mut deletes, &mut adds);
                                 }
                             }
                             std::cmp::Ordering::Greater => {
-                                if let Some((k, e)) = h.next() {
-                                    diff(set, k, None, Some(e), &mut deletes, &mut adds);
+                                if let Some((_, e)) = h.next() {
+                                    diff(set, None, Some(e), &mut deletes, &mut adds);
                                 }
                             }
                             std::cmp::Ordering::Equal => {
                                 if let (Some((k, o)), Some((_, e))) = (w.next(), h.next()) {
                                     let o = holder(&self.desired, set, k, o);
-                                    diff(set, k, o, Some(e), &mut deletes, &mut adds);
+                                    diff(set, o, Some(e), &mut deletes, &mut adds);
                                 }
                             }
                         }
@@ -1027,9 +1027,9 @@ impl Proxier {
                         adds.push(layout::NODEPORT_IPS, e, None);
                     }
                 }
-                for key in have.keys() {
+                for (key, e) in &have {
                     if !matches!(&key[..], [Value::Addr(ip)] if node_port_ips.contains(ip)) {
-                        deletes.push((layout::NODEPORT_IPS, key.clone()));
+                        deletes.push((layout::NODEPORT_IPS, e.clone()));
                     }
                 }
             }
@@ -1077,15 +1077,17 @@ impl Proxier {
         // where one insert after another leaves each about half full
         // (a cold sync records 180,000 elements at 30,000 Services).
         let mut added: BTreeMap<&'static str, Vec<(Key, Arc<Element>)>> = BTreeMap::new();
+        let names: Vec<Option<&'static str>> = tx.sets().iter().map(own_set_name).collect();
+        let own = |id: verdict_nft::SetId| names.get(id.index()).copied().flatten();
         for op in tx.ops().get(fixed_ops..).unwrap_or_default() {
             match op {
-                verdict_nft::Op::DeleteElement(set, key) => {
-                    if let Some(m) = own_set_name(set).and_then(|s| self.programmed.get_mut(s)) {
-                        m.remove(key);
+                verdict_nft::Op::DeleteElement(set, e) => {
+                    if let Some(m) = own(*set).and_then(|s| self.programmed.get_mut(s)) {
+                        m.remove(&e.key);
                     }
                 }
                 verdict_nft::Op::AddElement(set, e) => {
-                    if let Some(set) = own_set_name(set) {
+                    if let Some(set) = own(*set) {
                         added
                             .entry(set)
                             .or_default()
@@ -1588,10 +1590,9 @@ fn with_prefix<'a, V>(
 
 fn diff(
     set: &'static str,
-    key: &Key,
     want: Option<&(Owner, Arc<Element>)>,
     have: Option<&Arc<Element>>,
-    deletes: &mut Vec<SetKey>,
+    deletes: &mut Vec<(&'static str, Arc<Element>)>,
     adds: &mut Adds<'_>,
 ) {
     let mut add = |(owner, w): &(Owner, Arc<Element>)| {
@@ -1599,12 +1600,12 @@ fn diff(
     };
     match (want, have) {
         (Some((_, w)), Some(h)) if Arc::ptr_eq(w, h) || w == h => {}
-        (Some(w), Some(_)) => {
-            deletes.push((set, key.clone()));
+        (Some(w), Some(h)) => {
+            deletes.push((set, h.clone()));
             add(w);
         }
         (Some(w), None) => add(w),
-        (None, Some(_)) => deletes.push((set, key.clone())),
+        (None, Some(h)) => deletes.push((set, h.clone())),
         (None, None) => {}
     }
 }
@@ -1676,7 +1677,7 @@ impl Refused {
             let Some(verdict_nft::Op::AddElement(set, e)) = tx.ops().get(i) else {
                 continue;
             };
-            let Some(set) = static_set_name(set) else {
+            let Some(set) = static_set_name(tx.set_name(*set)) else {
                 continue;
             };
             let key: Arc<[Value]> = e.key.clone();

@@ -32,7 +32,7 @@ impl Poisoned {
         };
         let poison = &poison;
         let hit = tx.ops().iter().any(|op| match op {
-            Op::AddElement(set, _) if only_in.is_some_and(|s| s != set.as_ref()) => false,
+            Op::AddElement(set, _) if only_in.is_some_and(|s| s != tx.set_name(*set)) => false,
             Op::AddElement(_, e) => {
                 e.comment.as_ref() == Some(poison) || {
                     let mut text = e.key.iter().map(|v| v.to_string()).collect::<Vec<_>>();

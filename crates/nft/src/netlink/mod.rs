@@ -205,7 +205,7 @@ impl NetlinkBackend {
                         run.push((i, op));
                         i += 1;
                     }
-                    b.elements(set, add, &run)?;
+                    b.elements(tx.set_name(*set), add, &run)?;
                 }
                 op => {
                     b.op(i, op)?;
@@ -460,7 +460,7 @@ fn apply_sets(sets: &mut BTreeMap<String, Set>, ops: &[Op]) {
                 sets.entry(s.name.clone()).or_insert_with(|| (**s).clone());
             }
             Op::DeleteSet(s) => {
-                sets.remove(s);
+                sets.remove(s.as_str());
             }
             _ => {}
         }

@@ -380,10 +380,11 @@ impl Batch<'_> {
                 self.w.str(1, table);
                 self.w.str(2, s);
             }
-            Op::AddRule(chain, rule) => {
+            Op::AddRule(r) => {
+                let rule = &r.rule;
                 self.begin(NEWRULE, NLM_F_CREATE | NLM_F_APPEND, i);
                 self.w.str(1, table);
-                self.w.str(2, chain);
+                self.w.str(2, &r.chain);
                 let list = self.w.open(4);
                 let sets = self.sets;
                 let interval = |name: &str| sets.get(name).is_some_and(|s| s.interval);
@@ -496,7 +497,7 @@ impl Batch<'_> {
             }
             let (key, element): (&[Value], Option<&Element>) = match op {
                 Op::AddElement(_, e) => (&e.key, Some(e)),
-                Op::DeleteElement(_, k) => (k, None),
+                Op::DeleteElement(_, e) => (&e.key, None),
                 _ => continue,
             };
             let e = self.w.open(1);

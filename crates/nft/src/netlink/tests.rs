@@ -386,8 +386,7 @@ fn written(tx: &Transaction, defs: &BTreeMap<String, Set>) -> Vec<u8> {
         }
     }
     if let Some((_, Op::AddElement(set, _))) = elements.first() {
-        let set = set.clone();
-        b.elements(&set, true, &elements).unwrap();
+        b.elements(tx.set_name(*set), true, &elements).unwrap();
     }
     w.bytes().to_vec()
 }
