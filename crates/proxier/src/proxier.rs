@@ -1097,7 +1097,7 @@ impl Proxier {
                 _ => {}
             }
         }
-        // The transaction is done with: its operations (40 bytes each, a
+        // The transaction is done with: its operations (16 bytes each, a
         // cold sync's 180,000 at 30,000 Services) go before the record of
         // the kernel is built.
         drop(tx);
