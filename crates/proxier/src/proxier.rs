@@ -956,10 +956,7 @@ impl Proxier {
             None => self.desired.values().map(BTreeMap::len).sum::<usize>() + node_port_ips.len(),
         });
         let mut deletes: Vec<(&'static str, Arc<Element>)> = Vec::new();
-        let mut adds = Adds {
-            tx: &mut tx,
-            owners: Vec::new(),
-        };
+        let mut adds = Adds { tx: &mut tx };
         match &touched {
             Some(touched) => {
                 for (set, key) in touched {
@@ -1024,7 +1021,7 @@ impl Proxier {
                     let key = [Value::Addr(*ip)];
                     if !have.contains_key(key.as_slice()) {
                         let e = Arc::new(Element::key(key.to_vec()));
-                        adds.push(layout::NODEPORT_IPS, e, None);
+                        adds.push(layout::NODEPORT_IPS, e);
                     }
                 }
                 for (key, e) in &have {
@@ -1035,11 +1032,7 @@ impl Proxier {
             }
         }
         // The transaction shares the keys and elements this proxier keeps.
-        let add_owners = adds.owners;
-        let n_deletes = deletes.len();
         tx.insert_shared_deletes(fixed_ops, deletes);
-        let mut owners: Vec<Option<Owner>> = vec![None; fixed_ops + n_deletes];
-        owners.extend(add_owners);
 
         // Chains nobody jumps to any more: empty them now, delete them later.
         let wanted_names: BTreeSet<String> = wanted.iter().map(|c| c.to_string()).collect();
@@ -1062,14 +1055,15 @@ impl Proxier {
         if !tx.is_empty()
             && let Err(e) = backend.run(&tx)
         {
-            owners.resize(tx.len(), None);
+            // Who wants each operation matters only to a failure, so it
+            // is found only then (as the diff chose it: the holder of the
+            // key), not kept beside every operation of every sync.
+            let owners = self.blame(&tx);
             return Err(Failure {
                 error: e.into(),
                 attempt: Some(Box::new((tx, owners))),
             });
         }
-        // Who owns each operation matters only to a failure.
-        drop(owners);
         // The kernel has it now: record the element changes (every
         // element operation of the transaction is one of these, the
         // deletions first). A set recorded empty takes its additions in
@@ -1446,6 +1440,24 @@ impl Proxier {
     /// order, so they are walked side by side instead of searching one
     /// for each of the other (a restart adopts 180,000 elements at 30,000
     /// Services).
+    /// The service port that wants each operation of `tx`: for an element
+    /// addition, the holder of its key (as the diff chose it); none for
+    /// the rest (deletions, chains, node-owned elements).
+    fn blame(&self, tx: &Transaction) -> Vec<Option<Owner>> {
+        let names: Vec<Option<&'static str>> = tx.sets().iter().map(own_set_name).collect();
+        tx.ops()
+            .iter()
+            .map(|op| {
+                let verdict_nft::Op::AddElement(set, e) = op else {
+                    return None;
+                };
+                let set = names.get(set.index()).copied().flatten()?;
+                let owners = self.desired.get(set)?.get(&e.key[..])?;
+                holder(&self.desired, set, &e.key, owners).map(|(o, _)| o.clone())
+            })
+            .collect()
+    }
+
     fn shared_all(
         &self,
         set: &'static str,
@@ -1540,17 +1552,15 @@ impl Proxier {
 }
 
 /// The elements a sync adds, written into its transaction as they are
-/// found, with the service port that wants each (to blame it if the
-/// kernel refuses).
+/// found (who wants each is found again only if the kernel refuses the
+/// transaction: [`Proxier::blame`]).
 struct Adds<'t> {
     tx: &'t mut Transaction,
-    owners: Vec<Option<Owner>>,
 }
 
 impl Adds<'_> {
-    fn push(&mut self, set: &'static str, element: Arc<Element>, owner: Option<Owner>) {
+    fn push(&mut self, set: &'static str, element: Arc<Element>) {
         self.tx.add_shared_element(set, element);
-        self.owners.push(owner);
     }
 }
 
@@ -1595,8 +1605,8 @@ fn diff(
     deletes: &mut Vec<(&'static str, Arc<Element>)>,
     adds: &mut Adds<'_>,
 ) {
-    let mut add = |(owner, w): &(Owner, Arc<Element>)| {
-        adds.push(set, w.clone(), Some(owner.clone()));
+    let mut add = |(_, w): &(Owner, Arc<Element>)| {
+        adds.push(set, w.clone());
     };
     match (want, have) {
         (Some((_, w)), Some(h)) if Arc::ptr_eq(w, h) || w == h => {}

@@ -743,3 +743,37 @@ fn a_targeted_explain_finds_missing_and_differing_elements_and_says_what_it_did_
     let whole = explain(&view, &web, &[(IpFamily::V4, kernel(&nft))]);
     assert_eq!(whole["drift"]["extra"], 0, "{whole:#}");
 }
+
+#[test]
+fn the_wanted_elements_of_a_set_are_found_by_key() {
+    let key = |i: u32| {
+        vec![
+            Value::Addr(IpAddr::from([10, (i >> 16) as u8, (i >> 8) as u8, i as u8])),
+            Value::Port(80),
+        ]
+    };
+    let elements: Vec<Element> = (0..5_000)
+        .map(|i| Element::map(key(i), ElementValue::Verdict(Verdict::Drop)))
+        .chain([Element::map(key(7), ElementValue::Verdict(Verdict::Accept))])
+        .collect();
+    let mut want = Wanted::new(elements.iter());
+    // One entry per key, the first kept; at most half the slots used.
+    assert_eq!(want.entries.len(), 5_000);
+    assert!(want.slots.len() >= 10_000);
+    for i in (0..5_000).step_by(7) {
+        let (e, seen) = want.get_mut(&key(i)).unwrap();
+        assert_eq!(e.key[..], key(i)[..]);
+        assert!(!*seen);
+        *seen = true;
+    }
+    assert_eq!(
+        want.get_mut(&key(7))
+            .map(|(e, seen)| (e.value.clone(), *seen)),
+        Some((Some(ElementValue::Verdict(Verdict::Drop)), true))
+    );
+    assert!(want.get_mut(&key(5_000)).is_none());
+    assert!(want.get_mut(&[Value::Port(80)]).is_none());
+    let seen = want.entries.iter().filter(|(_, s)| *s).count();
+    assert_eq!(seen, 5_000_usize.div_ceil(7));
+    assert!(Wanted::new(std::iter::empty()).get_mut(&key(1)).is_none());
+}
