@@ -150,7 +150,7 @@ pub struct Intent {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct IntendedElement {
     /// The set or map.
-    pub set: &'static str,
+    pub set: crate::layout::SetRef,
     /// The element, shared with the proxier's own record.
     pub element: Arc<Element>,
     /// Another service port claims the key first: its element is the one
@@ -513,10 +513,12 @@ impl Proxier {
                 let Some(owners) = self.desired.get(set).and_then(|m| m.get(key)) else {
                     continue;
                 };
-                if let Some((_, e)) = owners.iter().find(|(o, _)| o.as_ref() == port) {
+                if let Some((_, e)) = owners.iter().find(|(o, _)| o.as_ref() == port)
+                    && let Some(set_ref) = crate::layout::SetRef::of(set)
+                {
                     let winner = self.programmed_for(set, key, owners);
                     elements.push(IntendedElement {
-                        set,
+                        set: set_ref,
                         element: e.clone(),
                         programmed_for: winner.filter(|w| ***w != *port).cloned(),
                     });

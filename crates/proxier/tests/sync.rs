@@ -735,7 +735,7 @@ fn recorded(fx: &Fixture, services: usize) -> Vec<String> {
         for (port, intent) in fx.proxier.intent_of(&name) {
             out.push(format!("{port} {intent:?}"));
             for e in &intent.elements {
-                let owners = fx.proxier.owners_of(e.set, &e.element.key);
+                let owners = fx.proxier.owners_of(e.set.name(), &e.element.key);
                 out.push(format!("{} {:?} {owners:?}", e.set, e.element.key));
             }
         }

@@ -1007,7 +1007,7 @@ pub fn explained_elements(view: &ServiceView) -> Vec<(IpFamily, &'static str, Ve
     for (family, port) in view.ports() {
         for e in port.intent.iter().flat_map(|i| &i.elements) {
             if e.programmed_for.is_none() {
-                out.push((family, e.set, e.element.key.to_vec()));
+                out.push((family, e.set.name(), e.element.key.to_vec()));
             }
         }
     }
@@ -1134,7 +1134,7 @@ pub fn explain(
                     }
                     (None, _) => "unknown: the table was not read".to_owned(),
                     (Some(k), None) => match k
-                        .element(e.set, &e.element.key)
+                        .element(e.set.name(), &e.element.key)
                         .filter(|found| found.key == e.element.key)
                     {
                         None => {
@@ -1155,7 +1155,7 @@ pub fn explain(
                     },
                 };
                 elements.push(ExplainElement {
-                    set: e.set.into(),
+                    set: e.set.name().into(),
                     element: element_text(&e.element),
                     kernel: state,
                     programmed_for: e.programmed_for.as_ref().map(ToString::to_string),
@@ -1167,7 +1167,7 @@ pub fn explain(
                 .map(|i| {
                     i.elements
                         .iter()
-                        .map(|e| (e.set, &e.element.key[..]))
+                        .map(|e| (e.set.name(), &e.element.key[..]))
                         .collect()
                 })
                 .unwrap_or_default();
@@ -1284,7 +1284,7 @@ pub fn drift(handle: &NodeHandle, f: &FamilyView, kernel: &Kernel) -> FamilyDrif
     let (mut missing, mut differs, mut extra) = (Vec::new(), Vec::new(), Vec::new());
     let node_port_ips = &f.node_port_ips;
     let mut names: std::collections::BTreeSet<&str> = t.sets.keys().map(String::as_str).collect();
-    names.extend(intents().map(|e| e.set));
+    names.extend(intents().map(|e| e.set.name()));
     for name in names {
         // The element programmed for each key of this set (another port's
         // claim on the key names it as programmed_for), and whether the
