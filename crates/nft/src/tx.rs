@@ -111,12 +111,13 @@ impl Transaction {
         self.sets.get(id.0 as usize).map_or("", |s| s)
     }
 
-    /// The id of a set's name, added if new. Element operations come in
-    /// runs on one set, so the last name is tried first, by address (the
-    /// program's own names are static).
-    fn set_id(&mut self, name: SetName) -> SetId {
+    /// The id of a set's name; a new name is kept as `keep` makes it (so
+    /// a name already there is not copied again). Element operations come
+    /// in runs on one set, so the last name is tried first, by address
+    /// (the program's own names are static).
+    fn set_id(&mut self, name: &str, keep: impl FnOnce() -> SetName) -> SetId {
         let same = |s: &SetName| {
-            (std::ptr::eq(s.as_ptr(), name.as_ptr()) && s.len() == name.len()) || *s == name
+            (std::ptr::eq(s.as_ptr(), name.as_ptr()) && s.len() == name.len()) || **s == *name
         };
         if let Some(last) = self.sets.last()
             && same(last)
@@ -126,7 +127,7 @@ impl Transaction {
         if let Some(i) = self.sets.iter().position(same) {
             return SetId(i as u32);
         }
-        self.sets.push(name);
+        self.sets.push(keep());
         SetId(self.sets.len() as u32 - 1)
     }
 
@@ -235,20 +236,20 @@ impl Transaction {
 
     /// Adds an element.
     pub fn add_element(&mut self, set: &str, element: Element) {
-        let id = self.set_id(Cow::Owned(set.to_owned()));
+        let id = self.set_id(set, || Cow::Owned(set.to_owned()));
         self.push(Op::AddElement(id, Arc::new(element)));
     }
 
     /// Adds an element that the caller keeps too, to a set with a static
     /// name: neither is copied.
     pub fn add_shared_element(&mut self, set: &'static str, element: Arc<Element>) {
-        let id = self.set_id(Cow::Borrowed(set));
+        let id = self.set_id(set, || Cow::Borrowed(set));
         self.push(Op::AddElement(id, element));
     }
 
     /// Deletes an element by key.
     pub fn delete_element(&mut self, set: &str, key: impl Into<Arc<[Value]>>) {
-        let id = self.set_id(Cow::Owned(set.to_owned()));
+        let id = self.set_id(set, || Cow::Owned(set.to_owned()));
         self.push(Op::DeleteElement(id, Arc::new(Element::key(key))));
     }
 
@@ -256,7 +257,7 @@ impl Transaction {
     /// element it recorded as programmed), from a set with a static name:
     /// neither is copied.
     pub fn delete_shared_element(&mut self, set: &'static str, element: Arc<Element>) {
-        let id = self.set_id(Cow::Borrowed(set));
+        let id = self.set_id(set, || Cow::Borrowed(set));
         self.push(Op::DeleteElement(id, element));
     }
 
@@ -270,7 +271,9 @@ impl Transaction {
     ) {
         let ops: Vec<Op> = deletes
             .into_iter()
-            .map(|(set, element)| Op::DeleteElement(self.set_id(Cow::Borrowed(set)), element))
+            .map(|(set, element)| {
+                Op::DeleteElement(self.set_id(set, || Cow::Borrowed(set)), element)
+            })
             .collect();
         for op in &ops {
             self.check(op);

@@ -958,7 +958,6 @@ impl Proxier {
             None => self.desired.values().map(BTreeMap::len).sum::<usize>() + node_port_ips.len(),
         });
         let mut deletes: Vec<(&'static str, Arc<Element>)> = Vec::new();
-        let mut adds = Adds { tx: &mut tx };
         match &touched {
             Some(touched) => {
                 for (set, key) in touched {
@@ -968,7 +967,7 @@ impl Proxier {
                         .and_then(|m| m.get(key))
                         .and_then(|o| holder(&self.desired, set, key, o));
                     let have = self.programmed.get(set).and_then(|m| m.get(key));
-                    diff(set, want, have, &mut deletes, &mut adds);
+                    diff(set, want, have, &mut deletes, &mut tx);
                 }
             }
             None => {
@@ -996,18 +995,18 @@ impl Proxier {
                             std::cmp::Ordering::Less => {
                                 if let Some((k, o)) = w.next() {
                                     let o = holder(&self.desired, set, k, o);
-                                    diff(set, o, None, &mut deletes, &mut adds);
+                                    diff(set, o, None, &mut deletes, &mut tx);
                                 }
                             }
                             std::cmp::Ordering::Greater => {
                                 if let Some((_, e)) = h.next() {
-                                    diff(set, None, Some(e), &mut deletes, &mut adds);
+                                    diff(set, None, Some(e), &mut deletes, &mut tx);
                                 }
                             }
                             std::cmp::Ordering::Equal => {
                                 if let (Some((k, o)), Some((_, e))) = (w.next(), h.next()) {
                                     let o = holder(&self.desired, set, k, o);
-                                    diff(set, o, Some(e), &mut deletes, &mut adds);
+                                    diff(set, o, Some(e), &mut deletes, &mut tx);
                                 }
                             }
                         }
@@ -1023,7 +1022,7 @@ impl Proxier {
                     let key = [Value::Addr(*ip)];
                     if !have.contains_key(key.as_slice()) {
                         let e = Arc::new(Element::key(key.to_vec()));
-                        adds.push(layout::NODEPORT_IPS, e);
+                        tx.add_shared_element(layout::NODEPORT_IPS, e);
                     }
                 }
                 for (key, e) in &have {
@@ -1073,8 +1072,7 @@ impl Proxier {
         // where one insert after another leaves each about half full
         // (a cold sync records 180,000 elements at 30,000 Services).
         let mut added: BTreeMap<&'static str, Vec<(Key, Arc<Element>)>> = BTreeMap::new();
-        let names: Vec<Option<&'static str>> = tx.sets().iter().map(own_set_name).collect();
-        let own = |id: verdict_nft::SetId| names.get(id.index()).copied().flatten();
+        let own = own_sets(&tx);
         for op in tx.ops().get(fixed_ops..).unwrap_or_default() {
             match op {
                 verdict_nft::Op::DeleteElement(set, e) => {
@@ -1435,6 +1433,24 @@ impl Proxier {
         stored
     }
 
+    /// The service port that wants each operation of `tx`: for an element
+    /// addition, the holder of its key (as the diff chose it); none for
+    /// the rest (deletions, chains, node-owned elements).
+    fn blame(&self, tx: &Transaction) -> Vec<Option<Owner>> {
+        let own = own_sets(tx);
+        tx.ops()
+            .iter()
+            .map(|op| {
+                let verdict_nft::Op::AddElement(set, e) = op else {
+                    return None;
+                };
+                let set = own(*set)?;
+                let owners = self.desired.get(set)?.get(&e.key[..])?;
+                holder(&self.desired, set, &e.key, owners).map(|(o, _)| o.clone())
+            })
+            .collect()
+    }
+
     /// The elements read back from `set`, as the record of the kernel
     /// keeps them: each key, and the element itself, shared with what is
     /// wanted where that is the same (it nearly always is), so each is
@@ -1442,24 +1458,6 @@ impl Proxier {
     /// order, so they are walked side by side instead of searching one
     /// for each of the other (a restart adopts 180,000 elements at 30,000
     /// Services).
-    /// The service port that wants each operation of `tx`: for an element
-    /// addition, the holder of its key (as the diff chose it); none for
-    /// the rest (deletions, chains, node-owned elements).
-    fn blame(&self, tx: &Transaction) -> Vec<Option<Owner>> {
-        let names: Vec<Option<&'static str>> = tx.sets().iter().map(own_set_name).collect();
-        tx.ops()
-            .iter()
-            .map(|op| {
-                let verdict_nft::Op::AddElement(set, e) = op else {
-                    return None;
-                };
-                let set = names.get(set.index()).copied().flatten()?;
-                let owners = self.desired.get(set)?.get(&e.key[..])?;
-                holder(&self.desired, set, &e.key, owners).map(|(o, _)| o.clone())
-            })
-            .collect()
-    }
-
     fn shared_all(
         &self,
         set: &'static str,
@@ -1553,19 +1551,6 @@ impl Proxier {
     }
 }
 
-/// The elements a sync adds, written into its transaction as they are
-/// found (who wants each is found again only if the kernel refuses the
-/// transaction: [`Proxier::blame`]).
-struct Adds<'t> {
-    tx: &'t mut Transaction,
-}
-
-impl Adds<'_> {
-    fn push(&mut self, set: &'static str, element: Arc<Element>) {
-        self.tx.add_shared_element(set, element);
-    }
-}
-
 /// The owner whose element of `key` is programmed: the first in name
 /// order, except in `firewall-allow`, where a source range is programmed
 /// only for the service port that holds the firewalled destination (the
@@ -1605,11 +1590,12 @@ fn diff(
     want: Option<&(Owner, Arc<Element>)>,
     have: Option<&Arc<Element>>,
     deletes: &mut Vec<(&'static str, Arc<Element>)>,
-    adds: &mut Adds<'_>,
+    tx: &mut Transaction,
 ) {
-    let mut add = |(_, w): &(Owner, Arc<Element>)| {
-        adds.push(set, w.clone());
-    };
+    // Additions go straight into the transaction, as they are found (who
+    // wants each is found again only if the kernel refuses it:
+    // [`Proxier::blame`]).
+    let mut add = |(_, w): &(Owner, Arc<Element>)| tx.add_shared_element(set, w.clone());
     match (want, have) {
         (Some((_, w)), Some(h)) if Arc::ptr_eq(w, h) || w == h => {}
         (Some(w), Some(h)) => {
@@ -1886,7 +1872,13 @@ fn own_set_name(name: &verdict_nft::SetName) -> Option<&'static str> {
 }
 
 fn static_set_name(name: &str) -> Option<&'static str> {
-    layout::SETS.into_iter().find(|n| *n == name)
+    layout::SetRef::of(name).map(layout::SetRef::name)
+}
+
+/// Our static name for each set `tx` names, by its id.
+fn own_sets(tx: &Transaction) -> impl Fn(verdict_nft::SetId) -> Option<&'static str> + use<> {
+    let names: Vec<Option<&'static str>> = tx.sets().iter().map(own_set_name).collect();
+    move |id| names.get(id.index()).copied().flatten()
 }
 
 #[cfg(test)]
