@@ -535,8 +535,11 @@ pub struct Element {
     pub key: Arc<[Value]>,
     /// Value, for maps.
     pub value: Option<ElementValue>,
-    /// Optional comment (not compared by the kernel).
-    pub comment: Option<String>,
+    /// Optional comment (not compared by the kernel). Boxed, without
+    /// spare room: that keeps an element at 64 bytes, so a shared one
+    /// (`Arc<Element>`) takes an 80-byte block, not a 96-byte one
+    /// (180,000 of them at 30,000 Services).
+    pub comment: Option<Box<str>>,
 }
 
 impl Element {
@@ -561,7 +564,7 @@ impl Element {
     /// Sets the comment (cut to fit the kernel, see [`fit_comment`]).
     #[must_use]
     pub fn with_comment(mut self, comment: impl Into<String>) -> Element {
-        self.comment = Some(fit_comment(comment));
+        self.comment = Some(fit_comment(comment).into_boxed_str());
         self
     }
 }
@@ -1071,5 +1074,8 @@ mod tests {
         assert_eq!(e.comment.as_deref().map(str::len), Some(COMMENT_LENGTH_MAX));
         let r = Rule::new(vec![Expr::Verdict(Verdict::Accept)]).with_comment("c".repeat(300));
         assert_eq!(r.comment.as_deref().map(str::len), Some(COMMENT_LENGTH_MAX));
+        // Shared as `Arc<Element>`, an element takes an 80-byte block
+        // (180,000 of them at 30,000 Services).
+        assert_eq!(std::mem::size_of::<Element>(), 64);
     }
 }

@@ -20,7 +20,7 @@ use verdict_nft::{Backend, Chain, Element, ElementValue, Transaction, Value};
 
 use crate::config::ProxierConfig;
 use crate::error::ProxierError;
-use crate::layout::{self, DynChain};
+use crate::layout::{self, DynChain, SetRef};
 use crate::plan::{Contribution, EndpointSet, contribution};
 
 /// A full sync happens at least this often.
@@ -251,6 +251,37 @@ impl Owners {
     }
 }
 
+/// One key of a set: the service ports that want it, and the element the
+/// kernel has there. What is wanted and what is programmed share one
+/// entry, so each of the 180,000 keys at 30,000 Services is one entry of
+/// one map, not one in a map of what is wanted and one more in a record
+/// of the kernel. The programmed element is the winner's own allocation
+/// whenever that is what the kernel has (nearly always).
+#[derive(Debug, Default)]
+struct Slot {
+    owners: Owners,
+    /// The element the kernel has for the key (`None`: none).
+    programmed: Option<Arc<Element>>,
+}
+
+impl Slot {
+    /// Nobody wants the key and the kernel has nothing there: the entry
+    /// can go.
+    fn is_unused(&self) -> bool {
+        self.owners.is_empty() && self.programmed.is_none()
+    }
+
+    fn of_kernel(e: Arc<Element>) -> Slot {
+        Slot {
+            owners: Owners::default(),
+            programmed: Some(e),
+        }
+    }
+}
+
+/// Set → key → who wants it and what the kernel has.
+type Slots = BTreeMap<&'static str, BTreeMap<Key, Slot>>;
+
 /// Why the main transaction of a sync failed, with what is needed to find
 /// the service ports responsible.
 struct Failure {
@@ -291,10 +322,12 @@ const MAX_ISOLATION_ROUNDS: usize = 8;
 const MAX_CONFLICTS: usize = 64;
 
 /// What a service port contributed, without the elements themselves (they
-/// live once, in `desired`).
+/// live once, in the slots).
 #[derive(Debug)]
 struct Stored {
-    keys: Vec<SetKey>,
+    /// Each element's set (a byte, where its name takes sixteen) and key,
+    /// in the contribution's order: 180,000 at 30,000 Services.
+    keys: Vec<(SetRef, Key)>,
     /// In order. A list, not a set: a port jumps to one shared chain or a
     /// few, and a `BTreeSet` allocates room for 11 (30,000 ports).
     chains: Box<[DynChain]>,
@@ -311,10 +344,9 @@ pub struct Proxier {
     services: ServicePortMap,
     endpoints: EndpointsMap,
     contributions: BTreeMap<ServicePortName, Stored>,
-    /// Desired elements: set → key → owners.
-    desired: BTreeMap<&'static str, BTreeMap<Key, Owners>>,
-    /// Elements believed to be in the kernel.
-    programmed: BTreeMap<&'static str, BTreeMap<Key, Arc<Element>>>,
+    /// Every element key wanted or believed to be in the kernel: who
+    /// wants it, and what the kernel has there.
+    slots: Slots,
     chain_refs: BTreeMap<DynChain, usize>,
     /// Shared chains with rules in the kernel.
     programmed_chains: BTreeSet<String>,
@@ -360,8 +392,7 @@ impl Proxier {
             services: ServicePortMap::new(),
             endpoints: EndpointsMap::new(),
             contributions: BTreeMap::new(),
-            desired: BTreeMap::new(),
-            programmed: BTreeMap::new(),
+            slots: BTreeMap::new(),
             chain_refs: BTreeMap::new(),
             programmed_chains: BTreeSet::new(),
             stale_chains: BTreeMap::new(),
@@ -491,10 +522,10 @@ impl Proxier {
     /// The service ports that want `key` in `set`, the one whose element
     /// is programmed first (the first in name order).
     pub fn owners_of(&self, set: &str, key: &[Value]) -> Vec<&ServicePortName> {
-        self.desired
+        self.slots
             .get(set)
             .and_then(|m| m.get(key))
-            .map(|o| o.iter().map(|(owner, _)| owner.as_ref()).collect())
+            .map(|s| s.owners.iter().map(|(owner, _)| owner.as_ref()).collect())
             .unwrap_or_default()
     }
 
@@ -509,13 +540,18 @@ impl Proxier {
             .take_while(|(k, _)| k.service == *svc)
         {
             let mut elements = Vec::with_capacity(stored.keys.len());
-            for (set, key) in &stored.keys {
-                let Some(owners) = self.desired.get(set).and_then(|m| m.get(key)) else {
+            for (set_ref, key) in &stored.keys {
+                let set = set_ref.name();
+                let Some(owners) = self
+                    .slots
+                    .get(set)
+                    .and_then(|m| m.get(key))
+                    .map(|s| &s.owners)
+                else {
                     continue;
                 };
-                if let Some((_, e)) = owners.iter().find(|(o, _)| o.as_ref() == port)
-                    && let Some(set_ref) = crate::layout::SetRef::of(set)
-                {
+                if let Some((_, e)) = owners.iter().find(|(o, _)| o.as_ref() == port) {
+                    let set_ref = *set_ref;
                     let winner = self.programmed_for(set, key, owners);
                     elements.push(IntendedElement {
                         set: set_ref,
@@ -538,10 +574,10 @@ impl Proxier {
     /// Every element the table should hold, set by set (the winner of
     /// each key), to compare with what the kernel has.
     pub fn desired_elements(&self) -> impl Iterator<Item = (&'static str, &Element)> + '_ {
-        let desired = &self.desired;
-        desired.iter().flat_map(move |(set, m)| {
-            m.iter().filter_map(move |(k, o)| {
-                holder(desired, set, k, o).map(|(_, e)| (*set, e.as_ref()))
+        let slots = &self.slots;
+        slots.iter().flat_map(move |(set, m)| {
+            m.iter().filter_map(move |(k, s)| {
+                holder(slots, set, k, &s.owners).map(|(_, e)| (*set, e.as_ref()))
             })
         })
     }
@@ -555,13 +591,13 @@ impl Proxier {
         key: &[Value],
         owners: &'a Owners,
     ) -> Option<&'a Owner> {
-        match holder(&self.desired, set, key, owners) {
+        match holder(&self.slots, set, key, owners) {
             Some((o, _)) => Some(o),
             None => self
-                .desired
+                .slots
                 .get(layout::FIREWALL_IPS)
                 .and_then(|m| m.get(key.get(..key.len().saturating_sub(1))?))
-                .and_then(Owners::winner_owner),
+                .and_then(|s| s.owners.winner_owner()),
         }
     }
 
@@ -574,8 +610,8 @@ impl Proxier {
         for key in keys {
             let mut claims: BTreeSet<&Owner> = BTreeSet::new();
             for set in DESTINATIONS {
-                if let Some(o) = self.desired.get(set).and_then(|m| m.get(&key)) {
-                    claims.extend(o.iter().map(|(o, _)| o));
+                if let Some(s) = self.slots.get(set).and_then(|m| m.get(&key)) {
+                    claims.extend(s.owners.iter().map(|(o, _)| o));
                 }
             }
             let mut now: Vec<Conflict> = Vec::new();
@@ -826,7 +862,13 @@ impl Proxier {
             // list, and withdrawing then re-adding them one by one shifts
             // that list once per owner: quadratic at 30,000 services.
             self.contributions.clear();
-            self.desired.clear();
+            // What the kernel has is kept.
+            for m in self.slots.values_mut() {
+                m.retain(|_, s| {
+                    s.owners = Owners::default();
+                    s.programmed.is_some()
+                });
+            }
             self.chain_refs.clear();
             self.affinity_allowed.clear();
             self.no_local = (0, 0);
@@ -860,10 +902,7 @@ impl Proxier {
                 .collect();
             let allow = layout::FIREWALL_ALLOW;
             for entry in entries {
-                if let Some(m) = self.desired.get(allow) {
-                    t.extend(with_prefix(m, &entry).map(|k| (allow, k.clone())));
-                }
-                if let Some(m) = self.programmed.get(allow) {
+                if let Some(m) = self.slots.get(allow) {
                     t.extend(with_prefix(m, &entry).map(|k| (allow, k.clone())));
                 }
             }
@@ -894,7 +933,12 @@ impl Proxier {
             // What is really there replaces what we believed. The elements
             // read back are taken, not copied: the table read is the
             // largest thing a repair holds.
-            self.programmed = BTreeMap::new();
+            for m in self.slots.values_mut() {
+                m.retain(|_, s| {
+                    s.programmed = None;
+                    !s.owners.is_empty()
+                });
+            }
             for set in layout::sets(&self.cfg) {
                 let name = static_set_name(&set.name);
                 let read = existing.as_mut().and_then(|t| t.sets.get_mut(&set.name));
@@ -902,8 +946,7 @@ impl Proxier {
                     && name != layout::AFFINITY
                     && s.set.same_type(&set)
                 {
-                    let have = self.shared_all(name, std::mem::take(&mut s.elements));
-                    self.programmed.insert(name, have);
+                    self.adopt(name, std::mem::take(&mut s.elements));
                 }
             }
             let existing = existing.as_ref().unwrap_or(&empty);
@@ -955,78 +998,45 @@ impl Proxier {
         let fixed_ops = tx.len();
         tx.reserve(match &touched {
             Some(t) => t.len(),
-            None => self.desired.values().map(BTreeMap::len).sum::<usize>() + node_port_ips.len(),
+            None => self.slots.values().map(BTreeMap::len).sum::<usize>() + node_port_ips.len(),
         });
         let mut deletes: Vec<(&'static str, Arc<Element>)> = Vec::new();
         match &touched {
             Some(touched) => {
                 for (set, key) in touched {
-                    let want = self
-                        .desired
-                        .get(set)
-                        .and_then(|m| m.get(key))
-                        .and_then(|o| holder(&self.desired, set, key, o));
-                    let have = self.programmed.get(set).and_then(|m| m.get(key));
+                    let slot = self.slots.get(set).and_then(|m| m.get(key));
+                    let want = slot.and_then(|s| holder(&self.slots, set, key, &s.owners));
+                    let have = slot.and_then(|s| s.programmed.as_ref());
                     diff(set, want, have, &mut deletes, &mut tx);
                 }
             }
             None => {
-                // Full: walk desired and programmed side by side, set by set.
-                let empty = BTreeMap::new();
-                let mut names: BTreeSet<&'static str> = self.desired.keys().copied().collect();
-                names.extend(
-                    self.programmed
-                        .keys()
-                        .filter(|s| **s != layout::NODEPORT_IPS),
-                );
-                for set in names {
-                    let want = self.desired.get(set).unwrap_or(&empty);
-                    let have = self.programmed.get(set);
-                    let mut w = want.iter().peekable();
-                    let mut h = have.into_iter().flatten().peekable();
-                    loop {
-                        let order = match (w.peek(), h.peek()) {
-                            (None, None) => break,
-                            (Some(_), None) => std::cmp::Ordering::Less,
-                            (None, Some(_)) => std::cmp::Ordering::Greater,
-                            (Some((wk, _)), Some((hk, _))) => wk.cmp(hk),
-                        };
-                        match order {
-                            std::cmp::Ordering::Less => {
-                                if let Some((k, o)) = w.next() {
-                                    let o = holder(&self.desired, set, k, o);
-                                    diff(set, o, None, &mut deletes, &mut tx);
-                                }
-                            }
-                            std::cmp::Ordering::Greater => {
-                                if let Some((_, e)) = h.next() {
-                                    diff(set, None, Some(e), &mut deletes, &mut tx);
-                                }
-                            }
-                            std::cmp::Ordering::Equal => {
-                                if let (Some((k, o)), Some((_, e))) = (w.next(), h.next()) {
-                                    let o = holder(&self.desired, set, k, o);
-                                    diff(set, o, Some(e), &mut deletes, &mut tx);
-                                }
-                            }
-                        }
+                // Full: every slot, set by set. NodePort addresses are
+                // the node's, not any service's: they follow.
+                for (set, m) in &self.slots {
+                    if *set == layout::NODEPORT_IPS {
+                        continue;
+                    }
+                    for (k, s) in m {
+                        let want = holder(&self.slots, set, k, &s.owners);
+                        diff(set, want, s.programmed.as_ref(), &mut deletes, &mut tx);
                     }
                 }
-                // NodePort addresses are owned by the node, not by services.
-                let have = self
-                    .programmed
-                    .get(layout::NODEPORT_IPS)
-                    .cloned()
-                    .unwrap_or_default();
+                let have = self.slots.get(layout::NODEPORT_IPS);
                 for ip in &node_port_ips {
                     let key = [Value::Addr(*ip)];
-                    if !have.contains_key(key.as_slice()) {
+                    let programmed = have
+                        .and_then(|m| m.get(key.as_slice()))
+                        .is_some_and(|s| s.programmed.is_some());
+                    if !programmed {
                         let e = Arc::new(Element::key(key.to_vec()));
                         tx.add_shared_element(layout::NODEPORT_IPS, e);
                     }
                 }
-                for (key, e) in &have {
-                    if !matches!(&key[..], [Value::Addr(ip)] if node_port_ips.contains(ip)) {
+                for (key, s) in have.into_iter().flatten() {
+                    if let Some(e) = &s.programmed
+                        && !matches!(&key[..], [Value::Addr(ip)] if node_port_ips.contains(ip))
+                    {
                         deletes.push((layout::NODEPORT_IPS, e.clone()));
                     }
                 }
@@ -1065,42 +1075,35 @@ impl Proxier {
                 attempt: Some(Box::new((tx, owners))),
             });
         }
-        // The kernel has it now: record the element changes (every
-        // element operation of the transaction is one of these, the
-        // deletions first). A set recorded empty takes its additions in
-        // one piece: a B-tree built from sorted entries fills its nodes,
-        // where one insert after another leaves each about half full
-        // (a cold sync records 180,000 elements at 30,000 Services).
-        let mut added: BTreeMap<&'static str, Vec<(Key, Arc<Element>)>> = BTreeMap::new();
+        // The kernel has it now: record the element changes in their
+        // slots (every element operation of the transaction is one of
+        // these, the deletions first). An element added is the winner's
+        // own allocation, which its slot then shares.
         let own = own_sets(&tx);
         for op in tx.ops().get(fixed_ops..).unwrap_or_default() {
             match op {
                 verdict_nft::Op::DeleteElement(set, e) => {
-                    if let Some(m) = own(*set).and_then(|s| self.programmed.get_mut(s)) {
-                        m.remove(&e.key);
+                    if let Some(m) = own(*set).and_then(|s| self.slots.get_mut(s))
+                        && let Some(slot) = m.get_mut(&e.key)
+                    {
+                        slot.programmed = None;
+                        if slot.is_unused() {
+                            m.remove(&e.key);
+                        }
                     }
                 }
                 verdict_nft::Op::AddElement(set, e) => {
                     if let Some(set) = own(*set) {
-                        added
-                            .entry(set)
-                            .or_default()
-                            .push((e.key.clone(), e.clone()));
+                        let m = self.slots.entry(set).or_default();
+                        match m.get_mut(&e.key) {
+                            Some(slot) => slot.programmed = Some(e.clone()),
+                            None => {
+                                m.insert(e.key.clone(), Slot::of_kernel(e.clone()));
+                            }
+                        }
                     }
                 }
                 _ => {}
-            }
-        }
-        // The transaction is done with: its operations (16 bytes each, a
-        // cold sync's 180,000 at 30,000 Services) go before the record of
-        // the kernel is built.
-        drop(tx);
-        for (set, elements) in added {
-            let m = self.programmed.entry(set).or_default();
-            if m.is_empty() {
-                *m = elements.into_iter().collect();
-            } else {
-                m.extend(elements);
             }
         }
         self.programmed_chains = wanted_names;
@@ -1275,14 +1278,15 @@ impl Proxier {
         self.no_local.0 -= usize::from(c.no_local_internal);
         self.no_local.1 -= usize::from(c.no_local_external);
         for (set, key) in &c.keys {
-            if let Some(m) = self.desired.get_mut(set)
-                && let Some(owners) = m.get_mut(key)
+            let set = &set.name();
+            if let Some(m) = self.slots.get_mut(set)
+                && let Some(slot) = m.get_mut(key)
             {
-                if owners.len() > 1 && DESTINATIONS.contains(set) {
+                if slot.owners.len() > 1 && DESTINATIONS.contains(set) {
                     self.contested.insert(key.clone());
                 }
-                owners.remove(owner);
-                if owners.is_empty() {
+                slot.owners.remove(owner);
+                if slot.is_unused() {
                     m.remove(key);
                 }
             }
@@ -1321,7 +1325,7 @@ impl Proxier {
             let (elements, mut s) = self.account(port, c);
             for (at, (set, e)) in elements.into_iter().enumerate() {
                 s.keys.push((set, e.key.clone()));
-                staged.entry(set).or_default().push((i, at, e));
+                staged.entry(set.name()).or_default().push((i, at, e));
             }
             owners.push(Arc::new(port.clone()));
             stored.push(s);
@@ -1355,7 +1359,10 @@ impl Proxier {
                     }
                 }
             }
-            self.desired.insert(set, entries.into_iter().collect());
+            // The slots left hold only what the kernel has; the wanted
+            // join them, both in key order, into a map built in one piece.
+            let kept = self.slots.remove(set).unwrap_or_default();
+            self.slots.insert(set, merged(kept, entries));
         }
         self.contributions = owners
             .iter()
@@ -1372,7 +1379,7 @@ impl Proxier {
         &mut self,
         port: &ServicePortName,
         c: Contribution,
-    ) -> (Vec<(&'static str, Element)>, Stored) {
+    ) -> (Vec<(SetRef, Element)>, Stored) {
         for (entry, allowed) in &c.affinity {
             self.affinity_allowed
                 .entry(entry.clone())
@@ -1392,7 +1399,21 @@ impl Proxier {
             no_local_external: c.no_local_external,
             affinity: c.affinity,
         };
-        (c.elements, stored)
+        let elements = c
+            .elements
+            .into_iter()
+            .filter_map(|(set, e)| match SetRef::of(set) {
+                Some(r) => Some((r, e)),
+                None => {
+                    // Every set the layout defines is one of `SETS` (a unit
+                    // test holds them equal): an element of another could
+                    // not be programmed, nor withdrawn.
+                    tracing::error!(set, port = %port, "an element of a set the layout does not define: left out");
+                    None
+                }
+            })
+            .collect();
+        (elements, stored)
     }
 
     fn contribute(
@@ -1402,33 +1423,35 @@ impl Proxier {
         mut touched: Option<&mut BTreeSet<SetKey>>,
     ) -> Stored {
         let (elements, mut stored) = self.account(&owner, c);
-        for (set, mut e) in elements {
-            let m = self.desired.entry(set).or_default();
+        for (set_ref, mut e) in elements {
+            let set = set_ref.name();
+            let m = self.slots.entry(set).or_default();
             // The key as the map has it already (other owners, or the
             // element programmed), so that each key is stored once: the
             // element then holds that allocation too. One search of the
             // map finds it or the place for it.
-            let (key, owners) = match m.entry(e.key.clone()) {
+            let (key, slot) = match m.entry(e.key.clone()) {
                 btree_map::Entry::Occupied(o) => {
                     let k = o.key().clone();
                     e.key = k.clone();
                     (k, o.into_mut())
                 }
-                btree_map::Entry::Vacant(v) => (e.key.clone(), v.insert(Owners::default())),
+                btree_map::Entry::Vacant(v) => (e.key.clone(), v.insert(Slot::default())),
             };
-            let e = match self.programmed.get(set).and_then(|p| p.get(&key)) {
+            let e = match &slot.programmed {
                 Some(p) if **p == e => p.clone(),
                 _ => Arc::new(e),
             };
-            if DESTINATIONS.contains(&set) && owners.iter().any(|(o, _)| o.service != owner.service)
+            if DESTINATIONS.contains(&set)
+                && slot.owners.iter().any(|(o, _)| o.service != owner.service)
             {
                 self.contested.insert(key.clone());
             }
-            owners.insert(owner.clone(), e);
+            slot.owners.insert(owner.clone(), e);
             if let Some(t) = touched.as_deref_mut() {
                 t.insert((set, key.clone()));
             }
-            stored.keys.push((set, key));
+            stored.keys.push((set_ref, key));
         }
         stored
     }
@@ -1445,43 +1468,47 @@ impl Proxier {
                     return None;
                 };
                 let set = own(*set)?;
-                let owners = self.desired.get(set)?.get(&e.key[..])?;
-                holder(&self.desired, set, &e.key, owners).map(|(o, _)| o.clone())
+                let slot = self.slots.get(set)?.get(&e.key[..])?;
+                holder(&self.slots, set, &e.key, &slot.owners).map(|(o, _)| o.clone())
             })
             .collect()
     }
 
-    /// The elements read back from `set`, as the record of the kernel
-    /// keeps them: each key, and the element itself, shared with what is
-    /// wanted where that is the same (it nearly always is), so each is
-    /// stored once. The read-back and the wanted elements are both in key
-    /// order, so they are walked side by side instead of searching one
-    /// for each of the other (a restart adopts 180,000 elements at 30,000
-    /// Services).
-    fn shared_all(
-        &self,
-        set: &'static str,
-        read: BTreeMap<Key, Element>,
-    ) -> BTreeMap<Key, Arc<Element>> {
-        let Some(want) = self.desired.get(set) else {
-            return read.into_iter().map(|(k, e)| (k, Arc::new(e))).collect();
-        };
-        let mut want = want.iter().peekable();
-        read.into_iter()
-            .map(|(k, mut e)| {
-                while want.next_if(|(wk, _)| **wk < k).is_some() {}
-                match want.next_if(|(wk, _)| **wk == k) {
-                    Some((wk, o)) => match o.winner() {
-                        Some(w) if **w == e => (wk.clone(), w.clone()),
+    /// Records the elements read back from `set` as what the kernel has
+    /// (its slots hold nothing programmed yet): each shares its slot's key
+    /// and, where it is the winner's element (it nearly always is), the
+    /// winner's allocation, so each is stored once. The read-back and the
+    /// slots are both in key order, so they are walked side by side
+    /// instead of searching one for each of the other (a restart adopts
+    /// 180,000 elements at 30,000 Services).
+    fn adopt(&mut self, set: &'static str, read: BTreeMap<Key, Element>) {
+        let m = self.slots.entry(set).or_default();
+        if m.is_empty() {
+            *m = read
+                .into_iter()
+                .map(|(k, e)| (k, Slot::of_kernel(Arc::new(e))))
+                .collect();
+            return;
+        }
+        // Keys nobody wants, inserted after the walk.
+        let mut unwanted = Vec::new();
+        let mut slots = m.iter_mut().peekable();
+        for (k, mut e) in read {
+            while slots.next_if(|(sk, _)| **sk < k).is_some() {}
+            match slots.next_if(|(sk, _)| **sk == k) {
+                Some((sk, slot)) => {
+                    slot.programmed = Some(match slot.owners.winner() {
+                        Some(w) if **w == e => w.clone(),
                         _ => {
-                            e.key = wk.clone();
-                            (wk.clone(), Arc::new(e))
+                            e.key = sk.clone();
+                            Arc::new(e)
                         }
-                    },
-                    None => (k, Arc::new(e)),
+                    });
                 }
-            })
-            .collect()
+                None => unwanted.push((k, Slot::of_kernel(Arc::new(e)))),
+            }
+        }
+        m.extend(unwanted);
     }
 
     /// What `port` contributes now (`None`: it is gone), less what the
@@ -1558,7 +1585,7 @@ impl Proxier {
 /// and port thus never add up their ranges, and never overlap in the
 /// interval set (which the kernel would refuse).
 fn holder<'a>(
-    desired: &'a BTreeMap<&'static str, BTreeMap<Key, Owners>>,
+    slots: &'a Slots,
     set: &str,
     key: &[Value],
     owners: &'a Owners,
@@ -1567,9 +1594,10 @@ fn holder<'a>(
         return owners.first.as_ref();
     }
     let entry = key.get(..key.len().saturating_sub(1))?;
-    let winner = desired
+    let winner = slots
         .get(layout::FIREWALL_IPS)?
         .get(entry)?
+        .owners
         .winner_owner()?;
     owners.iter().find(|(o, _)| o == winner)
 }
@@ -1583,6 +1611,43 @@ fn with_prefix<'a, V>(
     m.range::<[Value], _>((Bound::Included(prefix), Bound::Unbounded))
         .map(|(k, _)| k)
         .take_while(move |k| k.starts_with(prefix))
+}
+
+/// The slots of one set rebuilt: `kept` (only what the kernel has) joined
+/// with the wanted `entries`, both in key order, into a map built in one
+/// piece (a B-tree built from sorted entries fills its nodes). A kept
+/// element equal to its new winner is replaced by the winner's allocation,
+/// so that it is stored once.
+fn merged(kept: BTreeMap<Key, Slot>, entries: Vec<(Key, Owners)>) -> BTreeMap<Key, Slot> {
+    if kept.is_empty() {
+        return entries
+            .into_iter()
+            .map(|(k, owners)| {
+                let slot = Slot {
+                    owners,
+                    programmed: None,
+                };
+                (k, slot)
+            })
+            .collect();
+    }
+    let mut kept = kept.into_iter().peekable();
+    let mut out: Vec<(Key, Slot)> = Vec::with_capacity(entries.len());
+    for (k, owners) in entries {
+        while let Some(old) = kept.next_if(|(ok, _)| *ok < k) {
+            out.push(old);
+        }
+        let programmed = kept
+            .next_if(|(ok, _)| *ok == k)
+            .and_then(|(_, s)| s.programmed);
+        let programmed = match (programmed, owners.winner()) {
+            (Some(p), Some(w)) if *p == **w => Some(w.clone()),
+            (p, _) => p,
+        };
+        out.push((k, Slot { owners, programmed }));
+    }
+    out.extend(kept);
+    out.into_iter().collect()
 }
 
 fn diff(
@@ -1933,5 +1998,56 @@ mod tests {
         o.remove(&owner("z"));
         assert!(o.is_empty());
         assert_eq!(std::mem::size_of::<Owners>(), 24);
+        // A key's owners and what the kernel has, one entry of one map.
+        assert_eq!(std::mem::size_of::<Slot>(), 32);
+    }
+
+    fn key(port: u16) -> Key {
+        Arc::from(vec![Value::Port(port)])
+    }
+
+    /// A rebuild joins what the kernel has with what is wanted: every key
+    /// of either is kept, a kernel element equal to its new winner becomes
+    /// the winner's own allocation, and a different one stays as the
+    /// kernel has it (for the diff to replace).
+    #[test]
+    fn a_rebuild_keeps_what_the_kernel_has_beside_what_is_wanted() {
+        let kernel = |port: u16| Slot::of_kernel(element(port));
+        let kept: BTreeMap<Key, Slot> = [
+            (key(1), kernel(1)),
+            (key(2), kernel(2)),
+            (
+                key(3),
+                Slot::of_kernel(Arc::new(Element::key(vec![Value::Int(3)]))),
+            ),
+        ]
+        .into_iter()
+        .collect();
+        let wanted = |port: u16| {
+            let mut o = Owners::default();
+            o.insert(owner("a"), element(port));
+            o
+        };
+        let entries = vec![
+            (key(1), wanted(1)),
+            (key(3), wanted(3)),
+            (key(4), wanted(4)),
+        ];
+        let winner_1 = entries[0].1.winner().cloned().unwrap();
+        let m = merged(kept, entries);
+        assert_eq!(m.keys().cloned().collect::<Vec<_>>(), [1, 2, 3, 4].map(key));
+        // Equal: shared with the winner.
+        let s1 = &m[&key(1)];
+        assert!(Arc::ptr_eq(s1.programmed.as_ref().unwrap(), &winner_1));
+        // Nobody wants it: the kernel's, for the diff to delete.
+        assert!(m[&key(2)].owners.is_empty() && m[&key(2)].programmed.is_some());
+        // Different: the kernel's stays.
+        assert_eq!(
+            m[&key(3)].programmed.as_deref(),
+            Some(&Element::key(vec![Value::Int(3)]))
+        );
+        assert_eq!(m[&key(3)].owners.len(), 1);
+        // New: not programmed yet.
+        assert!(m[&key(4)].programmed.is_none() && !m[&key(4)].is_unused());
     }
 }

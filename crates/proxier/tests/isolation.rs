@@ -34,7 +34,7 @@ impl Poisoned {
         let hit = tx.ops().iter().any(|op| match op {
             Op::AddElement(set, _) if only_in.is_some_and(|s| s != tx.set_name(*set)) => false,
             Op::AddElement(_, e) => {
-                e.comment.as_ref() == Some(poison) || {
+                e.comment.as_deref() == Some(poison.as_str()) || {
                     let mut text = e.key.iter().map(|v| v.to_string()).collect::<Vec<_>>();
                     if let Some(v) = &e.value {
                         text.push(v.to_string());

@@ -451,7 +451,7 @@ fn parse_element(set: &Set, j: &Json) -> Result<(Element, Option<Counter>), Stri
         Element {
             key: key.into(),
             value,
-            comment,
+            comment: comment.map(String::into_boxed_str),
         },
         counter,
     ))

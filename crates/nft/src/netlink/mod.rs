@@ -191,8 +191,10 @@ impl NetlinkBackend {
         while i < ops.len() {
             match &ops[i] {
                 Op::AddElement(set, _) | Op::DeleteElement(set, _) => {
+                    // A run of operations of one kind on one set (a cold
+                    // sync's 60,000 endpoints), found in place.
                     let add = matches!(ops[i], Op::AddElement(..));
-                    let mut run = Vec::new();
+                    let start = i;
                     while let Some(op) = ops.get(i) {
                         let same = match op {
                             Op::AddElement(s, _) => add && s == set,
@@ -202,10 +204,9 @@ impl NetlinkBackend {
                         if !same {
                             break;
                         }
-                        run.push((i, op));
                         i += 1;
                     }
-                    b.elements(tx.set_name(*set), add, &run)?;
+                    b.elements(tx.set_name(*set), add, start, &ops[start..i])?;
                 }
                 op => {
                     b.op(i, op)?;

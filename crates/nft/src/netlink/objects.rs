@@ -464,20 +464,22 @@ impl Batch<'_> {
     }
 
     /// Writes a run of element operations on one set (`add` says which
-    /// kind), starting a new message whenever the element list nears
-    /// netlink's 64 KiB attribute limit.
+    /// kind), the transaction's operations from `first` on, starting a
+    /// new message whenever the element list nears netlink's 64 KiB
+    /// attribute limit.
     pub(crate) fn elements(
         &mut self,
         set: &str,
         add: bool,
-        items: &[(usize, &Op)],
+        first: usize,
+        items: &[Op],
     ) -> Result<(), NftError> {
         let interval = self
             .sets
             .get(set)
             .is_some_and(|s| s.interval && s.key.len() > 1);
         let mut list: Option<usize> = None;
-        for (i, op) in items {
+        for (i, op) in (first..).zip(items) {
             if list.is_some_and(|at| self.w.len() - at > LIST_BYTES_MAX) {
                 self.end_elements(list.take())?;
             }
@@ -489,7 +491,7 @@ impl Batch<'_> {
                 self.begin(
                     if add { NEWSETELEM } else { DELSETELEM },
                     if add { NLM_F_CREATE } else { 0 },
-                    *i,
+                    i,
                 );
                 self.w.str(1, self.table);
                 self.w.str(2, set);
@@ -815,7 +817,7 @@ pub(crate) fn element_items(set: &Set, list: Attrs<'_>, out: &mut Items) -> Resu
             Element {
                 key: key.into(),
                 value,
-                comment,
+                comment: comment.map(String::into_boxed_str),
             },
             element_counter(e),
         ));

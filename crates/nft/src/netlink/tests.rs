@@ -378,15 +378,21 @@ fn written(tx: &Transaction, defs: &BTreeMap<String, Set>) -> Vec<u8> {
         origin: Vec::new(),
         next_set_id: 0,
     };
-    let mut elements = Vec::new();
-    for (i, op) in tx.ops().iter().enumerate() {
-        match op {
-            Op::AddElement(..) => elements.push((i, op)),
-            op => b.op(i, op).unwrap(),
+    let ops = tx.ops();
+    let is_add = |op: &Op| matches!(op, Op::AddElement(..));
+    for (i, op) in ops.iter().enumerate() {
+        if !is_add(op) {
+            b.op(i, op).unwrap();
         }
     }
-    if let Some((_, Op::AddElement(set, _))) = elements.first() {
-        b.elements(tx.set_name(*set), true, &elements).unwrap();
+    // The additions, one run on one set.
+    if let Some(start) = ops.iter().position(is_add) {
+        let end = start + ops[start..].iter().take_while(|op| is_add(op)).count();
+        assert!(!ops[end..].iter().any(is_add), "the additions are one run");
+        if let Op::AddElement(set, _) = &ops[start] {
+            b.elements(tx.set_name(*set), true, start, &ops[start..end])
+                .unwrap();
+        }
     }
     w.bytes().to_vec()
 }

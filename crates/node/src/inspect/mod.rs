@@ -93,7 +93,7 @@ impl Owners {
             }
         }
         best.map(|b| b.to_string())
-            .or_else(|| found.and_then(|e| e.comment.clone()))
+            .or_else(|| found.and_then(|e| e.comment.as_deref().map(str::to_owned)))
     }
 }
 
