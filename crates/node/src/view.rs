@@ -503,7 +503,7 @@ mod tests {
         );
         assert_eq!(port.endpoints.len(), 1);
         assert!(
-            port.intent.as_ref().is_some_and(|i| !i.elements.is_empty()),
+            port.intent.as_ref().is_some_and(|i| !i.is_empty()),
             "{port:?}"
         );
         let h = handle();

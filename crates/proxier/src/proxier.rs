@@ -135,27 +135,59 @@ impl std::fmt::Display for Conflict {
     }
 }
 
+/// One element of a service port, and its set.
+type PortElement = (SetRef, Arc<Element>);
+
 /// What one service port asks of the table ([`Proxier::intent_of`]). The
 /// read model keeps one per service port (30,000 and more): it holds no
-/// copy of the port's name and its chains unformatted.
+/// copy of the port's name, its chains unformatted, and its elements are
+/// the proxier's own list of them, shared.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Intent {
-    /// Its elements.
-    pub elements: Vec<IntendedElement>,
+    /// Its elements and their sets, in order: the list the proxier keeps
+    /// of what the port contributed (16 bytes an element).
+    elements: Arc<[PortElement]>,
+    /// The elements whose key another service port claims first (its
+    /// element is the one programmed): each one's place in `elements`,
+    /// and that port. Nearly always empty.
+    shared: Vec<(u32, Arc<ServicePortName>)>,
     /// The shared chains its elements jump to, in order.
     pub chains: Box<[DynChain]>,
 }
 
+impl Intent {
+    /// Its elements, in order.
+    pub fn elements(&self) -> impl ExactSizeIterator<Item = IntendedElement<'_>> + '_ {
+        self.elements.iter().enumerate().map(|(i, (set, element))| {
+            let programmed_for = self
+                .shared
+                .iter()
+                .find(|(at, _)| *at as usize == i)
+                .map(|(_, port)| port);
+            IntendedElement {
+                set: *set,
+                element,
+                programmed_for,
+            }
+        })
+    }
+
+    /// Whether it asks for no element.
+    pub fn is_empty(&self) -> bool {
+        self.elements.is_empty()
+    }
+}
+
 /// One element a service port wants.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct IntendedElement {
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IntendedElement<'a> {
     /// The set or map.
-    pub set: crate::layout::SetRef,
+    pub set: SetRef,
     /// The element, shared with the proxier's own record.
-    pub element: Arc<Element>,
+    pub element: &'a Arc<Element>,
     /// Another service port claims the key first: its element is the one
     /// programmed.
-    pub programmed_for: Option<Arc<ServicePortName>>,
+    pub programmed_for: Option<&'a Arc<ServicePortName>>,
 }
 
 /// A service port, shared by every element it owns.
@@ -189,25 +221,44 @@ struct Owners {
 type Claim = (Owner, Arc<Element>);
 
 impl Owners {
-    fn insert(&mut self, owner: Owner, e: Arc<Element>) {
+    /// Records `owner`'s claim; returns whether it replaced a claim of
+    /// the same owner (a port that wants one key twice).
+    fn insert(&mut self, owner: Owner, e: Arc<Element>) -> bool {
         let Some(first) = &mut self.first else {
             self.first = Some((owner, e));
-            return;
+            return false;
         };
         match owner.as_ref().cmp(first.0.as_ref()) {
-            std::cmp::Ordering::Equal => first.1 = e,
+            std::cmp::Ordering::Equal => {
+                first.1 = e;
+                true
+            }
             std::cmp::Ordering::Less => {
                 let was = std::mem::replace(first, (owner, e));
                 self.rest.get_or_insert_default().insert(0, was);
+                false
             }
             std::cmp::Ordering::Greater => {
                 let rest = self.rest.get_or_insert_default();
                 match rest.binary_search_by(|(o, _)| o.as_ref().cmp(&owner)) {
-                    Ok(i) => rest[i].1 = e,
-                    Err(i) => rest.insert(i, (owner, e)),
+                    Ok(i) => {
+                        rest[i].1 = e;
+                        true
+                    }
+                    Err(i) => {
+                        rest.insert(i, (owner, e));
+                        false
+                    }
                 }
             }
         }
+    }
+
+    /// `owner`'s claim.
+    fn claim_of(&self, owner: &ServicePortName) -> Option<&Arc<Element>> {
+        self.iter()
+            .find(|(o, _)| o.as_ref() == owner)
+            .map(|(_, e)| e)
     }
 
     fn remove(&mut self, owner: &ServicePortName) {
@@ -325,9 +376,11 @@ const MAX_CONFLICTS: usize = 64;
 /// live once, in the slots).
 #[derive(Debug)]
 struct Stored {
-    /// Each element's set (a byte, where its name takes sixteen) and key,
-    /// in the contribution's order: 180,000 at 30,000 Services.
-    keys: Vec<(SetRef, Key)>,
+    /// Each element's set (a byte, where its name takes sixteen) and the
+    /// port's own element (its claim on the key), in the contribution's
+    /// order: 180,000 at 30,000 Services. The read model's intent of the
+    /// port shares the list.
+    elements: Arc<[PortElement]>,
     /// In order. A list, not a set: a port jumps to one shared chain or a
     /// few, and a `BTreeSet` allocates room for 11 (30,000 ports).
     chains: Box<[DynChain]>,
@@ -539,31 +592,28 @@ impl Proxier {
             .range(ServicePortName::first_of(svc)..)
             .take_while(|(k, _)| k.service == *svc)
         {
-            let mut elements = Vec::with_capacity(stored.keys.len());
-            for (set_ref, key) in &stored.keys {
+            let mut shared = Vec::new();
+            for (at, (set_ref, e)) in stored.elements.iter().enumerate() {
                 let set = set_ref.name();
                 let Some(owners) = self
                     .slots
                     .get(set)
-                    .and_then(|m| m.get(key))
+                    .and_then(|m| m.get(&e.key))
                     .map(|s| &s.owners)
                 else {
                     continue;
                 };
-                if let Some((_, e)) = owners.iter().find(|(o, _)| o.as_ref() == port) {
-                    let set_ref = *set_ref;
-                    let winner = self.programmed_for(set, key, owners);
-                    elements.push(IntendedElement {
-                        set: set_ref,
-                        element: e.clone(),
-                        programmed_for: winner.filter(|w| ***w != *port).cloned(),
-                    });
+                if let Some(winner) = self.programmed_for(set, &e.key, owners)
+                    && **winner != *port
+                {
+                    shared.push((at as u32, winner.clone()));
                 }
             }
             out.push((
                 port.clone(),
                 Intent {
-                    elements,
+                    elements: stored.elements.clone(),
+                    shared,
                     chains: stored.chains.clone(),
                 },
             ));
@@ -1277,8 +1327,8 @@ impl Proxier {
         }
         self.no_local.0 -= usize::from(c.no_local_internal);
         self.no_local.1 -= usize::from(c.no_local_external);
-        for (set, key) in &c.keys {
-            let set = &set.name();
+        for (set, e) in c.elements.iter() {
+            let (set, key) = (&set.name(), &e.key);
             if let Some(m) = self.slots.get_mut(set)
                 && let Some(slot) = m.get_mut(key)
             {
@@ -1318,19 +1368,24 @@ impl Proxier {
         type Staged = (usize, usize, Element);
         let mut owners: Vec<Owner> = Vec::with_capacity(ports.len());
         let mut stored: Vec<Stored> = Vec::with_capacity(ports.len());
-        let mut staged: BTreeMap<&'static str, Vec<Staged>> = BTreeMap::new();
+        // Each port's elements as they are shared, put in their places.
+        let mut lists: Vec<Vec<Option<PortElement>>> = Vec::with_capacity(ports.len());
+        // Ports that want a key twice.
+        let mut twice: Vec<usize> = Vec::new();
+        let mut staged: BTreeMap<SetRef, Vec<Staged>> = BTreeMap::new();
         for (port, c) in ports.iter().zip(computed) {
             let Some(c) = c else { continue };
             let i = owners.len();
-            let (elements, mut s) = self.account(port, c);
+            let (elements, s) = self.account(port, c);
+            lists.push(vec![None; elements.len()]);
             for (at, (set, e)) in elements.into_iter().enumerate() {
-                s.keys.push((set, e.key.clone()));
-                staged.entry(set.name()).or_default().push((i, at, e));
+                staged.entry(set).or_default().push((i, at, e));
             }
             owners.push(Arc::new(port.clone()));
             stored.push(s);
         }
-        for (set, mut elements) in staged {
+        for (set_ref, mut elements) in staged {
+            let set = set_ref.name();
             // Stable: one port's elements of one key stay in their order,
             // and the last is the one kept, as one insert after another.
             elements.sort_by(|a, b| a.2.key.cmp(&b.2.key).then(a.0.cmp(&b.0)));
@@ -1340,21 +1395,24 @@ impl Proxier {
                 let owner = &owners[i];
                 match entries.last_mut() {
                     Some((k, o)) if *k == e.key => {
-                        // Stored once: the element and the port's list of
-                        // keys take the first allocation of it.
+                        // Stored once: the element takes the first
+                        // allocation of it.
                         e.key = k.clone();
-                        if let Some(slot) = stored[i].keys.get_mut(at) {
-                            slot.1 = k.clone();
-                        }
                         if destination && o.iter().any(|(w, _)| w.service != owner.service) {
                             self.contested.insert(k.clone());
                         }
-                        o.insert(owner.clone(), Arc::new(e));
+                        let e = Arc::new(e);
+                        if o.insert(owner.clone(), e.clone()) {
+                            twice.push(i);
+                        }
+                        lists[i][at] = Some((set_ref, e));
                     }
                     _ => {
                         let mut o = Owners::default();
                         let key = e.key.clone();
-                        o.insert(owner.clone(), Arc::new(e));
+                        let e = Arc::new(e);
+                        o.insert(owner.clone(), e.clone());
+                        lists[i][at] = Some((set_ref, e));
                         entries.push((key, o));
                     }
                 }
@@ -1364,6 +1422,14 @@ impl Proxier {
             let kept = self.slots.remove(set).unwrap_or_default();
             self.slots.insert(set, merged(kept, entries));
         }
+        for (s, list) in stored.iter_mut().zip(lists) {
+            s.elements = list.into_iter().flatten().collect();
+        }
+        for i in twice {
+            if let (Some(s), Some(owner)) = (stored.get_mut(i), owners.get(i)) {
+                s.elements = self.claims(owner, &s.elements);
+            }
+        }
         self.contributions = owners
             .iter()
             .map(|o| o.as_ref().clone())
@@ -1371,10 +1437,27 @@ impl Proxier {
             .collect();
     }
 
+    /// A port's elements, each replaced by the port's claim on its key: a
+    /// port that wants one key twice has its last element there, as one
+    /// insert after another leaves it.
+    fn claims(&self, owner: &ServicePortName, elements: &[PortElement]) -> Arc<[PortElement]> {
+        elements
+            .iter()
+            .map(|(set, e)| {
+                let claim = self
+                    .slots
+                    .get(set.name())
+                    .and_then(|m| m.get(&e.key))
+                    .and_then(|s| s.owners.claim_of(owner));
+                (*set, claim.unwrap_or(e).clone())
+            })
+            .collect()
+    }
+
     /// Records what `port`'s contribution asks besides its elements (the
     /// affinity entries it allows, the no-local counts, its references to
-    /// shared chains), and returns its elements and its record, whose keys
-    /// the caller fills as it stores them.
+    /// shared chains), and returns its elements and its record, whose list
+    /// of elements the caller fills as it stores them.
     fn account(
         &mut self,
         port: &ServicePortName,
@@ -1393,7 +1476,7 @@ impl Proxier {
             *self.chain_refs.entry(*chain).or_default() += 1;
         }
         let stored = Stored {
-            keys: Vec::with_capacity(c.elements.len()),
+            elements: Arc::default(),
             chains: c.chains.into_iter().collect(),
             no_local_internal: c.no_local_internal,
             no_local_external: c.no_local_external,
@@ -1423,6 +1506,8 @@ impl Proxier {
         mut touched: Option<&mut BTreeSet<SetKey>>,
     ) -> Stored {
         let (elements, mut stored) = self.account(&owner, c);
+        let mut list = Vec::with_capacity(elements.len());
+        let mut twice = false;
         for (set_ref, mut e) in elements {
             let set = set_ref.name();
             let m = self.slots.entry(set).or_default();
@@ -1447,12 +1532,17 @@ impl Proxier {
             {
                 self.contested.insert(key.clone());
             }
-            slot.owners.insert(owner.clone(), e);
+            twice |= slot.owners.insert(owner.clone(), e.clone());
             if let Some(t) = touched.as_deref_mut() {
-                t.insert((set, key.clone()));
+                t.insert((set, key));
             }
-            stored.keys.push((set_ref, key));
+            list.push((set_ref, e));
         }
+        stored.elements = if twice {
+            self.claims(&owner, &list)
+        } else {
+            list.into()
+        };
         stored
     }
 

@@ -734,7 +734,7 @@ fn recorded(fx: &Fixture, services: usize) -> Vec<String> {
         let name = verdict_model::NamespacedName::new("ns", format!("s{i}"));
         for (port, intent) in fx.proxier.intent_of(&name) {
             out.push(format!("{port} {intent:?}"));
-            for e in &intent.elements {
+            for e in intent.elements() {
                 let owners = fx.proxier.owners_of(e.set.name(), &e.element.key);
                 out.push(format!("{} {:?} {owners:?}", e.set, e.element.key));
             }

@@ -78,13 +78,11 @@ impl Owners {
                 let Some(intent) = &port.intent else {
                     continue;
                 };
-                for e in &intent.elements {
+                for e in intent.elements() {
                     if e.set == set && &e.element.key[..] == key {
                         let who = e
                             .programmed_for
-                            .as_deref()
-                            .cloned()
-                            .unwrap_or_else(|| port.name.clone());
+                            .map_or_else(|| port.name.clone(), |w| w.as_ref().clone());
                         if best.as_ref().is_none_or(|b| who < *b) {
                             best = Some(who);
                         }
@@ -1005,7 +1003,7 @@ fn external_masquerade(sp: &ServicePort) -> &'static str {
 pub fn explained_elements(view: &ServiceView) -> Vec<(IpFamily, &'static str, Vec<Value>)> {
     let mut out = Vec::new();
     for (family, port) in view.ports() {
-        for e in port.intent.iter().flat_map(|i| &i.elements) {
+        for e in port.intent.iter().flat_map(|i| i.elements()) {
             if e.programmed_for.is_none() {
                 out.push((family, e.set.name(), e.element.key.to_vec()));
             }
@@ -1127,7 +1125,7 @@ pub fn explain(
             }
             let intent = port.intent.as_ref();
             let mut elements = Vec::new();
-            for e in intent.map(|i| i.elements.as_slice()).unwrap_or(&[]) {
+            for e in intent.into_iter().flat_map(|i| i.elements()) {
                 let state = match (kernel.filter(|_| table.is_some()), &e.programmed_for) {
                     (_, Some(first)) => {
                         format!("shared: {first} claims it first, its element is programmed")
@@ -1156,7 +1154,7 @@ pub fn explain(
                 };
                 elements.push(ExplainElement {
                     set: e.set.name().into(),
-                    element: element_text(&e.element),
+                    element: element_text(e.element),
                     kernel: state,
                     programmed_for: e.programmed_for.as_ref().map(ToString::to_string),
                 });
@@ -1165,8 +1163,7 @@ pub fn explain(
             // not want (a comment names the owner of dispatch elements).
             let wanted: Vec<(&str, &[Value])> = intent
                 .map(|i| {
-                    i.elements
-                        .iter()
+                    i.elements()
                         .map(|e| (e.set.name(), &e.element.key[..]))
                         .collect()
                 })
@@ -1279,7 +1276,7 @@ pub fn drift(handle: &NodeHandle, f: &FamilyView, kernel: &Kernel) -> FamilyDrif
             .flat_map(|v| &v.families)
             .filter(|sf| sf.family == f.config.family)
             .flat_map(|sf| &sf.ports)
-            .flat_map(|port| port.intent.iter().flat_map(|i| &i.elements))
+            .flat_map(|port| port.intent.iter().flat_map(|i| i.elements()))
     };
     let (mut missing, mut differs, mut extra) = (Vec::new(), Vec::new(), Vec::new());
     let node_port_ips = &f.node_port_ips;
@@ -1292,7 +1289,7 @@ pub fn drift(handle: &NodeHandle, f: &FamilyView, kernel: &Kernel) -> FamilyDrif
         let mut want = Wanted::new(
             intents()
                 .filter(|e| e.set == name && e.programmed_for.is_none())
-                .map(|e| &*e.element),
+                .map(|e| &**e.element),
         );
         // NodePort addresses belong to the node, not to a Service.
         let node_owned = name == layout::NODEPORT_IPS;
