@@ -122,8 +122,45 @@ impl DisplayBuf {
             buf: [0; 64],
             len: 0,
         };
+        if let IpAddr::V4(ip) = ep.ip {
+            // Display's text, written without the formatting machinery:
+            // a cold start compares the texts of every Service's endpoints
+            // (60,000 at 30,000 Services).
+            for (i, octet) in ip.octets().into_iter().enumerate() {
+                if i > 0 {
+                    b.push(b'.');
+                }
+                b.push_decimal(u32::from(octet));
+            }
+            b.push(b':');
+            b.push_decimal(u32::from(ep.port));
+            return Some(b);
+        }
         write!(b, "{ep}").ok()?;
         Some(b)
+    }
+
+    fn push(&mut self, c: u8) {
+        if let Some(slot) = self.buf.get_mut(self.len) {
+            *slot = c;
+            self.len += 1;
+        }
+    }
+
+    fn push_decimal(&mut self, mut n: u32) {
+        let mut digits = [0u8; 10];
+        let mut at = digits.len();
+        loop {
+            at -= 1;
+            digits[at] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        for d in &digits[at..] {
+            self.push(*d);
+        }
     }
 
     fn bytes(&self) -> &[u8] {
@@ -238,6 +275,24 @@ mod tests {
             cmp_by_display(&ep("10.244.0.8:9898"), &ep("10.244.0.10:9898")),
             Ordering::Greater
         );
+    }
+
+    /// The text compared is Display's, IPv4 written by hand included.
+    #[test]
+    fn endpoint_texts_are_their_display() {
+        for text in [
+            "0.0.0.0:0",
+            "1.2.3.4:5",
+            "10.244.0.10:9898",
+            "255.255.255.255:65535",
+            "100.64.0.9:80",
+            "[fd00::10]:80",
+            "[ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff]:65535",
+        ] {
+            let e = ep(text);
+            assert_eq!(DisplayBuf::of(&e).unwrap().bytes(), text.as_bytes());
+            assert_eq!(e.to_string(), text);
+        }
     }
 
     #[test]

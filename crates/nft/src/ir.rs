@@ -2,6 +2,7 @@
 //! elements and rules. Every type renders itself as `nft` script text; the
 //! tracer interprets the same values, so nothing is ever parsed back from text.
 
+use std::cmp::Ordering;
 use std::fmt::{self, Display, Formatter};
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -428,8 +429,9 @@ impl Display for L4Proto {
     }
 }
 
-/// A constant in a key, a value or a comparison.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+/// A constant in a key, a value or a comparison. Ordered by kind (in the
+/// order below), then by value: addresses as numbers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Value {
     /// An address.
     Addr(IpAddr),
@@ -443,7 +445,47 @@ pub enum Value {
     Int(u32),
 }
 
+impl Ord for Value {
+    /// The order a derived `Ord` would give, with an address compared as
+    /// one number: the proxier sorts and searches keys of addresses by
+    /// the hundreds of thousands, and std compares an address's octets
+    /// through `memcmp`.
+    fn cmp(&self, other: &Value) -> Ordering {
+        match (self, other) {
+            (Value::Addr(IpAddr::V4(a)), Value::Addr(IpAddr::V4(b))) => {
+                u32::from(*a).cmp(&u32::from(*b))
+            }
+            (Value::Addr(IpAddr::V6(a)), Value::Addr(IpAddr::V6(b))) => {
+                u128::from(*a).cmp(&u128::from(*b))
+            }
+            (Value::Addr(a), Value::Addr(b)) => a.cmp(b),
+            (Value::Prefix(a), Value::Prefix(b)) => a.cmp(b),
+            (Value::Proto(a), Value::Proto(b)) => a.cmp(b),
+            (Value::Port(a), Value::Port(b)) => a.cmp(b),
+            (Value::Int(a), Value::Int(b)) => a.cmp(b),
+            _ => self.kind().cmp(&other.kind()),
+        }
+    }
+}
+
+impl PartialOrd for Value {
+    fn partial_cmp(&self, other: &Value) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
 impl Value {
+    /// The kind's place in the order of values.
+    fn kind(&self) -> u8 {
+        match self {
+            Value::Addr(_) => 0,
+            Value::Prefix(_) => 1,
+            Value::Proto(_) => 2,
+            Value::Port(_) => 3,
+            Value::Int(_) => 4,
+        }
+    }
+
     /// Whether a packet-derived value matches this element field.
     pub fn matches(&self, packet: &Value) -> bool {
         match (self, packet) {
@@ -919,6 +961,64 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Values ordered by kind, then as std orders each kind (an address
+    /// by its octets, a network as ipnet does): the derived order.
+    #[test]
+    fn values_order_as_a_derived_order_would() {
+        fn reference(a: &Value, b: &Value) -> Ordering {
+            let kind = |v: &Value| match v {
+                Value::Addr(_) => 0,
+                Value::Prefix(_) => 1,
+                Value::Proto(_) => 2,
+                Value::Port(_) => 3,
+                Value::Int(_) => 4,
+            };
+            match (a, b) {
+                (Value::Addr(x), Value::Addr(y)) => x.cmp(y),
+                (Value::Prefix(x), Value::Prefix(y)) => x.cmp(y),
+                (Value::Proto(x), Value::Proto(y)) => x.cmp(y),
+                (Value::Port(x), Value::Port(y)) => x.cmp(y),
+                (Value::Int(x), Value::Int(y)) => x.cmp(y),
+                _ => kind(a).cmp(&kind(b)),
+            }
+        }
+        let addr = |s: &str| Value::Addr(s.parse().unwrap());
+        let net = |s: &str| Value::Prefix(s.parse().unwrap());
+        let values = [
+            addr("0.0.0.0"),
+            addr("9.255.255.255"),
+            addr("10.0.0.1"),
+            addr("10.0.0.10"),
+            addr("10.0.1.0"),
+            addr("255.255.255.255"),
+            addr("::"),
+            addr("::1"),
+            addr("fd00::1"),
+            addr("fd00::1:0"),
+            addr("ffff::"),
+            net("10.0.0.0/8"),
+            net("10.0.0.0/16"),
+            net("10.1.0.0/16"),
+            net("fd00::/64"),
+            Value::Proto(L4Proto::Tcp),
+            Value::Proto(L4Proto::Udp),
+            Value::Proto(L4Proto::Sctp),
+            Value::Port(0),
+            Value::Port(80),
+            Value::Port(65535),
+            Value::Int(0),
+            Value::Int(7),
+            Value::Int(u32::MAX),
+        ];
+        for a in &values {
+            for b in &values {
+                assert_eq!(a.cmp(b), reference(a, b), "{a:?} against {b:?}");
+                assert_eq!(a.partial_cmp(b), Some(reference(a, b)));
+                assert_eq!(a.cmp(b) == Ordering::Equal, a == b);
+            }
+        }
+    }
 
     fn v4(s: &str) -> IpAddr {
         s.parse().unwrap()

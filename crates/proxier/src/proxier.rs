@@ -1386,9 +1386,17 @@ impl Proxier {
         }
         for (set_ref, mut elements) in staged {
             let set = set_ref.name();
-            // Stable: one port's elements of one key stay in their order,
-            // and the last is the one kept, as one insert after another.
-            elements.sort_by(|a, b| a.2.key.cmp(&b.2.key).then(a.0.cmp(&b.0)));
+            // By key, then port, then place: one port's elements of one
+            // key stay in their order, and the last is the one kept, as
+            // one insert after another. No two compare equal, so an
+            // unstable sort (no scratch copy of the set's elements) gives
+            // that order.
+            elements.sort_unstable_by(|a, b| {
+                a.2.key
+                    .cmp(&b.2.key)
+                    .then(a.0.cmp(&b.0))
+                    .then(a.1.cmp(&b.1))
+            });
             let destination = DESTINATIONS.contains(&set);
             let mut entries: Vec<(Key, Owners)> = Vec::with_capacity(elements.len());
             for (i, at, mut e) in elements {
