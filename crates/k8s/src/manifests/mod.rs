@@ -205,12 +205,28 @@ mod tests {
         p
     }
 
-    fn tmpdir(tag: &str) -> PathBuf {
+    /// A scratch directory, removed with everything in it when dropped.
+    struct Scratch(PathBuf);
+
+    impl std::ops::Deref for Scratch {
+        type Target = Path;
+        fn deref(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn tmpdir(tag: &str) -> Scratch {
         let d =
             std::env::temp_dir().join(format!("verdict-manifests-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
         std::fs::create_dir_all(&d).unwrap();
-        d
+        Scratch(d)
     }
 
     const SERVICE: &str = r#"

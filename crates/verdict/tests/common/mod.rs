@@ -107,8 +107,29 @@ pub fn write(dir: &std::path::Path, name: &str, text: &str) {
     std::fs::rename(&tmp, dir.join(name)).unwrap();
 }
 
-/// An empty directory for one test's manifests.
+/// An empty directory for one test's manifests. Those of earlier runs of
+/// the same test whose process is gone (a test that failed before its
+/// cleanup, or one that leaves its directory to its last look) are removed
+/// first, so that runs do not pile them up.
 pub fn scratch_dir(tag: &str) -> PathBuf {
+    let prefix = format!("verdict-{tag}-e2e-");
+    for entry in std::fs::read_dir(std::env::temp_dir())
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(&prefix))
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
     let dir = std::env::temp_dir().join(format!("verdict-{tag}-e2e-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
