@@ -409,7 +409,17 @@ pub fn answer(
                     Ok(k) => k,
                     Err(e) => return Some(e),
                 };
-                let d = inspect::drift(node, f, &k);
+                // A second reader of its own, to read half the sets side
+                // by side with the first (set by set readers only).
+                let helper = if k.reads_by_set() {
+                    match read_family(*family, Reading::Targeted) {
+                        Ok(h) => Some(h),
+                        Err(e) => return Some(e),
+                    }
+                } else {
+                    None
+                };
+                let d = inspect::drift(node, f, &k, helper);
                 if let Some(e) = failed(*family, &k) {
                     return Some(e);
                 }

@@ -296,6 +296,20 @@ impl Kernel {
         (self.read + lookups).as_secs_f64() * 1e3
     }
 
+    /// Records `other`'s failed lookup as this one's, if this has none:
+    /// an answer read through both fails if either failed.
+    pub fn take_failure(&self, other: &Kernel) {
+        if let (Some(l), Some(e)) = (&self.lookups, other.failed()) {
+            l.failed.borrow_mut().get_or_insert(e);
+        }
+    }
+
+    /// Whether the elements are read from the kernel set by set, as they
+    /// are asked for (not held whole from the table's read).
+    pub fn reads_by_set(&self) -> bool {
+        self.lookups.is_some()
+    }
+
     /// How much of the kernel the answer read.
     fn read_kind(&self) -> &'static str {
         if self.lookups.is_some() {
@@ -1253,7 +1267,12 @@ fn element_text(e: &Element) -> String {
 /// verdict wants and one reply of the kernel's (it held every set of the
 /// first and a whole set of the second: 33 MiB more RSS at 30,000
 /// Services).
-pub fn drift(handle: &NodeHandle, f: &FamilyView, kernel: &Kernel) -> FamilyDrift {
+pub fn drift(
+    handle: &NodeHandle,
+    f: &FamilyView,
+    kernel: &Kernel,
+    helper: Option<Kernel>,
+) -> FamilyDrift {
     let family = f.config.nft_family().to_string();
     let Some(t) = &kernel.table else {
         return FamilyDrift {
@@ -1267,8 +1286,8 @@ pub fn drift(handle: &NodeHandle, f: &FamilyView, kernel: &Kernel) -> FamilyDrif
         };
     };
     // What the family's Services want is gathered one set at a time, as
-    // the kernel's side is read: the answer holds one set of each, never
-    // the whole table.
+    // the kernel's side is read: the answer holds one set of each reader,
+    // never the whole table.
     let views = handle.all_services();
     let intents = || {
         views
@@ -1278,67 +1297,68 @@ pub fn drift(handle: &NodeHandle, f: &FamilyView, kernel: &Kernel) -> FamilyDrif
             .flat_map(|sf| &sf.ports)
             .flat_map(|port| port.intent.iter().flat_map(|i| i.elements()))
     };
-    let (mut missing, mut differs, mut extra) = (Vec::new(), Vec::new(), Vec::new());
-    let node_port_ips = &f.node_port_ips;
-    let mut names: std::collections::BTreeSet<&str> = t.sets.keys().map(String::as_str).collect();
-    names.extend(intents().map(|e| e.set.name()));
-    for name in names {
-        // The element programmed for each key of this set (another port's
-        // claim on the key names it as programmed_for), and whether the
-        // kernel has it.
-        let mut want = Wanted::new(
-            intents()
-                .filter(|e| e.set == name && e.programmed_for.is_none())
-                .map(|e| &**e.element),
-        );
-        // NodePort addresses belong to the node, not to a Service.
-        let node_owned = name == layout::NODEPORT_IPS;
-        let mut node_ips_seen = vec![false; node_port_ips.len()];
-        // The kernel's elements are compared as they are read, one reply
-        // at a time.
-        let mut see = |e: &Element| {
-            let node_ip = match &e.key[..] {
-                [Value::Addr(ip)] if node_owned => node_port_ips.iter().position(|n| n == ip),
-                _ => None,
-            };
-            if let Some(i) = node_ip {
-                node_ips_seen[i] = true;
+    // How many elements each set should hold, to share the sets out.
+    let mut wanted: BTreeMap<&str, usize> = t.sets.keys().map(|n| (n.as_str(), 0)).collect();
+    for e in intents() {
+        *wanted.entry(e.set.name()).or_default() += 1;
+    }
+    let mut found = Found::default();
+    let mut helper_read = 0.0;
+    match helper.filter(|h| h.reads_by_set() && kernel.reads_by_set()) {
+        // Two readers, each on its own socket, read the sets side by side
+        // (the kernel walks a set again for each message of its dump, in
+        // the reader's own thread): the largest sets first, each to the
+        // reader with less to read.
+        Some(helper) => {
+            let mut by_size: Vec<(&str, usize)> = wanted.into_iter().collect();
+            by_size.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+            let (mut mine, mut theirs) = (Vec::new(), Vec::new());
+            let (mut my_load, mut their_load) = (0, 0);
+            for (name, n) in by_size {
+                if my_load <= their_load {
+                    mine.push(name);
+                    my_load += n;
+                } else {
+                    theirs.push(name);
+                    their_load += n;
+                }
             }
-            let wanted = match want.get_mut(&e.key) {
-                Some((w, seen)) => {
-                    if !*seen && w.value != e.value {
-                        differs.push(format!("differs {name}: {}", element_text(w)));
+            let (helped, helper) = std::thread::scope(|scope| {
+                let intents = &intents;
+                let worker = scope.spawn(move || {
+                    let mut out = Found::default();
+                    for name in &theirs {
+                        drift_of_set(name, t, f, intents, &helper, &mut out);
                     }
-                    *seen = true;
-                    true
+                    (out, helper)
+                });
+                for name in &mine {
+                    drift_of_set(name, t, f, &intents, kernel, &mut found);
                 }
-                None => false,
-            };
-            let wanted = if node_owned {
-                node_ip.is_some()
-            } else {
-                wanted
-            };
-            if !wanted && name != layout::AFFINITY {
-                extra.push(format!("extra {name}: {}", element_text(e)));
-            }
-        };
-        if t.sets.contains_key(name) {
-            kernel.each_in_set(name, &mut see);
+                // A worker's panic goes on here, as it would have on this
+                // thread.
+                worker
+                    .join()
+                    .unwrap_or_else(|p| std::panic::resume_unwind(p))
+            });
+            found.missing.extend(helped.missing);
+            found.differs.extend(helped.differs);
+            found.extra.extend(helped.extra);
+            kernel.take_failure(&helper);
+            helper_read = helper.read_ms();
         }
-        for (e, seen) in &want.entries {
-            if !seen {
-                missing.push(format!("missing {name}: {}", element_text(e)));
-            }
-        }
-        if node_owned {
-            for (ip, seen) in node_port_ips.iter().zip(node_ips_seen) {
-                if !seen {
-                    missing.push(format!("missing {}: {ip}", layout::NODEPORT_IPS));
-                }
+        None => {
+            for name in wanted.keys() {
+                drift_of_set(name, t, f, &intents, kernel, &mut found);
             }
         }
     }
+    let Found {
+        mut missing,
+        mut differs,
+        mut extra,
+    } = found;
+    let node_port_ips = &f.node_port_ips;
     if !t.sets.contains_key(layout::NODEPORT_IPS) {
         for ip in node_port_ips {
             missing.push(format!("missing {}: {ip}", layout::NODEPORT_IPS));
@@ -1363,7 +1383,91 @@ pub fn drift(handle: &NodeHandle, f: &FamilyView, kernel: &Kernel) -> FamilyDrif
             .take(SHOWN)
             .cloned()
             .collect(),
-        read_ms: kernel.read_ms(),
+        // The readers read side by side: the longer of the two.
+        read_ms: helper_read.max(kernel.read_ms()),
+    }
+}
+
+/// What a drift check found wrong, as lines of text.
+#[derive(Default)]
+struct Found {
+    missing: Vec<String>,
+    differs: Vec<String>,
+    extra: Vec<String>,
+}
+
+/// Compares one set of the table `t` with what the family's Services want
+/// of it (`intents`), reading the kernel's side through `kernel`.
+fn drift_of_set<'v, I>(
+    name: &str,
+    t: &verdict_nft::TableState,
+    f: &FamilyView,
+    intents: &(impl Fn() -> I + ?Sized),
+    kernel: &Kernel,
+    out: &mut Found,
+) where
+    I: Iterator<Item = verdict_proxier::IntendedElement<'v>>,
+{
+    let Found {
+        missing,
+        differs,
+        extra,
+    } = out;
+    let node_port_ips = &f.node_port_ips;
+    // The element programmed for each key of this set (another port's
+    // claim on the key names it as programmed_for), and whether the
+    // kernel has it.
+    let mut want = Wanted::new(
+        intents()
+            .filter(|e| e.set == name && e.programmed_for.is_none())
+            .map(|e| &**e.element),
+    );
+    // NodePort addresses belong to the node, not to a Service.
+    let node_owned = name == layout::NODEPORT_IPS;
+    let mut node_ips_seen = vec![false; node_port_ips.len()];
+    // The kernel's elements are compared as they are read, one reply at a
+    // time.
+    let mut see = |e: &Element| {
+        let node_ip = match &e.key[..] {
+            [Value::Addr(ip)] if node_owned => node_port_ips.iter().position(|n| n == ip),
+            _ => None,
+        };
+        if let Some(i) = node_ip {
+            node_ips_seen[i] = true;
+        }
+        let wanted = match want.get_mut(&e.key) {
+            Some((w, seen)) => {
+                if !*seen && w.value != e.value {
+                    differs.push(format!("differs {name}: {}", element_text(w)));
+                }
+                *seen = true;
+                true
+            }
+            None => false,
+        };
+        let wanted = if node_owned {
+            node_ip.is_some()
+        } else {
+            wanted
+        };
+        if !wanted && name != layout::AFFINITY {
+            extra.push(format!("extra {name}: {}", element_text(e)));
+        }
+    };
+    if t.sets.contains_key(name) {
+        kernel.each_in_set(name, &mut see);
+    }
+    for (e, seen) in &want.entries {
+        if !seen {
+            missing.push(format!("missing {name}: {}", element_text(e)));
+        }
+    }
+    if node_owned {
+        for (ip, seen) in node_port_ips.iter().zip(node_ips_seen) {
+            if !seen {
+                missing.push(format!("missing {}: {ip}", layout::NODEPORT_IPS));
+            }
+        }
     }
 }
 

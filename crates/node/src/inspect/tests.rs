@@ -397,6 +397,7 @@ fn explain_shows_every_endpoint_and_checks_the_kernel() {
         &view,
         &view.family(IpFamily::V4).unwrap(),
         &kernel(&nft),
+        None,
     ));
     assert_eq!(whole["missing"], 1, "{whole:#}");
     assert_eq!(whole["extra"], 1, "{whole:#}");
@@ -412,13 +413,55 @@ fn explain_shows_every_endpoint_and_checks_the_kernel() {
             .values()
             .all(|s| s.elements.is_empty())
     );
-    let targeted = as_json(&drift(&view, &view.family(IpFamily::V4).unwrap(), &by_set));
+    let targeted = as_json(&drift(
+        &view,
+        &view.family(IpFamily::V4).unwrap(),
+        &by_set,
+        None,
+    ));
     assert_eq!(targeted["examples"], whole["examples"], "{targeted:#}");
     assert_eq!(
         (targeted["missing"].clone(), targeted["extra"].clone()),
         (json!(1), json!(1))
     );
     assert!(by_set.failed().is_none());
+    // Two readers, the sets shared out between them: the same drift.
+    let reader = || Kernel::targeted(Box::new(nft.clone()), Family::Ip, "verdict", "memory");
+    let first = reader().unwrap();
+    let two = as_json(&drift(
+        &view,
+        &view.family(IpFamily::V4).unwrap(),
+        &first,
+        Some(reader().unwrap()),
+    ));
+    assert_eq!(two["examples"], whole["examples"], "{two:#}");
+    assert_eq!(
+        (two["missing"].clone(), two["extra"].clone()),
+        (json!(1), json!(1))
+    );
+    assert!(first.failed().is_none());
+    // The second reader's failure is the answer's.
+    let helper = Kernel::targeted(
+        Box::new(Unreadable(nft.clone())),
+        Family::Ip,
+        "verdict",
+        "memory",
+    )
+    .unwrap();
+    let first = reader().unwrap();
+    drift(
+        &view,
+        &view.family(IpFamily::V4).unwrap(),
+        &first,
+        Some(helper),
+    );
+    assert!(
+        first
+            .failed()
+            .is_some_and(|e| e.contains("cannot read a set")),
+        "{:?}",
+        first.failed()
+    );
 
     let unknown = explain(&view, &NamespacedName::new("ns", "nope"), &[]);
     assert_eq!(unknown["found"], false);
@@ -558,6 +601,33 @@ fn connections_are_grouped_by_service_and_endpoint_and_stale_ones_flagged() {
         text.contains("GONE: the endpoint is no longer the Service's"),
         "{text}"
     );
+}
+
+/// A kernel whose sets cannot be read element by element.
+struct Unreadable(MemoryBackend);
+
+impl Backend for Unreadable {
+    fn run(&mut self, tx: &verdict_nft::Transaction) -> Result<(), NftError> {
+        self.0.run(tx)
+    }
+
+    fn check(&mut self, tx: &verdict_nft::Transaction) -> Result<(), NftError> {
+        self.0.check(tx)
+    }
+
+    fn table(&mut self, family: Family, name: &str) -> Result<Option<TableState>, NftError> {
+        self.0.table(family, name)
+    }
+
+    fn each_element(
+        &mut self,
+        _: Family,
+        _: &str,
+        set: &str,
+        _: &mut dyn FnMut(Element),
+    ) -> Result<(), NftError> {
+        Err(NftError::Refused(format!("cannot read a set: {set}")))
+    }
 }
 
 /// A kernel that counts the keys it is asked for and can be made to fail.
