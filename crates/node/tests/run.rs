@@ -419,11 +419,15 @@ fn objects_are_remembered_by_fingerprint_alone() {
         r.memory
             .has("no-endpoint-services", &entry("172.30.0.41", 81))
     );
-    assert!(r.handle.service(&name).is_some_and(|v| {
-        v.ports()
-            .next()
-            .is_some_and(|(_, p)| p.endpoints.is_empty())
-    }));
+    // The read model follows the sync that programmed it (it is
+    // published after the sync's metrics are recorded).
+    wait_until("the read model shows no endpoints", || {
+        r.handle.service(&name).is_some_and(|v| {
+            v.ports()
+                .next()
+                .is_some_and(|(_, p)| p.endpoints.is_empty())
+        })
+    });
     assert_eq!(changes(&r), (Some(4.0), Some(2.0)));
 }
 

@@ -193,8 +193,8 @@ pub struct IntendedElement<'a> {
 /// A service port, shared by every element it owns.
 type Owner = Arc<ServicePortName>;
 
-/// An element's key, kept once and shared by the maps of what is wanted
-/// and what is programmed, and by the contribution that names it.
+/// An element's key, kept once and shared by its slot, the elements that
+/// have it and the contribution that names it.
 type Key = Arc<[Value]>;
 
 /// A set and one of its keys.
