@@ -1433,6 +1433,9 @@ impl Proxier {
         for (s, list) in stored.iter_mut().zip(lists) {
             s.elements = list.into_iter().flatten().collect();
         }
+        // A port that wants several keys twice is listed once for each.
+        twice.sort_unstable();
+        twice.dedup();
         for i in twice {
             if let (Some(s), Some(owner)) = (stored.get_mut(i), owners.get(i)) {
                 s.elements = self.claims(owner, &s.elements);

@@ -1341,9 +1341,7 @@ pub fn drift(
                     .join()
                     .unwrap_or_else(|p| std::panic::resume_unwind(p))
             });
-            found.missing.extend(helped.missing);
-            found.differs.extend(helped.differs);
-            found.extra.extend(helped.extra);
+            found.absorb(helped);
             kernel.take_failure(&helper);
             helper_read = helper.read_ms();
         }
@@ -1394,6 +1392,15 @@ struct Found {
     missing: Vec<String>,
     differs: Vec<String>,
     extra: Vec<String>,
+}
+
+impl Found {
+    /// Adds what another reader found.
+    fn absorb(&mut self, other: Found) {
+        self.missing.extend(other.missing);
+        self.differs.extend(other.differs);
+        self.extra.extend(other.extra);
+    }
 }
 
 /// Compares one set of the table `t` with what the family's Services want
