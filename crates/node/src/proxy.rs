@@ -813,6 +813,8 @@ impl NodeProxy {
                 %family,
                 full = r.full,
                 operations = r.operations,
+                staged = r.staged,
+                unstaged = r.unstaged,
                 elapsed = ?outcome.record.took,
                 services = r.updated_services.len(),
                 "synced"

@@ -233,6 +233,7 @@ pub fn run(mut node: NodeProxy, kernel: Kernel, inputs: Receiver<Input>) -> Resu
             tracing::error!(error = %e, "sync failed; retrying with backoff, and new changes still go through");
         }
         schedule.synced(now, full, result.is_ok());
+        schedule.compact_at(node.proxiers().filter_map(|p| p.compaction_due()).min());
         // What kube-proxy's iptables and IPVS modes (and, for verdict, its
         // nftables mode) left would still act on Service traffic: remove it
         // once verdict's rules serve every Service, so the swap drops no

@@ -111,6 +111,9 @@ pub struct Schedule {
     /// After a failure: when to retry, and the delay after the next one.
     retry_at: Option<Instant>,
     retry_delay: Duration,
+    /// When the proxiers want a sync to move their staged jumps into
+    /// their maps, with or without changes (`verdict_proxier::staging`).
+    compact_at: Option<Instant>,
 }
 
 impl Schedule {
@@ -128,7 +131,14 @@ impl Schedule {
             repair_delay: DEBOUNCE,
             retry_at: None,
             retry_delay: min_sync_period,
+            compact_at: None,
         }
+    }
+
+    /// When the proxiers next want a sync with nothing changed, to move
+    /// staged jumps into their maps (`None`: never).
+    pub fn compact_at(&mut self, at: Option<Instant>) {
+        self.compact_at = at;
     }
 
     /// The source changed something.
@@ -177,6 +187,13 @@ impl Schedule {
         wake.push(periodic);
         if self.dirty {
             let at = last + self.min_sync_period;
+            if now >= at {
+                return Due::Partial;
+            }
+            wake.push(at);
+        }
+        if let Some(at) = self.compact_at {
+            let at = at.max(last + self.min_sync_period);
             if now >= at {
                 return Due::Partial;
             }
@@ -236,6 +253,24 @@ impl Schedule {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn staged_jumps_get_a_sync_of_their_own_when_due() {
+        let t0 = Instant::now();
+        let mut s = Schedule::new(Duration::from_secs(1), Duration::from_secs(30));
+        s.synced(t0, true, true);
+        assert_eq!(s.due(t0), Due::Wait(Some(t0 + Duration::from_secs(30))));
+        let at = t0 + Duration::from_secs(5);
+        s.compact_at(Some(at));
+        assert_eq!(s.due(t0), Due::Wait(Some(at)));
+        assert_eq!(s.due(at), Due::Partial);
+        // Not sooner than minSyncPeriod after the last sync.
+        s.synced(at, false, true);
+        s.compact_at(Some(at));
+        assert_eq!(s.due(at), Due::Wait(Some(at + Duration::from_secs(1))));
+        s.compact_at(None);
+        assert_eq!(s.due(at), Due::Wait(Some(t0 + Duration::from_secs(30))));
+    }
 
     #[test]
     fn commits_missed_while_not_listening_are_told_from_verdicts_own() {

@@ -42,10 +42,16 @@ impl Shared {
         self.with(|m| m.get(Family::Ip, "verdict").cloned())
     }
 
+    /// Whether the table holds `key` in `set`, or, for a verdict map whose
+    /// jumps may be staged, behind its gate (`verdict_proxier::staging`).
     fn has(&self, set: &str, key: &[Value]) -> bool {
-        self.table()
-            .and_then(|t| t.sets.get(set).map(|s| s.elements.contains_key(key)))
-            .unwrap_or(false)
+        let t = self.table();
+        let holds = |set: &str| {
+            t.as_ref()
+                .and_then(|t| t.sets.get(set).map(|s| s.elements.contains_key(key)))
+                .unwrap_or(false)
+        };
+        holds(set) || verdict_proxier::layout::staged_of(set).is_some_and(holds)
     }
 }
 

@@ -140,6 +140,95 @@ pub const AFFINITY: &str = "affinity";
 /// Entry address . protocol . port → affinity-timeout-T chain.
 pub const AFFINITY_SERVICES: &str = "affinity-services";
 
+// === staging (adding a jump without validating the table) ===
+//
+// The kernel validates the whole jump graph of a table at the commit of
+// any transaction that adds a jump: every element of every verdict map,
+// linear in the number of Services. A jump element that an incremental
+// sync would add to one of [`STAGED_MAPS`] goes to its staging instead:
+// its key into the map's gate set (`staged-service-ips`), and into the
+// set of its target chain (`staged-service-ips-endpoints-2`), which a rule
+// of the chain `staged-service-ips` sends there. Plain sets hold no jump,
+// so adding to them validates nothing. A later sync that validates anyway
+// (or the compaction a few seconds on) moves the staged elements into
+// the map itself.
+/// The gate set and chain of `service-ips`' staged elements.
+pub const STAGED_SERVICE_IPS: &str = "staged-service-ips";
+/// The gate set and chain of `service-nodeports`' staged elements.
+pub const STAGED_SERVICE_NODEPORTS: &str = "staged-service-nodeports";
+/// The gate set and chain of `no-endpoint-services`' staged elements.
+pub const STAGED_NO_ENDPOINT_SERVICES: &str = "staged-no-endpoint-services";
+/// The gate set and chain of `no-endpoint-nodeports`' staged elements.
+pub const STAGED_NO_ENDPOINT_NODEPORTS: &str = "staged-no-endpoint-nodeports";
+/// The gate set and chain of `affinity-services`' staged elements.
+pub const STAGED_AFFINITY_SERVICES: &str = "staged-affinity-services";
+/// Each verdict map whose jumps may be staged, with the name of its gate
+/// set and staging chain.
+pub const STAGED_MAPS: [(&str, &str); 5] = [
+    (SERVICE_IPS, STAGED_SERVICE_IPS),
+    (SERVICE_NODEPORTS, STAGED_SERVICE_NODEPORTS),
+    (NO_ENDPOINT_SERVICES, STAGED_NO_ENDPOINT_SERVICES),
+    (NO_ENDPOINT_NODEPORTS, STAGED_NO_ENDPOINT_NODEPORTS),
+    (AFFINITY_SERVICES, STAGED_AFFINITY_SERVICES),
+];
+
+/// The gate set and staging chain of a verdict map, if its jumps may be
+/// staged.
+pub fn staged_of(map: &str) -> Option<&'static str> {
+    STAGED_MAPS
+        .iter()
+        .find(|(m, _)| *m == map)
+        .map(|(_, staged)| *staged)
+}
+
+/// The map whose gate set or staging chain this is.
+pub fn map_of_staged(staged: &str) -> Option<&'static str> {
+    STAGED_MAPS
+        .iter()
+        .find(|(_, s)| *s == staged)
+        .map(|(m, _)| *m)
+}
+
+/// The set holding the staged keys of `map` that jump to `target`.
+pub fn staging_set(map: &str, target: &str) -> Option<String> {
+    staged_of(map).map(|staged| format!("{staged}-{target}"))
+}
+
+/// The map and target chain of a staging set's name (the longest gate
+/// name that prefixes it: `staged-service-ips-endpoints-2`).
+pub fn parse_staging_set(name: &str) -> Option<(&'static str, &str)> {
+    STAGED_MAPS
+        .iter()
+        .filter_map(|(m, staged)| {
+            let target = name.strip_prefix(staged)?.strip_prefix('-')?;
+            (!target.is_empty()).then_some((*m, target))
+        })
+        .next()
+}
+
+/// The staging chains whose rules follow the shared chains in the
+/// kernel (the others' targets are fixed chains).
+pub const DYNAMIC_STAGING: [&str; 3] = [
+    STAGED_SERVICE_IPS,
+    STAGED_SERVICE_NODEPORTS,
+    STAGED_AFFINITY_SERVICES,
+];
+
+/// The fixed chains a staged map's elements may jump to (the others jump
+/// to shared chains: [`DynChain::staged_in`]).
+pub fn fixed_staging_targets(cfg: &ProxierConfig, map: &str) -> Vec<&'static str> {
+    match map {
+        NO_ENDPOINT_SERVICES | NO_ENDPOINT_NODEPORTS => {
+            let mut t = vec![REJECT_CHAIN];
+            if cfg.ends_once() {
+                t.push(DROP_NO_LOCAL_ENDPOINT);
+            }
+            t
+        }
+        _ => Vec::new(),
+    }
+}
+
 /// Slots of the local-endpoint list start here (the cluster list starts at 0).
 pub const LOCAL_SLOT_OFFSET: u32 = 1 << 24;
 /// Most elements the shared affinity map holds.
@@ -168,7 +257,7 @@ pub const UNALLOCATED_COMMENT: &str = "Drop traffic to unallocated ClusterIPs";
 
 /// The base chains and fixed regular chains, by name ([`fixed_chains`]
 /// writes them).
-pub const FIXED_CHAINS: [&str; 21] = [
+pub const FIXED_CHAINS: [&str; 26] = [
     FILTER_PREROUTING_PRE_DNAT,
     FILTER_OUTPUT_PRE_DNAT,
     FILTER_INPUT,
@@ -190,6 +279,11 @@ pub const FIXED_CHAINS: [&str; 21] = [
     REJECT_CHAIN,
     AFFINITY_RECORD,
     COUNT_TRAFFIC,
+    STAGED_SERVICE_IPS,
+    STAGED_SERVICE_NODEPORTS,
+    STAGED_NO_ENDPOINT_SERVICES,
+    STAGED_NO_ENDPOINT_NODEPORTS,
+    STAGED_AFFINITY_SERVICES,
 ];
 
 /// Every set and map, by name ([`sets`] defines them).
@@ -362,6 +456,18 @@ impl FromStr for DynChain {
 }
 
 impl DynChain {
+    /// The staged maps whose elements may jump to this chain.
+    pub fn staged_in(self) -> &'static [&'static str] {
+        match self {
+            DynChain::Endpoints(_) => &[SERVICE_IPS],
+            DynChain::External(_) | DynChain::ExternalLocal(..) => {
+                &[SERVICE_IPS, SERVICE_NODEPORTS]
+            }
+            DynChain::AffinityTimeout(_) => &[AFFINITY_SERVICES],
+            DynChain::LocalEndpoints(_) => &[],
+        }
+    }
+
     /// Chains this chain jumps to.
     pub fn needs(self) -> Vec<DynChain> {
         match self {
@@ -888,7 +994,129 @@ pub fn fixed_chains(cfg: &ProxierConfig) -> Vec<ChainWithRules> {
             .collect(),
     ));
     let _ = family;
+    // Each staged map's gate, right after the rule that looks the map up,
+    // and its staging chain (the rules to fixed targets written here, the
+    // others by the proxier as shared chains come and go).
+    for (_, rules) in &mut chains {
+        let mut at = 0;
+        while at < rules.len() {
+            if let Some(gate) = gate_rule(&rules[at]) {
+                rules.insert(at + 1, gate);
+                at += 1;
+            }
+            at += 1;
+        }
+    }
+    let dispatch = dispatch_rules(&chains);
+    for (map, staged) in STAGED_MAPS {
+        let targets = fixed_staging_targets(cfg, map);
+        chains.push((
+            Chain::regular(staged).with_comment(format!(
+                "sends the keys staged for @{map} to their chains until they move there"
+            )),
+            staging_rules_with(&dispatch, map, targets.iter().copied()),
+        ));
+    }
     chains
+}
+
+/// Where each staged map is looked up: the rule's expressions before the
+/// lookup, and its key.
+type Dispatch = Vec<(&'static str, Vec<Expr>, Vec<Selector>)>;
+
+fn dispatch_rules(chains: &[ChainWithRules]) -> Dispatch {
+    let mut out = Vec::new();
+    for (_, rules) in chains {
+        for rule in rules {
+            if let Some((Expr::Vmap { key, map }, prefix)) = rule.exprs.split_last()
+                && let Some((m, _)) = STAGED_MAPS.iter().find(|(m, _)| *m == map.as_str())
+            {
+                out.push((*m, prefix.to_vec(), key.clone()));
+            }
+        }
+    }
+    out
+}
+
+/// The gate after a rule looking up a staged map: the same match, the key
+/// in the gate set, on to the staging chain.
+fn gate_rule(rule: &Rule) -> Option<Rule> {
+    let (Expr::Vmap { key, map }, prefix) = rule.exprs.split_last()? else {
+        return None;
+    };
+    let staged = staged_of(map)?;
+    let mut exprs = prefix.to_vec();
+    exprs.push(Expr::Lookup {
+        key: key.clone(),
+        set: staged.into(),
+        negate: false,
+    });
+    exprs.push(Expr::Verdict(Verdict::Goto(staged.into())));
+    Some(Rule::new(exprs))
+}
+
+fn staging_rules_with<'a>(
+    dispatch: &Dispatch,
+    map: &str,
+    targets: impl Iterator<Item = &'a str>,
+) -> Vec<Rule> {
+    let mut rules = Vec::new();
+    for target in targets {
+        let Some(set) = staging_set(map, target) else {
+            continue;
+        };
+        for (_, prefix, key) in dispatch.iter().filter(|(m, ..)| *m == map) {
+            let mut exprs = prefix.clone();
+            exprs.push(Expr::Lookup {
+                key: key.clone(),
+                set: set.clone(),
+                negate: false,
+            });
+            exprs.push(Expr::Verdict(Verdict::Goto(target.into())));
+            rules.push(Rule::new(exprs));
+        }
+    }
+    rules
+}
+
+/// The rules of a staging chain whose map's elements jump to `targets`
+/// (shared chains, and the map's fixed targets).
+pub fn staging_rules<'a>(
+    cfg: &ProxierConfig,
+    map: &str,
+    targets: impl Iterator<Item = &'a str>,
+) -> Vec<Rule> {
+    let chains = fixed_chains(cfg);
+    let dispatch = dispatch_rules(&chains);
+    let fixed = fixed_staging_targets(cfg, map);
+    staging_rules_with(&dispatch, map, fixed.into_iter().chain(targets))
+}
+
+/// The gate sets of the staged maps and the staging sets of their fixed
+/// targets (each of a map's key type). Those of shared chains come and go
+/// with the chains ([`staging_set_of`]).
+pub fn staging_sets(cfg: &ProxierConfig) -> Vec<Set> {
+    let mut out = Vec::new();
+    for (map, _) in STAGED_MAPS {
+        if let Some(gate) = staging_set_of(cfg, map, None) {
+            out.push(gate.with_comment(format!("keys staged for @{map}")));
+        }
+        for target in fixed_staging_targets(cfg, map) {
+            out.extend(staging_set_of(cfg, map, Some(target)));
+        }
+    }
+    out
+}
+
+/// The gate set of a staged map (`target` `None`), or the staging set of
+/// one of its targets.
+pub fn staging_set_of(cfg: &ProxierConfig, map: &str, target: Option<&str>) -> Option<Set> {
+    let def = sets(cfg).into_iter().find(|s| s.name == map)?;
+    let name = match target {
+        None => staged_of(map)?.to_owned(),
+        Some(t) => staging_set(map, t)?,
+    };
+    Some(Set::set(name, def.key))
 }
 
 /// The value of a `no-endpoint-*` element whose Service drops for want of

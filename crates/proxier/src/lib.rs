@@ -8,6 +8,7 @@
 //! - [`layout`]: names, fixed chains and sets, and the shared chains.
 //! - [`plan`]: what one service port contributes (elements and chains).
 //! - [`proxier`]: [`Proxier`], change intake and full/partial syncs.
+//! - [`staging`]: jumps added without validating the table.
 
 pub mod config;
 pub mod conntrack;
@@ -15,6 +16,7 @@ pub mod error;
 pub mod layout;
 pub mod plan;
 pub mod proxier;
+pub mod staging;
 
 pub use config::{LocalDetector, NodePortAddresses, ProxierConfig};
 pub use error::ProxierError;

@@ -22,6 +22,7 @@ use crate::config::ProxierConfig;
 use crate::error::ProxierError;
 use crate::layout::{self, DynChain, SetRef};
 use crate::plan::{Contribution, EndpointSet, contribution};
+use crate::staging::{self, Staging};
 
 /// A full sync happens at least this often.
 pub const FULL_SYNC_PERIOD: Duration = Duration::from_secs(3600);
@@ -70,6 +71,11 @@ pub struct SyncResult {
     pub conflicts: Vec<Conflict>,
     /// Conflicts that ended in this sync.
     pub conflicts_resolved: Vec<Conflict>,
+    /// Jump elements this sync staged instead of adding them to their
+    /// verdict map ([`crate::staging`]).
+    pub staged: usize,
+    /// Staged elements this sync moved into their maps (a compaction).
+    pub unstaged: usize,
 }
 
 /// What the backend refused of one service port: the elements left out
@@ -405,6 +411,8 @@ pub struct Proxier {
     programmed_chains: BTreeSet<String>,
     /// Emptied chains awaiting deletion, with when they were emptied.
     stale_chains: BTreeMap<String, Instant>,
+    /// Jump elements held in staging instead of their maps.
+    staging: Staging,
     /// Affinity entries → owner → endpoints an affinity element for that
     /// entry may name.
     affinity_allowed: BTreeMap<Vec<Value>, BTreeMap<ServicePortName, EndpointSet>>,
@@ -449,6 +457,7 @@ impl Proxier {
             chain_refs: BTreeMap::new(),
             programmed_chains: BTreeSet::new(),
             stale_chains: BTreeMap::new(),
+            staging: Staging::default(),
             affinity_allowed: BTreeMap::new(),
             affinity_dirty: false,
             no_local: (0, 0),
@@ -717,6 +726,18 @@ impl Proxier {
         self.service_changes.take_errors()
     }
 
+    /// When a sync should move the staged jump elements into their maps
+    /// ([`crate::staging`]), even with nothing else to do (`None`: nothing
+    /// is staged).
+    pub fn compaction_due(&self) -> Option<Instant> {
+        self.staging.due()
+    }
+
+    /// How many jump elements are staged instead of in their maps.
+    pub fn staged_elements(&self) -> usize {
+        self.staging.len()
+    }
+
     /// Forces the next sync to be a full one: the table is read back and
     /// every element compared with what it should hold, so whatever else
     /// changed the table is repaired. What each service port should
@@ -846,6 +867,8 @@ impl Proxier {
         // What the kernel has, on a full sync. A table we cannot read (say,
         // a rule someone added by hand) is replaced as a whole, atomically.
         let mut replace_table = false;
+        // Elements of the staging sets that stage nothing (a full sync).
+        let mut staging_junk: Vec<(String, Key)> = Vec::new();
         let prefetched = self.prefetched.take();
         let mut existing = if full {
             let read = match prefetched {
@@ -999,6 +1022,42 @@ impl Proxier {
                     self.adopt(name, std::mem::take(&mut s.elements));
                 }
             }
+            // And what it has staged: each staged key as the element its
+            // slot's winner is, if that goes to the same chain.
+            let slots = &self.slots;
+            let cfg = &self.cfg;
+            if rebuilt && let Some(t) = existing.as_ref() {
+                // Every chain was emptied: staging starts over in the
+                // staging sets that stay.
+                for (name, s) in &t.sets {
+                    let def = match layout::parse_staging_set(name) {
+                        Some((map, target)) => layout::staging_set_of(cfg, map, Some(target)),
+                        None => layout::map_of_staged(name)
+                            .and_then(|map| layout::staging_set_of(cfg, map, None)),
+                    };
+                    if def.is_some_and(|d| d.same_type(&s.set)) && !s.elements.is_empty() {
+                        tx.flush_set(name);
+                    }
+                }
+            }
+            staging_junk = self.staging.adopt(
+                if rebuilt { None } else { existing.as_ref() },
+                |map, target| layout::fixed_staging_targets(cfg, map).contains(&target),
+                |map, key, target| {
+                    let winner = slots
+                        .get(map)
+                        .and_then(|m| m.get(key))
+                        .and_then(|s| s.owners.winner())
+                        .filter(|w| staging::target(w) == Some(target));
+                    match winner {
+                        Some(w) => w.clone(),
+                        None => Arc::new(Element::map(
+                            key.clone(),
+                            ElementValue::Verdict(verdict_nft::Verdict::Goto(target.to_owned())),
+                        )),
+                    }
+                },
+            );
             let existing = existing.as_ref().unwrap_or(&empty);
             chains_now = existing
                 .chains
@@ -1038,6 +1097,78 @@ impl Proxier {
             self.stale_chains.remove(&name);
         }
 
+        // Staging ([`crate::staging`]): a transaction that validates the
+        // table anyway (a full sync, a new shared chain), or one whose time
+        // has come, moves every staged element into its map and makes the
+        // staging chains and sets those of the wanted chains. Any other
+        // stages the jumps it adds.
+        let wanted_targets: BTreeSet<(&'static str, String)> = wanted
+            .iter()
+            .flat_map(|c| c.staged_in().iter().map(move |m| (*m, c.to_string())))
+            .collect();
+        let validates = tx
+            .ops()
+            .iter()
+            .any(|op| matches!(op, verdict_nft::Op::AddRule(_)));
+        // On a full sync, a staging chain whose rules are not those of the
+        // staging sets the kernel has is rewritten, which validates too.
+        let staging_chains_differ = full
+            && layout::STAGED_MAPS.iter().any(|(map, chain)| {
+                layout::DYNAMIC_STAGING.contains(chain) && {
+                    let had = self.staging.targets().iter().filter(|(m, _)| m == map);
+                    let rules = layout::staging_rules(&self.cfg, map, had.map(|(_, t)| t.as_str()));
+                    rules_now(chain).is_none_or(|r| !same_rules(r, &rules, family))
+                }
+            });
+        let compact = validates
+            || staging_chains_differ
+            || !wanted_targets.is_subset(self.staging.targets())
+            || self.staging.due().is_some_and(|t| now >= t);
+        let mut staged = staging::Changes::default();
+        let mut staging_sets_gone: Vec<String> = Vec::new();
+        if compact {
+            // (On a full sync, the staging sets the kernel has.)
+            let have_targets = self.staging.targets().clone();
+            for (m, t) in wanted_targets.difference(&have_targets) {
+                if let Some(set) = layout::staging_set_of(&self.cfg, m, Some(t)) {
+                    tx.add_set(set);
+                }
+            }
+            for (map, chain) in layout::STAGED_MAPS {
+                if !layout::DYNAMIC_STAGING.contains(&chain) {
+                    continue;
+                }
+                let of = |ts: &BTreeSet<(&'static str, String)>| -> Vec<String> {
+                    ts.iter()
+                        .filter(|(m, _)| *m == map)
+                        .map(|(_, t)| t.clone())
+                        .collect()
+                };
+                let (want, had) = (of(&wanted_targets), of(&have_targets));
+                let rules = layout::staging_rules(&self.cfg, map, want.iter().map(String::as_str));
+                let differs = rebuilt
+                    || want != had
+                    || (full && rules_now(chain).is_none_or(|r| !same_rules(r, &rules, family)));
+                if differs {
+                    let has_rules = match rules_now(chain) {
+                        Some(r) => !r.is_empty(),
+                        None => !full && !had.is_empty(),
+                    };
+                    if has_rules && !rebuilt {
+                        tx.flush_chain(chain);
+                    }
+                    for rule in rules {
+                        tx.add_rule(chain, rule);
+                    }
+                }
+            }
+            staging_sets_gone = have_targets
+                .difference(&wanted_targets)
+                .filter_map(|(m, t)| layout::staging_set(m, t))
+                .collect();
+            staged.compacted = Some(wanted_targets.clone());
+        }
+
         // Elements: delete what changed or went away, then add (with the
         // service port that wants it, to blame it if the kernel refuses).
         // Each with its key as the maps keep it, to record what the
@@ -1057,19 +1188,54 @@ impl Proxier {
                     let slot = self.slots.get(set).and_then(|m| m.get(key));
                     let want = slot.and_then(|s| holder(&self.slots, set, key, &s.owners));
                     let have = slot.and_then(|s| s.programmed.as_ref());
-                    diff(set, want, have, &mut deletes, &mut tx);
+                    match self.staging.get(set, key) {
+                        None if compact || layout::staged_of(set).is_none() => {
+                            diff(set, want, have, &mut deletes, &mut tx);
+                        }
+                        was => staged_diff(
+                            (set, key),
+                            want,
+                            have,
+                            was,
+                            (!compact, !compact),
+                            &mut deletes,
+                            &mut tx,
+                            &mut staged,
+                        ),
+                    }
                 }
             }
             None => {
                 // Full: every slot, set by set. NodePort addresses are
                 // the node's, not any service's: they follow.
+                for (set, key) in &staging_junk {
+                    tx.delete_element(set, key.clone());
+                }
                 for (set, m) in &self.slots {
                     if *set == layout::NODEPORT_IPS {
                         continue;
                     }
+                    let staged_map = layout::staged_of(set).is_some();
                     for (k, s) in m {
                         let want = holder(&self.slots, set, k, &s.owners);
-                        diff(set, want, s.programmed.as_ref(), &mut deletes, &mut tx);
+                        let have = s.programmed.as_ref();
+                        match self.staging.get(set, k) {
+                            None if compact || !staged_map => {
+                                diff(set, want, have, &mut deletes, &mut tx);
+                            }
+                            // A full sync keeps what is staged, but does
+                            // not stage: what it adds is a repair.
+                            was => staged_diff(
+                                (set, k),
+                                want,
+                                have,
+                                was,
+                                (!compact, false),
+                                &mut deletes,
+                                &mut tx,
+                                &mut staged,
+                            ),
+                        }
                     }
                 }
                 let have = self.slots.get(layout::NODEPORT_IPS);
@@ -1092,8 +1258,30 @@ impl Proxier {
                 }
             }
         }
+        // The staged keys the diff did not look at: on a partial sync
+        // they are still wanted, and move into their maps on a compaction;
+        // on a full one nobody wants them.
+        for (set, key, e) in self.staging.iter() {
+            let seen = match &touched {
+                Some(t) => t.contains(&(set, key.clone())),
+                None => self.slots.get(set).is_some_and(|m| m.contains_key(key)),
+            };
+            if seen || (touched.is_some() && !compact) {
+                continue;
+            }
+            Staging::delete_ops(&mut tx, set, key, staging::target(e));
+            if touched.is_some() {
+                tx.add_shared_element(set, e.clone());
+            }
+            staged.unstaged.push((set, key.clone()));
+        }
         // The transaction shares the keys and elements this proxier keeps.
         tx.insert_shared_deletes(fixed_ops, deletes);
+        // Staging sets of chains nobody wants go once their rules and
+        // elements have.
+        for set in &staging_sets_gone {
+            tx.delete_set(set);
+        }
 
         // Chains nobody jumps to any more: empty them now, delete them later.
         let wanted_names: BTreeSet<String> = wanted.iter().map(|c| c.to_string()).collect();
@@ -1128,7 +1316,18 @@ impl Proxier {
         // The kernel has it now: record the element changes in their
         // slots (every element operation of the transaction is one of
         // these, the deletions first). An element added is the winner's
-        // own allocation, which its slot then shares.
+        // own allocation, which its slot then shares. What left staging
+        // is no longer programmed, unless the map has it now.
+        for (set, key) in &staged.unstaged {
+            if let Some(m) = self.slots.get_mut(set)
+                && let Some(slot) = m.get_mut(key)
+            {
+                slot.programmed = None;
+                if slot.is_unused() {
+                    m.remove(key);
+                }
+            }
+        }
         let own = own_sets(&tx);
         for op in tx.ops().get(fixed_ops..).unwrap_or_default() {
             match op {
@@ -1156,6 +1355,28 @@ impl Proxier {
                 _ => {}
             }
         }
+        for (set, key, e) in &staged.staged {
+            let m = self.slots.entry(set).or_default();
+            match m.get_mut(key) {
+                Some(slot) => slot.programmed = Some(e.clone()),
+                None => {
+                    m.insert(key.clone(), Slot::of_kernel(e.clone()));
+                }
+            }
+        }
+        result.staged += staged.staged.len();
+        result.unstaged += if staged.compacted.is_some() {
+            self.staging.len()
+        } else {
+            0
+        };
+        let unwanted_targets = staged.compacted.is_none()
+            && self
+                .staging
+                .targets()
+                .iter()
+                .any(|t| !wanted_targets.contains(t));
+        self.staging.record(staged, now, unwanted_targets);
         self.programmed_chains = wanted_names;
         Ok(())
     }
@@ -1174,7 +1395,8 @@ impl Proxier {
     ) -> bool {
         let family = self.cfg.nft_family();
         let fixed = layout::fixed_chains(&self.cfg);
-        let sets = layout::sets(&self.cfg);
+        let mut sets = layout::sets(&self.cfg);
+        sets.extend(layout::staging_sets(&self.cfg));
         if current.is_none() {
             tx.add_table(Some(layout::TABLE_COMMENT));
         }
@@ -1188,6 +1410,12 @@ impl Proxier {
                 !sets
                     .iter()
                     .any(|s| s.name == **name && s.same_type(&old.set))
+                    // The staging sets of shared chains are the sync's.
+                    && !layout::parse_staging_set(name).is_some_and(|(m, _)| {
+                        !sets.iter().any(|s| s.name == **name)
+                            && layout::staging_set_of(&self.cfg, m, None)
+                                .is_some_and(|gate| gate.same_type(&old.set))
+                    })
             })
             .map(|(name, _)| name)
             .collect();
@@ -1227,6 +1455,11 @@ impl Proxier {
             }
         }
         for (chain, rules) in fixed {
+            // The staging chains of shared chains: the sync writes their
+            // rules, with the shared chains.
+            if layout::DYNAMIC_STAGING.contains(&chain.name.as_str()) {
+                continue;
+            }
             let now = existing.chains.get(&chain.name);
             if !rebuild && now.is_some_and(|c| same_rules(&c.rules, &rules, family)) {
                 continue;
@@ -1251,6 +1484,9 @@ impl Proxier {
             .stale_chains
             .iter()
             .filter(|(_, t)| now.saturating_duration_since(**t) >= REMOVE_STALE_CHAINS_AFTER)
+            // A staging rule still goes there: it goes first, at the next
+            // compaction.
+            .filter(|(c, _)| !self.staging.holds_chain(c))
             .map(|(c, _)| c.clone())
             .collect();
         if due.is_empty() {
@@ -1565,10 +1801,11 @@ impl Proxier {
         tx.ops()
             .iter()
             .map(|op| {
-                let verdict_nft::Op::AddElement(set, e) = op else {
+                let verdict_nft::Op::AddElement(id, e) = op else {
                     return None;
                 };
-                let set = own(*set)?;
+                // A staged key's owner is its map's.
+                let set = own(*id).or_else(|| staged_map(tx.set_name(*id)))?;
                 let slot = self.slots.get(set)?.get(&e.key[..])?;
                 holder(&self.slots, set, &e.key, &slot.owners).map(|(o, _)| o.clone())
             })
@@ -1751,6 +1988,61 @@ fn merged(kept: BTreeMap<Key, Slot>, entries: Vec<(Key, Owners)>) -> BTreeMap<Ke
     out.into_iter().collect()
 }
 
+/// The diff of one key of a staged map ([`crate::staging`]) that the
+/// kernel has staged (`was`), or that this sync may stage: a jump wanted
+/// there stays staged if `keep` allows (and goes to its new target if
+/// that changed and `stage` allows), and a new one is staged if `stage`
+/// allows; anything else leaves staging and is diffed against the map.
+#[allow(clippy::too_many_arguments)]
+fn staged_diff(
+    (set, key): (&'static str, &Key),
+    want: Option<&(Owner, Arc<Element>)>,
+    have: Option<&Arc<Element>>,
+    was: Option<&Arc<Element>>,
+    (keep, stage): (bool, bool),
+    deletes: &mut Vec<(&'static str, Arc<Element>)>,
+    tx: &mut Transaction,
+    out: &mut staging::Changes,
+) {
+    let jump = want
+        .map(|(_, w)| w)
+        .and_then(|w| staging::target(w).map(|t| (w, t)));
+    // What the map itself has there: nothing, unless a full sync read an
+    // element there too (the slot of a staged key otherwise records the
+    // staged element).
+    let in_map = |was: &Arc<Element>| have.filter(|h| !Arc::ptr_eq(h, was));
+    match (was, jump) {
+        (Some(h), Some((w, t))) if keep && (stage || staging::target(h) == Some(t)) => {
+            if let Some(m) = in_map(h) {
+                deletes.push((set, m.clone()));
+            }
+            let old = staging::target(h);
+            if old != Some(t) {
+                if let Some(s) = old.and_then(|o| layout::staging_set(set, o)) {
+                    tx.delete_element(&s, key.clone());
+                }
+                if let Some(s) = layout::staging_set(set, t) {
+                    tx.add_element(&s, staging::key_of(w));
+                }
+            }
+            out.staged.push((set, key.clone(), w.clone()));
+        }
+        (Some(h), _) => {
+            Staging::delete_ops(tx, set, key, staging::target(h));
+            out.unstaged.push((set, key.clone()));
+            diff(set, want, in_map(h), deletes, tx);
+        }
+        (None, Some((w, _))) if stage && !have.is_some_and(|h| Arc::ptr_eq(w, h) || **w == **h) => {
+            if let Some(h) = have {
+                deletes.push((set, h.clone()));
+            }
+            Staging::add_ops(tx, set, w);
+            out.staged.push((set, key.clone(), w.clone()));
+        }
+        (None, _) => diff(set, want, have, deletes, tx),
+    }
+}
+
 fn diff(
     set: &'static str,
     want: Option<&(Owner, Arc<Element>)>,
@@ -1841,7 +2133,8 @@ impl Refused {
             let Some(verdict_nft::Op::AddElement(set, e)) = tx.ops().get(i) else {
                 continue;
             };
-            let Some(set) = static_set_name(tx.set_name(*set)) else {
+            let name = tx.set_name(*set);
+            let Some(set) = static_set_name(name).or_else(|| staged_map(name)) else {
                 continue;
             };
             let key: Arc<[Value]> = e.key.clone();
@@ -2035,6 +2328,11 @@ fn own_set_name(name: &verdict_nft::SetName) -> Option<&'static str> {
         std::borrow::Cow::Borrowed(s) => Some(s),
         std::borrow::Cow::Owned(s) => static_set_name(s),
     }
+}
+
+/// The map whose gate or staging set `name` is.
+fn staged_map(name: &str) -> Option<&'static str> {
+    layout::map_of_staged(name).or_else(|| layout::parse_staging_set(name).map(|(m, _)| m))
 }
 
 fn static_set_name(name: &str) -> Option<&'static str> {

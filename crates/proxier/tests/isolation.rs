@@ -180,7 +180,12 @@ fn a_refused_service_port_is_quarantined_and_the_rest_lands_in_the_same_sync() {
     let dump = nft.inner.dump(Family::Ip, "verdict");
     assert!(dump.contains("10.0.9.7"), "{dump}");
 
-    // The table is what a clean proxier with the same services programs.
+    // The table is what a clean proxier with the same services programs,
+    // once the jump that partial sync staged has moved into its map.
+    fx.now += verdict_proxier::staging::MAX_AGE;
+    let r = sync(&mut fx, &mut nft);
+    assert_eq!(r.unstaged, 1, "{r:?}");
+    let dump = nft.inner.dump(Family::Ip, "verdict");
     let mut clean = Fixture::new(IpFamily::V4);
     for i in 0..40 {
         let ep = if i == 3 { "10.0.3.3" } else { "10.0.1.1" };
@@ -322,7 +327,11 @@ fn two_load_balancers_on_one_address_and_port_are_resolved_as_kube_proxy_does() 
     assert_eq!(to(&fx, "10.2.0.1", "5.6.7.8", 80), "DROP");
     std::mem::swap(&mut fx.nft, &mut nft.inner);
 
-    // The table is what a proxier that only ever saw lb2 programs.
+    // The table is what a proxier that only ever saw lb2 programs, once
+    // the jumps that partial sync staged have moved into their maps.
+    fx.now += verdict_proxier::staging::MAX_AGE;
+    let r = sync(&mut fx, &mut nft);
+    assert!(!r.full && r.unstaged > 0, "{r:?}");
     let mut clean = Fixture::new(IpFamily::V4);
     two_lbs_on_one_address(&mut clean, &["10.1.2.3/32", "192.168.0.0/16"]);
     for i in 0..10 {

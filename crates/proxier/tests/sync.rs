@@ -11,7 +11,8 @@ use std::time::Duration;
 use common::*;
 use verdict_model::IpFamily;
 use verdict_nft::{
-    Backend, Chain, Expr, Family, MemoryBackend, NftError, Rule, TableState, Transaction,
+    Backend, Chain, Element, Expr, Family, MemoryBackend, NftError, Rule, TableState, Transaction,
+    Value,
 };
 use verdict_proxier::{Proxier, REMOVE_STALE_CHAINS_AFTER};
 
@@ -60,38 +61,53 @@ fn partial_syncs_emit_only_what_changed() {
     assert!(r.full);
     assert_eq!(chains(&fx), ["endpoints-1"]);
 
-    // Add a service with one endpoint: cluster-ips, service-ips and one
-    // service-endpoints slot (no Service is counted per element by
-    // default). The shared chain endpoints-1 already exists.
+    // Add a service with one endpoint: cluster-ips, one service-endpoints
+    // slot (no Service is counted per element by default), and its jump
+    // staged (its key in staged-service-ips and in the set of its chain):
+    // nothing adds a jump, so the kernel validates nothing. The shared
+    // chain endpoints-1 already exists.
     one_ep(&mut fx, "ns3", "svc3", "172.30.0.43", 80, &["10.0.3.1"]);
     let r = fx.sync();
     assert!(!r.full);
-    assert_eq!(r.operations, 3, "add service");
+    assert_eq!(r.operations, 4, "add service");
+    assert_eq!(r.staged, 1);
+    let t = fx.nft.get(Family::Ip, "verdict").unwrap();
+    assert_eq!(t.sets["service-ips"].elements.len(), 2);
+    assert_eq!(t.sets["staged-service-ips"].elements.len(), 1);
+    assert_eq!(t.sets["staged-service-ips-endpoints-1"].elements.len(), 1);
+    let tr = fx.trace(verdict_nft::L4Proto::Tcp, "10.0.0.2", "172.30.0.43", 80);
+    assert_eq!(tr.output(), "10.0.3.1:80", "{tr:?}");
 
     // Delete a service: its three elements go.
     fx.delete_service("ns2", "svc2")
         .delete_slice("ns2", "svc2-1");
     assert_eq!(fx.sync().operations, 3, "delete service");
 
-    // A service without endpoints: cluster-ips + no-endpoint-services.
+    // A service without endpoints: cluster-ips, and its no-endpoint-services
+    // jump staged (two elements).
     one_ep(&mut fx, "ns4", "svc4", "172.30.0.44", 80, &[]);
-    assert_eq!(fx.sync().operations, 2, "service without endpoints");
-    assert!(
-        fx.dump()
-            .contains("172.30.0.44 . tcp . 80 comment \"ns4/svc4:p80\" : goto reject-chain")
-    );
+    assert_eq!(fx.sync().operations, 1 + 2, "service without endpoints");
+    assert!(fx.dump().contains(
+        "add element ip verdict staged-no-endpoint-services-reject-chain { 172.30.0.44 . tcp . 80 comment \"ns4/svc4:p80\" }"
+    ));
+    let tr = fx.trace(verdict_nft::L4Proto::Tcp, "10.0.0.2", "172.30.0.44", 80);
+    assert_eq!(tr.output(), "REJECT", "{tr:?}");
 
-    // It gets an endpoint: no-endpoint element out, dispatch and slot in.
+    // It gets an endpoint: the staged no-endpoint jump out, the dispatch
+    // staged and the slot in.
     one_ep(&mut fx, "ns4", "svc4", "172.30.0.44", 80, &["10.0.4.1"]);
-    assert_eq!(fx.sync().operations, 3, "first endpoint");
+    assert_eq!(fx.sync().operations, 2 + 2 + 1, "first endpoint");
 
     // Replace svc3's endpoint: one slot changes value (delete + add).
     one_ep(&mut fx, "ns3", "svc3", "172.30.0.43", 80, &["10.0.3.2"]);
     assert_eq!(fx.sync().operations, 2, "endpoint replaced");
 
-    // A second endpoint: the dispatch moves to endpoints-2 (delete + add),
-    // slot 1 is added, and the new shared chain
-    // endpoints-2 is created (add chain + 6 rules).
+    // A second endpoint: the new shared chain endpoints-2 is created (add
+    // chain + 6 rules), which makes the kernel validate the table anyway,
+    // so the staged jumps move into their maps: endpoints-2's staging set
+    // is added and the staging chain rewritten (flush + 2 rules); svc3's
+    // dispatch, staged, moves to endpoints-2 in service-ips (2 deletes, 1
+    // add), and svc4's too (2 deletes, 1 add); slot 1 is added.
     one_ep(
         &mut fx,
         "ns3",
@@ -100,14 +116,16 @@ fn partial_syncs_emit_only_what_changed() {
         80,
         &["10.0.3.2", "10.0.3.3"],
     );
-    assert_eq!(fx.sync().operations, 2 + 1 + 7, "second endpoint");
+    let r = fx.sync();
+    assert_eq!(r.operations, 7 + 1 + 3 + 3 + 3 + 1, "second endpoint");
+    assert_eq!((r.staged, r.unstaged), (0, 2));
     assert_eq!(chains(&fx), ["endpoints-1", "endpoints-2"]);
 
-    // Scale to zero: dispatch and both slots out, reject
-    // in; endpoints-2 is no longer used, so it is flushed (and deleted
-    // later).
+    // Scale to zero: dispatch and both slots out, reject staged (two
+    // elements); endpoints-2 is no longer used, so it is flushed (and
+    // deleted later).
     one_ep(&mut fx, "ns3", "svc3", "172.30.0.43", 80, &[]);
-    assert_eq!(fx.sync().operations, 3 + 1 + 1, "scale to zero");
+    assert_eq!(fx.sync().operations, 3 + 2 + 1, "scale to zero");
 
     // Back at once: the chain, emptied but not yet deleted, is refilled
     // (add + 6 rules; it is already empty), plus the elements.
@@ -119,8 +137,10 @@ fn partial_syncs_emit_only_what_changed() {
         80,
         &["10.0.3.2", "10.0.3.3"],
     );
+    // The refilled chain's rules validate the table: the staged reject
+    // goes (two deletes), the dispatch goes straight into service-ips.
     let r = fx.sync();
-    assert_eq!(r.operations, 4 + 7, "scale back");
+    assert_eq!(r.operations, 2 + 1 + 2 + 7, "scale back");
     assert_eq!(r.stale_chains_deleted, 0);
 
     // Nothing changed: nothing is sent.
@@ -131,10 +151,22 @@ fn partial_syncs_emit_only_what_changed() {
 
     // Scale down to one endpoint: endpoints-2 goes stale again, and is
     // deleted by a separate transaction once it has been empty long enough.
+    // The dispatch to endpoints-1 is staged (delete + 2 adds).
     one_ep(&mut fx, "ns3", "svc3", "172.30.0.43", 80, &["10.0.3.2"]);
-    assert_eq!(fx.sync().operations, 2 + 1 + 1, "scale down");
+    assert_eq!(fx.sync().operations, 3 + 1 + 1, "scale down");
     fx.advance(REMOVE_STALE_CHAINS_AFTER / 2);
     assert_eq!(fx.sync().stale_chains_deleted, 0, "too early");
+    // endpoints-2 keeps its staging rule until the compaction: the
+    // staging chain rewritten (flush + 1 rule), endpoints-2's staging set
+    // deleted, svc3's dispatch moved (2 deletes, 1 add).
+    fx.advance(REMOVE_STALE_CHAINS_AFTER);
+    let r = fx.sync();
+    assert_eq!((r.stale_chains_deleted, r.operations), (0, 0));
+    fx.advance(verdict_proxier::staging::QUIET);
+    let r = fx.sync();
+    assert_eq!((r.stale_chains_deleted, r.operations), (0, 2 + 1 + 3));
+    assert_eq!(fx.proxier.compaction_due(), None);
+    // Deleted in a later transaction than the one that removed its rule.
     fx.advance(REMOVE_STALE_CHAINS_AFTER);
     let r = fx.sync();
     assert_eq!((r.stale_chains_deleted, r.operations), (1, 0));
@@ -429,6 +461,125 @@ fn a_restarted_proxier_adopts_the_table_without_changing_it() {
 }
 
 #[test]
+fn staged_jumps_survive_a_full_resync_and_a_restart_and_junk_in_staging_goes() {
+    let mut fx = Fixture::new(IpFamily::V4);
+    one_ep(&mut fx, "ns1", "svc1", "172.30.0.41", 80, &["10.0.1.1"]);
+    fx.sync();
+    // Staged: a new Service, and one with no endpoints (its reject).
+    one_ep(&mut fx, "ns2", "svc2", "172.30.0.42", 80, &["10.0.2.1"]);
+    one_ep(&mut fx, "ns3", "svc3", "172.30.0.43", 80, &[]);
+    let r = fx.sync();
+    assert_eq!(r.staged, 2);
+    let dump = fx.dump();
+
+    // A full resync reads the staging back as it is: nothing to send.
+    fx.proxier.force_full_sync();
+    let r = fx.sync();
+    assert!(r.full);
+    assert_eq!((r.operations, r.unstaged), (0, 0), "{r:?}");
+    assert_eq!(fx.proxier.staged_elements(), 2);
+    assert_eq!(fx.dump(), dump);
+
+    // So does a new process over the same kernel state; it moves them
+    // into their maps when due, as the first did.
+    let mut restarted = Fixture::new(IpFamily::V4);
+    restarted.nft = fx.nft.clone();
+    one_ep(
+        &mut restarted,
+        "ns1",
+        "svc1",
+        "172.30.0.41",
+        80,
+        &["10.0.1.1"],
+    );
+    one_ep(
+        &mut restarted,
+        "ns2",
+        "svc2",
+        "172.30.0.42",
+        80,
+        &["10.0.2.1"],
+    );
+    one_ep(&mut restarted, "ns3", "svc3", "172.30.0.43", 80, &[]);
+    let r = restarted.sync();
+    assert!(r.full);
+    assert_eq!(r.operations, 0, "{r:?}");
+    assert_eq!(restarted.proxier.staged_elements(), 2);
+    let due = restarted
+        .proxier
+        .compaction_due()
+        .expect("a compaction is due");
+    restarted.now = due;
+    let r = restarted.sync();
+    assert!(!r.full);
+    assert_eq!(r.unstaged, 2);
+    assert_eq!(restarted.proxier.compaction_due(), None);
+    let mut clean = Fixture::new(IpFamily::V4);
+    one_ep(&mut clean, "ns1", "svc1", "172.30.0.41", 80, &["10.0.1.1"]);
+    one_ep(&mut clean, "ns2", "svc2", "172.30.0.42", 80, &["10.0.2.1"]);
+    one_ep(&mut clean, "ns3", "svc3", "172.30.0.43", 80, &[]);
+    clean.sync();
+    assert_eq!(restarted.dump(), clean.dump());
+
+    // Junk in the staging sets (a key in a staging set but not behind
+    // the gate, a key behind the gate in no staging set, and a staged
+    // key nobody wants) goes at the next full sync; svc2, staged again,
+    // stays staged.
+    one_ep(&mut fx, "ns2", "svc2", "172.30.0.42", 80, &["10.0.2.2"]);
+    fx.sync();
+    let key = |ip: &str| {
+        vec![
+            Value::Addr(ip.parse().unwrap()),
+            Value::Proto(verdict_nft::L4Proto::Tcp),
+            Value::Port(80),
+        ]
+    };
+    let mut tx = Transaction::new(Family::Ip, "verdict");
+    tx.add_element(
+        "staged-service-ips-endpoints-1",
+        Element::key(key("172.30.9.1")),
+    );
+    tx.add_element("staged-service-ips", Element::key(key("172.30.9.2")));
+    tx.add_element("staged-service-ips", Element::key(key("172.30.9.3")));
+    tx.add_element(
+        "staged-service-ips-endpoints-1",
+        Element::key(key("172.30.9.3")),
+    );
+    fx.nft.run(&tx).unwrap();
+    fx.proxier.force_full_sync();
+    let r = fx.sync();
+    assert_eq!(r.operations, 4, "{r:?}");
+    let t = fx.nft.get(Family::Ip, "verdict").unwrap();
+    let gate: Vec<String> = t.sets["staged-service-ips"]
+        .elements
+        .keys()
+        .map(|k| format!("{}", k[0]))
+        .collect();
+    assert_eq!(gate, ["172.30.0.42"]);
+    assert_eq!(t.sets["staged-service-ips-endpoints-1"].elements.len(), 1);
+    let tr = fx.trace(verdict_nft::L4Proto::Tcp, "10.0.0.2", "172.30.0.42", 80);
+    assert_eq!(tr.output(), "10.0.2.2:80", "{tr:?}");
+    let tr = fx.trace(verdict_nft::L4Proto::Tcp, "10.0.0.2", "172.30.0.43", 80);
+    assert_eq!(tr.output(), "REJECT", "{tr:?}");
+}
+
+#[test]
+fn a_repair_puts_jumps_back_into_their_map_not_into_staging() {
+    let mut fx = Fixture::new(IpFamily::V4);
+    one_ep(&mut fx, "ns1", "svc1", "172.30.0.41", 80, &["10.0.1.1"]);
+    fx.sync();
+    let dump = fx.dump();
+    // Someone empties service-ips.
+    let mut tx = Transaction::new(Family::Ip, "verdict");
+    tx.flush_set("service-ips");
+    fx.nft.run(&tx).unwrap();
+    fx.proxier.force_full_sync();
+    let r = fx.sync();
+    assert_eq!((r.operations, r.staged), (1, 0), "{r:?}");
+    assert_eq!(fx.dump(), dump, "the table as it was");
+}
+
+#[test]
 fn unknown_chains_in_our_table_are_emptied_then_deleted() {
     let mut fx = Fixture::new(IpFamily::V4);
     let mut tx = Transaction::new(Family::Ip, "verdict");
@@ -497,9 +648,10 @@ fn shared_chains_do_not_grow_with_services() {
     }
     fx.sync();
     let t = fx.nft.get(Family::Ip, "verdict").unwrap();
-    // 21 fixed chains + endpoints-1..3; 21 sets and maps, whatever the size.
-    assert_eq!(t.chains.len(), 21 + 3);
-    assert_eq!(t.sets.len(), 21);
+    // 26 fixed chains + endpoints-1..3; 21 sets and maps, 9 fixed staging
+    // sets and one per shared chain, whatever the size.
+    assert_eq!(t.chains.len(), 26 + 3);
+    assert_eq!(t.sets.len(), 21 + 9 + 3);
     assert_eq!(t.sets["service-ips"].elements.len(), 300);
     assert_eq!(
         t.sets["service-endpoints-tcp"].elements.len(),
@@ -690,6 +842,9 @@ fn a_rebuild_of_many_services_programs_what_one_at_a_time_does_and_is_adopted() 
         }
     }
     in_steps.sync();
+    // Once the jumps the partial syncs staged are in their maps.
+    in_steps.advance(verdict_proxier::staging::MAX_AGE);
+    assert!(in_steps.sync().unstaged > 0);
     assert_eq!(at_once.dump(), in_steps.dump());
     // A restarted proxier over that table adopts it as it is.
     let dump = at_once.dump();
@@ -776,6 +931,8 @@ fn a_rebuild_records_shared_and_contested_keys_as_one_change_at_a_time_does() {
             fx.sync();
         }
     }
+    fx.sync();
+    fx.advance(verdict_proxier::staging::MAX_AGE);
     fx.sync();
     let before = recorded(&fx, N);
     assert_eq!(

@@ -612,3 +612,120 @@ fn stale_udp(extra: &[&str], path: Option<&str>) {
     assert!(!text.contains("cleanup failed"), "{text}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Who answers the pod's connection to `service`:80 ("" if nobody).
+fn who_at(bed: &TestBed, service: &str) -> String {
+    let line = bed
+        .connect(ip("10.0.0.2"), ip(service), "tcp", 80, 500)
+        .unwrap_or_default();
+    line.split_whitespace().nth(1).unwrap_or("").to_string()
+}
+
+/// The keys of one of the node's verdict sets, as `nft` lists them.
+fn set_listing(bed: &TestBed, set: &str) -> String {
+    bed.node
+        .exec("nft", &["list", "set", "ip", "verdict", set])
+        .unwrap_or_default()
+}
+
+/// The elements of one of the node's verdict maps, as `nft` lists them.
+fn map_listing(bed: &TestBed, map: &str) -> String {
+    bed.node
+        .exec("nft", &["list", "map", "ip", "verdict", map])
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_service_added_is_staged_then_moved_into_its_map() {
+    // A Service added to a running node reaches its endpoint through the
+    // staging (its key in staged-service-ips and in the set of its chain:
+    // no jump is added, so the kernel validates nothing); a few seconds
+    // later one transaction moves it into service-ips, and it still
+    // answers. nft lists every step.
+    let Some(mut bed) = bed() else {
+        return;
+    };
+    bed.add_pod(ip("10.180.0.1"), Placement::Local, &[80], &[])
+        .unwrap();
+    bed.add_pod(ip("10.180.0.2"), Placement::Local, &[80], &[])
+        .unwrap();
+    bed.add_pod(ip("10.0.0.2"), Placement::Local, &[], &[])
+        .unwrap();
+    let dir = scratch_dir("staging");
+    write(&dir, "service.yaml", SERVICE);
+    write(&dir, "slice.yaml", &slice("10.180.0.1"));
+    let verdict = env!("CARGO_BIN_EXE_verdict");
+    let dir_s = dir.to_string_lossy().into_owned();
+    let args = [
+        "run",
+        "--manifests",
+        &dir_s,
+        "--hostname-override",
+        "test-node",
+        "--cluster-cidr",
+        "10.0.0.0/8",
+        "--min-sync-period",
+        "0s",
+    ];
+    let child = bed.node.spawn(verdict, &args).unwrap();
+    let mut daemon = Process(child);
+    assert_eq!(wait_for(&bed, "10.180.0.1:80"), "10.180.0.1:80");
+
+    // The second Service has one endpoint, as the first: its chain
+    // (endpoints-1) is there, so its jump is staged.
+    write(
+        &dir,
+        "api.yaml",
+        "apiVersion: v1\nkind: Service\nmetadata: {name: api, namespace: demo}\nspec:\n  clusterIP: 172.30.0.43\n  ports: [{name: http, port: 80, protocol: TCP}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: api-1\n  namespace: demo\n  labels: {kubernetes.io/service-name: api}\naddressType: IPv4\nports: [{name: http, port: 80, protocol: TCP}]\nendpoints:\n- {addresses: [10.180.0.2], nodeName: test-node}\n",
+    );
+    let added = Instant::now();
+    let deadline = added + Duration::from_secs(10);
+    let mut got = who_at(&bed, "172.30.0.43");
+    while got != "10.180.0.2:80" && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+        got = who_at(&bed, "172.30.0.43");
+    }
+    assert_eq!(got, "10.180.0.2:80", "the added Service answers");
+    let staged = set_listing(&bed, "staged-service-ips-endpoints-1");
+    let map = map_listing(&bed, "service-ips");
+    assert!(map.contains("172.30.0.41 . tcp . 80"), "{map}");
+    if added.elapsed() < verdict_proxier::staging::QUIET {
+        assert!(
+            staged.contains("172.30.0.43 . tcp . 80") && staged.contains("demo/api:http"),
+            "staged, with its Service named: {staged}"
+        );
+        assert!(!map.contains("172.30.0.43"), "not in the map yet: {map}");
+        assert!(
+            set_listing(&bed, "staged-service-ips").contains("172.30.0.43 . tcp . 80"),
+            "behind the gate"
+        );
+        // The table as verdict reads it back has no drift.
+        let drift = http_on(&bed, 10249, "/api/v1/drift");
+        assert!(drift.contains("\"missing\":0"), "{drift}");
+        assert!(drift.contains("\"extra\":0"), "{drift}");
+    }
+
+    // Staging folds into the map once quiet.
+    let deadline = Instant::now() + verdict_proxier::staging::QUIET + Duration::from_secs(10);
+    let mut map = map_listing(&bed, "service-ips");
+    while !map.contains("172.30.0.43 . tcp . 80") && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(250));
+        map = map_listing(&bed, "service-ips");
+    }
+    assert!(
+        map.contains("172.30.0.43 . tcp . 80 comment \"demo/api:http\" : goto endpoints-1"),
+        "moved into service-ips: {map}"
+    );
+    let staged = set_listing(&bed, "staged-service-ips");
+    assert!(
+        !staged.contains("172.30.0.43"),
+        "and out of staging: {staged}"
+    );
+    assert_eq!(who_at(&bed, "172.30.0.43"), "10.180.0.2:80");
+    assert_eq!(who(&bed), "10.180.0.1:80");
+
+    let pid = daemon.0.id().to_string();
+    verdict_e2e::netns::run("kill", &["-TERM", &pid]).unwrap();
+    daemon.0.wait().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -336,6 +336,23 @@ impl Kernel {
         }
     }
 
+    /// Whether the kernel holds `e`, a jump of the verdict map `map`, in
+    /// the map's staging ([`verdict_proxier::staging`]): its key behind the
+    /// gate and in the set of its target chain.
+    fn staged(&self, map: &str, e: &Element) -> bool {
+        let (Some(gate), Some(set)) = (
+            layout::staged_of(map),
+            verdict_proxier::staging::target(e).and_then(|t| layout::staging_set(map, t)),
+        ) else {
+            return false;
+        };
+        let holds = |set: &str| {
+            self.element(set, &e.key)
+                .is_some_and(|found| found.key == e.key)
+        };
+        holds(gate) && holds(&set)
+    }
+
     /// The element of `set` with `key` (an interval set: holding it).
     fn element(&self, set: &str, key: &[Value]) -> Option<Element> {
         let s = self.table.as_ref()?.sets.get(set)?;
@@ -1149,6 +1166,10 @@ pub fn explain(
                         .element(e.set.name(), &e.element.key)
                         .filter(|found| found.key == e.element.key)
                     {
+                        None if k.staged(e.set.name(), e.element) => format!(
+                            "in the kernel, staged: moves into @{} shortly",
+                            e.set.name()
+                        ),
                         None => {
                             missing += 1;
                             "MISSING from the kernel".to_owned()
@@ -1184,7 +1205,10 @@ pub fn explain(
                 .unwrap_or_default();
             let port_name = name.to_string();
             for (set, el) in commented.get(port_name.as_str()).into_iter().flatten() {
-                if !wanted.contains(&(*set, &el.key[..])) {
+                // A staged jump's key names its Service in its target's set.
+                let staged_for = layout::parse_staging_set(set).map(|(map, _)| map);
+                let wants = |set: &str| wanted.contains(&(set, &el.key[..]));
+                if !wants(set) && !staged_for.is_some_and(wants) {
                     extra += 1;
                     elements.push(ExplainElement {
                         set: (*set).into(),
@@ -1298,7 +1322,13 @@ pub fn drift(
             .flat_map(|port| port.intent.iter().flat_map(|i| i.elements()))
     };
     // How many elements each set should hold, to share the sets out.
-    let mut wanted: BTreeMap<&str, usize> = t.sets.keys().map(|n| (n.as_str(), 0)).collect();
+    // A staged map's staging sets are read with the map.
+    let mut wanted: BTreeMap<&str, usize> = t
+        .sets
+        .keys()
+        .filter(|n| !is_staging_set(n))
+        .map(|n| (n.as_str(), 0))
+        .collect();
     for e in intents() {
         *wanted.entry(e.set.name()).or_default() += 1;
     }
@@ -1386,6 +1416,12 @@ pub fn drift(
     }
 }
 
+/// Whether a set of the table is a staged map's gate or staging set,
+/// compared with its map.
+fn is_staging_set(name: &str) -> bool {
+    layout::map_of_staged(name).is_some() || layout::parse_staging_set(name).is_some()
+}
+
 /// What a drift check found wrong, as lines of text.
 #[derive(Default)]
 struct Found {
@@ -1463,6 +1499,43 @@ fn drift_of_set<'v, I>(
     };
     if t.sets.contains_key(name) {
         kernel.each_in_set(name, &mut see);
+    }
+    // A staged jump is in the map's gate set and in the set of its target
+    // chain: the element the map would hold.
+    if let Some(gate) = layout::staged_of(name)
+        && t.sets.contains_key(gate)
+    {
+        let mut keys: BTreeMap<Arc<[Value]>, bool> = BTreeMap::new();
+        kernel.each_in_set(gate, &mut |e: &Element| {
+            keys.insert(e.key.clone(), false);
+        });
+        let mut stray = Vec::new();
+        for set in t.sets.keys() {
+            let Some((map, target)) = layout::parse_staging_set(set) else {
+                continue;
+            };
+            if map != name {
+                continue;
+            }
+            kernel.each_in_set(set, &mut |e: &Element| match keys.get_mut(&e.key) {
+                Some(used) => {
+                    *used = true;
+                    see(&Element::map(
+                        e.key.clone(),
+                        verdict_nft::ElementValue::Verdict(verdict_nft::Verdict::Goto(
+                            target.to_owned(),
+                        )),
+                    ));
+                }
+                None => stray.push(format!("extra {set}: {}", element_text(e))),
+            });
+        }
+        extra.append(&mut stray);
+        for (key, used) in keys {
+            if !used {
+                extra.push(format!("extra {gate}: {}", show_key(&key)));
+            }
+        }
     }
     for (e, seen) in &want.entries {
         if !seen {
