@@ -1045,14 +1045,19 @@ fn gate_rule(rule: &Rule) -> Option<Rule> {
         return None;
     };
     let staged = staged_of(map)?;
+    Some(lookup_goto(prefix, key, staged, staged))
+}
+
+/// `prefix`, `key` looked up in `set`, `goto chain`.
+fn lookup_goto(prefix: &[Expr], key: &[Selector], set: &str, chain: &str) -> Rule {
     let mut exprs = prefix.to_vec();
     exprs.push(Expr::Lookup {
-        key: key.clone(),
-        set: staged.into(),
+        key: key.to_vec(),
+        set: set.into(),
         negate: false,
     });
-    exprs.push(Expr::Verdict(Verdict::Goto(staged.into())));
-    Some(Rule::new(exprs))
+    exprs.push(Expr::Verdict(Verdict::Goto(chain.into())));
+    Rule::new(exprs)
 }
 
 fn staging_rules_with<'a>(
@@ -1066,14 +1071,7 @@ fn staging_rules_with<'a>(
             continue;
         };
         for (_, prefix, key) in dispatch.iter().filter(|(m, ..)| *m == map) {
-            let mut exprs = prefix.clone();
-            exprs.push(Expr::Lookup {
-                key: key.clone(),
-                set: set.clone(),
-                negate: false,
-            });
-            exprs.push(Expr::Verdict(Verdict::Goto(target.into())));
-            rules.push(Rule::new(exprs));
+            rules.push(lookup_goto(prefix, key, &set, target));
         }
     }
     rules

@@ -460,14 +460,23 @@ fn a_restarted_proxier_adopts_the_table_without_changing_it() {
     assert_eq!(r.operations, forced_full_ops);
 }
 
+/// svc1 with an endpoint; then (`later`) svc2 with one, svc3 with none.
+fn three_services(fx: &mut Fixture, later: bool) {
+    if !later {
+        one_ep(fx, "ns1", "svc1", "172.30.0.41", 80, &["10.0.1.1"]);
+        return;
+    }
+    one_ep(fx, "ns2", "svc2", "172.30.0.42", 80, &["10.0.2.1"]);
+    one_ep(fx, "ns3", "svc3", "172.30.0.43", 80, &[]);
+}
+
 #[test]
 fn staged_jumps_survive_a_full_resync_and_a_restart_and_junk_in_staging_goes() {
     let mut fx = Fixture::new(IpFamily::V4);
-    one_ep(&mut fx, "ns1", "svc1", "172.30.0.41", 80, &["10.0.1.1"]);
+    three_services(&mut fx, false);
     fx.sync();
     // Staged: a new Service, and one with no endpoints (its reject).
-    one_ep(&mut fx, "ns2", "svc2", "172.30.0.42", 80, &["10.0.2.1"]);
-    one_ep(&mut fx, "ns3", "svc3", "172.30.0.43", 80, &[]);
+    three_services(&mut fx, true);
     let r = fx.sync();
     assert_eq!(r.staged, 2);
     let dump = fx.dump();
@@ -484,23 +493,8 @@ fn staged_jumps_survive_a_full_resync_and_a_restart_and_junk_in_staging_goes() {
     // into their maps when due, as the first did.
     let mut restarted = Fixture::new(IpFamily::V4);
     restarted.nft = fx.nft.clone();
-    one_ep(
-        &mut restarted,
-        "ns1",
-        "svc1",
-        "172.30.0.41",
-        80,
-        &["10.0.1.1"],
-    );
-    one_ep(
-        &mut restarted,
-        "ns2",
-        "svc2",
-        "172.30.0.42",
-        80,
-        &["10.0.2.1"],
-    );
-    one_ep(&mut restarted, "ns3", "svc3", "172.30.0.43", 80, &[]);
+    three_services(&mut restarted, false);
+    three_services(&mut restarted, true);
     let r = restarted.sync();
     assert!(r.full);
     assert_eq!(r.operations, 0, "{r:?}");
@@ -515,9 +509,8 @@ fn staged_jumps_survive_a_full_resync_and_a_restart_and_junk_in_staging_goes() {
     assert_eq!(r.unstaged, 2);
     assert_eq!(restarted.proxier.compaction_due(), None);
     let mut clean = Fixture::new(IpFamily::V4);
-    one_ep(&mut clean, "ns1", "svc1", "172.30.0.41", 80, &["10.0.1.1"]);
-    one_ep(&mut clean, "ns2", "svc2", "172.30.0.42", 80, &["10.0.2.1"]);
-    one_ep(&mut clean, "ns3", "svc3", "172.30.0.43", 80, &[]);
+    three_services(&mut clean, false);
+    three_services(&mut clean, true);
     clean.sync();
     assert_eq!(restarted.dump(), clean.dump());
 

@@ -51,16 +51,6 @@ fn node() -> Value {
     })
 }
 
-/// Who answers a pod's connection to `ip`:80 ("" if nobody).
-fn who_at(bed: &TestBed, ip_: &str) -> String {
-    bed.connect(ip("10.0.0.2"), ip(ip_), "tcp", 80, 500)
-        .unwrap_or_default()
-        .split_whitespace()
-        .nth(1)
-        .unwrap_or("")
-        .to_string()
-}
-
 fn has_table(bed: &TestBed) -> bool {
     bed.node
         .exec("nft", &["list", "tables"])

@@ -35,20 +35,29 @@ fn slice(endpoint: &str) -> String {
     )
 }
 
-#[test]
-fn traffic_follows_the_manifests() {
-    let Some(mut bed) = bed() else {
-        return;
-    };
-    bed.add_pod(ip("10.180.0.1"), Placement::Local, &[80], &[])
-        .unwrap();
-    bed.add_pod(ip("10.180.0.2"), Placement::Local, &[80], &[])
-        .unwrap();
-    bed.add_pod(ip("10.0.0.2"), Placement::Local, &[], &[])
-        .unwrap();
-    let dir = scratch_dir("manifests");
+/// A test bed with two endpoint pods (10.180.0.1 and .2, listening on
+/// 80) and a client pod (10.0.0.2), and a manifests directory holding the
+/// Service `demo/web` with 10.180.0.1 as its endpoint.
+fn web_bed(tag: &str) -> Option<(TestBed, std::path::PathBuf)> {
+    let mut bed = bed()?;
+    for (pod, ports) in [
+        ("10.180.0.1", &[80][..]),
+        ("10.180.0.2", &[80]),
+        ("10.0.0.2", &[]),
+    ] {
+        bed.add_pod(ip(pod), Placement::Local, ports, &[]).unwrap();
+    }
+    let dir = scratch_dir(tag);
     write(&dir, "service.yaml", SERVICE);
     write(&dir, "slice.yaml", &slice("10.180.0.1"));
+    Some((bed, dir))
+}
+
+#[test]
+fn traffic_follows_the_manifests() {
+    let Some((bed, dir)) = web_bed("manifests") else {
+        return;
+    };
 
     let verdict = env!("CARGO_BIN_EXE_verdict");
     let dir_s = dir.to_string_lossy().into_owned();
@@ -263,23 +272,14 @@ fn traffic_follows_the_manifests() {
 /// their edits keep flowing.
 #[test]
 fn a_file_nested_too_deep_holds_nothing_back() {
-    let Some(mut bed) = bed() else {
+    let Some((bed, dir)) = web_bed("nested") else {
         return;
     };
-    bed.add_pod(ip("10.180.0.1"), Placement::Local, &[80], &[])
-        .unwrap();
-    bed.add_pod(ip("10.180.0.2"), Placement::Local, &[80], &[])
-        .unwrap();
-    bed.add_pod(ip("10.0.0.2"), Placement::Local, &[], &[])
-        .unwrap();
-    let dir = scratch_dir("nested");
     write(
         &dir,
         "nested.yaml",
         &format!("spec: {}{}\n", "[".repeat(100_000), "]".repeat(100_000)),
     );
-    write(&dir, "service.yaml", SERVICE);
-    write(&dir, "slice.yaml", &slice("10.180.0.1"));
     let verdict = env!("CARGO_BIN_EXE_verdict");
     let dir_s = dir.to_string_lossy().into_owned();
     let args = [
@@ -613,14 +613,6 @@ fn stale_udp(extra: &[&str], path: Option<&str>) {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Who answers the pod's connection to `service`:80 ("" if nobody).
-fn who_at(bed: &TestBed, service: &str) -> String {
-    let line = bed
-        .connect(ip("10.0.0.2"), ip(service), "tcp", 80, 500)
-        .unwrap_or_default();
-    line.split_whitespace().nth(1).unwrap_or("").to_string()
-}
-
 /// The keys of one of the node's verdict sets, as `nft` lists them.
 fn set_listing(bed: &TestBed, set: &str) -> String {
     bed.node
@@ -642,33 +634,13 @@ fn a_service_added_is_staged_then_moved_into_its_map() {
     // no jump is added, so the kernel validates nothing); a few seconds
     // later one transaction moves it into service-ips, and it still
     // answers. nft lists every step.
-    let Some(mut bed) = bed() else {
+    let Some((bed, dir)) = web_bed("staging") else {
         return;
     };
-    bed.add_pod(ip("10.180.0.1"), Placement::Local, &[80], &[])
-        .unwrap();
-    bed.add_pod(ip("10.180.0.2"), Placement::Local, &[80], &[])
-        .unwrap();
-    bed.add_pod(ip("10.0.0.2"), Placement::Local, &[], &[])
-        .unwrap();
-    let dir = scratch_dir("staging");
-    write(&dir, "service.yaml", SERVICE);
-    write(&dir, "slice.yaml", &slice("10.180.0.1"));
-    let verdict = env!("CARGO_BIN_EXE_verdict");
-    let dir_s = dir.to_string_lossy().into_owned();
-    let args = [
-        "run",
-        "--manifests",
-        &dir_s,
-        "--hostname-override",
-        "test-node",
-        "--cluster-cidr",
-        "10.0.0.0/8",
-        "--min-sync-period",
-        "0s",
-    ];
-    let child = bed.node.spawn(verdict, &args).unwrap();
-    let mut daemon = Process(child);
+    let mut args = vec!["run".to_owned()];
+    args.extend(node_flags(&dir.to_string_lossy()));
+    args.extend(["--min-sync-period".to_owned(), "0s".to_owned()]);
+    let mut daemon = spawn_verdict(&bed, &args, &dir.join("verdict.log"), None);
     assert_eq!(wait_for(&bed, "10.180.0.1:80"), "10.180.0.1:80");
 
     // The second Service has one endpoint, as the first: its chain

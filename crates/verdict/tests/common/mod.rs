@@ -17,8 +17,13 @@ pub fn ip(s: &str) -> IpAddr {
 
 /// Who answers the pod's connection to the service ("" if nobody).
 pub fn who(bed: &TestBed) -> String {
+    who_at(bed, "172.30.0.41")
+}
+
+/// Who answers the pod's connection to `service`:80 ("" if nobody).
+pub fn who_at(bed: &TestBed, service: &str) -> String {
     let line = bed
-        .connect(ip("10.0.0.2"), ip("172.30.0.41"), "tcp", 80, 500)
+        .connect(ip("10.0.0.2"), ip(service), "tcp", 80, 500)
         .unwrap_or_default();
     line.split_whitespace().nth(1).unwrap_or("").to_string()
 }
