@@ -100,6 +100,10 @@ pub const QUARANTINES_TOTAL: &str = "verdict_quarantines_total";
 /// a destination (an address and port, or a node port) that another
 /// Service holds.
 pub const DESTINATION_CONFLICTS: &str = "verdict_destination_conflicts";
+/// `verdict_staged_jumps{ip_family}`: jumps an incremental sync put in the
+/// staging sets instead of their verdict map (so that the kernel does not
+/// validate the whole table), until the compaction moves them there.
+pub const STAGED_JUMPS: &str = "verdict_staged_jumps";
 
 /// `verdict_flows_recorded_total{verdict}`: connections the flow stream
 /// recorded (`--flows`).
@@ -329,6 +333,13 @@ impl Metrics {
             Gauge,
             &["ip_family", "namespace", "service", "port"],
             "Service ports left without an address and port (or node port) that another Service holds (1 each)",
+            vec![],
+        );
+        add(
+            STAGED_JUMPS,
+            Gauge,
+            FAMILY,
+            "Jumps held in the staging sets until the next compaction moves them into their verdict maps",
             vec![],
         );
         add(
@@ -633,6 +644,7 @@ verdict_flows_recorded_total counter
 verdict_foreign_changes_total counter
 verdict_quarantined_service_port gauge
 verdict_quarantines_total counter
+verdict_staged_jumps gauge
 "
         );
     }

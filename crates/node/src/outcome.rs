@@ -149,6 +149,7 @@ pub fn decide(f: &Finished) -> Outcome {
             vec![f.label.to_owned(), "external".into()],
             r.no_local_endpoints_external as f64,
         ),
+        Metric::Set(m::STAGED_JUMPS, fam.clone(), r.staged_now as f64),
     ];
     // Network programming latency: from each change's trigger time (the
     // EndpointSlice's annotation) to the end of the sync. As kube-proxy, a
@@ -251,6 +252,7 @@ mod tests {
     fn a_partial_sync_is_recorded_and_timed_and_looks_again_only_at_what_it_touched() {
         let mut r = partial(&["web", "db"]);
         r.no_local_endpoints_external = 2;
+        r.staged_now = 3;
         r.quarantined = vec![(
             ServicePortName::new("ns", "bad", "p", verdict_model::Protocol::Tcp),
             "refused".into(),
@@ -293,6 +295,7 @@ mod tests {
                     vec!["IPv4".into(), "external".into()],
                     2.0
                 ),
+                Metric::Set(m::STAGED_JUMPS, ipv4(), 3.0),
                 Metric::Observe(m::NETWORK_PROGRAMMING, ipv4(), 3.0),
             ]
         );

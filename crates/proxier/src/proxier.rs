@@ -76,6 +76,8 @@ pub struct SyncResult {
     pub staged: usize,
     /// Staged elements this sync moved into their maps (a compaction).
     pub unstaged: usize,
+    /// Jump elements staged once this sync is done.
+    pub staged_now: usize,
 }
 
 /// What the backend refused of one service port: the elements left out
@@ -1377,6 +1379,7 @@ impl Proxier {
                 .iter()
                 .any(|t| !wanted_targets.contains(t));
         self.staging.record(staged, now, unwanted_targets);
+        result.staged_now = self.staging.len();
         self.programmed_chains = wanted_names;
         Ok(())
     }

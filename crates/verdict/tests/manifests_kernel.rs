@@ -671,6 +671,9 @@ fn a_service_added_is_staged_then_moved_into_its_map() {
             set_listing(&bed, "staged-service-ips").contains("172.30.0.43 . tcp . 80"),
             "behind the gate"
         );
+        let staged = "verdict_staged_jumps{ip_family=\"IPv4\"}";
+        let metrics = http_on(&bed, 10249, "/metrics");
+        assert_eq!(sample(&metrics, staged), Some(1.0), "{metrics}");
         // The table as verdict reads it back has no drift.
         let drift = http_on(&bed, 10249, "/api/v1/drift");
         assert!(drift.contains("\"missing\":0"), "{drift}");
@@ -695,6 +698,20 @@ fn a_service_added_is_staged_then_moved_into_its_map() {
     );
     assert_eq!(who_at(&bed, "172.30.0.43"), "10.180.0.2:80");
     assert_eq!(who(&bed), "10.180.0.1:80");
+    // The gauge follows the sync that moved it (recorded just after).
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let staged_jumps = || {
+        sample(
+            &http_on(&bed, 10249, "/metrics"),
+            "verdict_staged_jumps{ip_family=\"IPv4\"}",
+        )
+    };
+    let mut now_staged = staged_jumps();
+    while now_staged != Some(0.0) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+        now_staged = staged_jumps();
+    }
+    assert_eq!(now_staged, Some(0.0));
 
     let pid = daemon.0.id().to_string();
     verdict_e2e::netns::run("kill", &["-TERM", &pid]).unwrap();
