@@ -69,6 +69,8 @@ impl Owners {
 
     /// The service port that owns `key` in `set`.
     fn owner(&self, set: &str, key: &[Value], found: Option<&Element>) -> Option<String> {
+        // A staged key belongs to whoever wants it in its map.
+        let set = map_of(set);
         let mut best: Option<ServicePortName> = None;
         for v in &self.candidates {
             for (f, port) in v.ports() {
@@ -539,7 +541,8 @@ fn reason(p: &Owners, path: &TracePath) -> String {
         path.steps
             .iter()
             .flat_map(|s| &s.lookups)
-            .filter(|l| sets.contains(&l.set.as_str()))
+            // A staged key's lookups count as its map's.
+            .filter(|l| sets.contains(&map_of(&l.set)))
             .find_map(|l| l.found.as_ref().map(|e| (l, e)))
     };
     let who = |set: &str, key: &[Value], e: &Element| {
@@ -731,7 +734,7 @@ fn traced(
                 layout::NO_ENDPOINT_SERVICES,
                 layout::NO_ENDPOINT_NODEPORTS,
             ]
-            .contains(&l.set.as_str())
+            .contains(&map_of(&l.set))
         })
         .find_map(|l| p.owner(&l.set, &l.key, l.found.as_ref()));
     Ok(TraceAnswer {
@@ -1414,6 +1417,13 @@ pub fn drift(
         // The readers read side by side: the longer of the two.
         read_ms: helper_read.max(kernel.read_ms()),
     }
+}
+
+/// The verdict map whose gate or staging set `set` is; else `set`.
+fn map_of(set: &str) -> &str {
+    layout::map_of_staged(set)
+        .or_else(|| layout::parse_staging_set(set).map(|(map, _)| map))
+        .unwrap_or(set)
 }
 
 /// Whether a set of the table is a staged map's gate or staging set,

@@ -847,3 +847,96 @@ fn the_wanted_elements_of_a_set_are_found_by_key() {
     assert_eq!(seen, 5_000_usize.div_ceil(7));
     assert!(Wanted::new(std::iter::empty()).get_mut(&key(1)).is_none());
 }
+
+#[test]
+fn a_staged_service_is_in_the_kernel_for_explain_drift_and_trace() {
+    // A Service added after the first sync has its jump staged: explain
+    // says so and finds nothing missing, the whole-table drift finds
+    // nothing wrong, and a trace reaches its endpoint through the staging
+    // chain, naming the Service.
+    let (mut proxiers, mut nft) = node();
+    let p = &mut proxiers[0];
+    p.on_service(
+        None,
+        Some(
+            &svc("ns", "new")
+                .cluster_ip("172.30.0.44")
+                .port("p80", TCP, 80, 0),
+        ),
+    );
+    p.on_endpoint_slice(
+        &slice("ns", "new", "new-1")
+            .port("p80", TCP, 80)
+            .ep("10.180.2.1", "other-node"),
+        false,
+    );
+    // And one without endpoints: its reject is staged too.
+    p.on_service(
+        None,
+        Some(
+            &svc("ns", "idle")
+                .cluster_ip("172.30.0.45")
+                .port("p80", TCP, 80, 0),
+        ),
+    );
+    let r = p.sync(&mut nft, Instant::now()).unwrap();
+    assert_eq!(r.staged, 2, "{r:?}");
+    let local = local();
+    let view = NodeHandle::of_proxiers(&proxiers.iter().collect::<Vec<_>>(), &local);
+    let new = NamespacedName::new("ns", "new");
+    let doc = explain(&view, &new, &[(IpFamily::V4, kernel(&nft))]);
+    assert_eq!(
+        doc["drift"],
+        json!({"missing": 0, "differs": 0, "extra": 0}),
+        "{doc:#}"
+    );
+    let elements = doc["families"][0]["ports"][0]["elements"]
+        .as_array()
+        .unwrap();
+    let dispatch = elements
+        .iter()
+        .find(|e| e["set"] == "service-ips")
+        .expect("its service-ips element");
+    assert_eq!(
+        dispatch["kernel"], "in the kernel, staged: moves into @service-ips shortly",
+        "{doc:#}"
+    );
+    let whole = as_json(&drift(
+        &view,
+        &view.family(IpFamily::V4).unwrap(),
+        &kernel(&nft),
+        None,
+    ));
+    assert_eq!(
+        (&whole["missing"], &whole["differs"], &whole["extra"]),
+        (&json!(0), &json!(0), &json!(0)),
+        "{whole:#}"
+    );
+    let t = trace(
+        &view,
+        &request(Origin::Pod, "10.1.2.3", "172.30.0.44", 80),
+        &kernel(&nft),
+    )
+    .unwrap();
+    assert_eq!(t["service"], "ns/new:p80", "{t:#}");
+    let outcomes = t["outcomes"].as_array().unwrap();
+    assert_eq!(outcomes.len(), 1, "{t:#}");
+    assert!(
+        outcomes[0]["reason"]
+            .as_str()
+            .unwrap()
+            .ends_with("an endpoint of ns/new:p80"),
+        "{t:#}"
+    );
+    assert!(t.to_string().contains("10.180.2.1"), "{t:#}");
+    let t = trace(
+        &view,
+        &request(Origin::Pod, "10.1.2.3", "172.30.0.45", 80),
+        &kernel(&nft),
+    )
+    .unwrap();
+    assert_eq!(
+        t["outcomes"][0]["reason"], "rejected: ns/idle:p80 has no usable endpoints",
+        "{t:#}"
+    );
+}
