@@ -206,6 +206,11 @@ pub fn parse_staging_set(name: &str) -> Option<(&'static str, &str)> {
         .next()
 }
 
+/// The map whose gate or staging set `name` is.
+pub fn map_of_staging(name: &str) -> Option<&'static str> {
+    map_of_staged(name).or_else(|| parse_staging_set(name).map(|(map, _)| map))
+}
+
 /// The staging chains whose rules follow the shared chains in the
 /// kernel (the others' targets are fixed chains).
 pub const DYNAMIC_STAGING: [&str; 3] = [
@@ -1104,6 +1109,14 @@ pub fn staging_sets(cfg: &ProxierConfig) -> Vec<Set> {
         }
     }
     out
+}
+
+/// How verdict declares the gate or staging set `name`, if it is one.
+pub fn staging_set_named(cfg: &ProxierConfig, name: &str) -> Option<Set> {
+    match parse_staging_set(name) {
+        Some((map, target)) => staging_set_of(cfg, map, Some(target)),
+        None => staging_set_of(cfg, map_of_staged(name)?, None),
+    }
 }
 
 /// The gate set of a staged map (`target` `None`), or the staging set of

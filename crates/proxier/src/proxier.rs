@@ -1032,11 +1032,7 @@ impl Proxier {
                 // Every chain was emptied: staging starts over in the
                 // staging sets that stay.
                 for (name, s) in &t.sets {
-                    let def = match layout::parse_staging_set(name) {
-                        Some((map, target)) => layout::staging_set_of(cfg, map, Some(target)),
-                        None => layout::map_of_staged(name)
-                            .and_then(|map| layout::staging_set_of(cfg, map, None)),
-                    };
+                    let def = layout::staging_set_named(cfg, name);
                     if def.is_some_and(|d| d.same_type(&s.set)) && !s.elements.is_empty() {
                         tx.flush_set(name);
                     }
@@ -1414,11 +1410,8 @@ impl Proxier {
                     .iter()
                     .any(|s| s.name == **name && s.same_type(&old.set))
                     // The staging sets of shared chains are the sync's.
-                    && !layout::parse_staging_set(name).is_some_and(|(m, _)| {
-                        !sets.iter().any(|s| s.name == **name)
-                            && layout::staging_set_of(&self.cfg, m, None)
-                                .is_some_and(|gate| gate.same_type(&old.set))
-                    })
+                    && !layout::staging_set_named(&self.cfg, name)
+                        .is_some_and(|def| def.same_type(&old.set))
             })
             .map(|(name, _)| name)
             .collect();
@@ -1808,7 +1801,7 @@ impl Proxier {
                     return None;
                 };
                 // A staged key's owner is its map's.
-                let set = own(*id).or_else(|| staged_map(tx.set_name(*id)))?;
+                let set = own(*id).or_else(|| layout::map_of_staging(tx.set_name(*id)))?;
                 let slot = self.slots.get(set)?.get(&e.key[..])?;
                 holder(&self.slots, set, &e.key, &slot.owners).map(|(o, _)| o.clone())
             })
@@ -2137,7 +2130,7 @@ impl Refused {
                 continue;
             };
             let name = tx.set_name(*set);
-            let Some(set) = static_set_name(name).or_else(|| staged_map(name)) else {
+            let Some(set) = static_set_name(name).or_else(|| layout::map_of_staging(name)) else {
                 continue;
             };
             let key: Arc<[Value]> = e.key.clone();
@@ -2331,11 +2324,6 @@ fn own_set_name(name: &verdict_nft::SetName) -> Option<&'static str> {
         std::borrow::Cow::Borrowed(s) => Some(s),
         std::borrow::Cow::Owned(s) => static_set_name(s),
     }
-}
-
-/// The map whose gate or staging set `name` is.
-fn staged_map(name: &str) -> Option<&'static str> {
-    layout::map_of_staged(name).or_else(|| layout::parse_staging_set(name).map(|(m, _)| m))
 }
 
 fn static_set_name(name: &str) -> Option<&'static str> {

@@ -13,15 +13,16 @@
 //! plain keys hold no jump, so adding to them validates nothing.
 //!
 //! Staged elements move into the map itself (compaction) in the next
-//! transaction that validates anyway (a full sync, a new shared chain), or
-//! once staging has been quiet for [`QUIET`] (at the latest [`MAX_AGE`]
-//! after it began): one validation for all of them.
+//! transaction that validates anyway (one that writes a rule: a new shared
+//! chain, a repair), or once staging has been quiet for [`QUIET`] (at the
+//! latest [`MAX_AGE`] after it began): one validation for all of them. A
+//! full sync that writes no rule keeps what is staged and stages nothing.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use verdict_nft::{Element, ElementValue, Transaction, Verdict};
+use verdict_nft::{Element, ElementValue, Transaction};
 
 use crate::layout;
 
@@ -36,7 +37,7 @@ pub const MAX_AGE: Duration = Duration::from_secs(60);
 /// The chain an element of a verdict map jumps or goes to.
 pub fn target(e: &Element) -> Option<&str> {
     match &e.value {
-        Some(ElementValue::Verdict(v @ (Verdict::Goto(_) | Verdict::Jump(_)))) => v.target(),
+        Some(ElementValue::Verdict(v)) => v.target(),
         _ => None,
     }
 }
@@ -78,6 +79,11 @@ pub(crate) struct Changes {
 impl Staging {
     /// The element staged for `key` of `map`, if any.
     pub fn get(&self, map: &'static str, key: &Key) -> Option<&Arc<Element>> {
+        // Asked for every key of a staged map on a full sync: nothing is
+        // staged nearly always, and the key is not even cloned then.
+        if self.staged.is_empty() {
+            return None;
+        }
         self.staged.get(&(map, key.clone()))
     }
 
@@ -228,7 +234,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
-    use verdict_nft::Value;
+    use verdict_nft::{Value, Verdict};
 
     fn key(port: u16) -> Key {
         vec![Value::Port(port)].into()

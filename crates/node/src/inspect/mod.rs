@@ -1329,7 +1329,7 @@ pub fn drift(
     let mut wanted: BTreeMap<&str, usize> = t
         .sets
         .keys()
-        .filter(|n| !is_staging_set(n))
+        .filter(|n| layout::map_of_staging(n).is_none())
         .map(|n| (n.as_str(), 0))
         .collect();
     for e in intents() {
@@ -1421,15 +1421,7 @@ pub fn drift(
 
 /// The verdict map whose gate or staging set `set` is; else `set`.
 fn map_of(set: &str) -> &str {
-    layout::map_of_staged(set)
-        .or_else(|| layout::parse_staging_set(set).map(|(map, _)| map))
-        .unwrap_or(set)
-}
-
-/// Whether a set of the table is a staged map's gate or staging set,
-/// compared with its map.
-fn is_staging_set(name: &str) -> bool {
-    layout::map_of_staged(name).is_some() || layout::parse_staging_set(name).is_some()
+    layout::map_of_staging(set).unwrap_or(set)
 }
 
 /// What a drift check found wrong, as lines of text.
