@@ -868,13 +868,25 @@ impl Mode {
 /// A foreign `nft flush ruleset`, and when verdict had repaired each
 /// family.
 fn flush_and_wait(ns: &Netns, log: &Log) -> Result<(Instant, Instant, Instant), String> {
+    let (t, v4, v6, ()) = flush_then(ns, log, || Ok(()))?;
+    Ok((t, v4, v6))
+}
+
+/// [`flush_and_wait`], with `after` run as soon as the flush is in (and
+/// its result returned).
+fn flush_then<T>(
+    ns: &Netns,
+    log: &Log,
+    after: impl FnOnce() -> Result<T, String>,
+) -> Result<(Instant, Instant, Instant, T), String> {
     let t = Instant::now();
     ns.exec("nft", &["flush", "ruleset"]).map_err(|e| e.0)?;
+    let then = after()?;
     let within = Duration::from_secs(120);
     log.wait(&["another process changed verdict's tables"], within)?;
     let v4 = log.wait(&["\"synced\"", "family=\"ip\"", "full=true"], within)?;
     let v6 = log.wait(&["\"synced\"", "family=\"ip6\"", "full=true"], within)?;
-    Ok((t, v4, v6))
+    Ok((t, v4, v6, then))
 }
 
 pub(crate) struct Programs<'a> {
@@ -1271,11 +1283,17 @@ pub(crate) fn run_one(
             for _ in 0..3 {
                 reads.push(crate::envelope::read_back(&ns, addr(METRICS)?)?);
             }
-            let mut repairs = Vec::new();
+            let (mut repairs, mut back) = (Vec::new(), Vec::new());
             for _ in 0..flushes {
                 // Repairs closer than a second apart back off.
                 std::thread::sleep(Duration::from_secs(2));
-                let (t, v4, _) = flush_and_wait(&ns, &log)?;
+                // The last Service stops answering with the flush, and
+                // answers again once the repair's commit is live.
+                let (t, v4, _, probe) = flush_then(&ns, &log, || {
+                    crate::envelope::AnswerProbe::again(&ns, n - 1, 8080, Duration::from_secs(120))
+                })?;
+                let answered = probe.answered()?;
+                back.push(answered.saturating_duration_since(t).as_secs_f64() * 1000.0);
                 repairs.push(v4.saturating_duration_since(t).as_secs_f64() * 1000.0);
                 if !kernel_matches(&ns, &eps, total)? {
                     return Err(
@@ -1322,6 +1340,8 @@ pub(crate) fn run_one(
                 add_p99,
                 add_path_p99: crate::envelope::p50_p99(&add_path).1,
                 read_back: pct(&mut reads, 0.5),
+                answers_again_p50: pct(&mut back.clone(), 0.5),
+                answers_again_max: crate::peak(&back),
                 repair_p50: pct(&mut repairs.clone(), 0.5),
                 repair_max: crate::peak(&repairs),
                 peak_rss,

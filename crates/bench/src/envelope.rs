@@ -12,7 +12,10 @@
 //!   kernel), and of the whole path from the API server or the file;
 //! - a full read of the table (the API's `/api/v1/drift`, which reads
 //!   both tables whole and diffs them; the run fails on any drift);
-//! - repairs of a foreign `nft flush ruleset`;
+//! - repairs of a foreign `nft flush ruleset`: from the flush to the
+//!   last Service answering again (the same client, started once the
+//!   flush is in), and to verdict's log line of the repair (which, with
+//!   another listener, also waits for the kernel's announcements);
 //! - adoption: SIGTERM, then a new process on the rules in place, start →
 //!   its first sync, and what that sync sent.
 //!
@@ -53,7 +56,11 @@ pub(crate) struct Envelope {
     pub add_path_p99: f64,
     /// A full read of the IPv4 table (ms, median of three).
     pub read_back: f64,
-    /// Flush → the IPv4 table repaired, p50 / max (ms).
+    /// Flush → the last Service answering again, p50 / max (ms).
+    pub answers_again_p50: f64,
+    pub answers_again_max: f64,
+    /// Flush → the IPv4 table repaired (the sync's log line), p50 / max
+    /// (ms).
     pub repair_p50: f64,
     pub repair_max: f64,
     /// Peak RSS of the first process over all of it (MiB).
@@ -83,7 +90,7 @@ impl Drop for AnswerProbe {
 
 impl AnswerProbe {
     /// Prepares `ns` and starts connecting to `svc`'s ClusterIP, port 80,
-    /// every `every`, for at most `within`.
+    /// every few milliseconds, for at most `within`.
     pub fn start(
         ns: &Netns,
         svc: usize,
@@ -92,6 +99,17 @@ impl AnswerProbe {
         within: Duration,
     ) -> Result<AnswerProbe, String> {
         loopback_endpoints(ns, endpoints)?;
+        AnswerProbe::again(ns, svc, port, within)
+    }
+
+    /// Starts connecting again, in a namespace [`AnswerProbe::start`]
+    /// prepared (after a flush, say).
+    pub fn again(
+        ns: &Netns,
+        svc: usize,
+        port: u16,
+        within: Duration,
+    ) -> Result<AnswerProbe, String> {
         let (name, target) = (ns.name().to_owned(), service_ip(30, svc));
         let (tx, rx) = channel();
         let stop = Arc::new(AtomicBool::new(false));
@@ -258,8 +276,8 @@ pub fn envelope(args: &[String]) -> Result<(), String> {
     say(format!(
         "### The scale envelope: the verdict program with its default flags, 2 endpoints per ClusterIP Service, {changes} endpoint changes, {adds} Services added, {flushes} foreign flushes, one restart\n"
     ));
-    say("| services | source | another nftables listener | start → last Service answers | first full sync (IPv4) | peak RSS | endpoint change p50 / p99 (sync) | p99 (whole path) | add a Service p50 / p99 (sync) | p99 (whole path) | full read of the table | flush → repaired p50 / max | restart → first sync (operations) |".to_owned());
-    say("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|".to_owned());
+    say("| services | source | another nftables listener | start → last Service answers | first full sync (IPv4) | peak RSS | endpoint change p50 / p99 (sync) | p99 (whole path) | add a Service p50 / p99 (sync) | p99 (whole path) | full read of the table | flush → answering again p50 / max | flush → repaired p50 / max | restart → first sync (operations) |".to_owned());
+    say("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|".to_owned());
     let mut points: Vec<Point> = Vec::new();
     let mut after_a_run = false;
     for n in sizes {
@@ -317,7 +335,7 @@ pub fn envelope(args: &[String]) -> Result<(), String> {
                     rss: e.peak_rss,
                 });
                 say(format!(
-                    "| {n} | {name} | {} | {} | {} | {:.0} MiB | {:.2} / {:.2} ms | {:.2} ms | {:.2} / {:.2} ms | {:.2} ms | {:.0} ms | {:.0} / {:.0} ms | {} ({}) |",
+                    "| {n} | {name} | {} | {} | {} | {:.0} MiB | {:.2} / {:.2} ms | {:.2} ms | {:.2} / {:.2} ms | {:.2} ms | {:.0} ms | {:.0} / {:.0} ms | {:.0} / {:.0} ms | {} ({}) |",
                     if listener { "present" } else { "absent" },
                     cell_s(e.answered),
                     cell_s(cold),
@@ -329,6 +347,8 @@ pub fn envelope(args: &[String]) -> Result<(), String> {
                     e.add_p99,
                     e.add_path_p99,
                     e.read_back,
+                    e.answers_again_p50,
+                    e.answers_again_max,
                     e.repair_p50,
                     e.repair_max,
                     cell_s(e.adopt),
@@ -338,7 +358,7 @@ pub fn envelope(args: &[String]) -> Result<(), String> {
         }
     }
     say(
-        "\nTimes from verdict's start, from the write (API server or file) or from the flush. (sync) is the sync's own time in verdict's log, the proxier and the kernel; (whole path) runs from the write to that log line. The full read is `/api/v1/drift`'s reading of the IPv4 table (median of three; each must find no drift). Peak RSS is the first process's, over all of it. The kernel's endpoint map is checked against every Service's endpoints after the first sync, the changes, the adds, each repair and the restart."
+        "\nTimes from verdict's start, from the write (API server or file) or from the flush. Answering again: the client connects to the last Service every few milliseconds from the moment `nft flush ruleset` has returned; repaired: verdict's log line of the repair, which also waits for the kernel's announcements of its elements when another process listens. (sync) is the sync's own time in verdict's log, the proxier and the kernel; (whole path) runs from the write to that log line. The full read is `/api/v1/drift`'s reading of the IPv4 table (median of three; each must find no drift). Peak RSS is the first process's, over all of it. The kernel's endpoint map is checked against every Service's endpoints after the first sync, the changes, the adds, each repair and the restart."
             .to_owned(),
     );
     if let Some(dir) = out_dir {
