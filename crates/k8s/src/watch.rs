@@ -6,6 +6,10 @@
 //! - [`Update::Synced`] comes once, after Services, EndpointSlices and the
 //!   Node have all finished their initial list; before it the daemon
 //!   programs nothing (as kube-proxy).
+//! - The initial list is passed on as it comes, in batches of what has
+//!   arrived, so that the daemon takes in the objects while the rest are
+//!   still being listed and decoded (it programs nothing before
+//!   [`Update::Synced`] anyway).
 //! - A relist (after a watch expired with 410 Gone, or a reconnect) is
 //!   buffered until it is complete and then reported as the difference from
 //!   what was known: objects still there are not deleted and re-added, so no
@@ -19,7 +23,7 @@ use std::path::PathBuf;
 use std::sync::mpsc::Sender;
 use std::time::Duration;
 
-use futures::{Stream, StreamExt};
+use futures::{FutureExt, Stream, StreamExt};
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::discovery::v1 as discovery;
@@ -172,6 +176,9 @@ pub(crate) async fn client_config(src: &ApiSource) -> Result<Config, SourceError
 pub struct Mirror<T> {
     known: BTreeMap<Box<str>, Version>,
     relisting: Option<BTreeMap<Key, (String, T)>>,
+    /// The initial list, passed on object by object as it comes: what it
+    /// has listed so far (it becomes `known` once complete).
+    streaming: Option<BTreeMap<Box<str>, Version>>,
     listed: bool,
 }
 
@@ -180,6 +187,7 @@ impl<T> Default for Mirror<T> {
         Mirror {
             known: BTreeMap::new(),
             relisting: None,
+            streaming: None,
             listed: false,
         }
     }
@@ -251,17 +259,59 @@ impl<T> Mirror<T> {
     }
 
     /// Takes one event; returns the changes to apply (`None`: deleted).
+    ///
+    /// Until an initial list has completed, nothing is programmed, so
+    /// there is nothing a half-applied list could drop: each object
+    /// listed is passed on at once, and the deletions (only of what an
+    /// earlier, broken-off list passed on) come when the list completes.
+    /// After that, a relist is buffered and reported as one difference.
     pub fn see(&mut self, seen: Seen<T>) -> Vec<(Key, Option<T>)> {
         match seen {
+            Seen::ListStart if !self.listed => {
+                // What a list broken off before passed on is known now.
+                if let Some(partial) = self.streaming.take() {
+                    self.known.extend(partial);
+                }
+                self.streaming = Some(BTreeMap::new());
+                Vec::new()
+            }
             Seen::ListStart => {
                 self.relisting = Some(BTreeMap::new());
                 Vec::new()
+            }
+            Seen::Listed(key, obj) if self.streaming.is_some() => {
+                let (Some(streamed), Some((version, obj))) = (&mut self.streaming, obj) else {
+                    return Vec::new();
+                };
+                let name = joined(&key);
+                let version = Version::of(&version);
+                let same = self.known.get(&name) == Some(&version);
+                streamed.insert(name, version);
+                if same {
+                    Vec::new()
+                } else {
+                    vec![(key, Some(obj))]
+                }
             }
             Seen::Listed(key, obj) => {
                 if let (Some(buf), Some(obj)) = (&mut self.relisting, obj) {
                     buf.insert(key, obj);
                 }
                 Vec::new()
+            }
+            Seen::ListDone if self.streaming.is_some() => {
+                let streamed = self.streaming.take().unwrap_or_default();
+                // What is known and was not listed: passed on by a list
+                // broken off, and deleted since.
+                let out = self
+                    .known
+                    .keys()
+                    .filter(|k| !streamed.contains_key(*k))
+                    .map(|k| (split(k), None))
+                    .collect();
+                self.known = streamed;
+                self.listed = true;
+                out
             }
             Seen::ListDone => {
                 let fresh = self.relisting.take().unwrap_or_default();
@@ -600,15 +650,38 @@ async fn watch_all(client: Client, node: String, tx: Sender<Vec<Update>>) {
     ];
     let mut all = futures::stream::select_all(streams);
     let mut mirrors = Mirrors::new(node);
-    while let Some(w) = all.next().await {
+    let mut batch = Vec::new();
+    loop {
+        // Events already there join the batch (an initial list is one
+        // event per object), up to `BATCH` changes; it is sent as soon as
+        // nothing more is there.
+        let next = match all.next().now_or_never() {
+            Some(next) if batch.len() < BATCH => next,
+            ready => {
+                if !batch.is_empty() && tx.send(std::mem::take(&mut batch)).is_err() {
+                    return;
+                }
+                match ready {
+                    Some(next) => next,
+                    None => all.next().await,
+                }
+            }
+        };
+        let Some(w) = next else {
+            if !batch.is_empty() {
+                let _ = tx.send(batch);
+            }
+            return;
+        };
         // One event's changes travel together: a relist's difference is
         // applied as a whole, never half before a sync.
-        let batch = mirrors.take(w);
-        if !batch.is_empty() && tx.send(batch).is_err() {
-            return;
-        }
+        batch.extend(mirrors.take(w));
     }
 }
+
+/// The most changes the watches send in one batch, unless one event makes
+/// more (a relist's difference).
+const BATCH: usize = 1024;
 
 /// The mirrors of every watch, and the one-time [`Update::Synced`].
 struct Mirrors {
@@ -830,13 +903,39 @@ mod tests {
     }
 
     #[test]
-    fn initial_list_reports_every_object_once_complete() {
+    fn the_initial_list_is_passed_on_as_it_comes() {
         let mut m = Mirror::default();
         assert!(m.see(Seen::ListStart).is_empty());
-        assert!(m.see(Seen::Listed(k("a"), v(1))).is_empty());
+        assert_eq!(m.see(Seen::Listed(k("a"), v(1))), vec![(k("a"), Some(1))]);
+        assert!(m.see(Seen::Listed(k("b"), None)).is_empty(), "not used");
         assert!(!m.listed());
-        assert_eq!(m.see(Seen::ListDone), vec![(k("a"), Some(1))]);
+        assert!(m.see(Seen::ListDone).is_empty());
         assert!(m.listed());
+        assert_eq!(m.len(), 1);
+        // The next list is a relist: buffered, and only its difference.
+        assert!(m.see(Seen::ListStart).is_empty());
+        assert!(m.see(Seen::Listed(k("c"), v(3))).is_empty());
+        assert_eq!(
+            m.see(Seen::ListDone),
+            vec![(k("a"), None), (k("c"), Some(3))]
+        );
+    }
+
+    #[test]
+    fn an_initial_list_broken_off_is_made_good_by_the_next() {
+        let mut m = Mirror::default();
+        m.see(Seen::ListStart);
+        assert_eq!(m.see(Seen::Listed(k("a"), v(1))), vec![(k("a"), Some(1))]);
+        assert_eq!(m.see(Seen::Listed(k("b"), v(2))), vec![(k("b"), Some(2))]);
+        // The list fails, and the watcher lists again: a is unchanged (not
+        // passed on again), b is gone, c is new.
+        assert!(m.see(Seen::ListStart).is_empty());
+        assert!(m.see(Seen::Listed(k("a"), v(1))).is_empty());
+        assert_eq!(m.see(Seen::Listed(k("c"), v(3))), vec![(k("c"), Some(3))]);
+        assert!(!m.listed());
+        assert_eq!(m.see(Seen::ListDone), vec![(k("b"), None)]);
+        assert!(m.listed());
+        assert_eq!(m.len(), 2);
     }
 
     #[test]
@@ -882,16 +981,17 @@ mod tests {
         let mut m: Mirror<u32> = Mirror::default();
         let key = |ns: &str, n: &str| (ns.to_string(), n.to_string());
         let max = "n".repeat(253);
-        m.see(Seen::ListStart);
+        let mut first = m.see(Seen::ListStart);
         for (ns, n) in [
             ("a", "x"),
             ("a-b", "y"),
             ("", "cluster-wide"),
             ("kube-system", max.as_str()),
         ] {
-            m.see(Seen::Listed(key(ns, n), v(7)));
+            first.extend(m.see(Seen::Listed(key(ns, n), v(7))));
         }
-        assert_eq!(m.see(Seen::ListDone).len(), 4);
+        first.extend(m.see(Seen::ListDone));
+        assert_eq!(first.len(), 4);
         m.see(Seen::ListStart);
         m.see(Seen::Listed(key("a", "x"), v(7)));
         let mut gone = m.see(Seen::ListDone);
@@ -952,9 +1052,10 @@ mod tests {
             out
         };
         run(&mut f, Watched::Service(Ok(Event::Init)));
-        run(&mut f, Watched::Service(Ok(Event::InitApply(svc("a")))));
-        let out = run(&mut f, Watched::Service(Ok(Event::InitDone)));
+        let out = run(&mut f, Watched::Service(Ok(Event::InitApply(svc("a")))));
         assert!(matches!(&out[..], [Update::Service(k, Some(_))] if k.1 == "a"));
+        let out = run(&mut f, Watched::Service(Ok(Event::InitDone)));
+        assert!(out.is_empty());
         run(&mut f, Watched::Slice(Ok(Event::Init)));
         run(&mut f, Watched::Slice(Ok(Event::InitDone)));
         assert_eq!(synced.get(), 0, "the Node is not listed yet");

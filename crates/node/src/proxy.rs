@@ -647,12 +647,30 @@ impl NodeProxy {
         }
     }
 
+    /// What [`NodeProxy::prefetch_tables`] reads, to read it elsewhere:
+    /// each family's table.
+    pub fn tables_to_read(&self) -> Vec<(Family, String)> {
+        self.proxiers()
+            .map(|p| (p.config().nft_family(), p.config().table.clone()))
+            .collect()
+    }
+
+    /// Hands each family the read of its table made elsewhere, in the
+    /// order of [`NodeProxy::tables_to_read`].
+    pub fn set_prefetched(&mut self, reads: Vec<Option<verdict_proxier::proxier::Prefetched>>) {
+        for (plane, read) in self.planes.iter_mut().zip(reads) {
+            plane.proxier.set_prefetched(read);
+        }
+    }
+
     /// Applies a batch of updates from the source. Returns whether the
     /// rules must change. A Node or ServiceCIDR that cannot be used is
     /// logged and skipped; the rest keeps working.
     pub fn apply(&mut self, updates: Vec<Update>) -> bool {
         let mut changed = false;
-        let compact =
+        // (An initial list comes in batches as it is listed: the node's
+        // maps are compacted once it is all in.)
+        let mut compact =
             verdict_model::worth_compacting(updates.len(), self.services.len() + self.slices.len());
         for u in updates {
             changed |= match u {
@@ -671,6 +689,7 @@ impl NodeProxy {
                         tracing::info!(
                             "Services and EndpointSlices are listed: programming the node"
                         );
+                        compact = true;
                     }
                     self.ready = true;
                     true

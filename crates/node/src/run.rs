@@ -51,6 +51,10 @@ pub struct Kernel {
     /// operations ([`crate::apart::Apart`] on a node: the admin servers'
     /// threads kept off the CPU the commit holds).
     pub around_large: Option<Box<dyn Around>>,
+    /// A second handle on nftables, to read the rules in place at start
+    /// on a thread of its own while the loop takes in what the source
+    /// sends (`None`: the loop reads them itself before it starts).
+    pub reader: Option<Box<dyn Backend + Send>>,
 }
 
 /// The longest the loop sleeps with nothing due: the schedule always has
@@ -73,6 +77,7 @@ pub fn run(mut node: NodeProxy, kernel: Kernel, inputs: Receiver<Input>) -> Resu
         mut listen,
         mut leftovers,
         around_large,
+        reader,
     } = kernel;
     let mut nft = Counting::new(backend);
     if let Some(hook) = around_large {
@@ -98,8 +103,37 @@ pub fn run(mut node: NodeProxy, kernel: Kernel, inputs: Receiver<Input>) -> Resu
         listening = start_listening(&mut nft);
     }
     // The rules a restart adopts are read while the source loads (its
-    // threads parse or list meanwhile), not after it.
-    node.prefetch_tables(&mut nft);
+    // threads parse or list meanwhile), not after it; on a handle and a
+    // thread of their own if there is one, so that the loop takes in the
+    // objects listed meanwhile.
+    let mut prefetch = match reader {
+        Some(mut reader) if nft.generation().ok().flatten().is_some() => {
+            let tables = node.tables_to_read();
+            let read = move || {
+                tables
+                    .iter()
+                    .map(|(family, name)| {
+                        verdict_proxier::proxier::read_table(reader.as_mut(), *family, name)
+                    })
+                    .collect::<Vec<_>>()
+            };
+            match std::thread::Builder::new()
+                .name("read-in-place".into())
+                .spawn(read)
+            {
+                Ok(handle) => Some(handle),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot start a thread to read the rules in place: reading them first");
+                    node.prefetch_tables(&mut nft);
+                    None
+                }
+            }
+        }
+        _ => {
+            node.prefetch_tables(&mut nft);
+            None
+        }
+    };
     let mut leftovers_pending = true;
     let mut schedule = Schedule::new(settings.min_sync_period, settings.sync_period);
     // The ruleset's generation after verdict's last successful sync.
@@ -112,8 +146,12 @@ pub fn run(mut node: NodeProxy, kernel: Kernel, inputs: Receiver<Input>) -> Resu
         for input in batch {
             match input {
                 Input::Updates(u) => {
-                    let many = u.len() >= TRIM_AFTER_UPDATES;
+                    // (The API source passes an initial list on in
+                    // batches as it comes: its end counts as many.)
+                    let was_ready = node.ready();
+                    let large = u.len() >= TRIM_AFTER_UPDATES;
                     let changed = node.apply(u);
+                    let many = large || (!was_ready && node.ready());
                     if many {
                         // The source's threads made these objects, and the
                         // node has just freed them into their arenas: give
@@ -148,6 +186,15 @@ pub fn run(mut node: NodeProxy, kernel: Kernel, inputs: Receiver<Input>) -> Resu
         if !node.ready() {
             // As kube-proxy: nothing is programmed before the initial lists.
             continue;
+        }
+        if let Some(reading) = prefetch.take() {
+            match reading.join() {
+                Ok(reads) => node.set_prefetched(reads),
+                // The first full sync reads the table itself.
+                Err(_) => tracing::warn!(
+                    "the thread reading the rules in place panicked: the first sync reads them"
+                ),
+            }
         }
         let now = Instant::now();
         let (full, why) = match schedule.due(now) {

@@ -8,7 +8,7 @@
 
 use std::net::IpAddr;
 use std::sync::mpsc::Sender;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -29,9 +29,31 @@ use verdict_node::{
 use verdict_proxier::NodePortAddresses;
 
 /// The in-memory backend, shared with the test so that it can look, and
-/// play another process that changes the table.
+/// play another process that changes the table; its reads of a table can
+/// be held (a read of 180,000 elements takes a while).
 #[derive(Clone, Default)]
-struct Shared(Arc<Mutex<MemoryBackend>>);
+struct Shared(Arc<Mutex<MemoryBackend>>, Arc<ReadGate>);
+
+/// Held, a read of a table waits until it is let go.
+#[derive(Default)]
+struct ReadGate {
+    held: Mutex<bool>,
+    let_go: Condvar,
+}
+
+impl ReadGate {
+    fn hold(&self, held: bool) {
+        *self.held.lock().unwrap() = held;
+        self.let_go.notify_all();
+    }
+
+    fn pass(&self) {
+        let mut held = self.held.lock().unwrap();
+        while *held {
+            held = self.let_go.wait(held).unwrap();
+        }
+    }
+}
 
 impl Shared {
     fn with<T>(&self, f: impl FnOnce(&mut MemoryBackend) -> T) -> T {
@@ -63,6 +85,7 @@ impl Backend for Shared {
         self.with(|m| m.check(tx))
     }
     fn table(&mut self, family: Family, name: &str) -> Result<Option<TableState>, NftError> {
+        self.1.pass();
         self.with(|m| m.table(family, name))
     }
     fn elements(&mut self, f: Family, t: &str, s: &str) -> Result<Vec<Element>, NftError> {
@@ -161,6 +184,16 @@ fn start_posting(
     tweak: impl FnOnce(&mut NodeSettings),
     events: Option<std::sync::mpsc::SyncSender<verdict_k8s::events::Notice>>,
 ) -> Running {
+    start_on(Shared::default(), addresses, tweak, events)
+}
+
+/// The same, on `memory` (the rules in place of an earlier loop, say).
+fn start_on(
+    memory: Shared,
+    addresses: Vec<IpAddr>,
+    tweak: impl FnOnce(&mut NodeSettings),
+    events: Option<std::sync::mpsc::SyncSender<verdict_k8s::events::Notice>>,
+) -> Running {
     let mut settings = NodeSettings::new("n1");
     settings.min_sync_period = Duration::from_millis(20);
     settings.detect_local =
@@ -171,7 +204,6 @@ fn start_posting(
     let mut node = NodeProxy::new(settings, metrics, addresses.as_ref()).unwrap();
     node.set_events(events);
     let handle = node.handle();
-    let memory = Shared::default();
     let conntrack = FakeConntrack::default();
     let listened = Arc::new(Mutex::new(Vec::new()));
     let l = listened.clone();
@@ -189,6 +221,7 @@ fn start_posting(
         }),
         leftovers: Box::new(|_| Vec::new()),
         around_large: None,
+        reader: Some(Box::new(memory.clone())),
     };
     let (tx, rx) = std::sync::mpsc::channel();
     let done = std::thread::spawn(move || verdict_node::run(node, kernel, rx));
@@ -817,6 +850,50 @@ fn health_check_node_ports_are_served_after_the_sync() {
     let answer = answer.unwrap();
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     assert!(answer.contains("\"localEndpoints\": 1"), "{answer}");
+}
+
+#[test]
+fn a_restart_takes_in_the_objects_while_it_reads_the_rules_in_place() {
+    let addresses = || vec![ip("192.168.0.2")];
+    let first = start_with(addresses(), |_| {});
+    let objects = || {
+        vec![
+            service(web()),
+            endpoints(web_slice(&["10.0.1.1"])),
+            this_node(),
+        ]
+    };
+    first.send([objects(), vec![Update::Synced]].concat());
+    wait_until("the first loop programs web", || {
+        first.memory.has("service-ips", &entry("172.30.0.41", 80))
+    });
+    let memory = first.memory.clone();
+    first.stop().unwrap();
+
+    // A restart whose reading of the rules in place is held: the loop
+    // still takes in what the source lists meanwhile.
+    memory.1.hold(true);
+    let r = start_on(memory.clone(), addresses(), |_| {}, None);
+    r.send(objects());
+    wait_until("the service taken in while the read is held", || {
+        metric(
+            &r.handle,
+            "kubeproxy_sync_proxy_rules_service_changes_total",
+        )
+        .unwrap_or(0.0)
+            >= 1.0
+    });
+    let before = memory.with(|m| m.transactions());
+    memory.1.hold(false);
+    r.send(vec![Update::Synced]);
+    wait_until("the first sync", || {
+        r.handle.history().syncs().items.iter().any(|s| s.full)
+    });
+    // The read made at start is adopted: nothing to send.
+    let syncs = r.handle.history().syncs().items;
+    let first_sync = syncs.iter().find(|s| s.full && s.family == "ip").unwrap();
+    assert_eq!(first_sync.operations, 0, "{first_sync:?}");
+    assert_eq!(memory.with(|m| m.transactions()), before);
 }
 
 #[test]

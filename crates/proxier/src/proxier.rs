@@ -435,7 +435,7 @@ pub struct Proxier {
     /// The table as read before the first sync ([`Proxier::prefetch_table`]),
     /// with the ruleset's generation then: used by the next full sync if
     /// nothing was committed since.
-    prefetched: Option<(u32, Option<verdict_nft::TableState>)>,
+    prefetched: Option<Prefetched>,
     /// Every contribution must be computed again, not only those of the
     /// services that changed: on the first sync, after a change of
     /// configuration, hourly, and after a sync that failed before it had
@@ -480,15 +480,14 @@ impl Proxier {
     /// tell the generation, or from a read that fails or that a commit
     /// overlapped.
     pub fn prefetch_table<B: Backend + ?Sized>(&mut self, backend: &mut B) {
-        let Ok(Some(generation)) = backend.generation() else {
-            return;
-        };
-        let Ok(table) = backend.table(self.cfg.nft_family(), &self.cfg.table) else {
-            return;
-        };
-        if backend.generation().ok().flatten() == Some(generation) {
-            self.prefetched = Some((generation, table));
-        }
+        let read = read_table(backend, self.cfg.nft_family(), &self.cfg.table);
+        self.set_prefetched(read);
+    }
+
+    /// Keeps a read of the table ([`read_table`], on another handle and
+    /// thread, say) for the next full sync, as [`Proxier::prefetch_table`].
+    pub fn set_prefetched(&mut self, read: Option<Prefetched>) {
+        self.prefetched = read;
     }
 
     /// The configuration.
@@ -1952,6 +1951,34 @@ fn with_prefix<'a, V>(
 /// piece (a B-tree built from sorted entries fills its nodes). A kept
 /// element equal to its new winner is replaced by the winner's allocation,
 /// so that it is stored once.
+/// A table read back with the ruleset's generation it was read at.
+pub type Prefetched = (u32, Option<verdict_nft::TableState>);
+
+/// Reads `table` of `family` for a later full sync to adopt
+/// ([`Proxier::set_prefetched`]): `None` from a backend that cannot tell
+/// the generation, or if the read fails or a commit overlapped it.
+pub fn read_table<B: Backend + ?Sized>(
+    backend: &mut B,
+    family: verdict_nft::Family,
+    table: &str,
+) -> Option<Prefetched> {
+    let generation = backend.generation().ok().flatten()?;
+    let started = Instant::now();
+    let read = backend.table(family, table).ok()?;
+    if backend.generation().ok().flatten() != Some(generation) {
+        return None;
+    }
+    if let Some(t) = &read {
+        tracing::info!(
+            %family,
+            elements = t.sets.values().map(|s| s.elements.len()).sum::<usize>(),
+            elapsed = ?started.elapsed(),
+            "read the rules in place while the source loads"
+        );
+    }
+    Some((generation, read))
+}
+
 fn merged(kept: BTreeMap<Key, Slot>, entries: Vec<(Key, Owners)>) -> BTreeMap<Key, Slot> {
     if kept.is_empty() {
         return entries

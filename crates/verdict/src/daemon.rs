@@ -355,6 +355,12 @@ pub fn run(settings: &Settings, source: &Source, verbosity: &Verbosity) -> anyho
         input::config_file(PathBuf::from(path), text.clone(), tx.clone());
     }
     let keep = source.keep_kube_proxy_nftables;
+    // The rules in place are read at start on a handle of their own
+    // (without one, the loop reads them itself first).
+    let reader = kind
+        .open()
+        .inspect_err(|e| tracing::warn!(error = %e, "cannot open a second nftables handle: the rules in place are read before the source's objects are taken in"))
+        .ok();
     let kernel = Kernel {
         backend,
         conntrack,
@@ -362,6 +368,7 @@ pub fn run(settings: &Settings, source: &Source, verbosity: &Verbosity) -> anyho
         listen: Box::new(move |tables| input::foreign_changes(tables, tx.clone())),
         leftovers: Box::new(move |b| verdict_node::leftovers::cleanup(keep, b)),
         around_large: Some(Box::new(verdict_node::apart::Apart::default())),
+        reader,
     };
     verdict_node::run(node, kernel, inputs)?;
     Ok(())
