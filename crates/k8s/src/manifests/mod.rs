@@ -17,6 +17,7 @@
 //!
 //! [`Update`]: crate::watch::Update
 
+mod fast;
 mod parse;
 mod source;
 

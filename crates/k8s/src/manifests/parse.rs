@@ -21,7 +21,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use verdict_model::{EndpointSlice, Service};
 
-use super::{FirstDefinitions, ManifestError, Parsed};
+use super::{FirstDefinitions, ManifestError, Parsed, fast};
 use crate::convert::{NodeInfo, node_info, service, slice};
 use crate::validate;
 
@@ -422,7 +422,23 @@ fn parse_unit(file: &Path, u: &Unit<'_>) -> Out {
             }
         }
     } else {
-        for d in serde_norway::Deserializer::from_str(u.text) {
+        // The fast reader takes what it is sure of; libyaml the rest, from
+        // the first document the reader gives up on.
+        let mut rest = Some(u.text);
+        if let Some(mut docs) = fast::Documents::new(u.text) {
+            rest = loop {
+                match docs.next_document() {
+                    fast::Next::Read(v) => {
+                        if !each(Ok(v), &mut out) {
+                            break None;
+                        }
+                    }
+                    fast::Next::Rest(text) => break Some(text),
+                    fast::Next::End => break None,
+                }
+            };
+        }
+        for d in serde_norway::Deserializer::from_str(rest.unwrap_or_default()) {
             let v = Value::deserialize(d).map_err(|e| format!("not valid YAML: {e}"));
             if !each(v, &mut out) {
                 break;
