@@ -255,14 +255,13 @@ impl<'a> Block<'_, 'a> {
             b'"' => double_quoted(v)?,
             b'\'' => single_quoted(v)?,
             b'{' | b'[' => {
-                let (empty, after) = if v.starts_with("{}") {
-                    (Value::Object(Map::new()), &v[2..])
-                } else if v.starts_with("[]") {
-                    (Value::Array(Vec::new()), &v[2..])
+                if let Some(after) = v.strip_prefix("{}") {
+                    (Value::Object(Map::new()), after)
+                } else if let Some(after) = v.strip_prefix("[]") {
+                    (Value::Array(Vec::new()), after)
                 } else {
                     return None;
-                };
-                (empty, after)
+                }
             }
             _ => {
                 let (scalar, comment) = match v.find(" #") {
