@@ -48,6 +48,13 @@ use verdict_proxier::{LocalDetector, NodePortAddresses, Proxier, ProxierConfig};
 
 use crate::workload::{SERVICE_PORT, endpoints, service, service_ip, slices};
 
+/// The cluster CIDR of the data-plane runs: the pods' network, not the
+/// client's (10.201.0.2), whose connections to ClusterIPs are then
+/// masqueraded.
+const CLUSTER: &str = "10.200.0.0/16";
+/// A cluster CIDR that covers the client too, as a pod's connections.
+const CLUSTER_WITH_CLIENT: &str = "10.200.0.0/15";
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let r = match args.first().map(String::as_str) {
@@ -439,7 +446,7 @@ fn one_in_thread(args: &[String]) -> Result<(), String> {
     let mut cfg = ProxierConfig::new(IpFamily::V4, "bench-node");
     cfg.node_ips = vec![topo::NODE_IP.into()];
     cfg.local_ips = vec![topo::NODE_IP.into()];
-    cfg.local_detector = LocalDetector::Cidr("10.200.0.0/16".parse().map_err(|e| format!("{e}"))?);
+    cfg.local_detector = LocalDetector::Cidr(CLUSTER.parse().map_err(|e| format!("{e}"))?);
     cfg.service_cidrs = vec!["172.30.0.0/15".parse().map_err(|e| format!("{e}"))?];
     cfg.node_port_addresses = NodePortAddresses::primary();
     let mut proxier = Proxier::new(cfg).map_err(|e| e.to_string())?;
@@ -567,6 +574,11 @@ fn one_in_thread(args: &[String]) -> Result<(), String> {
     let mut argv = vec!["probe".to_owned(), samples.to_string(), "50".to_owned()];
     argv.extend(targets);
     let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    // Each pass starts from an empty conntrack table: the last pass's
+    // connections (thousands, in TIME_WAIT) would slow its lookups.
+    topo.node
+        .exec("conntrack", &["-F"])
+        .map_err(|e| format!("conntrack -F: {}", e.0))?;
     let probe_out = topo.cli.exec(&exe_s, &argv).map_err(|e| e.to_string())?;
     for (label, p) in probe::parse_probe(&probe_out) {
         put(
@@ -577,7 +589,8 @@ fn one_in_thread(args: &[String]) -> Result<(), String> {
     // The same services without the element counters (the maps are
     // replaced by a full sync), probed again in the same run: what the
     // counters cost the data path.
-    let mut plain = proxier.config().clone();
+    let first = proxier.config().clone();
+    let mut plain = first.clone();
     plain.counters = false;
     proxier.set_config(plain).map_err(|e| e.to_string())?;
     let t = Instant::now();
@@ -585,10 +598,37 @@ fn one_in_thread(args: &[String]) -> Result<(), String> {
         .sync(&mut nft, now())
         .map_err(|e| format!("sync without counters: {e}"))?;
     put("nocounters_sync_ms", format!("{:.1}", ms(t.elapsed())));
+    // Each pass starts from an empty conntrack table: the last pass's
+    // connections (thousands, in TIME_WAIT) would slow its lookups.
+    topo.node
+        .exec("conntrack", &["-F"])
+        .map_err(|e| format!("conntrack -F: {}", e.0))?;
     let probe_out = topo.cli.exec(&exe_s, &argv).map_err(|e| e.to_string())?;
     for (label, p) in probe::parse_probe(&probe_out) {
         put(
             &format!("dp_nc-{label}"),
+            format!("{:.1} {:.1} {:.1} {}", p.p01, p.p50, p.p99, p.failures),
+        );
+    }
+    // The client as a pod: the cluster CIDR covers it too, so its
+    // connections to ClusterIPs are not masqueraded (the passes above
+    // come from outside the cluster CIDR, as an external client's do).
+    let mut inside = first;
+    inside.local_detector =
+        LocalDetector::Cidr(CLUSTER_WITH_CLIENT.parse().map_err(|e| format!("{e}"))?);
+    proxier.set_config(inside).map_err(|e| e.to_string())?;
+    proxier
+        .sync(&mut nft, now())
+        .map_err(|e| format!("sync with the client inside the cluster CIDR: {e}"))?;
+    // Each pass starts from an empty conntrack table: the last pass's
+    // connections (thousands, in TIME_WAIT) would slow its lookups.
+    topo.node
+        .exec("conntrack", &["-F"])
+        .map_err(|e| format!("conntrack -F: {}", e.0))?;
+    let probe_out = topo.cli.exec(&exe_s, &argv).map_err(|e| e.to_string())?;
+    for (label, p) in probe::parse_probe(&probe_out) {
+        put(
+            &format!("dp_in-{label}"),
             format!("{:.1} {:.1} {:.1} {}", p.p01, p.p50, p.p99, p.failures),
         );
     }

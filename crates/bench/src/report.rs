@@ -237,6 +237,37 @@ pub fn markdown(runs: &[Run], baseline: &Option<String>, upstream: Option<usize>
             cell("late")
         );
     }
+    let _ = writeln!(
+        s,
+        "\n### The client outside the cluster CIDR (masqueraded, the first table) / inside it (a pod: not masqueraded): connect p50 ÷ the no-rules floor of the same pass\n"
+    );
+    let _ = writeln!(
+        s,
+        "| services | floor p50 outside / inside (µs) | pod via node | early service | middle service | late service |\n|---:|---:|---:|---:|---:|---:|"
+    );
+    for r in runs {
+        let p50 = |label: &str| r.dp(label).map(|[_, b, _]| b);
+        let floors = (p50("floor"), p50("in-floor"));
+        let cell = |label: &str| match (p50(label), p50(&format!("in-{label}")), floors) {
+            (Some(out), Some(inside), (Some(f_out), Some(f_in))) => {
+                format!("{:.2}× / {:.2}×", out / f_out, inside / f_in)
+            }
+            _ => "–".into(),
+        };
+        let floor = match floors {
+            (Some(a), Some(b)) => format!("{a:.0} / {b:.0}"),
+            _ => "–".into(),
+        };
+        let _ = writeln!(
+            s,
+            "| {} | {floor} | {} | {} | {} | {} |",
+            r.get("size"),
+            cell("pod"),
+            cell("early"),
+            cell("middle"),
+            cell("late")
+        );
+    }
     let failures: usize = runs.iter().map(Run::dp_failures).sum();
     let samples = runs.first().map_or("?", |r| r.get("samples"));
     let _ = writeln!(
