@@ -104,6 +104,7 @@ impl<'a> Documents<'a> {
         let mut block = Block {
             lines: &self.lines[..end],
             at: from,
+            depth: 0,
         };
         let value = block.document();
         self.at = end;
@@ -130,10 +131,17 @@ fn indent(line: &str) -> usize {
     line.len() - line.trim_start_matches(' ').len()
 }
 
+/// The deepest nesting of block collections the reader follows: libyaml's
+/// deserializer refuses more than 128, and the reader's recursion must
+/// not run the thread out of stack first.
+const MAX_DEPTH: usize = 128;
+
 /// The lines of one document, read by recursive descent on indentation.
 struct Block<'l, 'a> {
     lines: &'l [(usize, &'a str)],
     at: usize,
+    /// Collections open around the current line.
+    depth: usize,
 }
 
 impl<'a> Block<'_, 'a> {
@@ -171,7 +179,15 @@ impl<'a> Block<'_, 'a> {
 
     /// A block mapping at column `n`; `first` is its first entry when it
     /// starts on a sequence item's line (`- key: value`), already taken.
-    fn mapping(&mut self, n: usize, mut first: Option<&str>) -> Option<Value> {
+    fn mapping(&mut self, n: usize, first: Option<&str>) -> Option<Value> {
+        self.depth += 1;
+        let map = (self.depth <= MAX_DEPTH).then(|| self.entries(n, first));
+        self.depth -= 1;
+        map.flatten()
+    }
+
+    /// The entries of [`Block::mapping`].
+    fn entries(&mut self, n: usize, mut first: Option<&str>) -> Option<Value> {
         let mut map = Map::new();
         loop {
             let entry = match first.take() {
@@ -205,6 +221,14 @@ impl<'a> Block<'_, 'a> {
 
     /// A block sequence whose `-` are at column `n`.
     fn sequence(&mut self, n: usize) -> Option<Value> {
+        self.depth += 1;
+        let items = (self.depth <= MAX_DEPTH).then(|| self.items(n));
+        self.depth -= 1;
+        items.flatten()
+    }
+
+    /// The items of [`Block::sequence`].
+    fn items(&mut self, n: usize) -> Option<Value> {
         let mut items = Vec::new();
         loop {
             self.skip_blank();
@@ -727,6 +751,33 @@ ports:
         same("- \n- x \n-  y\n", 1);
         same("  a: 1\n  b:\n  - 2\n", 1);
         same("a:\n  - b: 1\n    c:\n    - 2\n  - d\n", 1);
+    }
+
+    #[test]
+    fn deep_nesting_is_left_to_libyaml() {
+        // 200 mappings and 200 sequences deep: libyaml refuses both
+        // (128 at most); the reader gives up before its stack would.
+        let mut mappings = String::new();
+        let mut sequences = String::new();
+        for depth in 0..200 {
+            mappings.push_str(&format!("{}k{depth}:\n", " ".repeat(depth)));
+            sequences.push_str(&format!("{}-\n", " ".repeat(depth)));
+        }
+        same(&mappings, 0);
+        same(&sequences, 0);
+        // 100 deep is read.
+        let nested: String = (0..100)
+            .map(|d| format!("{}k{d}:\n", " ".repeat(d)))
+            .collect();
+        same(&nested, 1);
+        // 2,000 deep is given up, not followed.
+        let deep: String = (0..2_000)
+            .map(|d| format!("{}k:\n", " ".repeat(d)))
+            .collect();
+        assert!(matches!(
+            Documents::new(&deep).unwrap().next_document(),
+            Next::Rest(_)
+        ));
     }
 
     #[test]
