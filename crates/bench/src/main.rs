@@ -55,6 +55,19 @@ const CLUSTER: &str = "10.200.0.0/16";
 /// A cluster CIDR that covers the client too, as a pod's connections.
 const CLUSTER_WITH_CLIENT: &str = "10.200.0.0/15";
 
+/// The rulesets of the anchor passes (label, `nft -f` text), loaded on
+/// verdict's node after its own passes.
+const ANCHORS: [(&str, &str); 2] = [
+    (
+        "ct",
+        "table ip anchor {\n  chain forward-check { type filter hook forward priority 0; ct state new counter; }\n}\n",
+    ),
+    (
+        "nat",
+        "table ip anchor {\n  chain forward-check { type filter hook forward priority 0; ct state new counter; }\n  chain prerouting-nat { type nat hook prerouting priority -100; }\n  chain postrouting-nat { type nat hook postrouting priority 100; }\n}\n",
+    ),
+];
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let r = match args.first().map(String::as_str) {
@@ -631,6 +644,30 @@ fn one_in_thread(args: &[String]) -> Result<(), String> {
             &format!("dp_in-{label}"),
             format!("{:.1} {:.1} {:.1} {}", p.p01, p.p50, p.p99, p.failures),
         );
+    }
+    // Anchors for the pod path: the same node with no rules of verdict's,
+    // only what any proxy that NATs brings: conntrack (a filter chain that
+    // asks the connection's state), then conntrack and the NAT hooks
+    // (empty nat chains). The floor and the pod only: no Service answers.
+    let floor_and_pod: Vec<&str> = argv.iter().take(5).copied().collect();
+    for (label, text) in ANCHORS {
+        topo.node
+            .exec("nft", &["flush", "ruleset"])
+            .map_err(|e| format!("nft flush ruleset: {}", e.0))?;
+        load_layout(topo.node.name(), &["nft", "-f", "-"], text)?;
+        topo.node
+            .exec("conntrack", &["-F"])
+            .map_err(|e| format!("conntrack -F: {}", e.0))?;
+        let probe_out = topo
+            .cli
+            .exec(&exe_s, &floor_and_pod)
+            .map_err(|e| e.to_string())?;
+        for (target, p) in probe::parse_probe(&probe_out) {
+            put(
+                &format!("dp_{label}-{target}"),
+                format!("{:.1} {:.1} {:.1} {}", p.p01, p.p50, p.p99, p.failures),
+            );
+        }
     }
     put("samples", samples.to_string());
     put("changes", changes.to_string());

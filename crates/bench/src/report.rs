@@ -268,6 +268,29 @@ pub fn markdown(runs: &[Run], baseline: &Option<String>, upstream: Option<usize>
             cell("late")
         );
     }
+    let _ = writeln!(
+        s,
+        "\n### A pod through the node, with only conntrack, with conntrack and the NAT hooks (no rules), and with verdict's rules; a Service from a pod: connect p50 ÷ the no-rules floor of the same pass\n"
+    );
+    let _ = writeln!(
+        s,
+        "| services | conntrack only | conntrack and NAT hooks | verdict's rules | a Service from a pod (late) |\n|---:|---:|---:|---:|---:|"
+    );
+    for r in runs {
+        let ratio = |target: &str, floor: &str| match (r.dp(target), r.dp(floor)) {
+            (Some([_, t, _]), Some([_, f, _])) => format!("{:.2}×", t / f),
+            _ => "–".into(),
+        };
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} |",
+            r.get("size"),
+            ratio("ct-pod", "ct-floor"),
+            ratio("nat-pod", "nat-floor"),
+            ratio("pod", "floor"),
+            ratio("in-late", "in-floor")
+        );
+    }
     let failures: usize = runs.iter().map(Run::dp_failures).sum();
     let samples = runs.first().map_or("?", |r| r.get("samples"));
     let _ = writeln!(
