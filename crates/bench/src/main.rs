@@ -587,18 +587,7 @@ fn one_in_thread(args: &[String]) -> Result<(), String> {
     let mut argv = vec!["probe".to_owned(), samples.to_string(), "50".to_owned()];
     argv.extend(targets);
     let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
-    // Each pass starts from an empty conntrack table: the last pass's
-    // connections (thousands, in TIME_WAIT) would slow its lookups.
-    topo.node
-        .exec("conntrack", &["-F"])
-        .map_err(|e| format!("conntrack -F: {}", e.0))?;
-    let probe_out = topo.cli.exec(&exe_s, &argv).map_err(|e| e.to_string())?;
-    for (label, p) in probe::parse_probe(&probe_out) {
-        put(
-            &format!("dp_{label}"),
-            format!("{:.1} {:.1} {:.1} {}", p.p01, p.p50, p.p99, p.failures),
-        );
-    }
+    probe_pass(&topo, &exe_s, &argv, "", &mut put)?;
     // The same services without the element counters (the maps are
     // replaced by a full sync), probed again in the same run: what the
     // counters cost the data path.
@@ -611,18 +600,7 @@ fn one_in_thread(args: &[String]) -> Result<(), String> {
         .sync(&mut nft, now())
         .map_err(|e| format!("sync without counters: {e}"))?;
     put("nocounters_sync_ms", format!("{:.1}", ms(t.elapsed())));
-    // Each pass starts from an empty conntrack table: the last pass's
-    // connections (thousands, in TIME_WAIT) would slow its lookups.
-    topo.node
-        .exec("conntrack", &["-F"])
-        .map_err(|e| format!("conntrack -F: {}", e.0))?;
-    let probe_out = topo.cli.exec(&exe_s, &argv).map_err(|e| e.to_string())?;
-    for (label, p) in probe::parse_probe(&probe_out) {
-        put(
-            &format!("dp_nc-{label}"),
-            format!("{:.1} {:.1} {:.1} {}", p.p01, p.p50, p.p99, p.failures),
-        );
-    }
+    probe_pass(&topo, &exe_s, &argv, "nc-", &mut put)?;
     // The client as a pod: the cluster CIDR covers it too, so its
     // connections to ClusterIPs are not masqueraded (the passes above
     // come from outside the cluster CIDR, as an external client's do).
@@ -633,18 +611,7 @@ fn one_in_thread(args: &[String]) -> Result<(), String> {
     proxier
         .sync(&mut nft, now())
         .map_err(|e| format!("sync with the client inside the cluster CIDR: {e}"))?;
-    // Each pass starts from an empty conntrack table: the last pass's
-    // connections (thousands, in TIME_WAIT) would slow its lookups.
-    topo.node
-        .exec("conntrack", &["-F"])
-        .map_err(|e| format!("conntrack -F: {}", e.0))?;
-    let probe_out = topo.cli.exec(&exe_s, &argv).map_err(|e| e.to_string())?;
-    for (label, p) in probe::parse_probe(&probe_out) {
-        put(
-            &format!("dp_in-{label}"),
-            format!("{:.1} {:.1} {:.1} {}", p.p01, p.p50, p.p99, p.failures),
-        );
-    }
+    probe_pass(&topo, &exe_s, &argv, "in-", &mut put)?;
     // Anchors for the pod path: the same node with no rules of verdict's,
     // only what any proxy that NATs brings: conntrack (a filter chain that
     // asks the connection's state), then conntrack and the NAT hooks
@@ -655,19 +622,13 @@ fn one_in_thread(args: &[String]) -> Result<(), String> {
             .exec("nft", &["flush", "ruleset"])
             .map_err(|e| format!("nft flush ruleset: {}", e.0))?;
         load_layout(topo.node.name(), &["nft", "-f", "-"], text)?;
-        topo.node
-            .exec("conntrack", &["-F"])
-            .map_err(|e| format!("conntrack -F: {}", e.0))?;
-        let probe_out = topo
-            .cli
-            .exec(&exe_s, &floor_and_pod)
-            .map_err(|e| e.to_string())?;
-        for (target, p) in probe::parse_probe(&probe_out) {
-            put(
-                &format!("dp_{label}-{target}"),
-                format!("{:.1} {:.1} {:.1} {}", p.p01, p.p50, p.p99, p.failures),
-            );
-        }
+        probe_pass(
+            &topo,
+            &exe_s,
+            &floor_and_pod,
+            &format!("{label}-"),
+            &mut put,
+        )?;
     }
     put("samples", samples.to_string());
     put("changes", changes.to_string());
@@ -721,6 +682,30 @@ fn load_layout(ns: &str, argv: &[&str], text: &str) -> Result<Load, String> {
         cpu_ms: cpu_ms(UsageWho::RUSAGE_CHILDREN) - c0,
         peak_mib,
     })
+}
+
+/// One pass of the probe from the client (`argv`: its arguments and
+/// targets), from an empty conntrack table on the node (the last pass's
+/// connections, thousands in TIME_WAIT, would slow its lookups); each
+/// target's figures recorded as `dp_<prefix><target>`.
+fn probe_pass(
+    topo: &topo::Topo,
+    exe: &str,
+    argv: &[&str],
+    prefix: &str,
+    put: &mut impl FnMut(&str, String),
+) -> Result<(), String> {
+    topo.node
+        .exec("conntrack", &["-F"])
+        .map_err(|e| format!("conntrack -F: {}", e.0))?;
+    let probe_out = topo.cli.exec(exe, argv).map_err(|e| e.to_string())?;
+    for (target, p) in probe::parse_probe(&probe_out) {
+        put(
+            &format!("dp_{prefix}{target}"),
+            format!("{:.1} {:.1} {:.1} {}", p.p01, p.p50, p.p99, p.failures),
+        );
+    }
+    Ok(())
 }
 
 /// How many lines of `text` start with `prefix`.
