@@ -821,4 +821,252 @@ ports:
             "the reader read only {read} corpus documents itself"
         );
     }
+
+    mod generated {
+        use super::{fast, libyaml};
+        use proptest::prelude::*;
+
+        /// A document's tree, written out by [`write`] in one of the
+        /// layouts YAML allows.
+        #[derive(Clone, Debug)]
+        enum Tree {
+            Scalar(&'static str),
+            Literal(Vec<&'static str>, bool),
+            Map(Vec<(&'static str, Tree)>),
+            Seq(Vec<Tree>),
+        }
+
+        /// Scalars the reader takes, and scalars it leaves to libyaml.
+        const SCALARS: &[&str] = &[
+            "a",
+            "80",
+            "007",
+            "0",
+            "true",
+            "False",
+            "null",
+            "~",
+            "''",
+            "'it''s'",
+            "\"q\\\"x\"",
+            "\"\\u00e9\\n\"",
+            "10.0.0.1",
+            "0b0e7",
+            "a b",
+            "a #c",
+            "a#b",
+            "http://x:80",
+            "inf",
+            "2026-12-05",
+            "12:30",
+            "0.0.0.0/0",
+            "x-y.z",
+        ];
+        const TRICKY: &[&str] = &[
+            "\"\\x41\"",
+            "1.5",
+            "0x1F",
+            "-1",
+            "+1",
+            "x: y",
+            "[]",
+            "{}",
+            "[1]",
+            "{a: 1}",
+            "&a b",
+            "*a",
+            "!t x",
+            ">",
+            "'",
+            "\"",
+            ":",
+            "-",
+            "?",
+            ".nan",
+            "1e3",
+            "x:",
+            "%x",
+            "@x",
+            "`x",
+            "é",
+            "18446744073709551616",
+        ];
+        /// Keys the reader takes, and keys it leaves to libyaml.
+        const KEYS: &[&str] = &["a", "b", "c", "apiVersion", "k.io/x", "_u", "x-y"];
+        const ODD_KEYS: &[&str] = &[
+            "80", "true", "\"q\"", "'s'", "a b", "<<", "? x", "-x", "x#y",
+        ];
+        const LINES: &[&str] = &[
+            "text", "text", "", "  deeper", "# hash", "a: b", "- x", "'q",
+        ];
+
+        fn key() -> impl Strategy<Value = &'static str> {
+            prop_oneof![
+                20 => prop::sample::select(KEYS),
+                1 => prop::sample::select(ODD_KEYS),
+            ]
+        }
+
+        fn tree() -> impl Strategy<Value = Tree> {
+            let leaf = prop_oneof![
+                12 => prop::sample::select(SCALARS).prop_map(Tree::Scalar),
+                1 => prop::sample::select(TRICKY).prop_map(Tree::Scalar),
+                1 => (prop::collection::vec(prop::sample::select(LINES), 0..4), any::<bool>())
+                    .prop_map(|(l, strip)| Tree::Literal(l, strip)),
+            ];
+            leaf.prop_recursive(5, 40, 4, |inner| {
+                prop_oneof![
+                    prop::collection::vec((key(), inner.clone()), 0..4).prop_map(Tree::Map),
+                    prop::collection::vec(inner, 0..4).prop_map(Tree::Seq),
+                ]
+            })
+        }
+
+        /// How a tree is laid out: the indentation step, and whether a
+        /// sequence under a key is indented.
+        #[derive(Clone, Copy, Debug)]
+        struct Style {
+            step: usize,
+            indent_seqs: bool,
+        }
+
+        fn write(t: &Tree, n: usize, style: Style, out: &mut Vec<String>) {
+            let pad = " ".repeat(n);
+            match t {
+                Tree::Map(entries) => {
+                    for (k, v) in entries {
+                        match v {
+                            Tree::Scalar(s) => out.push(format!("{pad}{k}: {s}")),
+                            Tree::Literal(lines, strip) => {
+                                out.push(format!("{pad}{k}: |{}", if *strip { "-" } else { "" }));
+                                literal(lines, n + style.step, out);
+                            }
+                            Tree::Map(m) if m.is_empty() => out.push(format!("{pad}{k}: {{}}")),
+                            Tree::Seq(q) if q.is_empty() => out.push(format!("{pad}{k}: []")),
+                            Tree::Map(_) => {
+                                out.push(format!("{pad}{k}:"));
+                                write(v, n + style.step, style, out);
+                            }
+                            Tree::Seq(_) => {
+                                out.push(format!("{pad}{k}:"));
+                                let m = if style.indent_seqs { n + style.step } else { n };
+                                write(v, m, style, out);
+                            }
+                        }
+                    }
+                }
+                Tree::Seq(items) => {
+                    for v in items {
+                        match v {
+                            Tree::Scalar(s) => out.push(format!("{pad}- {s}")),
+                            Tree::Literal(lines, strip) => {
+                                out.push(format!("{pad}- |{}", if *strip { "-" } else { "" }));
+                                literal(lines, n + 2, out);
+                            }
+                            Tree::Map(m) if !m.is_empty() => {
+                                // The compact form: the first entry on
+                                // the dash's line.
+                                let mut inner = Vec::new();
+                                write(v, n + 2, style, &mut inner);
+                                if let Some(first) = inner.first_mut() {
+                                    *first = format!("{pad}- {}", &first[n + 2..]);
+                                }
+                                out.extend(inner);
+                            }
+                            _ => {
+                                out.push(format!("{pad}-"));
+                                write(v, n + 2, style, out);
+                            }
+                        }
+                    }
+                }
+                Tree::Scalar(s) => out.push(format!("{pad}{s}")),
+                Tree::Literal(lines, _) => literal(lines, n, out),
+            }
+        }
+
+        fn literal(lines: &[&str], n: usize, out: &mut Vec<String>) {
+            let pad = " ".repeat(n);
+            out.extend(lines.iter().map(|l| {
+                if l.is_empty() {
+                    String::new()
+                } else {
+                    format!("{pad}{l}")
+                }
+            }));
+        }
+
+        fn text(docs: &[(Tree, Style, bool)]) -> String {
+            let mut out = Vec::new();
+            for (i, (t, style, marker)) in docs.iter().enumerate() {
+                if i > 0 || *marker {
+                    out.push("---".into());
+                }
+                write(t, 0, *style, &mut out);
+            }
+            out.join("\n") + "\n"
+        }
+
+        fn style() -> impl Strategy<Value = Style> {
+            (prop::sample::select(&[1usize, 2, 4][..]), any::<bool>())
+                .prop_map(|(step, indent_seqs)| Style { step, indent_seqs })
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(3000))]
+
+            /// Whatever the reader takes of a generated text, it reads as
+            /// libyaml does, and libyaml reads the rest.
+            #[test]
+            fn generated_texts_read_as_libyaml_reads_them(
+                docs in prop::collection::vec((tree(), style(), any::<bool>()), 1..4),
+            ) {
+                let text = text(&docs);
+                prop_assert_eq!(fast(&text).0, libyaml(&text), "on:\n{}", text);
+            }
+
+            /// The same, with one character put in or taken out somewhere.
+            #[test]
+            fn damaged_texts_read_as_libyaml_reads_them(
+                docs in prop::collection::vec((tree(), style(), any::<bool>()), 1..3),
+                at in any::<prop::sample::Index>(),
+                put in prop::option::of(prop::sample::select(&[' ', ':', '-', '#', '\'', '"', '\n', 'x', '|', '{'][..])),
+            ) {
+                let mut text = text(&docs);
+                let chars: Vec<char> = text.chars().collect();
+                let i = at.index(chars.len() + 1);
+                let mut damaged: Vec<char> = chars.clone();
+                match put {
+                    Some(c) => damaged.insert(i, c),
+                    None if i < damaged.len() => {
+                        damaged.remove(i);
+                    }
+                    None => {}
+                }
+                text = damaged.into_iter().collect();
+                prop_assert_eq!(fast(&text).0, libyaml(&text), "on:\n{}", text);
+            }
+        }
+
+        /// The generated texts are mostly the reader's to read: the
+        /// properties above test it, not only libyaml against itself.
+        #[test]
+        fn the_reader_reads_most_generated_texts() {
+            use proptest::strategy::ValueTree;
+            let mut runner = proptest::test_runner::TestRunner::deterministic();
+            let strategy = prop::collection::vec((tree(), style(), any::<bool>()), 1..4);
+            let (mut docs, mut read) = (0, 0);
+            for _ in 0..500 {
+                let value = strategy.new_tree(&mut runner).unwrap().current();
+                let text = text(&value);
+                let (got, n) = fast(&text);
+                docs += got.len();
+                read += n;
+            }
+            assert!(
+                read * 4 > docs,
+                "the reader read {read} of {docs} documents"
+            );
+        }
+    }
 }
