@@ -55,6 +55,34 @@ const CLUSTER: &str = "10.200.0.0/16";
 /// A cluster CIDR that covers the client too, as a pod's connections.
 const CLUSTER_WITH_CLIENT: &str = "10.200.0.0/15";
 
+/// The groups of rules `--ablate` takes out of verdict's ruleset (a name,
+/// and what a line of `nft list ruleset` holds to be taken out): nothing,
+/// each group, then all of them.
+pub(crate) const ABLATIONS: [(&str, &[&str]); 8] = [
+    ("none", &[]),
+    ("gates", &["@staged-"]),
+    ("firewall", &["jump firewall-check"]),
+    (
+        "forward-checks",
+        &["jump service-endpoints-check", "jump cluster-ips-check"],
+    ),
+    ("affinity", &["jump affinity-record"]),
+    ("dnat-counter", &["connections sent to an endpoint"]),
+    ("hairpin", &["@hairpin-connections masquerade"]),
+    (
+        "all",
+        &[
+            "@staged-",
+            "jump firewall-check",
+            "jump service-endpoints-check",
+            "jump cluster-ips-check",
+            "jump affinity-record",
+            "connections sent to an endpoint",
+            "@hairpin-connections masquerade",
+        ],
+    ),
+];
+
 /// The rulesets of the anchor passes (label, `nft -f` text), loaded on
 /// verdict's node after its own passes.
 const ANCHORS: [(&str, &str); 2] = [
@@ -102,6 +130,8 @@ pub struct Options {
     baseline_max: usize,
     /// Also load kube-proxy's own nftables layout, up to this size.
     upstream_max: Option<usize>,
+    /// Also probe verdict's ruleset with groups of its rules taken out.
+    ablate: bool,
     out: Option<PathBuf>,
 }
 
@@ -187,6 +217,7 @@ fn parse_options(args: &[String]) -> Result<Options, String> {
             .any(|a| a == "--upstream-baseline")
             .then(|| num("--upstream-max", 10_000))
             .transpose()?,
+        ablate: args.iter().any(|a| a == "--ablate"),
         out: flag(args, "--out").map(PathBuf::from),
     };
     if o.endpoints == 0 || o.sizes.iter().any(|n| *n == 0 || *n > 200_000) {
@@ -224,6 +255,7 @@ fn orchestrate(args: &[String]) -> Result<(), String> {
                 } else {
                     ""
                 },
+                if o.ablate { "ablate" } else { "" },
             ])
             .stderr(Stdio::inherit())
             .output()
@@ -440,6 +472,7 @@ fn one_in_thread(args: &[String]) -> Result<(), String> {
     let (n, k, samples, changes) = (get(0)?, get(1)?, get(2)?, get(3)?);
     let baseline = args.get(4).filter(|s| !s.is_empty()).cloned();
     let upstream = args.get(5).is_some_and(|s| s == "upstream");
+    let ablate = args.get(6).is_some_and(|s| s == "ablate");
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let topo = topo::Topo::new(
         &exe,
@@ -612,6 +645,42 @@ fn one_in_thread(args: &[String]) -> Result<(), String> {
         .sync(&mut nft, now())
         .map_err(|e| format!("sync with the client inside the cluster CIDR: {e}"))?;
     probe_pass(&topo, &exe_s, &argv, "in-", &mut put)?;
+    // What verdict's rules cost, group by group: its ruleset as this last
+    // pass had it (the client inside the cluster CIDR), loaded again with
+    // one group of rules taken out, then with all of them. An experiment
+    // on the cost, not a ruleset that keeps kube-proxy's behaviour.
+    if ablate {
+        let full = topo
+            .node
+            .exec("nft", &["list", "ruleset"])
+            .map_err(|e| format!("nft list ruleset: {}", e.0))?;
+        let floor_pod_service: Vec<&str> = argv
+            .iter()
+            .take(3)
+            .chain(argv.iter().filter(|a| {
+                a.starts_with("floor=") || a.starts_with("pod=") || a.starts_with("late=")
+            }))
+            .copied()
+            .collect();
+        for (name, out) in ABLATIONS {
+            let text: String = full
+                .lines()
+                .filter(|l| !out.iter().any(|o| l.contains(o)))
+                .map(|l| format!("{l}\n"))
+                .collect();
+            topo.node
+                .exec("nft", &["flush", "ruleset"])
+                .map_err(|e| format!("nft flush ruleset: {}", e.0))?;
+            load_layout(topo.node.name(), &["nft", "-f", "-"], &text)?;
+            probe_pass(
+                &topo,
+                &exe_s,
+                &floor_pod_service,
+                &format!("abl-{name}-"),
+                &mut put,
+            )?;
+        }
+    }
     // Anchors for the pod path: the same node with no rules of verdict's,
     // only what any proxy that NATs brings: conntrack (a filter chain that
     // asks the connection's state), then conntrack and the NAT hooks

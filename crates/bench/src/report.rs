@@ -291,6 +291,30 @@ pub fn markdown(runs: &[Run], baseline: &Option<String>, upstream: Option<usize>
             ratio("in-late", "in-floor")
         );
     }
+    if runs.iter().any(|r| r.dp("abl-none-floor").is_some()) {
+        let _ = writeln!(
+            s,
+            "\n### `--ablate`: verdict's ruleset (the client inside the cluster CIDR) loaded again with groups of its rules taken out: connect p50 ÷ the no-rules floor of the same pass, a pod via the node / the late Service\n"
+        );
+        let names = crate::ABLATIONS.map(|(name, _)| name);
+        let _ = writeln!(
+            s,
+            "| services | {} |\n|---:|{}",
+            names.join(" | "),
+            "---:|".repeat(names.len())
+        );
+        for r in runs {
+            let cell = |name: &str| {
+                let p50 = |t: &str| r.dp(&format!("abl-{name}-{t}")).map(|[_, b, _]| b);
+                match (p50("pod"), p50("late"), p50("floor")) {
+                    (Some(p), Some(l), Some(f)) => format!("{:.2}× / {:.2}×", p / f, l / f),
+                    _ => "–".into(),
+                }
+            };
+            let cells: Vec<String> = names.iter().map(|n| cell(n)).collect();
+            let _ = writeln!(s, "| {} | {} |", r.get("size"), cells.join(" | "));
+        }
+    }
     let failures: usize = runs.iter().map(Run::dp_failures).sum();
     let samples = runs.first().map_or("?", |r| r.get("samples"));
     let _ = writeln!(
