@@ -6,10 +6,11 @@
 //! - [`Update::Synced`] comes once, after Services, EndpointSlices and the
 //!   Node have all finished their initial list; before it the daemon
 //!   programs nothing (as kube-proxy).
-//! - The initial list is passed on as it comes, in batches of what has
-//!   arrived, so that the daemon takes in the objects while the rest are
-//!   still being listed and decoded (it programs nothing before
-//!   [`Update::Synced`] anyway).
+//! - The initial lists of Services, EndpointSlices and the Node are passed
+//!   on as they come, in batches of what has arrived, so that the daemon
+//!   takes in the objects while the rest are still being listed and
+//!   decoded (it programs nothing before [`Update::Synced`] anyway). The
+//!   ServiceCIDRs, which may first be listed after that, are not.
 //! - A relist (after a watch expired with 410 Gone, or a reconnect) is
 //!   buffered until it is complete and then reported as the difference from
 //!   what was known: objects still there are not deleted and re-added, so no
@@ -179,16 +180,35 @@ pub struct Mirror<T> {
     /// The initial list, passed on object by object as it comes: what it
     /// has listed so far (it becomes `known` once complete).
     streaming: Option<BTreeMap<Box<str>, Version>>,
+    /// Whether the initial list is passed on as it comes
+    /// ([`Mirror::passing_initial_list`]).
+    pass_initial: bool,
     listed: bool,
 }
 
 impl<T> Default for Mirror<T> {
+    /// A mirror that buffers every list, the first too.
     fn default() -> Self {
         Mirror {
             known: BTreeMap::new(),
             relisting: None,
             streaming: None,
+            pass_initial: false,
             listed: false,
+        }
+    }
+}
+
+impl<T> Mirror<T> {
+    /// A mirror that passes its initial list on object by object: for a
+    /// watch whose initial list the daemon waits for before it programs
+    /// anything (Services, EndpointSlices, the Node), so that no half of
+    /// it is ever programmed. A watch that may first list after that (the
+    /// ServiceCIDRs, once served) buffers it whole instead.
+    pub fn passing_initial_list() -> Mirror<T> {
+        Mirror {
+            pass_initial: true,
+            ..Mirror::default()
         }
     }
 }
@@ -260,14 +280,14 @@ impl<T> Mirror<T> {
 
     /// Takes one event; returns the changes to apply (`None`: deleted).
     ///
-    /// Until an initial list has completed, nothing is programmed, so
-    /// there is nothing a half-applied list could drop: each object
-    /// listed is passed on at once, and the deletions (only of what an
-    /// earlier, broken-off list passed on) come when the list completes.
-    /// After that, a relist is buffered and reported as one difference.
+    /// A mirror [`passing its initial list`](Mirror::passing_initial_list)
+    /// passes each object of that list on at once, and the deletions
+    /// (only of what an earlier, broken-off list passed on) when the list
+    /// completes. Every other list is buffered and reported as one
+    /// difference.
     pub fn see(&mut self, seen: Seen<T>) -> Vec<(Key, Option<T>)> {
         match seen {
-            Seen::ListStart if !self.listed => {
+            Seen::ListStart if self.pass_initial && !self.listed => {
                 // What a list broken off before passed on is known now.
                 if let Some(partial) = self.streaming.take() {
                     self.known.extend(partial);
@@ -701,9 +721,9 @@ impl Mirrors {
     fn new(node: String) -> Mirrors {
         Mirrors {
             node,
-            services: Mirror::default(),
-            slices: Mirror::default(),
-            nodes: Mirror::default(),
+            services: Mirror::passing_initial_list(),
+            slices: Mirror::passing_initial_list(),
+            nodes: Mirror::passing_initial_list(),
             cidrs: Mirror::default(),
             cidr_values: BTreeMap::new(),
             synced: false,
@@ -904,7 +924,7 @@ mod tests {
 
     #[test]
     fn the_initial_list_is_passed_on_as_it_comes() {
-        let mut m = Mirror::default();
+        let mut m = Mirror::passing_initial_list();
         assert!(m.see(Seen::ListStart).is_empty());
         assert_eq!(m.see(Seen::Listed(k("a"), v(1))), vec![(k("a"), Some(1))]);
         assert!(m.see(Seen::Listed(k("b"), None)).is_empty(), "not used");
@@ -923,7 +943,7 @@ mod tests {
 
     #[test]
     fn an_initial_list_broken_off_is_made_good_by_the_next() {
-        let mut m = Mirror::default();
+        let mut m = Mirror::passing_initial_list();
         m.see(Seen::ListStart);
         assert_eq!(m.see(Seen::Listed(k("a"), v(1))), vec![(k("a"), Some(1))]);
         assert_eq!(m.see(Seen::Listed(k("b"), v(2))), vec![(k("b"), Some(2))]);
@@ -936,6 +956,21 @@ mod tests {
         assert_eq!(m.see(Seen::ListDone), vec![(k("b"), None)]);
         assert!(m.listed());
         assert_eq!(m.len(), 2);
+    }
+
+    #[test]
+    fn a_mirror_that_buffers_reports_its_initial_list_once_complete() {
+        // The ServiceCIDRs' watch may first list after the daemon
+        // programs: no half of that list may be programmed.
+        let mut m = Mirror::default();
+        assert!(m.see(Seen::ListStart).is_empty());
+        assert!(m.see(Seen::Listed(k("a"), v(1))).is_empty());
+        assert!(m.see(Seen::Listed(k("b"), v(2))).is_empty());
+        assert_eq!(
+            m.see(Seen::ListDone),
+            vec![(k("a"), Some(1)), (k("b"), Some(2))]
+        );
+        assert!(m.listed());
     }
 
     #[test]
@@ -1067,6 +1102,49 @@ mod tests {
         let out = run(&mut f, Watched::Service(Ok(Event::InitDone)));
         assert!(matches!(&out[..], [Update::Service(k, None)] if k.1 == "a"));
         assert_eq!(synced.get(), 1);
+    }
+
+    #[test]
+    fn service_cidrs_listed_after_the_sync_come_whole() {
+        let mut f = Mirrors::new("n1".into());
+        for w in [
+            Watched::Service(Ok(Event::Init)),
+            Watched::Service(Ok(Event::InitDone)),
+            Watched::Slice(Ok(Event::Init)),
+            Watched::Slice(Ok(Event::InitDone)),
+            Watched::Node(Ok(Event::Init)),
+        ] {
+            f.take(w);
+        }
+        assert_eq!(
+            f.take(Watched::Node(Ok(Event::InitDone))),
+            vec![Update::Synced]
+        );
+        let cidr = |name: &str, range: &str| -> networking::ServiceCIDR {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": name, "resourceVersion": "1"},
+                "spec": {"cidrs": [range]}
+            }))
+            .unwrap()
+        };
+        f.take(Watched::Cidr(Ok(Event::Init)));
+        let first = f.take(Watched::Cidr(Ok(Event::InitApply(cidr(
+            "a",
+            "10.96.0.0/16",
+        )))));
+        assert!(first.is_empty(), "half a list: {first:?}");
+        f.take(Watched::Cidr(Ok(Event::InitApply(cidr(
+            "b",
+            "10.97.0.0/16",
+        )))));
+        let done = f.take(Watched::Cidr(Ok(Event::InitDone)));
+        assert_eq!(
+            done,
+            vec![Update::ServiceCidrs(vec![
+                "10.96.0.0/16".parse().unwrap(),
+                "10.97.0.0/16".parse().unwrap()
+            ])]
+        );
     }
 
     fn config_for(master: &str) -> Result<Config, SourceError> {
