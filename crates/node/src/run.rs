@@ -65,6 +65,31 @@ const IDLE: Duration = Duration::from_secs(3600);
 /// manifest) is followed by [`crate::memory::trim`].
 const TRIM_AFTER_UPDATES: usize = 10_000;
 
+/// The reads of the rules in place: each family's table in order, or
+/// `None` for one that cannot be used (`verdict_proxier::proxier::read_table`).
+type InPlace = Vec<Option<verdict_proxier::proxier::Prefetched>>;
+
+/// Reads `tables` through `reader` on a thread of its own; `None` if the
+/// thread cannot start (the caller then reads them itself).
+fn read_in_place(
+    mut reader: Box<dyn Backend + Send>,
+    tables: Vec<(verdict_nft::Family, String)>,
+) -> Option<std::thread::JoinHandle<InPlace>> {
+    let read = move || {
+        tables
+            .iter()
+            .map(|(family, name)| {
+                verdict_proxier::proxier::read_table(reader.as_mut(), *family, name)
+            })
+            .collect()
+    };
+    std::thread::Builder::new()
+        .name("read-in-place".into())
+        .spawn(read)
+        .inspect_err(|e| tracing::warn!(error = %e, "cannot start a thread to read the rules in place: reading them first"))
+        .ok()
+}
+
 /// Programs the node and keeps it programmed, until [`Input::Stop`] (or
 /// every sender of `inputs` is gone): `Ok`, the rules left in place. An
 /// input the loop cannot go on without (the API source ended, `--config`
@@ -99,41 +124,20 @@ pub fn run(mut node: NodeProxy, kernel: Kernel, inputs: Receiver<Input>) -> Resu
         }
         None => false,
     };
-    if nft.generation().ok().flatten().is_none() {
+    let tells_generation = nft.generation().ok().flatten().is_some();
+    if !tells_generation {
         listening = start_listening(&mut nft);
     }
     // The rules a restart adopts are read while the source loads (its
     // threads parse or list meanwhile), not after it; on a handle and a
     // thread of their own if there is one, so that the loop takes in the
     // objects listed meanwhile.
-    let mut prefetch = match reader {
-        Some(mut reader) if nft.generation().ok().flatten().is_some() => {
-            let tables = node.tables_to_read();
-            let read = move || {
-                tables
-                    .iter()
-                    .map(|(family, name)| {
-                        verdict_proxier::proxier::read_table(reader.as_mut(), *family, name)
-                    })
-                    .collect::<Vec<_>>()
-            };
-            match std::thread::Builder::new()
-                .name("read-in-place".into())
-                .spawn(read)
-            {
-                Ok(handle) => Some(handle),
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot start a thread to read the rules in place: reading them first");
-                    node.prefetch_tables(&mut nft);
-                    None
-                }
-            }
-        }
-        _ => {
-            node.prefetch_tables(&mut nft);
-            None
-        }
-    };
+    let mut prefetch = reader
+        .filter(|_| tells_generation)
+        .and_then(|reader| read_in_place(reader, node.tables_to_read()));
+    if prefetch.is_none() {
+        node.prefetch_tables(&mut nft);
+    }
     let mut leftovers_pending = true;
     let mut schedule = Schedule::new(settings.min_sync_period, settings.sync_period);
     // The ruleset's generation after verdict's last successful sync.

@@ -1946,11 +1946,6 @@ fn with_prefix<'a, V>(
         .take_while(move |k| k.starts_with(prefix))
 }
 
-/// The slots of one set rebuilt: `kept` (only what the kernel has) joined
-/// with the wanted `entries`, both in key order, into a map built in one
-/// piece (a B-tree built from sorted entries fills its nodes). A kept
-/// element equal to its new winner is replaced by the winner's allocation,
-/// so that it is stored once.
 /// A table read back with the ruleset's generation it was read at.
 pub type Prefetched = (u32, Option<verdict_nft::TableState>);
 
@@ -1979,6 +1974,11 @@ pub fn read_table<B: Backend + ?Sized>(
     Some((generation, read))
 }
 
+/// The slots of one set rebuilt: `kept` (only what the kernel has) joined
+/// with the wanted `entries`, both in key order, into a map built in one
+/// piece (a B-tree built from sorted entries fills its nodes). A kept
+/// element equal to its new winner is replaced by the winner's allocation,
+/// so that it is stored once.
 fn merged(kept: BTreeMap<Key, Slot>, entries: Vec<(Key, Owners)>) -> BTreeMap<Key, Slot> {
     if kept.is_empty() {
         return entries

@@ -356,11 +356,16 @@ pub fn run(settings: &Settings, source: &Source, verbosity: &Verbosity) -> anyho
     }
     let keep = source.keep_kube_proxy_nftables;
     // The rules in place are read at start on a handle of their own
-    // (without one, the loop reads them itself first).
-    let reader = kind
-        .open()
-        .inspect_err(|e| tracing::warn!(error = %e, "cannot open a second nftables handle: the rules in place are read before the source's objects are taken in"))
-        .ok();
+    // (without one, the loop reads them itself first). A backend that
+    // cannot tell the ruleset's generation (`nft`) reads nothing ahead,
+    // so it gets none.
+    let reader = match backend.generation() {
+        Ok(Some(_)) => kind
+            .open()
+            .inspect_err(|e| tracing::warn!(error = %e, "cannot open a second nftables handle: the rules in place are read before the source's objects are taken in"))
+            .ok(),
+        _ => None,
+    };
     let kernel = Kernel {
         backend,
         conntrack,

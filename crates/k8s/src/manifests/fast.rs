@@ -99,8 +99,7 @@ impl<'a> Documents<'a> {
     /// Reads the document of lines `from..end` (after its marker, if any).
     fn read(&mut self, from: usize, end: usize) -> Next<'a> {
         // Where libyaml starts if this reader gives up: the marker line.
-        let restart = self.lines[from.saturating_sub(1)].0;
-        let restart = if from == 0 { 0 } else { restart };
+        let restart = from.checked_sub(1).map_or(0, |m| self.lines[m].0);
         let mut block = Block {
             lines: &self.lines[..end],
             at: from,
@@ -244,15 +243,14 @@ impl<'a> Block<'_, 'a> {
             let after = &line[n + 1..];
             let body = after.trim_start_matches(' ');
             let column = n + 1 + (after.len() - body.len());
-            let item = if blank(body) {
-                self.value(n, "", false)?
-            } else if is_item(body) {
+            let item = if is_item(body) {
                 // `- - x`: a sequence in a sequence, on one line.
                 return None;
             } else if key_of(body).is_some() {
                 self.mapping(column, Some(body))?
             } else {
-                self.value(n, &format!(" {body}"), false)?
+                // A scalar, or nothing: the item's block follows.
+                self.value(n, body, false)?
             };
             items.push(item);
         }
