@@ -456,6 +456,62 @@ fn on_own_thread(args: &[String], run: fn(&[String]) -> Result<(), String>) -> R
     .map_err(|_| "benchmark thread panicked".to_string())?
 }
 
+/// A socket in a node's namespace that listens to conntrack's new and
+/// destroyed connections and reads them as the flow stream's recorder
+/// does: woken by the first report, it lets the next ones gather for
+/// 50 ms, then reads them all. Stops when dropped.
+struct Follower {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Follower {
+    fn start(netns: &str) -> Result<Follower, String> {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let name = netns.to_owned();
+        let stopping = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let opened = enter_netns(&name).and_then(|()| {
+                verdict_nft::flows::FlowMonitor::open(None, true).map_err(|e| e.to_string())
+            });
+            let mut monitor = match opened {
+                Ok(m) => {
+                    let _ = ready_tx.send(Ok(()));
+                    m
+                }
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                    return;
+                }
+            };
+            while !stopping.load(Ordering::Relaxed) {
+                if let Ok(Some(_)) = monitor.next(Duration::from_millis(200)) {
+                    std::thread::sleep(Duration::from_millis(50));
+                    while let Ok(Some(_)) = monitor.next(Duration::ZERO) {}
+                }
+            }
+        });
+        ready_rx
+            .recv()
+            .map_err(|_| "the follower's thread ended".to_owned())??;
+        Ok(Follower {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Follower {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 /// Moves this thread into the network namespace `name`, as the daemon
 /// runs inside a node's (the programs it starts inherit it).
 fn enter_netns(name: &str) -> Result<(), String> {
@@ -645,6 +701,14 @@ fn one_in_thread(args: &[String]) -> Result<(), String> {
         .sync(&mut nft, now())
         .map_err(|e| format!("sync with the client inside the cluster CIDR: {e}"))?;
     probe_pass(&topo, &exe_s, &argv, "in-", &mut put)?;
+    // The same while a socket in the node follows its connections, as
+    // verdict's flow stream does once a reader asks for flows (from start
+    // with `--flows`): the kernel then builds a report of each new
+    // connection in the path of its first packet.
+    {
+        let _follower = Follower::start(topo.node.name())?;
+        probe_pass(&topo, &exe_s, &argv, "ev-", &mut put)?;
+    }
     // What verdict's rules cost, group by group: its ruleset as this last
     // pass had it (the client inside the cluster CIDR), loaded again with
     // one group of rules taken out, then with all of them. An experiment

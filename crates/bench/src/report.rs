@@ -270,11 +270,11 @@ pub fn markdown(runs: &[Run], baseline: &Option<String>, upstream: Option<usize>
     }
     let _ = writeln!(
         s,
-        "\n### A pod through the node, with only conntrack, with conntrack and the NAT hooks (no rules), and with verdict's rules; a Service from a pod: connect p50 ÷ the no-rules floor of the same pass\n"
+        "\n### A pod through the node, with only conntrack, with conntrack and the NAT hooks (no rules), and with verdict's rules; a Service from a pod; both again while a socket follows the node's connections (the flow stream once a reader asks, or with --flows): connect p50 ÷ the no-rules floor of the same pass\n"
     );
     let _ = writeln!(
         s,
-        "| services | conntrack only | conntrack and NAT hooks | verdict's rules | a Service from a pod (late) |\n|---:|---:|---:|---:|---:|"
+        "| services | conntrack only | conntrack and NAT hooks | verdict's rules | a Service from a pod (late) | verdict's rules, followed | a Service from a pod, followed |\n|---:|---:|---:|---:|---:|---:|---:|"
     );
     for r in runs {
         let ratio = |target: &str, floor: &str| match (r.dp(target), r.dp(floor)) {
@@ -283,12 +283,14 @@ pub fn markdown(runs: &[Run], baseline: &Option<String>, upstream: Option<usize>
         };
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} |",
             r.get("size"),
             ratio("ct-pod", "ct-floor"),
             ratio("nat-pod", "nat-floor"),
             ratio("pod", "floor"),
-            ratio("in-late", "in-floor")
+            ratio("in-late", "in-floor"),
+            ratio("ev-pod", "ev-floor"),
+            ratio("ev-late", "ev-floor")
         );
     }
     if runs.iter().any(|r| r.dp("abl-none-floor").is_some()) {

@@ -24,7 +24,7 @@ use crate::error::NftError;
 use crate::netlink::conntrack::{
     IPS_DST_NAT, IPS_SRC_NAT, MSG_CT_DELETE, MSG_CT_NEW, SUBSYS_CTNETLINK, entry,
 };
-use crate::netlink::socket::{Datagram, Protocol, Socket};
+use crate::netlink::socket::{Datagram, Membership, Protocol, Socket};
 use crate::netlink::wire::{Writer, messages};
 
 /// `NFNLGRP_CONNTRACK_NEW` and `NFNLGRP_CONNTRACK_DESTROY`.
@@ -192,19 +192,31 @@ pub fn decode(buf: &[u8]) -> Vec<FlowEvent> {
 pub struct FlowMonitor {
     socket: Socket,
     group: Option<u16>,
+    /// The socket's membership of conntrack's groups.
+    connections: Membership,
+    following: bool,
 }
 
+/// Conntrack's groups the monitor follows connections with.
+const CONNECTION_GROUPS: u32 = 1 << (GROUP_CT_NEW - 1) | 1 << (GROUP_CT_DESTROY - 1);
+
 impl FlowMonitor {
-    /// Listens to the conntrack events and, with `group`, binds that
-    /// nfnetlink_log group (which one process at a time may read: another
-    /// one's is refused, and nothing is listened to then).
-    pub fn open(group: Option<u16>) -> Result<FlowMonitor, NftError> {
-        let groups = 1 << (GROUP_CT_NEW - 1) | 1 << (GROUP_CT_DESTROY - 1);
+    /// Binds, with `group`, that nfnetlink_log group (which one process at
+    /// a time may read: another one's is refused, and nothing is listened
+    /// to then) and, with `follow`, listens to the conntrack events at
+    /// once (else from [`FlowMonitor::follow`] on).
+    pub fn open(group: Option<u16>, follow: bool) -> Result<FlowMonitor, NftError> {
+        let groups = if follow { CONNECTION_GROUPS } else { 0 };
         let socket = Socket::listen(Protocol::NetFilter, groups, BUFFER)
+            .map_err(|e| NftError::Refused(format!("listening to conntrack events: {e}")))?;
+        let connections = socket
+            .membership(CONNECTION_GROUPS)
             .map_err(|e| NftError::Refused(format!("listening to conntrack events: {e}")))?;
         let mut m = FlowMonitor {
             socket,
             group: None,
+            connections,
+            following: follow,
         };
         if let Some(g) = group {
             m.configure(g, |w| w.attr(NFULA_CFG_CMD, &[NFULNL_CFG_CMD_BIND]))
@@ -229,6 +241,29 @@ impl FlowMonitor {
             })?;
         }
         Ok(m)
+    }
+
+    /// Starts or stops listening to conntrack's events. While it does, the
+    /// kernel builds a report of each new connection in the path of its
+    /// first packet (what that costs a connection is measured in
+    /// `docs/flows.md`), and of each connection's end; while nothing in
+    /// the network namespace listens, it builds none. The nfnetlink_log
+    /// group stays bound either way.
+    pub fn follow(&mut self, on: bool) -> std::io::Result<()> {
+        if on != self.following {
+            if on {
+                self.connections.join()?;
+            } else {
+                self.connections.leave()?;
+            }
+            self.following = on;
+        }
+        Ok(())
+    }
+
+    /// Whether it listens to conntrack's events.
+    pub fn following(&self) -> bool {
+        self.following
     }
 
     /// One configuration message of the group, acknowledged.

@@ -24,7 +24,7 @@ use std::collections::{HashMap, VecDeque};
 use std::io::Write as _;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use serde::{Deserialize, Serialize};
 use verdict_admin::Metrics;
@@ -39,6 +39,24 @@ pub const DEFAULT_GROUP: u16 = 7331;
 /// Flows kept, unless told otherwise (the ring's RSS with it full is in
 /// docs/flows.md).
 pub const DEFAULT_CAPACITY: usize = 16_384;
+/// How long connections stay followed, on demand, after a reader last
+/// asked for flows.
+pub const DEFAULT_LINGER: Duration = Duration::from_secs(600);
+
+/// When the recorder follows connections (reads conntrack's events).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Following {
+    /// From start to end (`--flows`, `--flow-log`).
+    Always,
+    /// While a reader asked for flows within `linger` (the default): the
+    /// kernel builds a report of each new connection, in the path of its
+    /// first packet, only while some socket listens.
+    OnDemand {
+        /// How long after the last ask.
+        linger: Duration,
+    },
+}
+
 /// How long the recorder lets reports gather after the first one, before it
 /// reads them: a flow is recorded at most this late.
 const GATHER: Duration = Duration::from_millis(50);
@@ -201,6 +219,16 @@ pub struct FlowsAnswer {
     /// Reports the kernel dropped because the reader fell behind: flows
     /// (or their ends) not recorded.
     pub not_recorded: u64,
+    /// Forwarded connections are recorded only while flows are read (the
+    /// default: the kernel reports connections only while someone
+    /// listens, and each report costs the connection's first packet);
+    /// `false`: always (`--flows`). Rejected and dropped ones always are.
+    #[serde(default)]
+    pub on_demand: bool,
+    /// Since when forwarded connections are recorded (RFC 3339); none:
+    /// not now (they will be within a second of this answer, if on demand).
+    #[serde(default)]
+    pub following_since: Option<String>,
 }
 
 /// (protocol, client, destination): one connection, before DNAT.
@@ -307,6 +335,12 @@ struct Ring {
     recorded: HashMap<FlowVerdict, u64>,
     evicted: u64,
     not_recorded: u64,
+    /// Connections are followed only while flows are read.
+    on_demand: bool,
+    /// The last time a reader asked for flows.
+    asked: Option<Instant>,
+    /// Since when the kernel's conntrack events are read (`None`: not now).
+    following_since: Option<SystemTime>,
 }
 
 impl Ring {
@@ -373,6 +407,25 @@ impl FlowStore {
         })
     }
 
+    /// Whether the recorder should follow connections now: always, or
+    /// (on demand) while a reader asked for flows within `linger`.
+    fn wanted(&self, following: Following, now: Instant) -> bool {
+        match following {
+            Following::Always => true,
+            Following::OnDemand { linger } => self
+                .lock()
+                .asked
+                .is_some_and(|a| now.saturating_duration_since(a) < linger),
+        }
+    }
+
+    /// Records whether the recorder follows connections, and how.
+    fn set_following(&self, following: Following, since: Option<SystemTime>) {
+        let mut r = self.lock();
+        r.on_demand = matches!(following, Following::OnDemand { .. });
+        r.following_since = since;
+    }
+
     fn lock(&self) -> MutexGuard<'_, Ring> {
         self.ring.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -382,7 +435,8 @@ impl FlowStore {
     /// they are written out as records after.
     pub fn query(&self, filter: &FlowFilter, limit: usize) -> FlowsAnswer {
         let (page, mut answer) = {
-            let r = self.lock();
+            let mut r = self.lock();
+            r.asked = Some(Instant::now());
             let mut page: Vec<Flow> = Vec::new();
             let mut matched = 0;
             for f in r.slots.iter().rev() {
@@ -405,6 +459,8 @@ impl FlowStore {
                 recorded: r.recorded.clone(),
                 evicted: r.evicted,
                 not_recorded: r.not_recorded,
+                on_demand: r.on_demand,
+                following_since: r.following_since.map(verdict_admin::time::rfc3339_micro),
             };
             (page, answer)
         };
@@ -756,7 +812,13 @@ impl Recorder {
 
 /// Reads the kernel's reports on a thread of its own until the process
 /// ends, recording each batch.
-pub fn spawn(mut monitor: FlowMonitor, mut recorder: Recorder) -> std::io::Result<()> {
+pub fn spawn(
+    mut monitor: FlowMonitor,
+    mut recorder: Recorder,
+    following: Following,
+) -> std::io::Result<()> {
+    let store = recorder.store.clone();
+    store.set_following(following, monitor.following().then(SystemTime::now));
     std::thread::Builder::new()
         .name("flows".into())
         .spawn(move || {
@@ -768,6 +830,7 @@ pub fn spawn(mut monitor: FlowMonitor, mut recorder: Recorder) -> std::io::Resul
             // its connect time).
             let mut wait = Duration::from_secs(1);
             loop {
+                follow_as_asked(&mut monitor, &store, following);
                 match monitor.next(wait) {
                     Ok(Some(events)) => {
                         let lost = events
@@ -795,6 +858,31 @@ pub fn spawn(mut monitor: FlowMonitor, mut recorder: Recorder) -> std::io::Resul
             }
         })?;
     Ok(())
+}
+
+/// Starts or stops following connections as the readers' asks say
+/// (checked at least once a second, the recorder's longest wait).
+fn follow_as_asked(monitor: &mut FlowMonitor, store: &FlowStore, following: Following) {
+    let wanted = store.wanted(following, Instant::now());
+    if wanted == monitor.following() {
+        return;
+    }
+    match monitor.follow(wanted) {
+        Ok(()) => {
+            store.set_following(following, wanted.then(SystemTime::now));
+            if wanted {
+                tracing::info!("a reader asked for flows: following the node's connections");
+            } else if let Following::OnDemand { linger } = following {
+                tracing::info!(
+                    idle = ?linger,
+                    "no reader asked for flows: no longer following the node's connections (rejected and dropped ones are still recorded)"
+                );
+            }
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, wanted, "cannot change whether the flow stream follows connections");
+        }
+    }
 }
 
 #[cfg(test)]

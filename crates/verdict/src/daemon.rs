@@ -405,7 +405,9 @@ fn open_flows(
         None => None,
     };
     let group = flow_log_group(settings);
-    match verdict_nft::flows::FlowMonitor::open(group) {
+    // Asked for (`--flows`, `--flow-log`): connections are followed from
+    // start; by default only once a reader asks for flows.
+    match verdict_nft::flows::FlowMonitor::open(group, settings.flows_required) {
         Ok(monitor) => Ok(Some((monitor, log))),
         Err(e) if !settings.flows_required => {
             tracing::warn!(
@@ -430,14 +432,27 @@ fn start_flows(
     handle: &verdict_node::NodeHandle,
     metrics: &Arc<Mutex<Metrics>>,
 ) -> anyhow::Result<Arc<verdict_node::flows::FlowStore>> {
-    use verdict_node::flows::{DEFAULT_CAPACITY, FlowStore, Recorder};
+    use verdict_node::flows::{DEFAULT_CAPACITY, DEFAULT_LINGER, FlowStore, Following, Recorder};
     let store = FlowStore::new(DEFAULT_CAPACITY);
     let recorder = Recorder::new(handle.clone(), store.clone(), metrics.clone(), log);
-    verdict_node::flows::spawn(monitor, recorder).context("starting the flow stream")?;
+    let following = if settings.flows_required {
+        Following::Always
+    } else {
+        Following::OnDemand {
+            linger: DEFAULT_LINGER,
+        }
+    };
+    verdict_node::flows::spawn(monitor, recorder, following).context("starting the flow stream")?;
     tracing::info!(
         log_group = flow_log_group(settings),
         capacity = DEFAULT_CAPACITY,
         log = settings.flow_log.as_deref().unwrap_or(""),
+        connections = %match following {
+            Following::Always => "always (--flows)".to_owned(),
+            Following::OnDemand { linger } => {
+                format!("while flows are read, and {} s after", linger.as_secs())
+            }
+        },
         "flow stream on"
     );
     Ok(store)

@@ -44,6 +44,20 @@ fn shop(tag: &str) -> Option<(TestBed, std::path::PathBuf)> {
     Some((bed, dir))
 }
 
+/// Whether a socket in the node listens to conntrack's new or destroyed
+/// connections (netfilter's groups 1 and 3, in `/proc/net/netlink`).
+fn conntrack_listened(bed: &TestBed) -> bool {
+    let table = bed.node.exec("cat", &["/proc/net/netlink"]).unwrap();
+    table.lines().skip(1).any(|line| {
+        let cols: Vec<&str> = line.split_whitespace().collect();
+        cols.get(1) == Some(&"12")
+            && cols
+                .get(3)
+                .and_then(|g| u32::from_str_radix(g, 16).ok())
+                .is_some_and(|g| g & 0b101 != 0)
+    })
+}
+
 fn body(response: &str) -> Json {
     let (_, body) = response.split_once("\r\n\r\n").expect(response);
     serde_json::from_str(body).expect(body)
@@ -292,7 +306,7 @@ fn each_connection_is_one_flow_with_its_endpoint_or_its_reason() {
 }
 
 #[test]
-fn the_stream_is_on_by_default_and_a_log_group_held_elsewhere_turns_it_off_or_stops_an_explicit_one()
+fn the_stream_is_on_by_default_following_connections_once_asked_and_a_log_group_held_elsewhere_turns_it_off_or_stops_an_explicit_one()
  {
     let Some((bed, dir)) = shop("flows-default") else {
         return;
@@ -301,7 +315,10 @@ fn the_stream_is_on_by_default_and_a_log_group_held_elsewhere_turns_it_off_or_st
     let flags = |extra: &[&str]| run_flags(&dir_s, extra);
     let client = ip("10.0.0.2");
 
-    // No flag: the stream is on, forwarded and rejected flows recorded.
+    // No flag: the stream is on. Rejected connections are recorded from
+    // start; forwarded ones only once a reader asks for flows: until
+    // then no socket in the node listens to conntrack's events, so the
+    // kernel builds no report in any connection's path.
     let log = dir.join("default.log");
     let daemon = spawn_verdict(&bed, flags(&[]), &log, None);
     assert_eq!(
@@ -310,12 +327,35 @@ fn the_stream_is_on_by_default_and_a_log_group_held_elsewhere_turns_it_off_or_st
         "{}",
         std::fs::read_to_string(&log).unwrap_or_default()
     );
+    assert!(
+        !conntrack_listened(&bed),
+        "a socket listens before any reader asked"
+    );
     let _ = bed.connect(client, ip("172.30.0.43"), "tcp", 80, 1000);
     std::thread::sleep(Duration::from_millis(800));
     let answer = body(&http_on(&bed, 10249, "/api/v1/flows?limit=5000"));
     let flows = answer["flows"].as_array().unwrap();
-    assert!(!of(flows, "shop/web", "forwarded").is_empty(), "{answer:#}");
+    assert_eq!(answer["on_demand"], true, "{answer:#}");
+    assert!(answer["following_since"].is_null(), "{answer:#}");
+    assert!(of(flows, "shop/web", "forwarded").is_empty(), "{answer:#}");
     assert_eq!(of(flows, "shop/empty", "rejected").len(), 1, "{answer:#}");
+    // The ask made the recorder follow connections within a second.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let mut since = Json::Null;
+    while since.is_null() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+        since = body(&http_on(&bed, 10249, "/api/v1/flows?limit=1"))["following_since"].clone();
+    }
+    assert!(since.is_string(), "never followed connections");
+    assert!(
+        conntrack_listened(&bed),
+        "no socket listens to conntrack's events"
+    );
+    assert_eq!(who(&bed), "10.180.0.1:80");
+    std::thread::sleep(Duration::from_millis(800));
+    let answer = body(&http_on(&bed, 10249, "/api/v1/flows?limit=5000"));
+    let flows = answer["flows"].as_array().unwrap();
+    assert_eq!(of(flows, "shop/web", "forwarded").len(), 1, "{answer:#}");
     drop(daemon);
 
     // Another program holds the log group.

@@ -210,7 +210,7 @@ fn hold_log_group(args: &[String]) -> Result<(), String> {
         .first()
         .and_then(|g| g.parse().ok())
         .ok_or("hold-log-group GROUP")?;
-    let _held = verdict_nft::flows::FlowMonitor::open(Some(group))
+    let _held = verdict_nft::flows::FlowMonitor::open(Some(group), false)
         .map_err(|e| format!("binding nfnetlink_log group {group}: {e}"))?;
     println!("ready");
     std::io::stdout().flush().map_err(|e| e.to_string())?;

@@ -482,3 +482,35 @@ fn a_kept_flow_shares_its_names_and_allocates_nothing_of_its_own() {
         std::mem::size_of::<Flow>()
     );
 }
+
+#[test]
+fn on_demand_connections_are_followed_while_a_reader_asks_and_a_while_after() {
+    let store = FlowStore::new(16);
+    let linger = Duration::from_secs(600);
+    let demand = Following::OnDemand { linger };
+    store.set_following(demand, None);
+    let start = Instant::now();
+    // Nobody asked yet: the kernel is not to report connections.
+    assert!(!store.wanted(demand, start));
+    assert!(store.wanted(Following::Always, start));
+    // A reader asks: the answer says so, and that nothing is followed yet.
+    let first = store.query(&FlowFilter::default(), 10);
+    assert!(first.on_demand);
+    assert_eq!(first.following_since, None);
+    let asked = Instant::now();
+    assert!(store.wanted(demand, asked));
+    assert!(store.wanted(demand, asked + linger - Duration::from_secs(1)));
+    // Long after the last ask, no more.
+    assert!(!store.wanted(demand, asked + linger + Duration::from_secs(1)));
+    // Once followed, the answer says since when.
+    let since = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+    store.set_following(demand, Some(since));
+    let now = store.query(&FlowFilter::default(), 10);
+    assert_eq!(
+        now.following_since.as_deref(),
+        Some(verdict_admin::time::rfc3339_micro(since).as_str())
+    );
+    // Always (`--flows`): the answer does not say "on demand".
+    store.set_following(Following::Always, Some(since));
+    assert!(!store.query(&FlowFilter::default(), 10).on_demand);
+}

@@ -142,9 +142,15 @@ pub fn run(addr: SocketAddr, target: &str, output: Output, follow: bool) -> anyh
                     page.evicted,
                     page.not_recorded
                 );
+                if let Some(note) = following_note(&page) {
+                    println!("{note}");
+                }
             }
         }
         return Ok(());
+    }
+    if let (Some(note), Output::Text) = (following_note(&page), output) {
+        eprintln!("verdict flows: {note}");
     }
     print(&page.flows, output)?;
     let mut last = page.last_seq;
@@ -161,6 +167,20 @@ pub fn run(addr: SocketAddr, target: &str, output: Output, follow: bool) -> anyh
         print(&page.flows, output)?;
         last = last.max(page.last_seq);
     }
+}
+
+/// What the answer says of forwarded connections recorded on demand
+/// (none when they are recorded always).
+fn following_note(page: &FlowsAnswer) -> Option<String> {
+    if !page.on_demand {
+        return None;
+    }
+    Some(match &page.following_since {
+        Some(since) => format!(
+            "forwarded connections recorded since {since}, while flows are read (verdict run --flows records them always); rejected and dropped ones always"
+        ),
+        None => "forwarded connections are recorded while flows are read, from within a second of now (verdict run --flows records them always); rejected and dropped ones always".to_owned(),
+    })
 }
 
 /// What a follower asks for after the first page: everything new, up to
