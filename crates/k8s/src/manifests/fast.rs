@@ -102,6 +102,7 @@ impl<'a> Documents<'a> {
         let restart = from.checked_sub(1).map_or(0, |m| self.lines[m].0);
         let mut block = Block {
             lines: &self.lines[..end],
+            text_len: self.text.len(),
             at: from,
             depth: 0,
         };
@@ -138,6 +139,9 @@ const MAX_DEPTH: usize = 128;
 /// The lines of one document, read by recursive descent on indentation.
 struct Block<'l, 'a> {
     lines: &'l [(usize, &'a str)],
+    /// The whole text's length: a line that ends where the text does has
+    /// no line break (every other one has).
+    text_len: usize,
     at: usize,
     /// Collections open around the current line.
     depth: usize,
@@ -347,7 +351,14 @@ impl<'a> Block<'_, 'a> {
         }
         let kept = text.trim_end_matches('\n').len();
         text.truncate(kept);
-        if !strip && !text.is_empty() {
+        // Clipped, the last line keeps its line break, if it has one: the
+        // text may end right after it.
+        let broken = lines
+            .iter()
+            .rev()
+            .find(|l| !l.1.trim_start_matches(' ').is_empty())
+            .is_some_and(|&(at, line)| at + line.len() < self.text_len);
+        if !strip && broken {
             text.push('\n');
         }
         Some(Value::String(text))
@@ -726,6 +737,11 @@ ports:
         same("a: |+\n  kept\n\n", 0);
         same("a: |2\n   indented\n", 0);
         same("a: |\n  # not a comment\n  x\n", 1);
+        // The text ends right after the block: no line break to keep.
+        same("a: |\n  text", 1);
+        same("a:\n- |\n  # hash\n  text", 1);
+        same("a: |\n  text\n  ", 1);
+        same("a: |-\n  text", 1);
     }
 
     #[test]
