@@ -188,6 +188,21 @@ impl ServiceChangeTracker {
     /// Applies pending changes to `map`; returns the services touched.
     pub fn apply(&mut self, map: &mut ServicePortMap) -> ServiceUpdateResult {
         let mut result = ServiceUpdateResult::default();
+        if map.is_empty() {
+            // The first sync: every pending change is a service added.
+            // Its ports come in name order, services in name order, so the
+            // map and the set are built in one piece each, not inserted
+            // into one entry at a time.
+            let mut names = Vec::with_capacity(self.items.len());
+            let mut ports = Vec::new();
+            for (name, change) in std::mem::take(&mut self.items) {
+                ports.extend(change.current);
+                names.push(name);
+            }
+            *map = ports.into_iter().collect();
+            result.updated_services = names.into_iter().collect();
+            return result;
+        }
         let compact = crate::worth_compacting(self.items.len(), map.len());
         for (name, change) in std::mem::take(&mut self.items) {
             take_service(map, &name);
@@ -293,6 +308,31 @@ impl EndpointsChangeTracker {
             last_change_trigger_times: std::mem::take(&mut self.trigger_times),
             ..Default::default()
         };
+        if map.is_empty() {
+            // The first sync: nothing was there, so nothing is deleted, and
+            // the map and the set are built in one piece each (services and
+            // their ports in name order), not inserted into one at a time.
+            let compact = crate::worth_compacting(self.pending.len(), 0);
+            let mut names = Vec::with_capacity(self.pending.len());
+            let mut entries = Vec::new();
+            for service in std::mem::take(&mut self.pending) {
+                let current = self.cache.endpoints_for(&service);
+                if current.is_empty() {
+                    continue;
+                }
+                if current.keys().any(|k| k.protocol == Protocol::Udp) {
+                    result.conntrack_cleanup_required = true;
+                }
+                entries.extend(current);
+                names.push(service);
+            }
+            *map = entries.into_iter().collect();
+            result.updated_services = names.into_iter().collect();
+            if compact {
+                self.cache.compact();
+            }
+            return result;
+        }
         let compact = crate::worth_compacting(self.pending.len(), map.len());
         for service in std::mem::take(&mut self.pending) {
             let previous = take_service(map, &service);
@@ -981,5 +1021,93 @@ mod tests {
             map.values().copied().collect::<BTreeSet<_>>(),
             BTreeSet::from([3, 4, 5])
         );
+    }
+
+    #[test]
+    fn the_first_apply_builds_what_applying_change_by_change_builds() {
+        // The same events into two pairs of trackers: one applies them to
+        // an empty map (the first sync's path), the other to a map that
+        // holds another service (one change at a time), which is then
+        // taken out again.
+        let (mut st_a, mut st_b) = (
+            ServiceChangeTracker::new(IpFamily::V4),
+            ServiceChangeTracker::new(IpFamily::V4),
+        );
+        let (mut et_a, mut et_b) = (
+            EndpointsChangeTracker::new(IpFamily::V4, "node1"),
+            EndpointsChangeTracker::new(IpFamily::V4, "node1"),
+        );
+        for i in 0..1_500 {
+            let name = format!("s{i:04}");
+            let s = svc(
+                &name,
+                &format!("172.30.{}.{}", i / 200, i % 200 + 1),
+                80 + i % 3,
+            );
+            let protocol = if i % 7 == 0 {
+                Protocol::Udp
+            } else {
+                Protocol::Tcp
+            };
+            let mut sl = slice(
+                &name,
+                &format!("{name}-1"),
+                8080,
+                protocol,
+                // Some without endpoints, one address twice.
+                (0..i % 4)
+                    .map(|k| sep(&format!("10.1.{}.{}", i / 200, k % 3 + 1)))
+                    .collect(),
+            );
+            if i % 11 == 0 {
+                sl.last_change_trigger_time = Some(format!("2026-12-05T17:00:{:02}Z", i % 60));
+            }
+            for (st, et) in [(&mut st_a, &mut et_a), (&mut st_b, &mut et_b)] {
+                st.update(None, Some(&s));
+                et.update(&sl, false);
+                if i % 13 == 0 {
+                    // Gone again before the sync.
+                    st.update(Some(&s), None);
+                    et.update(&sl, true);
+                }
+            }
+        }
+        let other = spn("zz-other", Protocol::Tcp);
+        let (mut sm_a, mut sm_b) = (ServicePortMap::new(), ServicePortMap::new());
+        let mut t = ServiceChangeTracker::new(IpFamily::V4);
+        t.update(None, Some(&svc("zz-other", "172.30.99.1", 80)));
+        t.apply(&mut sm_b);
+        assert!(sm_b.contains_key(&other));
+        let (ra, rb) = (st_a.apply(&mut sm_a), st_b.apply(&mut sm_b));
+        sm_b.remove(&other);
+        assert_eq!(ra, rb);
+        assert_eq!(sm_a, sm_b);
+        assert!(
+            ra.updated_services.len() > 1_000,
+            "{}",
+            ra.updated_services.len()
+        );
+
+        let (mut em_a, mut em_b) = (EndpointsMap::new(), EndpointsMap::new());
+        em_b.insert(other.clone(), Arc::from(Vec::new()));
+        let (ra, rb) = (et_a.apply(&mut em_a), et_b.apply(&mut em_b));
+        em_b.remove(&other);
+        assert_eq!(ra, rb);
+        assert_eq!(em_a, em_b);
+        assert!(ra.conntrack_cleanup_required);
+        assert!(!ra.last_change_trigger_times.is_empty());
+        assert!(em_a.len() > 1_000, "{}", em_a.len());
+        // And both go on the same from there.
+        let gone = slice(
+            "s0001",
+            "s0001-1",
+            8080,
+            Protocol::Tcp,
+            vec![sep("10.1.0.2")],
+        );
+        et_a.update(&gone, true);
+        et_b.update(&gone, true);
+        assert_eq!(et_a.apply(&mut em_a), et_b.apply(&mut em_b));
+        assert_eq!(em_a, em_b);
     }
 }
