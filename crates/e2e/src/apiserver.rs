@@ -176,6 +176,9 @@ struct Store {
     /// Streaming lists (`sendInitialEvents`, WatchList) are refused, as by
     /// an API server with the WatchList feature off.
     no_watch_list: bool,
+    /// Streaming lists start, then fail with an `ERROR` event (code 500),
+    /// as on an API server whose etcd lacks RequestWatchProgress.
+    watch_list_unsupported_storage: bool,
     /// Silent: open watches send nothing (no events, no bookmarks) and
     /// new requests are read but not answered, as a server or a path to it
     /// that hangs without closing the connection.
@@ -369,6 +372,13 @@ impl FakeApiServer {
         self.shared.lock().no_watch_list = !served;
     }
 
+    /// Answers streaming lists with 200, then an `ERROR` event with code
+    /// 500 (`true`), as an API server 1.36 on etcd 3.4.23 (no
+    /// RequestWatchProgress) does; `false` serves them again.
+    pub fn set_watch_list_storage_error(&self, failing: bool) {
+        self.shared.lock().watch_list_unsupported_storage = failing;
+    }
+
     /// Goes silent (see `silent`) or speaks again.
     pub fn set_silent(&self, silent: bool) {
         self.shared.lock().silent = silent;
@@ -390,7 +400,8 @@ impl FakeApiServer {
     /// line: `ok <resourceVersion>` or `error <message>`. Commands:
     /// `{"apply": OBJECT}`, `{"delete": {"kind", "namespace", "name"}}`,
     /// `{"expire": true}`, `{"served": {"kind", "served"}}`,
-    /// `{"watch_list": false}`, `{"silent": true}`, `{"requests": true}`,
+    /// `{"watch_list": false}`, `{"watch_list_storage_error": true}`,
+    /// `{"silent": true}`, `{"requests": true}`,
     /// `{"user_agents": true}`,
     /// `{"events": true}` (answer `ok <json array>`),
     /// `{"deny": {"verb", "resource"}}` (SelfSubjectAccessReviews of it
@@ -424,6 +435,9 @@ impl FakeApiServer {
             Ok(self.resource_version())
         } else if let Some(d) = v.get("watch_list") {
             self.set_watch_list(d.as_bool().unwrap_or(true));
+            Ok(self.resource_version())
+        } else if let Some(d) = v.get("watch_list_storage_error") {
+            self.set_watch_list_storage_error(d.as_bool().unwrap_or(false));
             Ok(self.resource_version())
         } else if v.get("requests").is_some() {
             return format!("ok {}", json!(self.requests()));
@@ -573,6 +587,11 @@ impl ApiServerProcess {
     /// Serves streaming lists, or refuses them with 422.
     pub fn set_watch_list(&mut self, served: bool) -> Result<String, String> {
         self.command(&json!({"watch_list": served}))
+    }
+
+    /// Fails streaming lists after their 200, as on etcd 3.4.23.
+    pub fn set_watch_list_storage_error(&mut self, failing: bool) -> Result<String, String> {
+        self.command(&json!({"watch_list_storage_error": failing}))
     }
 
     /// The request lines received so far.
@@ -1047,11 +1066,42 @@ fn watch(
         "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
     )?;
     let deadline = Instant::now() + timeout;
+    let asked = q("resourceVersion");
+    if initial_events && shared.lock().watch_list_unsupported_storage {
+        // As an API server whose etcd has no RequestWatchProgress (etcd
+        // before 3.4.31 and 3.5.13): the stream starts, then fails.
+        chunk(
+            &mut conn,
+            &json!({"type": "ERROR", "object": status(500, "InternalError",
+                "a watch stream was requested by the client but the required storage feature RequestWatchProgress is disabled")}),
+        )?;
+        return write!(conn, "0\r\n\r\n");
+    }
     let mut s = shared.lock();
     let epoch = s.epoch;
-    let mut cursor = match q("resourceVersion").as_str() {
-        // "Any": start with the current state as ADDED events.
-        "" | "0" => {
+    // A streaming list from a version: the state no older than it, so the
+    // current one, unless the version is not there yet.
+    let start_with_state = match asked.parse::<u64>() {
+        _ if asked.is_empty() || asked == "0" => true,
+        Ok(v) if initial_events && v > s.rv => {
+            let msg = format!("Too large resource version: {v}, current: {}", s.rv);
+            drop(s);
+            chunk(
+                &mut conn,
+                &json!({"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1",
+                    "status": "Failure", "message": format!("Timeout: {msg}"), "reason": "Timeout",
+                    "details": {"causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}]},
+                    "code": 504}}),
+            )?;
+            return write!(conn, "0\r\n\r\n");
+        }
+        Ok(_) => initial_events,
+        Err(_) => false,
+    };
+    let mut cursor = match asked.as_str() {
+        // "Any", or a streaming list: start with the current state as
+        // ADDED events.
+        _ if start_with_state => {
             let current: Vec<Arc<str>> = s
                 .objects
                 .iter()

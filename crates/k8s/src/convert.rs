@@ -1,21 +1,19 @@
-//! Kubernetes API objects to verdict's model: only the fields kube-proxy
-//! reads, with the labels it honours.
+//! Kubernetes API objects ([`crate::objects`]) to verdict's model: only
+//! the fields kube-proxy reads, with the labels it honours.
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1 as core;
-use k8s_openapi::api::discovery::v1 as discovery;
-use k8s_openapi::api::networking::v1 as networking;
 use verdict_model::{
     AddressType, EndpointHints, EndpointSlice, LoadBalancerIngress, LoadBalancerIpMode, Protocol,
     Service, ServicePortSpec, ServiceType, SessionAffinity, SliceEndpoint, SlicePort,
     TrafficPolicy,
 };
 
+use crate::objects;
+pub use crate::objects::ANNOTATION_TRIGGER_TIME;
+
 /// The EndpointSlice label naming its Service.
 pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
-/// The annotation carrying when the endpoints last changed.
-pub const ANNOTATION_TRIGGER_TIME: &str = "endpoints.kubernetes.io/last-change-trigger-time";
 /// The Node label holding its topology zone.
 pub const LABEL_ZONE: &str = "topology.kubernetes.io/zone";
 
@@ -31,14 +29,17 @@ fn policy(p: Option<&str>) -> TrafficPolicy {
 }
 
 /// A Service as the proxier sees it.
-pub fn service(svc: &core::Service) -> Service {
-    let meta = &svc.metadata;
-    let spec = svc.spec.clone().unwrap_or_default();
-    let mut cluster_ips = spec.cluster_ips.clone().unwrap_or_default();
+pub fn service(svc: objects::Service) -> Service {
+    let objects::Service {
+        metadata: meta,
+        spec,
+        status,
+    } = svc;
+    let mut cluster_ips = spec.cluster_ips;
     if cluster_ips.is_empty()
-        && let Some(ip) = &spec.cluster_ip
+        && let Some(ip) = spec.cluster_ip
     {
-        cluster_ips.push(ip.clone());
+        cluster_ips.push(ip);
     }
     let service_type = match spec.type_.as_deref() {
         Some("NodePort") => ServiceType::NodePort,
@@ -52,15 +53,11 @@ pub fn service(svc: &core::Service) -> Service {
     };
     let timeout = spec
         .session_affinity_config
-        .as_ref()
-        .and_then(|c| c.client_ip.as_ref())
+        .and_then(|c| c.client_ip)
         .and_then(|c| c.timeout_seconds);
-    let ingress = svc
-        .status
-        .as_ref()
-        .and_then(|s| s.load_balancer.as_ref())
-        .and_then(|lb| lb.ingress.clone())
-        .unwrap_or_default()
+    let ingress = status
+        .load_balancer
+        .ingress
         .into_iter()
         .map(|i| LoadBalancerIngress {
             ip: i.ip,
@@ -74,14 +71,13 @@ pub fn service(svc: &core::Service) -> Service {
         })
         .collect();
     Service {
-        namespace: meta.namespace.clone().unwrap_or_default(),
-        name: meta.name.clone().unwrap_or_default(),
-        labels: meta.labels.clone().unwrap_or_default(),
+        namespace: meta.namespace,
+        name: meta.name,
+        labels: meta.labels,
         service_type,
         cluster_ips,
         ports: spec
             .ports
-            .unwrap_or_default()
             .into_iter()
             .map(|p| ServicePortSpec {
                 name: p.name.unwrap_or_default(),
@@ -90,8 +86,8 @@ pub fn service(svc: &core::Service) -> Service {
                 node_port: p.node_port,
             })
             .collect(),
-        external_ips: spec.external_ips.unwrap_or_default(),
-        load_balancer_source_ranges: spec.load_balancer_source_ranges.unwrap_or_default(),
+        external_ips: spec.external_ips,
+        load_balancer_source_ranges: spec.load_balancer_source_ranges,
         load_balancer_ingress: ingress,
         session_affinity: affinity,
         session_affinity_timeout_seconds: timeout,
@@ -103,43 +99,44 @@ pub fn service(svc: &core::Service) -> Service {
 }
 
 /// An EndpointSlice as the proxier sees it.
-pub fn slice(s: &discovery::EndpointSlice) -> EndpointSlice {
-    let meta = &s.metadata;
-    let labels = meta.labels.clone().unwrap_or_default();
-    let address_type = match s.address_type.as_str() {
+pub fn slice(s: objects::EndpointSlice) -> EndpointSlice {
+    let objects::EndpointSlice {
+        metadata: mut meta,
+        address_type,
+        endpoints,
+        ports,
+    } = s;
+    let address_type = match address_type.as_str() {
         "IPv4" => AddressType::IPv4,
         "IPv6" => AddressType::IPv6,
         _ => AddressType::Fqdn,
     };
     EndpointSlice {
-        namespace: meta.namespace.clone().unwrap_or_default(),
-        name: meta.name.clone().unwrap_or_default(),
-        service_name: labels.get(LABEL_SERVICE_NAME).cloned(),
+        service_name: meta.labels.remove(LABEL_SERVICE_NAME),
+        namespace: meta.namespace,
+        name: meta.name,
         address_type,
-        endpoints: s
-            .endpoints
-            .iter()
+        endpoints: endpoints
+            .into_iter()
             .map(|e| {
-                let c = e.conditions.clone().unwrap_or_default();
+                let c = e.conditions;
                 SliceEndpoint {
-                    addresses: e.addresses.clone(),
+                    addresses: e.addresses,
                     ready: c.ready,
                     serving: c.serving,
                     terminating: c.terminating,
-                    node_name: e.node_name.clone(),
-                    zone: e.zone.clone(),
-                    target_name: e.target_ref.as_ref().and_then(|t| t.name.clone()),
-                    hints: e.hints.as_ref().map(|h| EndpointHints {
+                    node_name: e.node_name,
+                    zone: e.zone,
+                    target_name: e.target_ref.and_then(|t| t.name),
+                    hints: e.hints.map(|h| EndpointHints {
                         for_zones: h
                             .for_zones
-                            .clone()
                             .unwrap_or_default()
                             .into_iter()
                             .map(|z| z.name)
                             .collect(),
                         for_nodes: h
                             .for_nodes
-                            .clone()
                             .unwrap_or_default()
                             .into_iter()
                             .map(|n| n.name)
@@ -148,10 +145,7 @@ pub fn slice(s: &discovery::EndpointSlice) -> EndpointSlice {
                 }
             })
             .collect(),
-        ports: s
-            .ports
-            .clone()
-            .unwrap_or_default()
+        ports: ports
             .into_iter()
             .map(|p| SlicePort {
                 name: p.name,
@@ -159,11 +153,7 @@ pub fn slice(s: &discovery::EndpointSlice) -> EndpointSlice {
                 protocol: protocol(p.protocol.as_deref()),
             })
             .collect(),
-        last_change_trigger_time: meta
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(ANNOTATION_TRIGGER_TIME))
-            .cloned(),
+        last_change_trigger_time: meta.annotations.last_change_trigger_time,
     }
 }
 
@@ -188,62 +178,55 @@ pub struct NodeInfo {
 }
 
 /// A Node's facts.
-pub fn node_info(n: &core::Node) -> NodeInfo {
-    let labels = n.metadata.labels.clone().unwrap_or_default();
-    let addrs = n
-        .status
-        .as_ref()
-        .and_then(|s| s.addresses.clone())
-        .unwrap_or_default();
-    let mut addresses: Vec<String> = addrs
-        .iter()
-        .filter(|a| a.type_ == "InternalIP")
-        .map(|a| a.address.clone())
-        .collect();
-    if addresses.is_empty() {
-        addresses = addrs
+pub fn node_info(n: objects::Node) -> NodeInfo {
+    let objects::Node {
+        metadata: meta,
+        spec,
+        status,
+    } = n;
+    let of_type = |t: &str| -> Vec<String> {
+        status
+            .addresses
             .iter()
-            .filter(|a| a.type_ == "ExternalIP")
+            .filter(|a| a.type_ == t)
             .map(|a| a.address.clone())
-            .collect();
+            .collect()
+    };
+    let mut addresses = of_type("InternalIP");
+    if addresses.is_empty() {
+        addresses = of_type("ExternalIP");
     }
-    let spec = n.spec.clone().unwrap_or_default();
-    let mut pod_cidrs = spec.pod_cidrs.clone().unwrap_or_default();
+    let mut pod_cidrs = spec.pod_cidrs;
     if pod_cidrs.is_empty()
-        && let Some(c) = spec.pod_cidr.clone()
+        && let Some(c) = spec.pod_cidr
     {
         pod_cidrs.push(c);
     }
     let tainted = spec
         .taints
-        .unwrap_or_default()
         .iter()
         .any(|t| t.key == "ToBeDeletedByClusterAutoscaler");
     NodeInfo {
-        name: n.metadata.name.clone().unwrap_or_default(),
+        name: meta.name,
         addresses,
         pod_cidrs,
-        zone: labels.get(LABEL_ZONE).cloned(),
-        labels,
-        being_deleted: n.metadata.deletion_timestamp.is_some() || tainted,
+        zone: meta.labels.get(LABEL_ZONE).cloned(),
+        labels: meta.labels,
+        being_deleted: meta.deletion_timestamp || tainted,
     }
 }
 
 /// A ServiceCIDR's ranges (`spec.cidrs`); ones that do not parse are
 /// skipped with a warning (the API server validates them, so this is a
 /// corrupt object).
-pub fn service_cidrs(c: &networking::ServiceCIDR) -> Vec<ipnet::IpNet> {
-    let cidrs = c
-        .spec
-        .as_ref()
-        .and_then(|s| s.cidrs.clone())
-        .unwrap_or_default();
-    cidrs
+pub fn service_cidrs(c: &objects::ServiceCidr) -> Vec<ipnet::IpNet> {
+    c.spec
+        .cidrs
         .iter()
         .filter_map(|s| match s.parse() {
             Ok(n) => Some(n),
             Err(e) => {
-                tracing::warn!(servicecidr = ?c.metadata.name, cidr = %s, error = %e, "ignoring an invalid ServiceCIDR range");
+                tracing::warn!(servicecidr = %c.metadata.name, cidr = %s, error = %e, "ignoring an invalid ServiceCIDR range");
                 None
             }
         })

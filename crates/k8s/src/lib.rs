@@ -20,6 +20,8 @@ pub mod client;
 pub mod convert;
 pub mod events;
 pub mod manifests;
+pub mod objects;
+pub mod reflector;
 pub mod review;
 pub mod validate;
 pub mod watch;

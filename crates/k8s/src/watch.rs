@@ -1,4 +1,4 @@
-//! The Kubernetes API source: kube-rs watchers for Services,
+//! The Kubernetes API source: a [`Reflector`] for each of Services,
 //! EndpointSlices, this node's Node and (where served) ServiceCIDRs, turned
 //! into [`Update`]s for the daemon.
 //!
@@ -11,31 +11,30 @@
 //!   takes in the objects while the rest are still being listed and
 //!   decoded (it programs nothing before [`Update::Synced`] anyway). The
 //!   ServiceCIDRs, which may first be listed after that, are not.
-//! - A relist (after a watch expired with 410 Gone, or a reconnect) is
-//!   buffered until it is complete and then reported as the difference from
-//!   what was known: objects still there are not deleted and re-added, so no
-//!   valid rule is dropped, and objects that disappeared while nobody was
+//! - A relist (after a watch expired with 410 Gone) is buffered until it
+//!   is complete and then reported as the difference from what was
+//!   known: objects still there are not deleted and re-added, so no valid
+//!   rule is dropped, and objects that disappeared while nobody was
 //!   watching are deleted.
+//! - An object that cannot be decoded changes nothing: what was known of
+//!   it stays, and its deletion is still seen.
 //! - Disconnects are retried with backoff; until a watch is back, the last
-//!   known state stays programmed.
+//!   known state stays programmed. How each request is made:
+//!   [`crate::reflector`].
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::mpsc::Sender;
 use std::time::Duration;
 
-use futures::{FutureExt, Stream, StreamExt};
 use ipnet::IpNet;
-use k8s_openapi::api::core::v1 as core;
-use k8s_openapi::api::discovery::v1 as discovery;
-use k8s_openapi::api::networking::v1 as networking;
-use kube::api::{Api, ListParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::runtime::watcher::{self, Event};
-use kube::{Client, Config, ResourceExt};
+use kube::{Client, Config};
 use verdict_model::{EndpointSlice, LABEL_HEADLESS, LABEL_SERVICE_PROXY_NAME, Service};
 
 use crate::convert::{NodeInfo, node_info, service, service_cidrs, slice};
+use crate::objects::{self, Object};
+use crate::reflector::{Collection, Event, Reflector, Sink};
 
 /// Namespace and name of an object.
 pub type Key = (String, String);
@@ -176,7 +175,9 @@ pub(crate) async fn client_config(src: &ApiSource) -> Result<Config, SourceError
 #[derive(Debug)]
 pub struct Mirror<T> {
     known: BTreeMap<Box<str>, Version>,
-    relisting: Option<BTreeMap<Key, (String, T)>>,
+    /// A relist under way: what it listed so far (`None`: an object that
+    /// did not decode).
+    relisting: Option<BTreeMap<Key, (String, Option<T>)>>,
     /// The initial list, passed on object by object as it comes: what it
     /// has listed so far (it becomes `known` once complete).
     streaming: Option<BTreeMap<Box<str>, Version>>,
@@ -260,6 +261,10 @@ pub enum Seen<T> {
     Applied(Key, Versioned<T>),
     /// An object was deleted.
     Deleted(Key),
+    /// An object that did not decode, with its version (`listed`: in a
+    /// list): what was known of it stays as it was, but its key and
+    /// version are known (a later deletion is passed on).
+    Skipped(Key, String, bool),
 }
 
 impl<T> Mirror<T> {
@@ -314,9 +319,25 @@ impl<T> Mirror<T> {
                 }
             }
             Seen::Listed(key, obj) => {
-                if let (Some(buf), Some(obj)) = (&mut self.relisting, obj) {
-                    buf.insert(key, obj);
+                if let (Some(buf), Some((version, obj))) = (&mut self.relisting, obj) {
+                    buf.insert(key, (version, Some(obj)));
                 }
+                Vec::new()
+            }
+            Seen::Skipped(key, version, true) if self.streaming.is_some() => {
+                if let Some(streamed) = &mut self.streaming {
+                    streamed.insert(joined(&key), Version::of(&version));
+                }
+                Vec::new()
+            }
+            Seen::Skipped(key, version, true) => {
+                if let Some(buf) = &mut self.relisting {
+                    buf.insert(key, (version, None));
+                }
+                Vec::new()
+            }
+            Seen::Skipped(key, version, false) => {
+                self.known.insert(joined(&key), Version::of(&version));
                 Vec::new()
             }
             Seen::ListDone if self.streaming.is_some() => {
@@ -340,7 +361,10 @@ impl<T> Mirror<T> {
                 for (k, (version, obj)) in fresh {
                     let name = joined(&k);
                     let version = Version::of(&version);
-                    if self.known.remove(&name).as_ref() != Some(&version) {
+                    let was = self.known.remove(&name);
+                    if let Some(obj) = obj
+                        && was.as_ref() != Some(&version)
+                    {
                         changed.push((k, Some(obj)));
                     }
                     known.insert(name, version);
@@ -371,29 +395,58 @@ impl<T> Mirror<T> {
     }
 }
 
-fn key_of<K: ResourceExt>(o: &K) -> Key {
-    (o.namespace().unwrap_or_default(), o.name_any())
+/// An object's key.
+fn key_of(m: &objects::Meta) -> Key {
+    (m.namespace.clone(), m.name.clone())
 }
 
-fn seen<K: ResourceExt, T>(e: Event<K>, convert: impl Fn(&K) -> Option<T>) -> Seen<T> {
-    let versioned = |o: &K| convert(o).map(|t| (o.resource_version().unwrap_or_default(), t));
+/// A reflector's event as the mirror takes it: `convert` makes the
+/// proxier's object (`None`: one the proxy does not use).
+fn seen<O: Object, T>(e: Event<O>, convert: impl Fn(O) -> Option<T>) -> Seen<T> {
+    let versioned = |o: O| {
+        let key = key_of(o.meta());
+        let version = o.meta().resource_version.clone();
+        (key, convert(o).map(|t| (version, t)))
+    };
     match e {
-        Event::Init => Seen::ListStart,
-        Event::InitApply(o) => Seen::Listed(key_of(&o), versioned(&o)),
-        Event::InitDone => Seen::ListDone,
-        Event::Apply(o) => Seen::Applied(key_of(&o), versioned(&o)),
-        Event::Delete(o) => Seen::Deleted(key_of(&o)),
+        Event::ListStart => Seen::ListStart,
+        Event::Listed(o) => {
+            let (k, v) = versioned(o);
+            Seen::Listed(k, v)
+        }
+        Event::ListDone => Seen::ListDone,
+        Event::Applied(o) => {
+            let (k, v) = versioned(o);
+            Seen::Applied(k, v)
+        }
+        Event::Deleted(k) => Seen::Deleted(k),
+        Event::Skipped {
+            key,
+            version,
+            listed,
+        } => Seen::Skipped(key, version, listed),
     }
 }
 
-/// Watcher events of every kind, on one stream. Each is consumed as soon
-/// as it arrives, so the size difference between variants costs nothing.
-#[allow(clippy::large_enum_variant)]
+/// The events of every reflector, on one channel.
+#[derive(Debug)]
 enum Watched {
-    Service(Result<Event<core::Service>, watcher::Error>),
-    Slice(Result<Event<discovery::EndpointSlice>, watcher::Error>),
-    Node(Result<Event<core::Node>, watcher::Error>),
-    Cidr(Result<Event<networking::ServiceCIDR>, watcher::Error>),
+    Service(Event<objects::Service>),
+    Slice(Event<objects::EndpointSlice>),
+    Node(Event<objects::Node>),
+    Cidr(Event<objects::ServiceCidr>),
+}
+
+/// A reflector's sink: its events, wrapped, onto the shared channel.
+struct Forward<F> {
+    tx: tokio::sync::mpsc::Sender<Watched>,
+    wrap: F,
+}
+
+impl<O, F: Fn(Event<O>) -> Watched> Sink<O> for Forward<F> {
+    async fn send(&mut self, e: Event<O>) -> Result<(), ()> {
+        self.tx.send((self.wrap)(e)).await.map_err(|_| ())
+    }
 }
 
 /// Connects to the API server and starts watching; updates go to `tx`, in
@@ -428,80 +481,19 @@ const CHECK_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often an API server that does not serve ServiceCIDRs (or does not let
 /// verdict list them) is asked again, say after an upgrade.
 const RECHECK_EVERY: Duration = Duration::from_secs(600);
-/// Watches last between this many seconds and twice as long (chosen at
-/// random for each watch, as client-go's reflectors do, so that a
-/// thousand nodes do not come back at once), then are resumed from their
-/// last resourceVersion.
-const MIN_WATCH_TIMEOUT_SECS: u32 = 300;
 /// A response silent for this long is abandoned (a list or a watch): the
 /// API server sends every watch a bookmark each minute.
 pub const READ_TIMEOUT: Duration = Duration::from_secs(75);
-/// The first wait before a failed list or watch is tried again; it
-/// doubles with each failure up to [`MAX_BACKOFF`] and starts again after
-/// a success.
-const FIRST_BACKOFF: Duration = Duration::from_millis(500);
-/// The longest wait between two tries: once the API server is back, the
-/// watches are within this of it.
-pub const MAX_BACKOFF: Duration = Duration::from_secs(4);
-
-/// A number from the process's random keys (no generator needed for
-/// spreading timeouts).
-fn random() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(0);
-    h.finish()
-}
-
-/// A watch timeout between [`MIN_WATCH_TIMEOUT_SECS`] and twice that.
-fn watch_timeout() -> u32 {
-    MIN_WATCH_TIMEOUT_SECS + (random() % u64::from(MIN_WATCH_TIMEOUT_SECS)) as u32
-}
-
-/// Exponential back-off from [`FIRST_BACKOFF`] to [`MAX_BACKOFF`], each
-/// wait shortened by up to a fifth at random; reset by every success.
-#[derive(Debug)]
-pub struct Backoff {
-    next: Duration,
-}
-
-impl Default for Backoff {
-    fn default() -> Backoff {
-        Backoff {
-            next: FIRST_BACKOFF,
-        }
-    }
-}
-
-impl Iterator for Backoff {
-    type Item = Duration;
-
-    fn next(&mut self) -> Option<Duration> {
-        let wait = self.next;
-        self.next = (self.next * 2).min(MAX_BACKOFF);
-        let jitter = wait.mul_f64((random() % 1000) as f64 / 5000.0);
-        Some(wait - jitter)
-    }
-}
-
-impl kube::runtime::utils::Backoff for Backoff {
-    fn reset(&mut self) {
-        self.next = FIRST_BACKOFF;
-    }
-}
 
 /// Returns once the API server serves ServiceCIDRs (networking.k8s.io/v1)
 /// and lets verdict list them; until then it asks again now and then.
-async fn until_service_cidrs_served(client: Client) {
-    let api: Api<networking::ServiceCIDR> = Api::all(client);
+async fn until_service_cidrs_served(client: &Client) {
     let mut said = false;
     loop {
-        let wait = match tokio::time::timeout(
-            CHECK_TIMEOUT,
-            api.list(&ListParams::default().limit(1)),
-        )
-        .await
-        {
+        let request =
+            http::Request::get("/apis/networking.k8s.io/v1/servicecidrs?limit=1").body(Vec::new());
+        let Ok(request) = request else { return };
+        let wait = match tokio::time::timeout(CHECK_TIMEOUT, client.request_text(request)).await {
             Ok(Ok(_)) => return,
             Ok(Err(kube::Error::Api(s))) if s.code == 404 || s.code == 403 => {
                 if !said {
@@ -523,167 +515,84 @@ async fn until_service_cidrs_served(client: Client) {
     }
 }
 
-fn boxed<'a, T>(s: impl Stream<Item = T> + 'a) -> std::pin::Pin<Box<dyn Stream<Item = T> + 'a>> {
-    Box::pin(s)
-}
-
-type Watching<'a, K> = std::pin::Pin<Box<dyn Stream<Item = watcher::Result<Event<K>>> + Send + 'a>>;
-
-/// A watcher that lists as client-go's informers do: with a streaming list
-/// (a watch with `sendInitialEvents`, WatchList) where the API server
-/// serves one, else from its watch cache (`resourceVersion=0`). A server
-/// that refuses the first streaming list (400 or 422: WatchList off) gets
-/// lists from then on.
-///
-/// After a failure it waits ([`Backoff`]: 0.5 s doubling to 4 s) before
-/// trying again, and starts over from 0.5 s only once something came
-/// through. Not on kube-rs's `Event::Init`, which a list announces before
-/// its request is even sent: with it, a list that keeps failing (an API
-/// server down at start) was retried every 0.5 s for good.
-fn streamed_or_listed<K>(
-    api: Api<K>,
-    config: watcher::Config,
-    what: &'static str,
-) -> Watching<'static, K>
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
-    K::DynamicType: Default,
-{
-    let streaming: Watching<'static, K> = Box::pin(watcher::watcher(
-        api.clone(),
-        config.clone().streaming_lists(),
-    ));
-    let listing = move || -> Watching<'static, K> { Box::pin(watcher::watcher(api, config)) };
-    let state = (streaming, Some(listing), Pace::default(), None);
-    Box::pin(futures::stream::unfold(
-        state,
-        move |(mut current, mut fallback, mut pace, wait)| async move {
-            if let Some(wait) = wait {
-                tokio::time::sleep(wait).await;
-            }
-            loop {
-                let item = current.next().await?;
-                if let Err(watcher::Error::WatchStartFailed(kube::Error::Api(s))) = &item
-                    && !pace.worked
-                    && (s.code == 400 || s.code == 422)
-                    && let Some(list) = fallback.take()
-                {
-                    tracing::info!(
-                        watch = what,
-                        code = s.code,
-                        "the API server does not serve streaming lists (WatchList): listing from its cache instead"
-                    );
-                    current = list();
-                    continue;
-                }
-                let wait = pace.after(&item);
-                return Some((item, (current, fallback, pace, wait)));
-            }
+/// The collections verdict watches, with kube-proxy's selectors.
+fn collections(node: &str) -> [Collection; 4] {
+    let (service_labels, service_fields) = service_selectors();
+    [
+        Collection {
+            what: "Services",
+            path: "/api/v1/services",
+            labels: Some(service_labels),
+            fields: Some(service_fields),
         },
-    ))
+        Collection {
+            what: "EndpointSlices",
+            path: "/apis/discovery.k8s.io/v1/endpointslices",
+            labels: Some(slice_selector()),
+            fields: None,
+        },
+        Collection {
+            what: "Node",
+            path: "/api/v1/nodes",
+            labels: None,
+            fields: Some(format!("metadata.name={node}")),
+        },
+        Collection {
+            what: "ServiceCIDRs",
+            path: "/apis/networking.k8s.io/v1/servicecidrs",
+            labels: None,
+            fields: None,
+        },
+    ]
 }
 
-/// When a watch tries again: after each failure, the next step of its
-/// [`Backoff`]; back to the first step once something came through (not
-/// kube-rs's `Event::Init`, which only announces a list).
-#[derive(Default)]
-struct Pace {
-    backoff: Backoff,
-    /// Something came through once.
-    worked: bool,
-}
-
-impl Pace {
-    /// How long to wait before asking for the next item after `item`.
-    fn after<K>(&mut self, item: &watcher::Result<Event<K>>) -> Option<Duration> {
-        match item {
-            Ok(Event::Init) => None,
-            Ok(_) => {
-                self.worked = true;
-                kube::runtime::utils::Backoff::reset(&mut self.backoff);
-                None
-            }
-            // 410 Gone is an answer, not a failure: the server is there
-            // and says to list again, at once (as client-go's reflector).
-            Err(watcher::Error::WatchError(s)) if s.code == 410 => {
-                kube::runtime::utils::Backoff::reset(&mut self.backoff);
-                None
-            }
-            Err(_) => self.backoff.next(),
-        }
-    }
-}
+/// Events in flight between the reflectors and the batcher.
+const IN_FLIGHT: usize = 4096;
 
 async fn watch_all(client: Client, node: String, tx: Sender<Vec<Update>>) {
-    let (service_labels, service_fields) = service_selectors();
-    let slice_labels = slice_selector();
-    // Lists are served from the API server's watch cache
-    // (`resourceVersion=0`, whole, not paged), as client-go's informers
-    // list, rather than read from etcd in pages of 500.
-    let base = || {
-        let mut c = watcher::Config::default()
-            .timeout(watch_timeout())
-            .any_semantic();
-        c.page_size = None;
-        c
+    let (events, mut rx) = tokio::sync::mpsc::channel(IN_FLIGHT);
+    let [services, slices, nodes, cidrs] = collections(&node);
+    let to_service = Forward {
+        tx: events.clone(),
+        wrap: Watched::Service,
     };
-    let cidr_client = client.clone();
-    let cidr_base = base();
-    let streams = vec![
-        boxed(
-            streamed_or_listed(
-                Api::<core::Service>::all(client.clone()),
-                base().labels(&service_labels).fields(&service_fields),
-                "Services",
-            )
-            .map(Watched::Service),
-        ),
-        boxed(
-            streamed_or_listed(
-                Api::<discovery::EndpointSlice>::all(client.clone()),
-                base().labels(&slice_labels),
-                "EndpointSlices",
-            )
-            .map(Watched::Slice),
-        ),
-        boxed(
-            streamed_or_listed(
-                Api::<core::Node>::all(client.clone()),
-                base().fields(&format!("metadata.name={node}")),
-                "Node",
-            )
-            .map(Watched::Node),
-        ),
-        // Not every API server serves ServiceCIDRs: this watch starts once
-        // it does, without holding up the others.
-        boxed(
-            futures::stream::once(until_service_cidrs_served(cidr_client.clone()))
-                .flat_map(move |()| {
-                    streamed_or_listed(
-                        Api::<networking::ServiceCIDR>::all(cidr_client.clone()),
-                        cidr_base.clone(),
-                        "ServiceCIDRs",
-                    )
-                })
-                .map(Watched::Cidr),
-        ),
-    ];
-    let mut all = futures::stream::select_all(streams);
+    tokio::spawn(Reflector::new(client.clone(), services).run(to_service));
+    let to_slice = Forward {
+        tx: events.clone(),
+        wrap: Watched::Slice,
+    };
+    tokio::spawn(Reflector::new(client.clone(), slices).run(to_slice));
+    let to_node = Forward {
+        tx: events.clone(),
+        wrap: Watched::Node,
+    };
+    tokio::spawn(Reflector::new(client.clone(), nodes).run(to_node));
+    // Not every API server serves ServiceCIDRs: this watch starts once it
+    // does, without holding up the others.
+    let cidr_sink = Forward {
+        tx: events.clone(),
+        wrap: Watched::Cidr,
+    };
+    tokio::spawn(async move {
+        until_service_cidrs_served(&client).await;
+        Reflector::new(client, cidrs).run(cidr_sink).await;
+    });
+    drop(events);
     let mut mirrors = Mirrors::new(node);
     let mut batch = Vec::new();
     loop {
         // Events already there join the batch (an initial list is one
         // event per object), up to `BATCH` changes; it is sent as soon as
         // nothing more is there.
-        let next = match all.next().now_or_never() {
-            Some(next) if batch.len() < BATCH => next,
+        let next = match rx.try_recv() {
+            Ok(w) if batch.len() < BATCH => Some(w),
             ready => {
                 if !batch.is_empty() && tx.send(std::mem::take(&mut batch)).is_err() {
                     return;
                 }
                 match ready {
-                    Some(next) => next,
-                    None => all.next().await,
+                    Ok(w) => Some(w),
+                    Err(_) => rx.recv().await,
                 }
             }
         };
@@ -713,8 +622,6 @@ struct Mirrors {
     /// The ranges of every ServiceCIDR object.
     cidr_values: BTreeMap<Key, Vec<IpNet>>,
     synced: bool,
-    /// Failures in a row of each watch since it last worked.
-    failing: BTreeMap<&'static str, u32>,
 }
 
 impl Mirrors {
@@ -727,47 +634,19 @@ impl Mirrors {
             cidrs: Mirror::default(),
             cidr_values: BTreeMap::new(),
             synced: false,
-            failing: BTreeMap::new(),
         }
     }
 
     fn take(&mut self, w: Watched) -> Vec<Update> {
         let mut out = Vec::new();
-        let what = match &w {
-            Watched::Service(_) => "Services",
-            Watched::Slice(_) => "EndpointSlices",
-            Watched::Node(_) => "Node",
-            Watched::Cidr(_) => "ServiceCIDRs",
-        };
-        let failed = match &w {
-            Watched::Service(r) => r.as_ref().err(),
-            Watched::Slice(r) => r.as_ref().err(),
-            Watched::Node(r) => r.as_ref().err(),
-            Watched::Cidr(r) => r.as_ref().err(),
-        };
-        match failed {
-            Some(e) => {
-                let n = self.failing.entry(what).or_default();
-                *n += 1;
-                log_error(what, e, *n);
-            }
-            // A list announces itself before its request is sent: only
-            // what came through says the watch works.
-            None if is_init(&w) => {}
-            None => {
-                if let Some(n) = self.failing.remove(what) {
-                    tracing::info!(watch = what, failures = n, "the watch works again");
-                }
-            }
-        }
         match w {
-            Watched::Service(Ok(e)) => out.extend(
+            Watched::Service(e) => out.extend(
                 self.services
                     .see(seen(e, |s| Some(service(s))))
                     .into_iter()
                     .map(|(k, v)| Update::Service(k, v)),
             ),
-            Watched::Slice(Ok(e)) => out.extend(
+            Watched::Slice(e) => out.extend(
                 self.slices
                     .see(seen(e, |s| {
                         Some(slice(s)).filter(|s| s.service_name.is_some())
@@ -775,7 +654,7 @@ impl Mirrors {
                     .into_iter()
                     .map(|(k, v)| Update::Slice(k, v)),
             ),
-            Watched::Node(Ok(e)) => {
+            Watched::Node(e) => {
                 let first = !self.nodes.listed();
                 let changes = self.nodes.see(seen(e, |n| Some(node_info(n))));
                 if first && self.nodes.listed() && self.nodes.is_empty() {
@@ -783,8 +662,8 @@ impl Mirrors {
                 }
                 out.extend(changes.into_iter().map(|(_, v)| Update::Node(v)));
             }
-            Watched::Cidr(Ok(e)) => {
-                let changes = self.cidrs.see(seen(e, |c| Some(service_cidrs(c))));
+            Watched::Cidr(e) => {
+                let changes = self.cidrs.see(seen(e, |c| Some(service_cidrs(&c))));
                 if !changes.is_empty() {
                     for (k, v) in changes {
                         match v {
@@ -799,10 +678,6 @@ impl Mirrors {
                     out.push(Update::ServiceCidrs(all));
                 }
             }
-            Watched::Service(Err(_))
-            | Watched::Slice(Err(_))
-            | Watched::Node(Err(_))
-            | Watched::Cidr(Err(_)) => {}
         }
         if !self.synced && self.services.listed() && self.slices.listed() && self.nodes.listed() {
             self.synced = true;
@@ -814,89 +689,6 @@ impl Mirrors {
             out.push(Update::Synced);
         }
         out
-    }
-}
-
-/// Whether `w` is kube-rs's announcement of a (re)list, which comes
-/// before the list's request.
-fn is_init(w: &Watched) -> bool {
-    matches!(
-        w,
-        Watched::Service(Ok(Event::Init))
-            | Watched::Slice(Ok(Event::Init))
-            | Watched::Node(Ok(Event::Init))
-            | Watched::Cidr(Ok(Event::Init))
-    )
-}
-
-/// One line per failure of a watch (one per back-off step): what failed
-/// and its root cause, without the client's internals.
-fn log_error(what: &str, e: &watcher::Error, in_a_row: u32) {
-    match e {
-        watcher::Error::WatchError(s) if s.code == 410 => {
-            tracing::info!(
-                watch = what,
-                "watch expired (410 Gone): relisting; rules stay as they are"
-            )
-        }
-        _ if answered(e) => tracing::warn!(
-            watch = what,
-            error = %brief(e),
-            failures = in_a_row,
-            "the API server refused the request; retrying with back-off, rules stay as they are"
-        ),
-        _ => tracing::warn!(
-            watch = what,
-            error = %brief(e),
-            failures = in_a_row,
-            "cannot reach the API server; retrying with back-off, rules stay as they are"
-        ),
-    }
-}
-
-/// Whether the API server answered (with an error status), rather than
-/// could not be reached.
-fn answered(e: &watcher::Error) -> bool {
-    use watcher::Error as W;
-    match e {
-        W::InitialListFailed(k) | W::WatchStartFailed(k) | W::WatchFailed(k) => {
-            matches!(k, kube::Error::Api(_))
-        }
-        W::WatchError(_) => true,
-        _ => false,
-    }
-}
-
-/// What failed, and why, in a few words: `list: Connection refused (os
-/// error 111)`, `watch: 403 Forbidden: services is forbidden …`.
-pub fn brief(e: &watcher::Error) -> String {
-    use watcher::Error as W;
-    let (step, inner) = match e {
-        W::InitialListFailed(k) => ("list", k),
-        W::WatchStartFailed(k) => ("watch", k),
-        W::WatchFailed(k) => ("watch", k),
-        W::WatchError(s) => return format!("watch: {} {}: {}", s.code, s.reason, s.message),
-        other => return cut(&other.to_string()),
-    };
-    let why = match inner {
-        kube::Error::Api(s) => format!("{} {}: {}", s.code, s.reason, s.message),
-        other => {
-            // The root cause: the innermost error says it shortest.
-            let mut cause: &dyn std::error::Error = other;
-            while let Some(next) = cause.source() {
-                cause = next;
-            }
-            cause.to_string()
-        }
-    };
-    cut(&format!("{step}: {why}"))
-}
-
-/// At most 160 characters.
-fn cut(s: &str) -> String {
-    match s.char_indices().nth(160) {
-        Some((i, _)) => format!("{}…", &s[..i]),
-        None => s.to_owned(),
     }
 }
 
@@ -1069,7 +861,42 @@ mod tests {
         assert!(got.is_empty());
     }
 
-    fn svc(name: &str) -> core::Service {
+    #[test]
+    fn an_object_that_does_not_decode_keeps_what_was_known_and_its_key() {
+        let mut m = Mirror::passing_initial_list();
+        m.see(Seen::ListStart);
+        assert_eq!(m.see(Seen::Listed(k("a"), v(1))), vec![(k("a"), Some(1))]);
+        // Listed but undecodable: nothing passed, but known.
+        assert!(m.see(Seen::Skipped(k("b"), "2".into(), true)).is_empty());
+        assert!(m.see(Seen::ListDone).is_empty());
+        assert_eq!(m.len(), 2);
+        // A change of a that does not decode: a stays as it was.
+        assert!(m.see(Seen::Skipped(k("a"), "3".into(), false)).is_empty());
+        // Deleting either is passed on.
+        assert_eq!(m.see(Seen::Deleted(k("a"))), vec![(k("a"), None)]);
+        assert_eq!(m.see(Seen::Deleted(k("b"))), vec![(k("b"), None)]);
+        // An undecodable change of an unknown object makes it known, so
+        // that its deletion is passed on too.
+        assert!(m.see(Seen::Skipped(k("c"), "4".into(), false)).is_empty());
+        assert_eq!(m.see(Seen::Deleted(k("c"))), vec![(k("c"), None)]);
+    }
+
+    #[test]
+    fn a_relist_keeps_an_object_that_does_not_decode() {
+        let mut m = Mirror::default();
+        listed(&mut m, &[("a", 1), ("b", 2)]);
+        m.see(Seen::ListStart);
+        m.see(Seen::Listed(k("a"), v(1)));
+        m.see(Seen::Skipped(k("b"), "5".into(), true));
+        assert!(
+            m.see(Seen::ListDone).is_empty(),
+            "b is neither deleted nor changed"
+        );
+        assert_eq!(m.len(), 2);
+        assert_eq!(m.see(Seen::Deleted(k("b"))), vec![(k("b"), None)]);
+    }
+
+    fn svc(name: &str) -> objects::Service {
         serde_json::from_value(serde_json::json!({
             "metadata": {"namespace": "ns", "name": name, "resourceVersion": "1"},
             "spec": {"clusterIP": "10.0.0.1", "ports": [{"port": 80}]}
@@ -1086,20 +913,20 @@ mod tests {
             synced.set(synced.get() + out.iter().filter(|u| **u == Update::Synced).count());
             out
         };
-        run(&mut f, Watched::Service(Ok(Event::Init)));
-        let out = run(&mut f, Watched::Service(Ok(Event::InitApply(svc("a")))));
+        run(&mut f, Watched::Service(Event::ListStart));
+        let out = run(&mut f, Watched::Service(Event::Listed(svc("a"))));
         assert!(matches!(&out[..], [Update::Service(k, Some(_))] if k.1 == "a"));
-        let out = run(&mut f, Watched::Service(Ok(Event::InitDone)));
+        let out = run(&mut f, Watched::Service(Event::ListDone));
         assert!(out.is_empty());
-        run(&mut f, Watched::Slice(Ok(Event::Init)));
-        run(&mut f, Watched::Slice(Ok(Event::InitDone)));
+        run(&mut f, Watched::Slice(Event::ListStart));
+        run(&mut f, Watched::Slice(Event::ListDone));
         assert_eq!(synced.get(), 0, "the Node is not listed yet");
-        run(&mut f, Watched::Node(Ok(Event::Init)));
-        let out = run(&mut f, Watched::Node(Ok(Event::InitDone)));
+        run(&mut f, Watched::Node(Event::ListStart));
+        let out = run(&mut f, Watched::Node(Event::ListDone));
         assert_eq!(out, vec![Update::Synced]);
         // A later relist of Services does not sync again.
-        run(&mut f, Watched::Service(Ok(Event::Init)));
-        let out = run(&mut f, Watched::Service(Ok(Event::InitDone)));
+        run(&mut f, Watched::Service(Event::ListStart));
+        let out = run(&mut f, Watched::Service(Event::ListDone));
         assert!(matches!(&out[..], [Update::Service(k, None)] if k.1 == "a"));
         assert_eq!(synced.get(), 1);
     }
@@ -1108,36 +935,27 @@ mod tests {
     fn service_cidrs_listed_after_the_sync_come_whole() {
         let mut f = Mirrors::new("n1".into());
         for w in [
-            Watched::Service(Ok(Event::Init)),
-            Watched::Service(Ok(Event::InitDone)),
-            Watched::Slice(Ok(Event::Init)),
-            Watched::Slice(Ok(Event::InitDone)),
-            Watched::Node(Ok(Event::Init)),
+            Watched::Service(Event::ListStart),
+            Watched::Service(Event::ListDone),
+            Watched::Slice(Event::ListStart),
+            Watched::Slice(Event::ListDone),
+            Watched::Node(Event::ListStart),
         ] {
             f.take(w);
         }
-        assert_eq!(
-            f.take(Watched::Node(Ok(Event::InitDone))),
-            vec![Update::Synced]
-        );
-        let cidr = |name: &str, range: &str| -> networking::ServiceCIDR {
+        assert_eq!(f.take(Watched::Node(Event::ListDone)), vec![Update::Synced]);
+        let cidr = |name: &str, range: &str| -> objects::ServiceCidr {
             serde_json::from_value(serde_json::json!({
                 "metadata": {"name": name, "resourceVersion": "1"},
                 "spec": {"cidrs": [range]}
             }))
             .unwrap()
         };
-        f.take(Watched::Cidr(Ok(Event::Init)));
-        let first = f.take(Watched::Cidr(Ok(Event::InitApply(cidr(
-            "a",
-            "10.96.0.0/16",
-        )))));
+        f.take(Watched::Cidr(Event::ListStart));
+        let first = f.take(Watched::Cidr(Event::Listed(cidr("a", "10.96.0.0/16"))));
         assert!(first.is_empty(), "half a list: {first:?}");
-        f.take(Watched::Cidr(Ok(Event::InitApply(cidr(
-            "b",
-            "10.97.0.0/16",
-        )))));
-        let done = f.take(Watched::Cidr(Ok(Event::InitDone)));
+        f.take(Watched::Cidr(Event::Listed(cidr("b", "10.97.0.0/16"))));
+        let done = f.take(Watched::Cidr(Event::ListDone));
         assert_eq!(
             done,
             vec![Update::ServiceCidrs(vec![
@@ -1166,66 +984,6 @@ mod tests {
         assert_eq!(c.cluster_url.to_string(), "http://127.0.0.1:8080/");
         let e = config_for("not a url").map(|_| ()).unwrap_err();
         assert!(e.to_string().contains("--master not a url"), "{e}");
-    }
-
-    #[test]
-    fn a_list_that_keeps_failing_backs_off_and_progress_starts_over() {
-        let fail = || -> watcher::Result<Event<u32>> {
-            Err(watcher::Error::InitialListFailed(kube::Error::Service(
-                Box::new(std::io::Error::other("refused")),
-            )))
-        };
-        let mut pace = Pace::default();
-        let mut waits = Vec::new();
-        for _ in 0..6 {
-            // kube-rs announces each relist before it fails.
-            assert_eq!(pace.after(&Ok(Event::<u32>::Init)), None);
-            waits.push(pace.after(&fail()).unwrap());
-        }
-        // 0.5 s doubling to 4 s, less up to 20% jitter.
-        let floor = [0.4, 0.8, 1.6, 3.2, 3.2, 3.2];
-        for (w, f) in waits.iter().zip(floor) {
-            assert!(w.as_secs_f64() >= f, "{waits:?}");
-        }
-        assert!(waits[5] <= Duration::from_secs(4));
-        // Something through: back to the first step.
-        assert_eq!(pace.after(&Ok(Event::<u32>::InitDone)), None);
-        assert!(pace.after(&fail()).unwrap() <= Duration::from_millis(500));
-        // 410 Gone after an outage: relisted at once, from the first step.
-        for _ in 0..5 {
-            pace.after(&fail());
-        }
-        let gone =
-            kube::core::Status::failure("too old resource version", "Expired").with_code(410);
-        let gone: watcher::Result<Event<u32>> = Err(watcher::Error::WatchError(Box::new(gone)));
-        assert_eq!(pace.after(&gone), None);
-        assert!(pace.after(&fail()).unwrap() <= Duration::from_millis(500));
-    }
-
-    #[test]
-    fn watch_errors_are_told_in_a_few_words() {
-        let refused = std::io::Error::new(
-            std::io::ErrorKind::ConnectionRefused,
-            "Connection refused (os error 111)",
-        );
-        let e = watcher::Error::InitialListFailed(kube::Error::Service(Box::new(refused)));
-        assert_eq!(brief(&e), "list: Connection refused (os error 111)");
-        assert!(!answered(&e));
-        let status = kube::core::Status::failure(
-            "services is forbidden: User \"x\" cannot list",
-            "Forbidden",
-        )
-        .with_code(403);
-        let e = watcher::Error::WatchStartFailed(kube::Error::Api(Box::new(status)));
-        assert_eq!(
-            brief(&e),
-            "watch: 403 Forbidden: services is forbidden: User \"x\" cannot list"
-        );
-        assert!(answered(&e));
-        let long = watcher::Error::InitialListFailed(kube::Error::Service(Box::new(
-            std::io::Error::other("x".repeat(500)),
-        )));
-        assert!(brief(&long).chars().count() <= 161);
     }
 
     #[test]

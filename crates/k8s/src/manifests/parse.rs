@@ -23,6 +23,7 @@ use verdict_model::{EndpointSlice, Service};
 
 use super::{FirstDefinitions, ManifestError, Parsed, fast};
 use crate::convert::{NodeInfo, node_info, service, slice};
+use crate::objects;
 use crate::validate;
 
 /// A YAML file at least this big is cut into pieces parsed in parallel.
@@ -547,49 +548,68 @@ fn document(file: &Path, where_: &str, v: Value, out: &mut Vec<Item>) {
                 expected_api_versions(&kind).join(" or ")
             )))
         }
-        "Service" => out.push(match serde_json::from_value::<core::Service>(v) {
-            Ok(s) => match validate::service(&s).as_slice() {
-                [] => Item::Service(service(&s)),
+        "Service" => out.push(match typed::<core::Service, objects::Service>(v) {
+            Ok((s, ours)) => match validate::service(&s).as_slice() {
+                [] => Item::Service(service(ours)),
                 errors => err(validate::describe(errors)),
             },
             Err(e) => err(format!("not a valid Service: {e}")),
         }),
-        "EndpointSlice" => out.push(match serde_json::from_value::<discovery::EndpointSlice>(v) {
-            Ok(s) => match validate::endpoint_slice(&s).as_slice() {
-                [] => {
-                    let sl = slice(&s);
-                    if sl.service_name.is_none() {
-                        err(format!(
-                            "metadata.labels: has no {} label, so it belongs to no Service",
-                            crate::convert::LABEL_SERVICE_NAME
-                        ))
-                    } else {
-                        Item::Slice(sl)
+        "EndpointSlice" => out.push(
+            match typed::<discovery::EndpointSlice, objects::EndpointSlice>(v) {
+                Ok((s, ours)) => match validate::endpoint_slice(&s).as_slice() {
+                    [] => {
+                        let sl = slice(ours);
+                        if sl.service_name.is_none() {
+                            err(format!(
+                                "metadata.labels: has no {} label, so it belongs to no Service",
+                                crate::convert::LABEL_SERVICE_NAME
+                            ))
+                        } else {
+                            Item::Slice(sl)
+                        }
                     }
-                }
-                errors => err(validate::describe(errors)),
+                    errors => err(validate::describe(errors)),
+                },
+                Err(e) => err(format!("not a valid EndpointSlice: {e}")),
             },
-            Err(e) => err(format!("not a valid EndpointSlice: {e}")),
-        }),
-        "Node" => out.push(match serde_json::from_value::<core::Node>(v) {
-            Ok(n) => match validate::node(&n).as_slice() {
-                [] => Item::Node(node_info(&n)),
+        ),
+        "Node" => out.push(match typed::<core::Node, objects::Node>(v) {
+            Ok((n, ours)) => match validate::node(&n).as_slice() {
+                [] => Item::Node(node_info(ours)),
                 errors => err(validate::describe(errors)),
             },
             Err(e) => err(format!("not a valid Node: {e}")),
         }),
-        "ServiceCIDR" => out.push(match serde_json::from_value::<networking::ServiceCIDR>(v) {
-            Ok(c) => match validate::service_cidr(&c).as_slice() {
-                [] => Item::Cidrs(crate::convert::service_cidrs(&c)),
-                errors => err(validate::describe(errors)),
+        "ServiceCIDR" => out.push(
+            match typed::<networking::ServiceCIDR, objects::ServiceCidr>(v) {
+                Ok((c, ours)) => match validate::service_cidr(&c).as_slice() {
+                    [] => Item::Cidrs(crate::convert::service_cidrs(&ours)),
+                    errors => err(validate::describe(errors)),
+                },
+                Err(e) => err(format!("not a valid ServiceCIDR: {e}")),
             },
-            Err(e) => err(format!("not a valid ServiceCIDR: {e}")),
-        }),
+        ),
         "" => out.push(err("has no kind".into())),
         other => out.push(err(format!(
             "kind {other} is not used by verdict (Service, EndpointSlice, Node, ServiceCIDR or List)"
         ))),
     }
+}
+
+/// A document as the full API type, which validation reads, and as
+/// verdict's own type ([`objects`]), which the proxy is given: the same
+/// reading the API source makes of an object the API server serves.
+fn typed<Full, Ours>(v: Value) -> Result<(Full, Ours), serde_json::Error>
+where
+    Full: serde::de::DeserializeOwned,
+    Ours: serde::de::DeserializeOwned,
+{
+    // The full type's complaint, when both have one: it names the API's
+    // field as validation does.
+    let ours = Ours::deserialize(&v);
+    let full = serde_json::from_value(v)?;
+    Ok((full, ours?))
 }
 
 /// The API versions the API server serves each kind at.
