@@ -116,9 +116,18 @@ impl Rbac {
                         .any(|p| url_matches(p, path))
             } else {
                 let a = &spec["resourceAttributes"];
-                holds(&r["verbs"], a["verb"].as_str().unwrap_or_default())
-                    && holds(&r["apiGroups"], a["group"].as_str().unwrap_or_default())
-                    && holds(&r["resources"], a["resource"].as_str().unwrap_or_default())
+                let text = |k: &str| a[k].as_str().unwrap_or_default();
+                // As RBAC: a subresource is `resource/subresource`, and
+                // resourceNames, when given, must hold the name.
+                let resource = match text("subresource") {
+                    "" => text("resource").to_owned(),
+                    sub => format!("{}/{sub}", text("resource")),
+                };
+                let names = strings(&r["resourceNames"]);
+                holds(&r["verbs"], text("verb"))
+                    && holds(&r["apiGroups"], text("group"))
+                    && holds(&r["resources"], &resource)
+                    && (names.is_empty() || names.contains(&text("name")))
             }
         };
         let granted_by = self.bindings.values().find_map(|b| {
@@ -237,5 +246,37 @@ mod tests {
             r.access_review(&review("system:serviceaccount:default:verdict"))["allowed"],
             false
         );
+    }
+
+    #[test]
+    fn subresources_and_resource_names_are_matched_as_rbac_matches_them() {
+        let mut r = Rbac::default();
+        r.apply(&json!({
+            "kind": "ClusterRole", "metadata": {"name": "reader"},
+            "rules": [{"apiGroups": [""], "resources": ["nodes/verdict"], "verbs": ["get"],
+                       "resourceNames": ["node-a"]}],
+        }));
+        r.apply(&json!({
+            "kind": "ClusterRoleBinding", "metadata": {"name": "reader"},
+            "roleRef": {"kind": "ClusterRole", "name": "reader"},
+            "subjects": [{"kind": "User", "name": "alice"}],
+        }));
+        let review = |sub: &str, name: &str| {
+            json!({"spec": {"user": "alice", "resourceAttributes": {
+            "verb": "get", "group": "", "resource": "nodes", "subresource": sub, "name": name}}})
+        };
+        assert_eq!(
+            r.access_review(&review("verdict", "node-a"))["allowed"],
+            true
+        );
+        assert_eq!(
+            r.access_review(&review("verdict", "node-b"))["allowed"],
+            false
+        );
+        assert_eq!(
+            r.access_review(&review("proxy", "node-a"))["allowed"],
+            false
+        );
+        assert_eq!(r.access_review(&review("", "node-a"))["allowed"], false);
     }
 }

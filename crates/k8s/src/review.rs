@@ -1,7 +1,17 @@
-//! Who a bearer token belongs to, and whether they may read a path: a
-//! TokenReview and a SubjectAccessReview, as kube-rbac-proxy checks a
-//! request before it passes it on. The introspection API asks this for
-//! every request from another host.
+//! Who a bearer token belongs to, and whether they may read this node's
+//! verdict API: a TokenReview and a SubjectAccessReview, as
+//! kube-rbac-proxy checks a request before it passes it on (with its
+//! `--resource-attributes`). The introspection API asks this for every
+//! request from another host.
+//!
+//! The review asks for a resource of verdict's own, the subresource
+//! `verdict` of this node's Node ([`RESOURCE`], [`SUBRESOURCE`], named
+//! after the node), not for the request's URL path: Kubernetes' bootstrap
+//! role `system:discovery`, bound to every authenticated user, lets `get`
+//! any non-resource URL under `/api/`, so a path review let any service
+//! account (the default one every pod mounts) read every node's traffic.
+//! No bootstrap role an ordinary user or service account holds grants
+//! `nodes/verdict`; `deploy/`'s `verdict-api-reader` does.
 //!
 //! Answers are kept for a short time (a token's user for a minute, a
 //! decision for 30 s, a refusal for 10 s) so that a web view polling every
@@ -14,12 +24,18 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use k8s_openapi::api::authorization::v1::{
-    NonResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+    ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
 };
 use kube::Api;
 use kube::api::PostParams;
 
 use crate::watch::{ApiSource, SourceError};
+
+/// The resource a reader of the API needs `get` on: a subresource of this
+/// node's Node (core group), as the kubelet's API is `nodes/proxy`.
+pub const RESOURCE: &str = "nodes";
+/// See [`RESOURCE`].
+pub const SUBRESOURCE: &str = "verdict";
 
 /// Entries kept per cache; a full cache is emptied.
 pub const CACHED: usize = 4096;
@@ -53,6 +69,9 @@ struct Identity {
     user: String,
     uid: String,
     groups: Vec<String>,
+    /// The authenticator's extra facts (a service account token's pod),
+    /// passed on to the access review as the API server would.
+    extra: Option<std::collections::BTreeMap<String, Vec<String>>>,
 }
 
 /// A cache of answers that expire.
@@ -87,8 +106,10 @@ impl<K: std::hash::Hash + Eq, V: Clone> Cache<K, V> {
 pub struct Reviewer {
     rt: tokio::runtime::Runtime,
     client: kube::Client,
+    /// This node's name: the Node the reviews are about.
+    node: String,
     users: Mutex<Cache<String, Result<Identity, String>>>,
-    decisions: Mutex<Cache<(String, String, String), Decision>>,
+    decisions: Mutex<Cache<(String, String), Decision>>,
 }
 
 impl std::fmt::Debug for Reviewer {
@@ -118,14 +139,15 @@ impl Reviewer {
         Ok(Reviewer {
             rt,
             client,
+            node: src.node_name.clone(),
             users: Mutex::new(Cache::new()),
             decisions: Mutex::new(Cache::new()),
         })
     }
 
-    /// May the bearer of `token` `verb` (`get`) the non-resource `path`?
-    /// `Err`: the API server could not say.
-    pub fn review(&self, token: &str, path: &str, verb: &str) -> Result<Decision, String> {
+    /// May the bearer of `token` `verb` (`get`) this node's
+    /// `nodes/verdict`? `Err`: the API server could not say.
+    pub fn review(&self, token: &str, verb: &str) -> Result<Decision, String> {
         let now = Instant::now();
         let cached = lock(&self.users).get(&token.to_owned(), now);
         let identity = match cached {
@@ -141,11 +163,11 @@ impl Reviewer {
             Ok(id) => id,
             Err(why) => return Ok(Decision::Unauthenticated(why)),
         };
-        let key = (id.user.clone(), path.to_owned(), verb.to_owned());
+        let key = (id.user.clone(), verb.to_owned());
         if let Some(d) = lock(&self.decisions).get(&key, now) {
             return Ok(d);
         }
-        let d = self.access_review(&id, path, verb)?;
+        let d = self.access_review(&id, verb)?;
         let ttl = if matches!(d, Decision::Allowed { .. }) {
             ALLOWED_TTL
         } else {
@@ -182,18 +204,24 @@ impl Reviewer {
             user: user.username.unwrap_or_default(),
             uid: user.uid.unwrap_or_default(),
             groups: user.groups.unwrap_or_default(),
+            extra: user.extra,
         }))
     }
 
-    fn access_review(&self, id: &Identity, path: &str, verb: &str) -> Result<Decision, String> {
+    fn access_review(&self, id: &Identity, verb: &str) -> Result<Decision, String> {
         let review = SubjectAccessReview {
             spec: SubjectAccessReviewSpec {
                 user: Some(id.user.clone()),
                 uid: Some(id.uid.clone()).filter(|u| !u.is_empty()),
                 groups: Some(id.groups.clone()),
-                non_resource_attributes: Some(NonResourceAttributes {
-                    path: Some(path.to_owned()),
+                extra: id.extra.clone(),
+                resource_attributes: Some(ResourceAttributes {
                     verb: Some(verb.to_owned()),
+                    group: Some(String::new()),
+                    resource: Some(RESOURCE.to_owned()),
+                    subresource: Some(SUBRESOURCE.to_owned()),
+                    name: Some(self.node.clone()),
+                    ..ResourceAttributes::default()
                 }),
                 ..SubjectAccessReviewSpec::default()
             },

@@ -161,14 +161,16 @@ struct TokenReviews(verdict_k8s::review::Reviewer);
 impl Authorizer for TokenReviews {
     fn authorize(&self, token: &str, path: &str, verb: &str) -> Authorization {
         use verdict_k8s::review::Decision;
-        match self.0.review(token, path, verb) {
+        match self.0.review(token, verb) {
             Ok(Decision::Allowed { user }) => {
                 tracing::debug!(%user, path, "API request admitted");
                 Authorization::Allowed
             }
             Ok(Decision::Unauthenticated(why)) => Authorization::Unauthenticated(why),
             Ok(Decision::Forbidden { user, reason }) => Authorization::Forbidden(format!(
-                "{user} may not {verb} {path}{}",
+                "{user} may not {verb} {path}: RBAC must let them {verb} {}/{} of this node{}",
+                verdict_k8s::review::RESOURCE,
+                verdict_k8s::review::SUBRESOURCE,
                 if reason.is_empty() {
                     String::new()
                 } else {
