@@ -160,6 +160,10 @@ pub fn start(src: &ApiSource) -> Result<Events, SourceError> {
 
 /// Where Events go: the API server, or a test's record.
 trait Sink {
+    /// The uid and resourceVersion of the Service `namespace/name`, for
+    /// the Event's reference (`kubectl describe` finds a Service's Events
+    /// by its uid); `None` if it cannot be told.
+    fn identify(&mut self, namespace: &str, name: &str) -> Option<(String, String)>;
     /// Creates `event`.
     fn create(&mut self, event: &K8sEvent) -> Result<(), String>;
     /// Writes `event`'s series; `Ok(false)` if the Event is gone.
@@ -179,6 +183,43 @@ impl ApiSink {
 }
 
 impl Sink for ApiSink {
+    fn identify(&mut self, namespace: &str, name: &str) -> Option<(String, String)> {
+        // A list by name, not a get: kube-proxy's RBAC
+        // (system:node-proxier) lets list and watch Services, not get them.
+        let url = format!(
+            "/api/v1/namespaces/{namespace}/services?{}",
+            crate::reflector::query(&[("fieldSelector", &format!("metadata.name={name}"))])
+        );
+        let request = http::Request::get(url).body(Vec::new()).ok()?;
+        let text = self
+            .rt
+            .block_on(async {
+                tokio::time::timeout(POST_TIMEOUT, self.client.request_text(request)).await
+            })
+            .map_err(|_| "timed out".to_string())
+            .and_then(|r| r.map_err(|e| e.to_string()));
+        let text = match text {
+            Ok(t) => t,
+            Err(error) => {
+                tracing::debug!(service = %format!("{namespace}/{name}"), %error, "cannot read the Service's uid for its Event");
+                return None;
+            }
+        };
+        #[derive(serde::Deserialize)]
+        struct Item {
+            #[serde(default)]
+            metadata: crate::objects::Meta,
+        }
+        #[derive(serde::Deserialize)]
+        struct Found {
+            #[serde(default)]
+            items: Vec<Item>,
+        }
+        let found: Found = serde_json::from_str(&text).ok()?;
+        let m = found.items.into_iter().next()?.metadata;
+        (!m.uid.is_empty()).then_some((m.uid, m.resource_version))
+    }
+
     fn create(&mut self, event: &K8sEvent) -> Result<(), String> {
         let api = self.api(event);
         self.rt
@@ -262,7 +303,14 @@ impl Series {
             }
             return;
         }
-        let event = self.event_of(notice, now);
+        let mut event = self.event_of(notice, now);
+        if let (Regarding::Service { namespace, name }, Some(r)) =
+            (&notice.regarding, event.regarding.as_mut())
+            && let Some((uid, version)) = sink.identify(namespace, name)
+        {
+            r.uid = Some(uid);
+            r.resource_version = Some(version);
+        }
         if let Err(error) = sink.create(&event) {
             log_failure(notice, &error);
         }
@@ -389,10 +437,14 @@ mod tests {
 
     /// What was sent: ("create" | "patch", series count).
     #[derive(Default)]
-    struct Record(Vec<(&'static str, i32)>);
+    struct Record(Vec<(&'static str, i32)>, Vec<K8sEvent>);
 
     impl Sink for Record {
+        fn identify(&mut self, namespace: &str, name: &str) -> Option<(String, String)> {
+            (name != "unknown").then(|| (format!("uid-{namespace}-{name}"), "7".into()))
+        }
         fn create(&mut self, e: &K8sEvent) -> Result<(), String> {
+            self.1.push(e.clone());
             self.0
                 .push(("create", e.series.as_ref().map_or(1, |s| s.count)));
             Ok(())
@@ -452,6 +504,23 @@ mod tests {
         let n = sink.0.len();
         series.record(&notice("lb2", "later"), at(60 * 50), &mut sink);
         assert_eq!(&sink.0[n..], &[("create", 1)]);
+    }
+
+    #[test]
+    fn an_event_about_a_service_carries_its_uid_and_version() {
+        let mut sink = Record::default();
+        let mut series = Series::new("node-1");
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        series.record(&notice("lb2", "x"), t0, &mut sink);
+        series.record(&notice("unknown", "x"), t0, &mut sink);
+        let r = sink.1[0].regarding.as_ref().unwrap();
+        assert_eq!(r.uid.as_deref(), Some("uid-demo-lb2"));
+        assert_eq!(r.resource_version.as_deref(), Some("7"));
+        let r = sink.1[1].regarding.as_ref().unwrap();
+        assert_eq!(
+            (r.uid.as_deref(), r.name.as_deref()),
+            (None, Some("unknown"))
+        );
     }
 
     #[test]

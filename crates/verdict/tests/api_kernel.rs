@@ -580,6 +580,9 @@ fn a_service_left_without_its_load_balancer_address_gets_an_event() {
     });
     assert_eq!(event["regarding"]["kind"], "Service");
     assert_eq!(event["regarding"]["namespace"], "demo");
+    // kubectl describe finds a Service's Events by its uid.
+    assert_eq!(event["regarding"]["uid"], "uid-demo-lb-b", "{event}");
+    assert!(event["regarding"]["resourceVersion"].is_string(), "{event}");
     assert_eq!(event["type"], "Warning");
     assert_eq!(event["reason"], "DestinationConflict");
     assert_eq!(event["reportingController"], "verdict");
