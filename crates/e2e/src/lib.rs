@@ -12,6 +12,8 @@
 //! - [`apiserver`]: a fake Kubernetes API server (list, watch, bookmarks,
 //!   410 Gone) for the Kubernetes source's tests.
 //! - [`http`]: decoding answers read off the wire by hand.
+//! - [`realapi`]: the real kube-apiserver (on etcd 3.4 or 3.6) and
+//!   kube-proxy of `../shared/bin`, the judges of every protocol question.
 //! - [`runner`]: replays `verdict-conformance` scenarios as real traffic.
 
 pub mod apiserver;
@@ -19,4 +21,5 @@ pub mod bed;
 pub mod http;
 pub mod netns;
 pub mod rbac;
+pub mod realapi;
 pub mod runner;

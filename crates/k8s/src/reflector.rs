@@ -714,9 +714,9 @@ impl Reflector {
             ("allowWatchBookmarks", "true"),
             ("resourceVersionMatch", "NotOlderThan"),
         ];
-        match &from {
-            ListFrom::NotOlderThan(v) => params.push(("resourceVersion", v)),
-            ListFrom::Consistent | ListFrom::Any => params.push(("resourceVersion", "")),
+        // No version: a consistent state (client-go leaves it out too).
+        if let ListFrom::NotOlderThan(v) = &from {
+            params.push(("resourceVersion", v));
         }
         params.push(("timeoutSeconds", &timeout));
         let url = self.url(&params);

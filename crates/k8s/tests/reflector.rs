@@ -126,7 +126,7 @@ fn a_streaming_list_then_changes() {
         "{requests:#?}"
     );
     assert!(
-        requests[0].contains("resourceVersion=&"),
+        !requests[0].contains("resourceVersion="),
         "a consistent first list: {requests:#?}"
     );
     assert!(
