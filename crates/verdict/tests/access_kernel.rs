@@ -17,31 +17,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use verdict_e2e::bed::Placement;
-use verdict_e2e::netns::Netns;
 
 use common::*;
-
-/// `GET path` on `host:port` from `ns`, with a bearer token if given: the
-/// status code and the body.
-fn get(ns: &Netns, host: &str, port: u16, path: &str, token: Option<&str>) -> (u16, String) {
-    let auth = token.map_or(String::new(), |t| {
-        format!("Authorization: Bearer {t}\\r\\n")
-    });
-    let script = format!(
-        "exec 3<>/dev/tcp/{host}/{port} && printf 'GET {path} HTTP/1.1\\r\\nHost: x\\r\\n{auth}Connection: close\\r\\n\\r\\n' >&3 && cat <&3"
-    );
-    let out = ns
-        .exec("bash", &["-c", &script])
-        .unwrap_or_else(|e| e.to_string());
-    let out = verdict_e2e::http::unchunked(&out);
-    let code = out
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = out.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_owned();
-    (code, body)
-}
 
 fn rbac_documents() -> Vec<Value> {
     let path =
@@ -123,7 +100,7 @@ fn other_hosts_need_a_token_that_rbac_grants() {
         None,
     );
     let deadline = Instant::now() + Duration::from_secs(40);
-    while get(&bed.node, "127.0.0.1", 10256, "/healthz", None).0 != 200 {
+    while get_from(&bed.node, "127.0.0.1", 10256, "/healthz", None).0 != 200 {
         assert!(
             Instant::now() < deadline,
             "never healthy: {}",
@@ -136,45 +113,45 @@ fn other_hosts_need_a_token_that_rbac_grants() {
     let list = "/api/v1/services";
 
     // The metrics port: the API answers the node itself only.
-    let (code, body) = get(&bed.node, "127.0.0.1", 10249, list, None);
+    let (code, body) = get_from(&bed.node, "127.0.0.1", 10249, list, None);
     assert_eq!(code, 200, "{body}");
     assert!(body.contains("\"web\""), "{body}");
-    let (code, body) = get(ext, node, 10249, list, Some("t-alice"));
+    let (code, body) = get_from(ext, node, 10249, list, Some("t-alice"));
     assert_eq!(code, 403, "{body}");
     assert!(body.contains("--api-bind-address"), "{body}");
-    assert_eq!(get(ext, node, 10249, "/ui", None).0, 403);
+    assert_eq!(get_from(ext, node, 10249, "/ui", None).0, 403);
     // kube-proxy's endpoints are as they were.
-    let (code, metrics) = get(ext, node, 10249, "/metrics", None);
+    let (code, metrics) = get_from(ext, node, 10249, "/metrics", None);
     assert_eq!(code, 200);
     assert!(
         metrics.contains("kubeproxy_sync_proxy_rules_duration_seconds"),
         "{metrics}"
     );
-    let (code, healthz) = get(ext, node, 10256, "/healthz", None);
+    let (code, healthz) = get_from(ext, node, 10256, "/healthz", None);
     assert_eq!(code, 200, "{healthz}");
     assert!(healthz.contains("lastUpdated"), "{healthz}");
 
     // The API port: a token RBAC grants, and nothing less.
-    let (code, body) = get(ext, node, 10262, list, None);
+    let (code, body) = get_from(ext, node, 10262, list, None);
     assert_eq!(code, 401, "no token: {body}");
-    let (code, body) = get(ext, node, 10262, list, Some("t-nobody"));
+    let (code, body) = get_from(ext, node, 10262, list, Some("t-nobody"));
     assert_eq!(code, 401, "a token the API server does not know: {body}");
-    let (code, body) = get(ext, node, 10262, list, Some("t-bob"));
+    let (code, body) = get_from(ext, node, 10262, list, Some("t-bob"));
     assert_eq!(code, 403, "a user the role is not bound to: {body}");
     assert!(body.contains("bob"), "{body}");
-    let (code, body) = get(ext, node, 10262, list, Some("t-alice"));
+    let (code, body) = get_from(ext, node, 10262, list, Some("t-alice"));
     assert_eq!(code, 200, "{body}");
     assert!(body.contains("\"web\""), "{body}");
-    let (code, page) = get(ext, node, 10262, "/ui", Some("t-alice"));
+    let (code, page) = get_from(ext, node, 10262, "/ui", Some("t-alice"));
     assert_eq!(code, 200);
     assert!(page.contains("<html"), "{page}");
-    let (code, _) = get(ext, node, 10262, "/metrics", Some("t-alice"));
+    let (code, _) = get_from(ext, node, 10262, "/metrics", Some("t-alice"));
     assert_eq!(code, 404, "the API port serves the API only");
     // The node itself needs no token there either.
-    assert_eq!(get(&bed.node, "127.0.0.1", 10262, list, None).0, 200);
+    assert_eq!(get_from(&bed.node, "127.0.0.1", 10262, list, None).0, 200);
     // Whole-table answers take turns: asked in a row, some are refused.
     let codes: Vec<u16> = (0..6)
-        .map(|_| get(ext, node, 10262, "/api/v1/drift", Some("t-alice")).0)
+        .map(|_| get_from(ext, node, 10262, "/api/v1/drift", Some("t-alice")).0)
         .collect();
     assert!(codes[..3].iter().all(|c| *c == 200), "{codes:?}");
     assert!(codes[3..].contains(&429), "{codes:?}");

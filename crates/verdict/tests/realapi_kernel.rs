@@ -493,12 +493,422 @@ fn bed_connect(bed: &TestBed, service: &str, port: u16) -> String {
     line.split_whitespace().nth(1).unwrap_or("").to_string()
 }
 
-/// Keeps `Token` in use for the tests that follow.
-#[allow(dead_code)]
 fn token(user: &str, groups: &[&str]) -> Token {
     Token {
         token: format!("t-{user}-{}", std::process::id()),
         user: user.into(),
         groups: groups.iter().map(|g| (*g).to_owned()).collect(),
+    }
+}
+
+#[test]
+fn only_the_documented_rbac_reads_the_api_and_the_web_view() {
+    // Kubernetes' bootstrap roles are there (system:discovery lets every
+    // authenticated user get /api/*): a token they cover must get 403 on
+    // every path, the one deploy/'s role is bound to 200.
+    let nobody = token("nobody", &[]);
+    let oncall = token("alice", &["oncall"]);
+    let Some(c) = Cluster::new(
+        "access",
+        Etcd::V36,
+        Options {
+            service_cidr: "172.30.0.0/16".into(),
+            tokens: vec![nobody.clone(), oncall.clone()],
+            ..Options::default()
+        },
+    ) else {
+        return;
+    };
+    for doc in deploy_documents("components/remote-api/rbac.yaml") {
+        c.create(&doc);
+    }
+    c.create(&json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": "verdict-api-oncall"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "verdict-api-reader"},
+        "subjects": [{"kind": "Group", "name": "oncall"}]
+    }));
+    // The default ServiceAccount every pod of `demo` would mount (no
+    // controller makes it here).
+    c.create(&json!({"apiVersion": "v1", "kind": "ServiceAccount",
+        "metadata": {"name": "default", "namespace": "demo"}}));
+    let pod_token = sa_token(&c.admin, "demo", "default");
+    c.create(&service("web", "172.30.0.41"));
+    c.create(&slice("web-1", "web", "10.180.0.1"));
+    let (_verdict, log) = c.verdict("verdict", &["--api-bind-address", "0.0.0.0:10262"]);
+    until_answered(
+        &c.bed,
+        "172.30.0.41",
+        "10.180.0.1:80",
+        Duration::from_secs(10),
+    )
+    .unwrap_or_else(|got| panic!("not programmed ({got:?}):\n{}", log_of(&log)));
+
+    // Every path the index names, the index and the web view.
+    let (code, index) = get_from(&c.bed.node, "127.0.0.1", 10262, "/api/v1", None);
+    assert_eq!(code, 200, "{index}");
+    let index: Value = serde_json::from_str(&index).unwrap();
+    let mut paths: Vec<String> = index["paths"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p.as_str().unwrap().replace("NAMESPACE/NAME", "demo/web"))
+        .collect();
+    paths.extend(["/api/v1".to_owned(), "/ui".to_owned()]);
+    assert!(paths.len() >= 10, "{paths:?}");
+    let ext = &c.bed.ext;
+    for (who, t) in [
+        ("a user no role names", nobody.token.as_str()),
+        ("a pod's default ServiceAccount", &pod_token),
+    ] {
+        for path in &paths {
+            let (code, body) = get_from(ext, NODE_IP, 10262, path, Some(t));
+            assert_eq!(code, 403, "{who} read {path}: {body}");
+        }
+    }
+    // What the API server said of the old review: system:discovery lets
+    // that user get the path.
+    let (code, sar) = c
+        .admin
+        .request(
+            "POST",
+            "/apis/authorization.k8s.io/v1/subjectaccessreviews",
+            Some(
+                &json!({"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+                "spec": {"user": nobody.user, "groups": ["system:authenticated"],
+                         "nonResourceAttributes": {"path": "/api/v1/flows", "verb": "get"}}}),
+            ),
+        )
+        .unwrap();
+    assert_eq!(code, 201, "{sar}");
+    assert!(
+        sar.contains("\"allowed\":true"),
+        "bootstrap policy changed? {sar}"
+    );
+    for path in &paths {
+        let (code, body) = get_from(ext, NODE_IP, 10262, path, Some(&oncall.token));
+        assert!(
+            code == 200 || (code == 400 && path.ends_with("/trace")),
+            "the reader on {path}: {code} {body}"
+        );
+    }
+    let (code, _) = get_from(ext, NODE_IP, 10262, "/api/v1/services", None);
+    assert_eq!(code, 401);
+}
+
+#[test]
+fn a_services_event_is_found_by_its_uid() {
+    let Some(c) = Cluster::new(
+        "event",
+        Etcd::V36,
+        Options {
+            service_cidr: "172.30.0.0/16".into(),
+            ..Options::default()
+        },
+    ) else {
+        return;
+    };
+    // Two LoadBalancers on one address and port whose source ranges
+    // overlap: one holds it, the other is told (DestinationConflict).
+    let lb = |name: &str, ip_: &str, node_port: u16, range: &str| {
+        json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": name, "namespace": "demo"},
+            "spec": {"type": "LoadBalancer", "clusterIP": ip_, "clusterIPs": [ip_],
+                     "loadBalancerSourceRanges": [range],
+                     "ports": [{"name": "http", "port": 80, "protocol": "TCP", "nodePort": node_port}]}
+        })
+    };
+    c.create(&lb("lb-a", "172.30.0.51", 30051, "203.0.113.0/24"));
+    let b = c.create(&lb("lb-b", "172.30.0.52", 30052, "203.0.113.128/25"));
+    for name in ["lb-a", "lb-b"] {
+        let (code, body) = c
+            .admin
+            .request(
+                "PATCH",
+                &format!("/api/v1/namespaces/demo/services/{name}/status"),
+                Some(&json!({"status": {"loadBalancer": {"ingress": [{"ip": "198.51.100.7"}]}}})),
+            )
+            .unwrap();
+        assert_eq!(code, 200, "{body}");
+        c.create(&slice(&format!("{name}-1"), name, "10.180.0.1"));
+    }
+    let uid = b["metadata"]["uid"].as_str().unwrap().to_owned();
+    let (_verdict, log) = c.verdict("verdict", &[]);
+    // As kubectl describe finds a Service's Events: core/v1, by the
+    // involved object's uid.
+    let url = format!("/api/v1/namespaces/demo/events?fieldSelector=involvedObject.uid%3D{uid}");
+    let t = Instant::now();
+    let found = loop {
+        let events = c.admin.get_json(&url).unwrap();
+        if let Some(e) = events["items"].as_array().and_then(|i| i.first()) {
+            break e.clone();
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "no Event of lb-b by its uid:\n{}",
+            log_of(&log)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(found["reason"], "DestinationConflict", "{found}");
+    assert_eq!(found["involvedObject"]["name"], "lb-b", "{found}");
+    assert!(
+        found["involvedObject"]["resourceVersion"].is_string(),
+        "{found}"
+    );
+}
+
+/// `n` ClusterIP Services in `demo`, each with a slice of one endpoint.
+fn many(n: usize) -> Vec<(&'static str, String, Value)> {
+    let mut out = Vec::new();
+    for i in 0..n {
+        let ip_ = format!("172.30.{}.{}", 10 + i / 250, 1 + i % 250);
+        let name = format!("s{i}");
+        out.push((
+            "POST",
+            "/api/v1/namespaces/demo/services".to_owned(),
+            service(&name, &ip_),
+        ));
+        let endpoint = if i % 2 == 0 {
+            "10.180.0.1"
+        } else {
+            "10.180.0.2"
+        };
+        out.push((
+            "POST",
+            "/apis/discovery.k8s.io/v1/namespaces/demo/endpointslices".to_owned(),
+            slice(&format!("{name}-1"), &name, endpoint),
+        ));
+    }
+    out
+}
+
+#[test]
+fn a_thousand_services_are_synced_within_2_s_of_start_on_either_etcd() {
+    for etcd in Etcd::BOTH {
+        let Some(c) = Cluster::new(
+            "scale",
+            etcd,
+            Options {
+                service_cidr: "172.30.0.0/16".into(),
+                ..Options::default()
+            },
+        ) else {
+            return;
+        };
+        let t = Instant::now();
+        c.admin.all(&many(1000)).unwrap();
+        println!(
+            "etcd {}: 1,000 Services and slices created in {:?}",
+            etcd.version(),
+            t.elapsed()
+        );
+        let start = Instant::now();
+        let (_verdict, log) = c.verdict("verdict", &["-v", "2"]);
+        // Fully synced: the last Service created answers, and the
+        // service map holds all of them.
+        until_answered(
+            &c.bed,
+            "172.30.13.250",
+            "10.180.0.2:80",
+            Duration::from_secs(10),
+        )
+        .unwrap_or_else(|got| {
+            panic!(
+                "etcd {}: not programmed ({got:?}):\n{}",
+                etcd.version(),
+                log_of(&log)
+            )
+        });
+        let answered = start.elapsed();
+        let synced = log_of(&log)
+            .lines()
+            .find(|l| {
+                // 1,000 and the API server's own `kubernetes` Service.
+                l.contains("\"synced\"") && l.contains("services=1001")
+            })
+            .map(str::to_owned);
+        println!(
+            "etcd {}: the last of 1,000 Services answered {answered:?} after verdict started; {}",
+            etcd.version(),
+            synced
+                .as_deref()
+                .unwrap_or("(no sync line with 1,001 services)")
+        );
+        assert!(synced.is_some(), "{}", log_of(&log));
+        assert!(
+            answered < Duration::from_secs(2),
+            "etcd {}: {answered:?}:\n{}",
+            etcd.version(),
+            log_of(&log)
+        );
+    }
+}
+
+#[test]
+fn after_a_20_s_outage_a_change_reaches_traffic_within_5_s() {
+    for etcd in Etcd::BOTH {
+        let Some(mut c) = Cluster::new(
+            "outage",
+            etcd,
+            Options {
+                service_cidr: "172.30.0.0/16".into(),
+                ..Options::default()
+            },
+        ) else {
+            return;
+        };
+        c.create(&service("web", "172.30.0.41"));
+        c.create(&slice("web-1", "web", "10.180.0.1"));
+        let (_verdict, log) = c.verdict("verdict", &["-v", "2"]);
+        until_answered(
+            &c.bed,
+            "172.30.0.41",
+            "10.180.0.1:80",
+            Duration::from_secs(10),
+        )
+        .unwrap();
+        c.api.stop_apiserver();
+        let down = Instant::now();
+        while down.elapsed() < Duration::from_secs(20) {
+            assert_eq!(
+                who_at(&c.bed, "172.30.0.41"),
+                "10.180.0.1:80",
+                "rules kept in the outage"
+            );
+            std::thread::sleep(Duration::from_secs(2));
+        }
+        c.api.start_apiserver().unwrap();
+        c.replace(&slice("web-1", "web", "10.180.0.2"));
+        let took = until_answered(
+            &c.bed,
+            "172.30.0.41",
+            "10.180.0.2:80",
+            Duration::from_secs(5),
+        )
+        .unwrap_or_else(|got| {
+            panic!(
+                "etcd {}: no change 5 s after ({got:?}):\n{}",
+                etcd.version(),
+                log_of(&log)
+            )
+        });
+        println!(
+            "etcd {}: the change reached traffic {took:?} after it was written, {:?} after the outage began",
+            etcd.version(),
+            down.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+        let text = log_of(&log);
+        for watch in ["Services", "EndpointSlices", "Node", "ServiceCIDRs"] {
+            let tag = format!("watch=\"{watch}\"");
+            let warned = text
+                .lines()
+                .filter(|l| l.starts_with('W') && l.contains(&tag))
+                .count();
+            let ended = text
+                .lines()
+                .filter(|l| l.contains("the watch works again") && l.contains(&tag))
+                .count();
+            assert!(
+                warned <= 1 && ended <= 1,
+                "etcd {}: {watch}: {warned} warnings, {ended} lines as it ended:\n{text}",
+                etcd.version()
+            );
+        }
+    }
+}
+
+#[test]
+fn a_forced_410_relists_no_older_than_the_last_version_seen() {
+    for etcd in Etcd::BOTH {
+        // Without the watch cache, every watch is etcd's: one resumed from
+        // a compacted version gets 410 Gone.
+        let Some(mut c) = Cluster::new(
+            "gone",
+            etcd,
+            Options {
+                service_cidr: "172.30.0.0/16".into(),
+                watch_cache: false,
+                ..Options::default()
+            },
+        ) else {
+            return;
+        };
+        c.create(&service("web", "172.30.0.41"));
+        c.create(&slice("web-1", "web", "10.180.0.1"));
+        let (_verdict, log) = c.verdict("verdict", &["-v", "4"]);
+        until_answered(
+            &c.bed,
+            "172.30.0.41",
+            "10.180.0.1:80",
+            Duration::from_secs(10),
+        )
+        .unwrap();
+        let seen = c.create(&slice("web-2", "web", "10.180.0.2"))["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        std::thread::sleep(Duration::from_millis(500));
+        // Later writes (not of what verdict watches), then compaction: the
+        // versions verdict knows are gone. The API server restarts, every
+        // watch resumes from its last version, and is told 410 Gone.
+        for i in 0..5 {
+            c.create(&json!({"apiVersion": "v1", "kind": "ServiceAccount",
+                "metadata": {"name": format!("bump-{i}"), "namespace": "demo"}}));
+        }
+        c.api.stop_apiserver();
+        let compacted = c.api.compact().unwrap();
+        c.api.start_apiserver().unwrap();
+        let t = Instant::now();
+        let relists = loop {
+            let relists: Vec<(String, String, u64)> = c
+                .verdict_requests()
+                .into_iter()
+                .filter(|(_, uri, _)| {
+                    uri.starts_with("/apis/discovery.k8s.io/v1/endpointslices?")
+                        && uri.contains("resourceVersionMatch=NotOlderThan")
+                        && uri.contains("resourceVersion=")
+                        && (uri.contains("sendInitialEvents=true") || !uri.contains("watch=true"))
+                })
+                .collect();
+            if !relists.is_empty() {
+                break relists;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "etcd {}: no relist of EndpointSlices:\n{:#?}\n{}",
+                etcd.version(),
+                c.verdict_requests(),
+                log_of(&log)
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        let rv: u64 = relists[0]
+            .1
+            .split(['?', '&'])
+            .find_map(|p| p.strip_prefix("resourceVersion="))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{relists:?}"));
+        println!(
+            "etcd {}: after 410 verdict relisted with resourceVersion={rv} (last write it saw {seen}, compacted at {compacted}): {}",
+            etcd.version(),
+            relists[0].1
+        );
+        assert!(
+            rv >= seen.parse::<u64>().unwrap(),
+            "went back in time: {relists:?}"
+        );
+        assert!(log_of(&log).contains("410 Gone"), "{}", log_of(&log));
+        // And traffic still follows the API server.
+        c.delete(&slice("web-1", "web", "10.180.0.1"));
+        until_answered(
+            &c.bed,
+            "172.30.0.41",
+            "10.180.0.2:80",
+            Duration::from_secs(5),
+        )
+        .unwrap();
     }
 }

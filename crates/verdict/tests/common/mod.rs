@@ -251,3 +251,31 @@ pub fn node_flags(dir: &str) -> Vec<String> {
     .map(str::to_owned)
     .to_vec()
 }
+
+/// `GET path` on `host:port` from `ns`, with a bearer token if given: the
+/// status code and the body.
+pub fn get_from(
+    ns: &verdict_e2e::netns::Netns,
+    host: &str,
+    port: u16,
+    path: &str,
+    token: Option<&str>,
+) -> (u16, String) {
+    let auth = token.map_or(String::new(), |t| {
+        format!("Authorization: Bearer {t}\\r\\n")
+    });
+    let script = format!(
+        "exec 3<>/dev/tcp/{host}/{port} && printf 'GET {path} HTTP/1.1\\r\\nHost: x\\r\\n{auth}Connection: close\\r\\n\\r\\n' >&3 && cat <&3"
+    );
+    let out = ns
+        .exec("bash", &["-c", &script])
+        .unwrap_or_else(|e| e.to_string());
+    let out = verdict_e2e::http::unchunked(&out);
+    let code = out
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = out.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_owned();
+    (code, body)
+}
