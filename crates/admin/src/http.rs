@@ -46,6 +46,11 @@ use crate::health::Response;
 
 /// Open connections per server at most.
 pub const MAX_CONNECTIONS: usize = 4096;
+/// The `Server` header of every answer: how `verdict cleanup` tells
+/// verdict's health server from kube-proxy's, whose `/healthz` JSON is
+/// the same (kube-proxy's sends no `Server` header).
+pub const SERVER: &str = concat!("verdict/v", env!("CARGO_PKG_VERSION"));
+
 /// How long a request's headers may take to arrive.
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a request's body may take to arrive.
@@ -546,6 +551,7 @@ fn to_hyper(
     };
     put("content-type", r.content_type);
     put("x-content-type-options", "nosniff");
+    put("server", SERVER);
     for (k, v) in &r.headers {
         put(k, v);
     }
@@ -621,6 +627,7 @@ mod tests {
         assert!(r.starts_with("HTTP/1.1 503 Service Unavailable\r\n"), "{r}");
         assert!(r.contains("Content-Type: application/json\r\n"), "{r}");
         assert!(r.contains("X-Content-Type-Options: nosniff\r\n"), "{r}");
+        assert!(r.contains(&format!("Server: {SERVER}\r\n")), "{r}");
         assert!(r.ends_with("\r\n\r\n{\"healthy\":false}"), "{r}");
         assert!(get(addr, "/nope").starts_with("HTTP/1.1 404"));
     }

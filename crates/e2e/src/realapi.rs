@@ -194,6 +194,9 @@ pub struct RealApiServer {
     pub ca: PathBuf,
     /// A `system:masters` token.
     pub admin_token: String,
+    /// A token of the user `system:kube-proxy`, whom Kubernetes'
+    /// bootstrap binding `system:node-proxier` covers.
+    pub kube_proxy_token: String,
     /// The etcd it stores in.
     pub etcd: Etcd,
     ns: String,
@@ -324,7 +327,10 @@ impl RealApiServer {
         ssl(&["genrsa", "-out", &d("sa.key"), "2048"])?;
         ssl(&["rsa", "-in", &d("sa.key"), "-pubout", "-out", &d("sa.pub")])?;
         let admin_token = random_token();
-        let mut tokens = format!("{admin_token},verdict-test-admin,admin-uid,\"system:masters\"\n");
+        let kube_proxy_token = random_token();
+        let mut tokens = format!(
+            "{admin_token},verdict-test-admin,admin-uid,\"system:masters\"\n{kube_proxy_token},system:kube-proxy,kube-proxy-uid\n"
+        );
         for (i, t) in opts.tokens.iter().enumerate() {
             tokens.push_str(&format!(
                 "{},{},uid-{i},\"{}\"\n",
@@ -398,6 +404,7 @@ impl RealApiServer {
             url: format!("https://127.0.0.1:{}", opts.port),
             ca: dir.join("ca.crt"),
             admin_token,
+            kube_proxy_token,
             etcd,
             ns: ns.name().to_owned(),
             etcd_url,
@@ -574,6 +581,101 @@ impl Drop for RealApiServer {
         // The API server before its etcd.
         self.apiserver_process = None;
         self.etcd_process = None;
+    }
+}
+
+/// `GET path` on `addr` from inside `ns`: the status code and the body
+/// (`None`: nothing answered).
+pub fn http_get(ns: &str, addr: std::net::SocketAddr, path: &str) -> Option<(u16, String)> {
+    let request = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n");
+    let raw = in_netns_once(ns, move || {
+        let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1))
+            .map_err(|e| e.to_string())?;
+        s.set_read_timeout(Some(Duration::from_secs(5)))
+            .map_err(|e| e.to_string())?;
+        s.write_all(request.as_bytes()).map_err(|e| e.to_string())?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).map_err(|e| e.to_string())?;
+        Ok(out)
+    })
+    .ok()?;
+    let (head, body) = raw.split_once("\r\n\r\n")?;
+    let code = head.split_whitespace().nth(1)?.parse().ok()?;
+    Some((code, body.to_owned()))
+}
+
+/// The real kube-proxy 1.36 of `../shared/bin`, in nftables mode, in a
+/// namespace; killed when dropped.
+pub struct KubeProxy {
+    /// Its log.
+    pub log: PathBuf,
+    /// Its configuration file.
+    pub config: PathBuf,
+    _process: Process,
+}
+
+impl std::fmt::Debug for KubeProxy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeProxy")
+            .field("log", &self.log)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KubeProxy {
+    /// Starts kube-proxy in `ns` against `api` as `system:kube-proxy`,
+    /// with a `KubeProxyConfiguration` of nftables mode for node `node`
+    /// and cluster CIDR `cluster_cidr`, plus the lines `extra` (YAML at
+    /// the top level, such as `healthzBindAddress: 0.0.0.0:10266`); its
+    /// files go into `dir`. Waits until its health server says it has
+    /// synced (`healthz` below), or its tables are there.
+    pub fn start(
+        ns: &Netns,
+        api: &RealApiServer,
+        dir: &Path,
+        node: &str,
+        cluster_cidr: &str,
+        extra: &str,
+        healthz: std::net::SocketAddr,
+    ) -> Result<KubeProxy, String> {
+        std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+        let kubeconfig = api.kubeconfig("kube-proxy", &api.kube_proxy_token)?;
+        let config = dir.join("kube-proxy.yaml");
+        let mut text = format!(
+            "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: nftables\nclientConnection:\n  kubeconfig: {}\nhostnameOverride: {node}\nclusterCIDR: {cluster_cidr}\nconntrack:\n  maxPerCore: 0\n",
+            kubeconfig.display()
+        );
+        text.push_str(extra);
+        std::fs::write(&config, text).map_err(|e| e.to_string())?;
+        let log = dir.join("kube-proxy.log");
+        let bin = binaries()?.join("kube-proxy");
+        let child = spawn_logged(
+            ns.name(),
+            &bin,
+            &[format!("--config={}", config.display()), "--v=2".into()],
+            &log,
+        )?;
+        let mut process = Process(child);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some((200, _)) = http_get(ns.name(), healthz, "/healthz") {
+                break;
+            }
+            if let Ok(Some(status)) = process.0.try_wait() {
+                let text = std::fs::read_to_string(&log).unwrap_or_default();
+                return Err(format!("kube-proxy exited ({status}): {text}"));
+            }
+            if Instant::now() > deadline {
+                let text = std::fs::read_to_string(&log).unwrap_or_default();
+                return Err(format!("kube-proxy not healthy within 60 s: {text}"));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Ok(KubeProxy {
+            log,
+            config,
+            _process: process,
+        })
     }
 }
 

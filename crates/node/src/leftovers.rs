@@ -270,32 +270,75 @@ pub fn kube_proxy_running() -> Option<u32> {
     })
 }
 
-/// What kube-proxy's health server at `addr` says, if one answers there:
-/// `Some(when it last synced its rules)` (`None` inside when it has not
-/// yet). verdict's own health server (a superset, with per-family
-/// `status`) does not count.
-pub fn kube_proxy_health(addr: std::net::SocketAddr) -> Option<Option<std::time::SystemTime>> {
+/// An HTTP answer: the status code, the headers (names lower-case) and
+/// the body.
+type Answer = (u16, Vec<(String, String)>, String);
+
+/// `GET path` on `addr` (half a second to connect, a second to answer).
+fn ask(addr: std::net::SocketAddr, path: &str) -> Option<Answer> {
     use std::io::{Read, Write};
     let timeout = std::time::Duration::from_millis(500);
     let mut stream = std::net::TcpStream::connect_timeout(&addr, timeout).ok()?;
     stream.set_read_timeout(Some(timeout * 2)).ok()?;
     stream.set_write_timeout(Some(timeout)).ok()?;
     stream
-        .write_all(b"GET /healthz HTTP/1.0\r\nHost: localhost\r\nAccept: application/json\r\n\r\n")
+        .write_all(
+            format!("GET {path} HTTP/1.0\r\nHost: localhost\r\nAccept: application/json\r\n\r\n")
+                .as_bytes(),
+        )
         .ok()?;
     let mut raw = Vec::new();
     let _ = stream.take(64 << 10).read_to_end(&mut raw);
     let text = String::from_utf8_lossy(&raw);
-    let body = text.split_once("\r\n\r\n")?.1;
-    let v: serde_json::Value = serde_json::from_str(body.trim()).ok()?;
-    let last = v.get("lastUpdated")?.as_str()?;
-    if v.get("status").is_some() {
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let mut lines = head.lines();
+    let code = lines.next()?.split_whitespace().nth(1)?.parse().ok()?;
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    Some((code, headers, body.to_owned()))
+}
+
+/// Whether an answer is verdict's own: its admin servers name it in
+/// `Server` ([`verdict_admin::http::SERVER`]); kube-proxy's send none.
+fn is_verdicts(headers: &[(String, String)]) -> bool {
+    headers
+        .iter()
+        .any(|(k, v)| k == "server" && v.starts_with("verdict/"))
+}
+
+/// What kube-proxy's health server at `addr` says, if one answers there:
+/// `Some(when it last synced its rules)` (`None` inside when it has not
+/// yet). Its JSON is verdict's too (verdict is a drop-in, and kube-proxy
+/// 1.36 also gives a `status` per family): an answer is verdict's only if
+/// it names verdict as its `Server`. (A verdict older than that header
+/// is taken for kube-proxy: cleanup then refuses, the safe mistake.)
+pub fn kube_proxy_health(addr: std::net::SocketAddr) -> Option<Option<std::time::SystemTime>> {
+    let (_, headers, body) = ask(addr, "/healthz")?;
+    if is_verdicts(&headers) {
         return None;
     }
+    let v: serde_json::Value = serde_json::from_str(body.trim()).ok()?;
+    let last = v.get("lastUpdated")?.as_str()?;
+    v.get("currentTime")?;
     Some(
         verdict_admin::time::parse_rfc3339(last)
             .filter(|t| *t > std::time::UNIX_EPOCH + std::time::Duration::from_secs(86_400)),
     )
+}
+
+/// Whether kube-proxy's metrics server answers at `addr`: its
+/// `/proxyMode` names a proxy mode, and the answer is not verdict's.
+/// (kube-proxy's health server may be off or elsewhere; its metrics
+/// server is on 127.0.0.1:10249 by default.)
+pub fn kube_proxy_metrics(addr: std::net::SocketAddr) -> Option<String> {
+    let (code, headers, body) = ask(addr, "/proxyMode")?;
+    let mode = body.trim();
+    (code == 200
+        && !is_verdicts(&headers)
+        && ["iptables", "ipvs", "nftables", "kernelspace"].contains(&mode))
+    .then(|| mode.to_owned())
 }
 
 /// Removes kube-proxy's iptables and IPVS leftovers, and its nftables

@@ -112,6 +112,8 @@ pub fn offline(
 pub struct KubeProxyCheck {
     /// Where kube-proxy's health server would answer (its `/healthz`).
     pub health: Vec<std::net::SocketAddr>,
+    /// Where kube-proxy's metrics server would answer (its `/proxyMode`).
+    pub metrics: Vec<std::net::SocketAddr>,
     /// kube-proxy's sync period: a health server that says it synced its
     /// rules within it is said to have.
     pub sync_period: std::time::Duration,
@@ -121,9 +123,11 @@ pub struct KubeProxyCheck {
 /// iptables and IPVS leftovers and, unless kept, its nftables tables.
 /// Unless `force`, it refuses (and changes nothing) while kube-proxy runs
 /// on the node: a process of that name in this network namespace, or
-/// kube-proxy's health server answering (which is how a kube-proxy in a
-/// container verdict cannot see the processes of shows itself, with when
-/// it last wrote its rules). kube-proxy does not write its rules again
+/// kube-proxy's health or metrics server answering (which is how a
+/// kube-proxy in a container verdict cannot see the processes of, such
+/// as verdict's own pod without hostPID, shows itself, with when it last
+/// wrote its rules). verdict's own servers name themselves, and do not
+/// count. kube-proxy does not write its rules again
 /// until something changes or its periodic resync (up to an hour), and
 /// its Services would not work meanwhile.
 pub fn cleanup(
@@ -158,6 +162,13 @@ pub fn cleanup(
             return Err(NodeError::CleanupRefused(format!(
                 "kube-proxy's health server answers at {addr} and {when}: {AFTER}"
             )));
+        }
+        for addr in &check.metrics {
+            if let Some(mode) = crate::leftovers::kube_proxy_metrics(*addr) {
+                return Err(NodeError::CleanupRefused(format!(
+                    "kube-proxy's metrics server answers at {addr} (proxy mode {mode}): {AFTER}"
+                )));
+            }
         }
     }
     let mut nft = kind

@@ -497,17 +497,32 @@ pub fn offline(settings: &Settings, source: &Source) -> anyhow::Result<Offline> 
 /// Removes verdict's tables and kube-proxy's leftovers (unless `force`,
 /// not while kube-proxy runs).
 pub fn cleanup(settings: &Settings, source: &Source, force: bool) -> anyhow::Result<()> {
-    // kube-proxy's health server binds 0.0.0.0:10256 by default; this
-    // configuration's port too, if it is another.
+    // kube-proxy's health server binds 0.0.0.0:10256 by default, its
+    // metrics server 127.0.0.1:10249; and where this configuration puts
+    // them, if elsewhere (its address if one is named, else loopback).
+    let at = |a: std::net::SocketAddr| {
+        let ip = if a.ip().is_unspecified() {
+            std::net::IpAddr::from([127, 0, 0, 1])
+        } else {
+            a.ip()
+        };
+        std::net::SocketAddr::new(ip, a.port())
+    };
     let mut health = vec![std::net::SocketAddr::from(([127, 0, 0, 1], 10256))];
-    if let Some(a) = settings.healthz_bind_address
-        && a.port() != 10256
-        && a.port() != 0
-    {
-        health.push(std::net::SocketAddr::from(([127, 0, 0, 1], a.port())));
+    let mut metrics = vec![std::net::SocketAddr::from(([127, 0, 0, 1], 10249))];
+    for (list, configured) in [
+        (&mut health, settings.healthz_bind_address),
+        (&mut metrics, settings.metrics_bind_address),
+    ] {
+        if let Some(a) = configured.filter(|a| a.port() != 0).map(at)
+            && !list.contains(&a)
+        {
+            list.push(a);
+        }
     }
     let check = once::KubeProxyCheck {
         health,
+        metrics,
         sync_period: settings.sync_period,
     };
     Ok(once::cleanup(

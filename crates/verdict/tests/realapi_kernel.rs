@@ -912,3 +912,131 @@ fn a_forced_410_relists_no_older_than_the_last_version_seen() {
         .unwrap();
     }
 }
+
+/// `verdict cleanup` as from verdict's DaemonSet pod without hostPID: in
+/// the node's network namespace, in a PID namespace of its own (no
+/// process of the node is visible).
+fn cleanup_from_a_pod(bed: &TestBed, extra: &[&str]) -> Result<String, String> {
+    let mut args = vec![
+        "unshare",
+        "--pid",
+        "--fork",
+        "--mount-proc",
+        env!("CARGO_BIN_EXE_verdict"),
+        "cleanup",
+    ];
+    args.extend_from_slice(extra);
+    bed.node
+        .exec(args[0], &args[1..])
+        .map_err(|e| e.to_string())
+}
+
+fn tables(bed: &TestBed) -> String {
+    bed.node.exec("nft", &["list", "tables"]).unwrap()
+}
+
+#[test]
+fn cleanup_from_a_pod_refuses_beside_a_running_kube_proxy_and_changes_nothing() {
+    let Some(c) = Cluster::new(
+        "cleanup",
+        Etcd::V36,
+        Options {
+            service_cidr: "172.30.0.0/16".into(),
+            ..Options::default()
+        },
+    ) else {
+        return;
+    };
+    c.create(&service("web", "172.30.0.41"));
+    c.create(&slice("web-1", "web", "10.180.0.1"));
+    // The PID namespace hides the node's processes, kube-proxy's too.
+    let seen = c
+        .bed
+        .node
+        .exec(
+            "unshare",
+            &[
+                "--pid",
+                "--fork",
+                "--mount-proc",
+                "sh",
+                "-c",
+                "ls /proc | grep -c '^[0-9]'",
+            ],
+        )
+        .unwrap();
+    assert!(seen.trim().parse::<u32>().unwrap() <= 3, "{seen}");
+
+    for (what, extra, healthz) in [
+        ("its health server on 10256", "", "127.0.0.1:10256"),
+        // Its health server elsewhere: its metrics server gives it away.
+        (
+            "only its metrics server",
+            "healthzBindAddress: 127.0.0.1:10266\n",
+            "127.0.0.1:10266",
+        ),
+    ] {
+        let kp = verdict_e2e::realapi::KubeProxy::start(
+            &c.bed.node,
+            &c.api,
+            &c.dir
+                .join(format!("kube-proxy-{}", healthz.replace([':', '.'], "-"))),
+            NODE,
+            "10.0.0.0/8",
+            extra,
+            healthz.parse().unwrap(),
+        )
+        .unwrap();
+        until_answered(
+            &c.bed,
+            "172.30.0.41",
+            "10.180.0.1:80",
+            Duration::from_secs(10),
+        )
+        .unwrap_or_else(|got| panic!("kube-proxy does not serve the Service ({got:?})"));
+        // Both families written (its health says so after the first).
+        let t = Instant::now();
+        while tables(&c.bed).matches("kube-proxy").count() < 2 {
+            assert!(t.elapsed() < Duration::from_secs(10), "{}", tables(&c.bed));
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        let before = c.bed.node.exec("nft", &["list", "ruleset"]).unwrap();
+        assert!(before.contains("table ip kube-proxy"), "{before}");
+        let refused = cleanup_from_a_pod(&c.bed, &[]).unwrap_err();
+        println!("{what}: verdict cleanup said: {}", refused.trim());
+        assert!(refused.contains("kube-proxy's"), "{what}: {refused}");
+        assert!(refused.contains("nothing was changed"), "{refused}");
+        assert_eq!(
+            c.bed.node.exec("nft", &["list", "ruleset"]).unwrap(),
+            before,
+            "{what}: the ruleset changed"
+        );
+        assert_eq!(
+            who_at(&c.bed, "172.30.0.41"),
+            "10.180.0.1:80",
+            "kube-proxy still serves"
+        );
+        drop(kp);
+    }
+
+    // Beside verdict itself (its health JSON is kube-proxy's, but it
+    // names itself): cleanup goes ahead.
+    let (verdict, log) = c.verdict("verdict", &["--keep-kube-proxy-nftables"]);
+    let t = Instant::now();
+    while !tables(&c.bed).contains("table ip verdict") {
+        assert!(t.elapsed() < Duration::from_secs(10), "{}", log_of(&log));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (code, body) = get_from(&c.bed.node, "127.0.0.1", 10256, "/healthz", None);
+    assert_eq!(code, 200, "{body}");
+    let done = cleanup_from_a_pod(&c.bed, &[]);
+    assert!(done.is_ok(), "beside verdict: {done:?}");
+    let left = tables(&c.bed);
+    assert!(!left.contains("table ip verdict"), "{left}");
+    assert!(
+        !left.contains("kube-proxy"),
+        "kube-proxy's old tables: {left}"
+    );
+    drop(verdict);
+}
