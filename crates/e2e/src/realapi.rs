@@ -584,24 +584,71 @@ impl Drop for RealApiServer {
     }
 }
 
-/// `GET path` on `addr` from inside `ns`: the status code and the body
-/// (`None`: nothing answered).
-pub fn http_get(ns: &str, addr: std::net::SocketAddr, path: &str) -> Option<(u16, String)> {
-    let request = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n");
+/// An HTTP answer: the status code, the headers (names lower-case) and
+/// the body (de-chunked).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Answer {
+    /// The status code.
+    pub code: u16,
+    /// The headers, names lower-case.
+    pub headers: Vec<(String, String)>,
+    /// The body.
+    pub body: String,
+}
+
+impl Answer {
+    /// A header's value.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// `GET path` on `addr` from inside `ns`, with `headers` (`Name: value`
+/// lines); `None`: nothing answered.
+pub fn http_request(
+    ns: &str,
+    addr: std::net::SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> Option<Answer> {
+    let mut request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    for (k, v) in headers {
+        request.push_str(&format!("{k}: {v}\r\n"));
+    }
+    request.push_str("\r\n");
     let raw = in_netns_once(ns, move || {
         let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1))
             .map_err(|e| e.to_string())?;
         s.set_read_timeout(Some(Duration::from_secs(5)))
             .map_err(|e| e.to_string())?;
         s.write_all(request.as_bytes()).map_err(|e| e.to_string())?;
-        let mut out = String::new();
-        s.read_to_string(&mut out).map_err(|e| e.to_string())?;
-        Ok(out)
+        let mut out = Vec::new();
+        s.read_to_end(&mut out).map_err(|e| e.to_string())?;
+        Ok(String::from_utf8_lossy(&out).into_owned())
     })
     .ok()?;
+    let raw = crate::http::unchunked(&raw);
     let (head, body) = raw.split_once("\r\n\r\n")?;
-    let code = head.split_whitespace().nth(1)?.parse().ok()?;
-    Some((code, body.to_owned()))
+    let mut lines = head.lines();
+    let code = lines.next()?.split_whitespace().nth(1)?.parse().ok()?;
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    Some(Answer {
+        code,
+        headers,
+        body: body.to_owned(),
+    })
+}
+
+/// `GET path` on `addr` from inside `ns`: the status code and the body
+/// (`None`: nothing answered).
+pub fn http_get(ns: &str, addr: std::net::SocketAddr, path: &str) -> Option<(u16, String)> {
+    http_request(ns, addr, path, &[]).map(|a| (a.code, a.body))
 }
 
 /// The real kube-proxy 1.36 of `../shared/bin`, in nftables mode, in a
@@ -609,7 +656,7 @@ pub fn http_get(ns: &str, addr: std::net::SocketAddr, path: &str) -> Option<(u16
 pub struct KubeProxy {
     /// Its log.
     pub log: PathBuf,
-    /// Its configuration file.
+    /// Its configuration file (empty when started with flags only).
     pub config: PathBuf,
     _process: Process,
 }
@@ -647,14 +694,29 @@ impl KubeProxy {
         );
         text.push_str(extra);
         std::fs::write(&config, text).map_err(|e| e.to_string())?;
+        let mut kp = KubeProxy::with_args(
+            ns,
+            dir,
+            &[format!("--config={}", config.display()), "--v=2".into()],
+            healthz,
+        )?;
+        kp.config = config;
+        Ok(kp)
+    }
+
+    /// Starts kube-proxy in `ns` with the command line `args` (its
+    /// kubeconfig among them), its log in `dir`; waits until its health
+    /// server at `healthz` answers 200.
+    pub fn with_args(
+        ns: &Netns,
+        dir: &Path,
+        args: &[String],
+        healthz: std::net::SocketAddr,
+    ) -> Result<KubeProxy, String> {
+        std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
         let log = dir.join("kube-proxy.log");
         let bin = binaries()?.join("kube-proxy");
-        let child = spawn_logged(
-            ns.name(),
-            &bin,
-            &[format!("--config={}", config.display()), "--v=2".into()],
-            &log,
-        )?;
+        let child = spawn_logged(ns.name(), &bin, args, &log)?;
         let mut process = Process(child);
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
@@ -673,7 +735,7 @@ impl KubeProxy {
         }
         Ok(KubeProxy {
             log,
-            config,
+            config: PathBuf::new(),
             _process: process,
         })
     }

@@ -426,7 +426,7 @@ const OPTIONS: &[OptSpec] = &[
         short: None,
         opt: Opt::ApiBindAddress,
         takes_value: true,
-        help: "Serve the introspection API and the web view on this IP:PORT to other hosts too, each request with a Kubernetes bearer token that the API server authenticates (TokenReview) and RBAC lets get the path (SubjectAccessReview); without it they answer only loopback clients, on the metrics address",
+        help: "Serve the introspection API and the web view on this IP:PORT to other hosts too, each request with a Kubernetes bearer token that the API server authenticates (TokenReview) and RBAC lets get `nodes/verdict` of this node (SubjectAccessReview); without it they answer only loopback clients, on the metrics address",
         kube_proxy: false,
         commands: &[],
     },

@@ -319,7 +319,9 @@ pub fn run(settings: &Settings, source: &Source, verbosity: &Verbosity) -> anyho
                             + std::time::Duration::from_secs_f64(p.start_time.max(0.0))
                     },
                 ),
-                &crate::version::BUILD.line(),
+                // As component-base gives it: the version without its `v`.
+                crate::version::BUILD.git_version.trim_start_matches('v'),
+                crate::version::BUILD.compiler,
                 crate::endpoints::metrics_paths(settings.enable_profiling),
             )),
             profiling: settings.enable_profiling,

@@ -26,8 +26,9 @@ use verdict_admin::{Health, Metrics, Response, Stream};
 use crate::logging::Verbosity;
 
 const PLAIN: &str = "text/plain; charset=utf-8";
-/// Prometheus' text exposition format.
-const EXPOSITION: &str = "text/plain; version=0.0.4; charset=utf-8";
+/// Prometheus' text exposition format, with the escaping scheme
+/// kube-proxy 1.36's client_golang names (its names need none).
+const EXPOSITION: &str = "text/plain; version=0.0.4; charset=utf-8; escaping=underscores";
 /// How often a port that could not be bound is tried again.
 const REBIND_EVERY: Duration = Duration::from_secs(5);
 
@@ -386,6 +387,7 @@ mod tests {
                 [("proxy-mode".to_string(), "nftables".to_string())].into(),
                 SystemTime::now(),
                 "test",
+                "rustc test",
                 metrics_paths(profiling),
             )),
             profiling,
@@ -412,12 +414,12 @@ mod tests {
         assert_eq!(c.content_type, "application/json");
         let f = get("/flagz").unwrap().text_body();
         assert!(
-            f.starts_with("\nkube-proxy flags\n") && f.contains("proxy-mode"),
+            f.starts_with("\nkube-proxy flagz\n") && f.contains("proxy-mode"),
             "{f}"
         );
         let z = get("/statusz").unwrap().text_body();
         assert!(
-            z.contains("/configz /flagz /healthz /metrics /proxyMode /statusz"),
+            z.contains("/configz /flagz /healthz /metrics /proxyMode\n"),
             "{z}"
         );
         let slis = get("/metrics/slis").unwrap().text_body();

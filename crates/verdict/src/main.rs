@@ -108,7 +108,11 @@ fn main() -> ExitCode {
     settings.api_bind_address = cli.api_bind_address;
     settings.service_metrics = cli.service_metrics.clone();
     settings.nftables_backend = cli.nftables_backend;
-    settings.flagz = config::render::flagz(&settings.effective, &cli.given);
+    // What the flags alone say, as kube-proxy's /flagz shows them.
+    let flags_only = config::resolve(&cli.input(None))
+        .ok()
+        .map(|r| r.settings.effective);
+    settings.flagz = config::render::flagz(flags_only.as_ref(), &cli.given);
     let verbosity = logging::init(&settings.logging);
     // The introspection commands are clients: their output is the answer.
     let daemon_like = !cli.command.inspects();

@@ -205,31 +205,38 @@ fn kubeadms_configuration_runs_unchanged() {
     assert_eq!(c["nftables"]["minSyncPeriod"], "1s");
     assert_eq!(c["healthzBindAddress"], "0.0.0.0:10256");
     assert_eq!(c["nftables"]["masqueradeBit"], 14);
-    // kube-proxy 1.36's z-pages: the flags with the values they stand for,
-    // and the process's status, in text by default.
+    // kube-proxy 1.36's z-pages: the flags as the command line set them
+    // (what the file says is /configz's), and the process's status, in
+    // text by default.
     let flagz = http_on(&bed, 10249, "/flagz");
     assert!(flagz.starts_with("HTTP/1.1 200"), "{flagz}");
     let body = flagz.split_once("\r\n\r\n").unwrap().1;
     assert!(
         body.starts_with(
-            "\nkube-proxy flags\nWarning: This endpoint is not meant to be machine parseable"
+            "\nkube-proxy flagz\nWarning: This endpoint is not meant to be machine parseable"
         ),
         "{body}"
     );
     assert!(
         body.lines()
-            .any(|l| l.starts_with("proxy-mode") && l.ends_with("nftables")),
+            .any(|l| l.starts_with("config") && l.ends_with("/config.conf")),
         "{body}"
+    );
+    assert!(
+        body.lines()
+            .any(|l| l.trim_end_matches([':', '=', ' ']) == "proxy-mode"),
+        "the flag's own default, as kube-proxy shows it: {body}"
     );
     let statusz = http_on(&bed, 10249, "/statusz");
     let body = statusz.split_once("\r\n\r\n").unwrap().1;
     assert!(body.starts_with("\nkube-proxy statusz\n"), "{body}");
     assert!(
-        body.contains("Binary version") && body.contains("verdict v"),
+        body.contains("Binary version") && body.contains(env!("CARGO_PKG_VERSION")),
         "{body}"
     );
+    assert!(body.contains("Emulation version"), "{body}");
     assert!(
-        body.contains("/configz /flagz /healthz /metrics /proxyMode /statusz"),
+        body.contains("/configz /flagz /healthz /metrics /proxyMode\n"),
         "{body}"
     );
     // The structured object, to who asks for it.

@@ -1040,3 +1040,476 @@ fn cleanup_from_a_pod_refuses_beside_a_running_kube_proxy_and_changes_nothing() 
     );
     drop(verdict);
 }
+
+/// One page to compare: its name, port, path and `Accept` header.
+const PAGES: &[(&str, u16, &str, Option<&str>)] = &[
+    ("healthz", 10256, "/healthz", None),
+    ("livez", 10256, "/livez", None),
+    ("metrics-port healthz", 10249, "/healthz", None),
+    ("proxyMode", 10249, "/proxyMode", None),
+    ("configz", 10249, "/configz", None),
+    ("flagz", 10249, "/flagz", None),
+    ("flagz text/plain", 10249, "/flagz", Some("text/plain")),
+    (
+        "flagz v1beta1",
+        10249,
+        "/flagz",
+        Some("application/json;as=Flagz;v=v1beta1;g=config.k8s.io"),
+    ),
+    (
+        "flagz v1alpha1",
+        10249,
+        "/flagz",
+        Some("application/json;as=Flagz;v=v1alpha1;g=config.k8s.io"),
+    ),
+    (
+        "flagz application/json",
+        10249,
+        "/flagz",
+        Some("application/json"),
+    ),
+    (
+        "flagz application/yaml",
+        10249,
+        "/flagz",
+        Some("application/yaml"),
+    ),
+    ("flagz text/html", 10249, "/flagz", Some("text/html")),
+    ("statusz", 10249, "/statusz", None),
+    (
+        "statusz v1beta1",
+        10249,
+        "/statusz",
+        Some("application/json;as=Statusz;v=v1beta1;g=config.k8s.io"),
+    ),
+    (
+        "statusz v1alpha1",
+        10249,
+        "/statusz",
+        Some("application/json;as=Statusz;v=v1alpha1;g=config.k8s.io"),
+    ),
+    (
+        "statusz yaml v1beta1",
+        10249,
+        "/statusz",
+        Some("application/yaml;as=Statusz;v=v1beta1;g=config.k8s.io"),
+    ),
+    (
+        "statusz v1",
+        10249,
+        "/statusz",
+        Some("application/json;as=Statusz;v=v1;g=config.k8s.io"),
+    ),
+    (
+        "statusz as Flagz",
+        10249,
+        "/statusz",
+        Some("application/json;as=Flagz;v=v1beta1;g=config.k8s.io"),
+    ),
+    (
+        "statusz application/json",
+        10249,
+        "/statusz",
+        Some("application/json"),
+    ),
+    (
+        "statusz application/yaml",
+        10249,
+        "/statusz",
+        Some("application/yaml"),
+    ),
+    ("metrics", 10249, "/metrics", None),
+];
+
+fn fetch_pages(bed: &TestBed) -> Vec<verdict_e2e::realapi::Answer> {
+    PAGES
+        .iter()
+        .map(|(name, port, path, accept)| {
+            let addr = format!("127.0.0.1:{port}").parse().unwrap();
+            let headers: Vec<(&str, &str)> = accept.iter().map(|a| ("Accept", *a)).collect();
+            verdict_e2e::realapi::http_request(bed.node.name(), addr, path, &headers)
+                .unwrap_or_else(|| panic!("{name}: no answer"))
+        })
+        .collect()
+}
+
+/// A text z-page's `name<sep>value` lines (the separator is drawn at
+/// random per process, as component-base draws it).
+fn text_fields(body: &str) -> std::collections::BTreeMap<String, String> {
+    body.lines()
+        .skip(3)
+        .filter(|l| !l.trim().is_empty())
+        .filter_map(|l| {
+            // The first of `:`, `=`, or a space.
+            let at = l.find([':', '=', ' '])?;
+            Some((l[..at].to_owned(), l[at + 1..].trim_start().to_owned()))
+        })
+        .collect()
+}
+
+/// `/statusz`'s text lines by their names (which have spaces).
+fn statusz_fields(body: &str) -> std::collections::BTreeMap<String, String> {
+    const NAMES: [&str; 6] = [
+        "Started",
+        "Up",
+        "Go version",
+        "Binary version",
+        "Emulation version",
+        "Paths",
+    ];
+    body.lines()
+        .filter_map(|l| {
+            let name = NAMES.iter().find(|n| l.starts_with(**n))?;
+            let value = l[name.len()..].trim_start_matches([':', '=', ' ']);
+            Some(((*name).to_owned(), value.to_owned()))
+        })
+        .collect()
+}
+
+/// Metric families and their types, from `# TYPE` lines.
+fn metric_types(body: &str) -> std::collections::BTreeMap<String, String> {
+    body.lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_once(' '))
+        .map(|(n, t)| (n.to_owned(), t.to_owned()))
+        .collect()
+}
+
+/// Where two JSON values differ: `path: a / b` for each leaf.
+fn json_diff(path: &str, a: &Value, b: &Value, out: &mut Vec<String>) {
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            let keys: std::collections::BTreeSet<&String> = x.keys().chain(y.keys()).collect();
+            for k in keys {
+                let (l, r) = (
+                    x.get(k).unwrap_or(&Value::Null),
+                    y.get(k).unwrap_or(&Value::Null),
+                );
+                if !x.contains_key(k) || !y.contains_key(k) {
+                    out.push(format!(
+                        "{path}.{k}: {} / {}",
+                        x.get(k).map_or("(none)".into(), Value::to_string),
+                        y.get(k).map_or("(none)".into(), Value::to_string)
+                    ));
+                } else {
+                    json_diff(&format!("{path}.{k}"), l, r, out);
+                }
+            }
+        }
+        (Value::Number(x), Value::Number(y)) if x.as_f64() == y.as_f64() => {}
+        _ if a != b => out.push(format!("{path}: {a} / {b}")),
+        _ => {}
+    }
+}
+
+/// The shape of a JSON value: its keys, recursively, with leaf types.
+fn shape(v: &Value) -> Value {
+    match v {
+        Value::Object(m) => Value::Object(m.iter().map(|(k, v)| (k.clone(), shape(v))).collect()),
+        Value::Array(a) => Value::Array(a.iter().take(1).map(shape).collect()),
+        Value::String(_) => json!("string"),
+        Value::Number(_) => json!("number"),
+        Value::Bool(_) => json!("bool"),
+        Value::Null => json!("null"),
+    }
+}
+
+/// Where a page of verdict's differs from kube-proxy's: `None` if the
+/// same as far as a client can tell.
+fn page_difference(
+    name: &str,
+    kp: &verdict_e2e::realapi::Answer,
+    v: &verdict_e2e::realapi::Answer,
+) -> Option<String> {
+    let ct =
+        |a: &verdict_e2e::realapi::Answer| a.header("content-type").unwrap_or("").replace(' ', "");
+    if kp.code != v.code {
+        return Some(format!("code {} / {}", kp.code, v.code));
+    }
+    if ct(kp) != ct(v) {
+        return Some(format!("Content-Type {} / {}", ct(kp), ct(v)));
+    }
+    let json = |a: &verdict_e2e::realapi::Answer| serde_json::from_str::<Value>(&a.body).ok();
+    match name {
+        "metrics" => {
+            let (a, b) = (metric_types(&kp.body), metric_types(&v.body));
+            let missing: Vec<_> = a.keys().filter(|k| !b.contains_key(*k)).collect();
+            let retyped: Vec<_> = a
+                .iter()
+                .filter(|(k, t)| b.get(*k).is_some_and(|u| u != *t))
+                .map(|(k, _)| k)
+                .collect();
+            (!missing.is_empty() || !retyped.is_empty())
+                .then(|| format!("missing {missing:?}, other types {retyped:?}"))
+        }
+        "healthz" | "livez" => {
+            let (a, b) = (json(kp)?, json(v)?);
+            (shape(&a) != shape(&b)
+                || a["healthy"] != b["healthy"]
+                || a["nodeEligible"] != b["nodeEligible"])
+                .then(|| format!("{a} / {b}"))
+        }
+        "flagz" | "flagz text/plain" => {
+            let (a, b) = (text_fields(&kp.body), text_fields(&v.body));
+            let title = |s: &str| s.lines().nth(1).unwrap_or("").to_owned();
+            if title(&kp.body) != title(&v.body) {
+                return Some(format!(
+                    "title {:?} / {:?}",
+                    title(&kp.body),
+                    title(&v.body)
+                ));
+            }
+            let diff: Vec<String> = a
+                .keys()
+                .chain(b.keys())
+                .collect::<std::collections::BTreeSet<_>>()
+                .into_iter()
+                .filter(|k| a.get(*k) != b.get(*k))
+                .map(|k| format!("{k}: {:?} / {:?}", a.get(k), b.get(k)))
+                .collect();
+            (!diff.is_empty()).then(|| diff.join("; "))
+        }
+        "flagz v1beta1" | "flagz v1alpha1" | "configz" => {
+            let (a, b) = (json(kp)?, json(v)?);
+            let mut out = Vec::new();
+            json_diff("", &a, &b, &mut out);
+            (!out.is_empty()).then(|| out.join("; "))
+        }
+        "statusz" => {
+            let (a, b) = (statusz_fields(&kp.body), statusz_fields(&v.body));
+            let keys = |m: &std::collections::BTreeMap<String, String>| {
+                m.keys().cloned().collect::<Vec<_>>()
+            };
+            (keys(&a) != keys(&b)
+                || a.get("Paths") != b.get("Paths")
+                || a.get("Emulation version") != b.get("Emulation version"))
+            .then(|| format!("{a:?} / {b:?}"))
+        }
+        "statusz v1beta1" | "statusz v1alpha1" => {
+            let (mut a, mut b) = (json(kp)?, json(v)?);
+            for o in [&mut a, &mut b] {
+                for k in ["startTime", "uptimeSeconds", "goVersion", "binaryVersion"] {
+                    o[k] = json!(o[k].is_string() || o[k].is_number());
+                }
+            }
+            (a != b).then(|| format!("{a} / {b}"))
+        }
+        "statusz yaml v1beta1" => {
+            let keys = |s: &str| {
+                s.lines()
+                    .filter(|l| !l.starts_with([' ', '-']))
+                    .filter_map(|l| l.split_once(':').map(|(k, _)| k.to_owned()))
+                    .collect::<Vec<_>>()
+            };
+            (keys(&kp.body) != keys(&v.body))
+                .then(|| format!("{:?} / {:?}", keys(&kp.body), keys(&v.body)))
+        }
+        _ if kp.code == 406 => {
+            let status = |a: &verdict_e2e::realapi::Answer| {
+                json(a).map_or_else(|| a.body.replace(['\n', ' '], ""), |j| j.to_string())
+            };
+            (status(kp) != status(v)).then(|| format!("{} / {}", kp.body, v.body))
+        }
+        _ => (kp.body.trim() != v.body.trim()).then(|| format!("{:?} / {:?}", kp.body, v.body)),
+    }
+}
+
+/// Metric families kube-proxy 1.36 exports that verdict does not, each
+/// documented in docs/configuration.md ("Endpoints compared with
+/// kube-proxy 1.36"): the Go runtime's, and the libraries' that the
+/// kube-proxy binary links without using (prefixes), and these.
+const KUBE_PROXY_ONLY_PREFIXES: [&str; 3] = ["go_", "aggregator_", "apiserver_"];
+const KUBE_PROXY_ONLY: [&str; 14] = [
+    "cardinality_enforcement_unexpected_categorizations_total",
+    "disabled_metrics_total",
+    "hidden_metrics_total",
+    "registered_metrics_total",
+    "process_network_receive_bytes_total",
+    "process_network_transmit_bytes_total",
+    "rest_client_exec_plugin_certificate_rotation_age",
+    "rest_client_exec_plugin_ttl_seconds",
+    "rest_client_rate_limiter_duration_seconds",
+    "rest_client_request_size_bytes",
+    "rest_client_response_size_bytes",
+    "rest_client_transport_cache_entries",
+    "rest_client_transport_cert_rotation_gc_calls_total",
+    "rest_client_transport_create_calls_total",
+];
+
+/// A `/flagz` answer without one flag (text or structured).
+fn without_flag(a: &verdict_e2e::realapi::Answer, flag: &str) -> verdict_e2e::realapi::Answer {
+    let mut out = a.clone();
+    if let Ok(mut v) = serde_json::from_str::<Value>(&a.body) {
+        if let Some(flags) = v.get_mut("flags").and_then(Value::as_object_mut) {
+            flags.remove(flag);
+        }
+        out.body = v.to_string();
+    } else {
+        out.body = a
+            .body
+            .lines()
+            .filter(|l| !l.starts_with(flag))
+            .map(|l| format!("{l}\n"))
+            .collect();
+    }
+    out
+}
+
+/// Runs kube-proxy with `kp_args`, then verdict with `verdict_args` (the
+/// same command line, as a drop-in), on the same node and API server;
+/// returns the comparison table and the differences.
+fn compare_with_kube_proxy(
+    c: &Cluster,
+    tag: &str,
+    kp_args: &[String],
+    verdict_args: &[String],
+) -> (String, Vec<String>) {
+    let kp = verdict_e2e::realapi::KubeProxy::with_args(
+        &c.bed.node,
+        &c.dir.join(format!("kube-proxy-{tag}")),
+        kp_args,
+        "127.0.0.1:10256".parse().unwrap(),
+    )
+    .unwrap();
+    until_answered(
+        &c.bed,
+        "172.30.0.41",
+        "10.180.0.1:80",
+        Duration::from_secs(10),
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    let theirs = fetch_pages(&c.bed);
+    drop(kp);
+    let log = c.dir.join(format!("verdict-{tag}.log"));
+    let verdict = spawn_verdict(&c.bed, verdict_args, &log, None);
+    until_answered(
+        &c.bed,
+        "172.30.0.41",
+        "10.180.0.1:80",
+        Duration::from_secs(10),
+    )
+    .unwrap_or_else(|got| panic!("{got:?}: {}", log_of(&log)));
+    std::thread::sleep(Duration::from_secs(1));
+    let ours = fetch_pages(&c.bed);
+    drop(verdict);
+    let mut table = format!(
+        "{tag}: kube-proxy {}\n| page | kube-proxy 1.36 | verdict | difference |\n|---|---|---|---|\n",
+        kp_args.join(" ")
+    );
+    let mut differences = Vec::new();
+    for (((name, ..), kp), v) in PAGES.iter().zip(&theirs).zip(&ours) {
+        // Documented (docs/configuration.md): without --config,
+        // kube-proxy's /flagz shows nodeport-addresses as the node
+        // addresses it resolved `primary` to at run time.
+        let (kp, v) =
+            if name.starts_with("flagz") && !kp_args.iter().any(|a| a.starts_with("--config")) {
+                (
+                    &without_flag(kp, "nodeport-addresses"),
+                    &without_flag(v, "nodeport-addresses"),
+                )
+            } else {
+                (kp, v)
+            };
+        let mut d = page_difference(name, kp, v);
+        if *name == "metrics" && kp.code == v.code {
+            // Only what is not documented counts.
+            let (a, b) = (metric_types(&kp.body), metric_types(&v.body));
+            let undocumented: Vec<&String> = a
+                .keys()
+                .filter(|k| !b.contains_key(*k))
+                .filter(|k| !KUBE_PROXY_ONLY_PREFIXES.iter().any(|p| k.starts_with(p)))
+                .filter(|k| !KUBE_PROXY_ONLY.contains(&k.as_str()))
+                .collect();
+            let retyped: Vec<&String> = a
+                .iter()
+                .filter(|(k, t)| b.get(*k).is_some_and(|u| u != *t))
+                .map(|(k, _)| k)
+                .collect();
+            let kubeproxy = a.keys().filter(|k| k.starts_with("kubeproxy_")).count();
+            d = (!undocumented.is_empty() || !retyped.is_empty())
+                .then(|| format!("undocumented: {undocumented:?}, other types: {retyped:?}"));
+            table.push_str(&format!(
+                "| metrics: kubeproxy_* families | {kubeproxy} | {} | {} |\n",
+                b.keys().filter(|k| k.starts_with("kubeproxy_")).count(),
+                if a.keys()
+                    .filter(|k| k.starts_with("kubeproxy_"))
+                    .all(|k| b.get(k) == a.get(k))
+                {
+                    "same names and types"
+                } else {
+                    "differ"
+                }
+            ));
+        }
+        let ct =
+            |a: &verdict_e2e::realapi::Answer| a.header("content-type").unwrap_or("").to_owned();
+        table.push_str(&format!(
+            "| {name} | {} {} | {} {} | {} |\n",
+            kp.code,
+            ct(kp),
+            v.code,
+            ct(v),
+            d.as_deref()
+                .map_or("same".to_owned(), |d| d.chars().take(300).collect())
+        ));
+        if let Some(d) = d {
+            differences.push(format!("{tag}: {name}: {d}"));
+        }
+    }
+    (table, differences)
+}
+
+#[test]
+fn endpoints_and_metric_names_match_the_real_kube_proxy() {
+    let Some(c) = Cluster::new(
+        "zpages",
+        Etcd::V36,
+        Options {
+            service_cidr: "172.30.0.0/16".into(),
+            ..Options::default()
+        },
+    ) else {
+        return;
+    };
+    c.create(&service("web", "172.30.0.41"));
+    c.create(&slice("web-1", "web", "10.180.0.1"));
+    let kubeconfig = c
+        .api
+        .kubeconfig("kube-proxy", &c.api.kube_proxy_token)
+        .unwrap();
+    // kube-proxy's configuration file, as kubeadm deploys it.
+    let config = c.dir.join("kube-proxy.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: nftables\nclientConnection:\n  kubeconfig: {}\nhostnameOverride: {NODE}\nclusterCIDR: 10.0.0.0/8\nconntrack:\n  maxPerCore: 0\n",
+            kubeconfig.display()
+        ),
+    )
+    .unwrap();
+    let with_file = vec![format!("--config={}", config.display()), "--v=2".to_owned()];
+    // Flags only, as k3s passes them.
+    let flags: Vec<String> = [
+        format!("--kubeconfig={}", kubeconfig.display()),
+        "--proxy-mode=nftables".to_owned(),
+        format!("--hostname-override={NODE}"),
+        "--cluster-cidr=10.0.0.0/8".to_owned(),
+        "--conntrack-max-per-core=0".to_owned(),
+        "--healthz-bind-address=127.0.0.1".to_owned(),
+        "--kube-api-qps=5".to_owned(),
+        "--iptables-sync-period=1m".to_owned(),
+        "--v=2".to_owned(),
+    ]
+    .to_vec();
+    let mut report = String::new();
+    let mut all = Vec::new();
+    for (tag, args) in [("config file", &with_file), ("flags only", &flags)] {
+        let (table, differences) = compare_with_kube_proxy(&c, tag, args, args);
+        report.push_str(&table);
+        report.push('\n');
+        all.extend(differences);
+    }
+    println!("{report}");
+    assert!(all.is_empty(), "{}", all.join("\n"));
+}

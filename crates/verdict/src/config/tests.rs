@@ -505,7 +505,7 @@ fn conntrack_and_oom_settings_from_the_file_or_the_flags() {
 fn no_effect_fields_warn_only_when_set() {
     let text = FILE.replace(
         "mode: nftables",
-        "mode: nftables\nipvs: {scheduler: rr, syncPeriod: 30s}\niptables: {masqueradeBit: 14, localhostNodePorts: false}\nwinkernel: {enableDSR: false}",
+        "mode: nftables\nipvs: {scheduler: rr, syncPeriod: 0s}\niptables: {masqueradeBit: 14, localhostNodePorts: false}\nwinkernel: {enableDSR: false}",
     );
     let (_, w) = ok(Some(&text), &[]);
     let w = w.join("\n");
@@ -1089,6 +1089,10 @@ fn the_configuration_reference_is_current() {
 
 #[test]
 fn flagz_shows_every_flag_with_the_value_it_stands_for() {
+    // Nothing given: kube-proxy's own defaults, all 59 of its flags.
+    let z = super::render::flagz(None, &[]);
+    assert_eq!(z.len(), 59);
+    assert_eq!(z.get("proxy-mode").map(String::as_str), Some(""));
     let flags = [
         "--master",
         "https://api:6443",
@@ -1098,35 +1102,29 @@ fn flagz_shows_every_flag_with_the_value_it_stands_for() {
         "B=false,A=true",
         "--conntrack-max-per-core",
         "0",
+        "--kube-api-qps",
+        "5",
+        "--iptables-sync-period",
+        "1m",
+        "--flows",
     ];
-    let (s, _) = ok(None, &flags);
     let cli = args(&flags);
-    let z = super::render::flagz(&s.effective, &cli.given);
-    assert_eq!(
-        z.get("master").map(String::as_str),
-        Some("https://api:6443")
-    );
-    assert_eq!(z.get("proxy-mode").map(String::as_str), Some("nftables"));
-    assert_eq!(
-        z.get("nodeport-addresses").map(String::as_str),
-        Some("[primary]")
-    );
-    assert_eq!(
-        z.get("feature-gates").map(String::as_str),
-        Some("A=true,B=false")
-    );
-    assert_eq!(
-        z.get("conntrack-max-per-core").map(String::as_str),
-        Some("0")
-    );
-    assert_eq!(
-        z.get("healthz-bind-address").map(String::as_str),
-        Some("0.0.0.0:10256")
-    );
-    // Every flag of a setting is there, set or not.
-    for setting in super::table::SETTINGS {
-        for flag in setting.flags {
-            assert!(z.contains_key(*flag), "{flag}");
-        }
-    }
+    let flags_only = super::resolve(&cli.input(None)).unwrap().settings.effective;
+    let z = super::render::flagz(Some(&flags_only), &cli.given);
+    let at = |k: &str| z.get(k).map(String::as_str);
+    assert_eq!(at("master"), Some("https://api:6443"));
+    // Not given: the flag's default, not the configuration's.
+    assert_eq!(at("proxy-mode"), Some(""));
+    // Without --config, the mode kube-proxy defaulted to after parsing.
+    assert_eq!(at("detect-local-mode"), Some("ClusterCIDR"));
+    assert_eq!(at("nodeport-addresses"), Some("[primary]"));
+    assert_eq!(at("feature-gates"), Some("A=true,B=false"));
+    assert_eq!(at("conntrack-max-per-core"), Some("0"));
+    // As Go writes a float and a duration.
+    assert_eq!(at("kube-api-qps"), Some("5"));
+    assert_eq!(at("iptables-sync-period"), Some("1m0s"));
+    assert_eq!(at("healthz-bind-address"), Some("0.0.0.0:10256"));
+    // verdict's own flags, when given.
+    assert_eq!(at("flows"), Some("true"));
+    assert_eq!(z.len(), 60);
 }

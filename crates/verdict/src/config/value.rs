@@ -282,9 +282,12 @@ impl Kind {
                 Some(n) if u32::try_from(n).is_ok() => Ok(v.clone()),
                 _ => Err(wrong("a whole number, 0 or more")),
             },
-            Kind::Float => match v {
-                Value::Number(_) => Ok(v.clone()),
-                _ => Err(wrong("a number")),
+            // A float32, as the flag reads it: `5` and `5.0` are one value.
+            Kind::Float => match v.as_f64() {
+                Some(f) => serde_json::Number::from_f64(f64::from(f as f32))
+                    .map(Value::Number)
+                    .ok_or_else(|| wrong("a finite number")),
+                None => Err(wrong("a number")),
             },
             Kind::Duration => match v {
                 Value::String(s) => Ok(Value::String(duration_text(s)?)),
