@@ -116,6 +116,51 @@ fn the_daemonset_uses_the_configmap_and_the_service_account() {
     assert_eq!(sa.metadata.namespace, ds.metadata.namespace);
 }
 
+/// On the host's network a declared containerPort is a host port, which
+/// the scheduler reserves: a rollout's new pod would wait for the old one
+/// to be gone, and a maxSurge rollout could never place its surge pod.
+/// The readiness probe waits past the time verdict takes to answer 10256
+/// (realapi_kernel measures it under a second).
+#[test]
+fn the_daemonset_reserves_no_host_ports_and_probes_once_verdict_answers() {
+    let docs = documents();
+    let ds = docs
+        .iter()
+        .find(|(_, v)| v["kind"] == "DaemonSet")
+        .map(|(_, v)| v.clone())
+        .unwrap();
+    let ds: DaemonSet = serde_json::from_value(ds).unwrap();
+    let spec = ds.spec.unwrap().template.spec.unwrap();
+    assert_eq!(spec.host_network, Some(true));
+    for c in spec
+        .containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+    {
+        assert!(
+            c.ports.as_ref().is_none_or(Vec::is_empty),
+            "{}: declares {:?}",
+            c.name,
+            c.ports
+        );
+    }
+    let probe = spec.containers[0].readiness_probe.clone().unwrap();
+    assert!(probe.initial_delay_seconds.unwrap_or(0) >= 1, "{probe:?}");
+    // The PodMonitor cannot name a port, then: it scrapes the pod's
+    // address at 10249.
+    let text = std::fs::read_to_string(monitoring_dir().join("podmonitor.yaml")).unwrap();
+    let monitor: Value = serde_saphyr::from_str(&text).unwrap();
+    let endpoint = &monitor["spec"]["podMetricsEndpoints"][0];
+    assert!(endpoint.get("port").is_none(), "{endpoint}");
+    let address = endpoint["relabelings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["targetLabel"] == "__address__")
+        .expect("a relabeling sets __address__");
+    assert_eq!(address["replacement"], "$1:10249");
+}
+
 #[test]
 fn verdict_accepts_the_configuration_in_the_configmap() {
     let (_, cm) = documents()

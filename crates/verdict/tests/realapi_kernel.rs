@@ -278,7 +278,23 @@ fn the_node_syncs_on_either_etcd_streaming_where_it_can() {
         };
         c.create(&service("web", "172.30.0.41"));
         c.create(&slice("web-1", "web", "10.180.0.1"));
+        let spawned = Instant::now();
         let (_verdict, log) = c.verdict("verdict", &["-v", "2"]);
+        // The health port answers well before the DaemonSet's readiness
+        // probe first asks (initialDelaySeconds: 2).
+        let health: std::net::SocketAddr = "127.0.0.1:10256".parse().unwrap();
+        while verdict_e2e::realapi::http_get(c.bed.node.name(), health, "/livez").is_none() {
+            assert!(
+                spawned.elapsed() < Duration::from_secs(1),
+                "10256 not answered within 1 s"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        println!(
+            "etcd {}: 10256 answered {:?} after start",
+            etcd.version(),
+            spawned.elapsed()
+        );
         let took = until_answered(
             &c.bed,
             "172.30.0.41",
