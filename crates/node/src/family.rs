@@ -16,7 +16,7 @@ use verdict_model::{NamespacedName, ServicePortName};
 use verdict_nft::Family;
 use verdict_nft::conntrack::{Conntrack, ConntrackError};
 use verdict_proxier::Proxier;
-use verdict_proxier::conntrack::{UdpTargets, UdpTracker};
+use verdict_proxier::conntrack::{OpenedTracker, UdpTargets, UdpTracker};
 
 /// A service, as the health-check servers name it.
 type Key = (String, String);
@@ -28,6 +28,9 @@ pub struct FamilyPlane {
     /// The UDP services' targets as of the last conntrack cleanup, and the
     /// services touched since.
     pub(crate) udp: UdpTracker,
+    /// The TCP and SCTP destinations served as of the last sync, to find
+    /// those served for the first time.
+    pub(crate) opened: OpenedTracker,
     /// The service health-check servers.
     health_checks: Option<ServiceHealthServers>,
     /// The health-check node port of every service that has one.
@@ -80,6 +83,7 @@ impl FamilyPlane {
         FamilyPlane {
             proxier,
             udp: UdpTracker::default(),
+            opened: OpenedTracker::default(),
             health_checks: None,
             hc_ports: BTreeMap::new(),
             hc_local: BTreeMap::new(),
@@ -202,12 +206,51 @@ impl FamilyPlane {
             .unwrap_or_default()
     }
 
-    /// Notes the Services a sync touched for the next UDP conntrack check.
+    /// Notes the Services a sync touched for the next conntrack checks.
     pub fn udp_touched(&mut self, touched: Touched<'_>) {
         match touched {
-            Touched::All => self.udp.touched_all(self.proxier.service_ports()),
-            Touched::Some(t) => self.udp.touched(t),
+            Touched::All => {
+                self.udp.touched_all(self.proxier.service_ports());
+                self.opened.touched_all(self.proxier.service_ports());
+            }
+            Touched::Some(t) => {
+                self.udp.touched(t);
+                self.opened.touched(t);
+            }
         }
+    }
+
+    /// Deletes the TCP and SCTP conntrack entries that were never answered
+    /// nor NATed to the destinations the touched Services serve for the
+    /// first time: clients whose SYN came before the rules, whose
+    /// retransmissions would otherwise keep to an entry that is never
+    /// DNATed (see `verdict_proxier::conntrack`). The table is read only
+    /// when a destination was opened. Returns how many were deleted.
+    pub fn clean_unanswered(&mut self, ct: &mut dyn Conntrack) -> Result<usize, ConntrackError> {
+        let opened = self
+            .opened
+            .opened(self.proxier.service_ports(), self.proxier.endpoints());
+        if opened.is_empty() {
+            return Ok(0);
+        }
+        let family = self.proxier.config().nft_family();
+        let t = Instant::now();
+        let entries = ct.list_unanswered(family)?;
+        let mut deleted = 0;
+        for f in &entries {
+            let proto = match f.proto.as_str() {
+                "tcp" => verdict_model::Protocol::Tcp,
+                "sctp" => verdict_model::Protocol::Sctp,
+                _ => continue,
+            };
+            if opened.contains(&(f.dst, f.dport, proto)) && ct.delete_flow(family, f)? {
+                deleted += 1;
+            }
+        }
+        if deleted > 0 {
+            tracing::info!(%family, destinations = opened.len(), deleted, elapsed = ?t.elapsed(), "deleted the conntrack entries of clients that reached a Service before its rules");
+        }
+        Ok(deleted)
     }
 
     /// Deletes the UDP conntrack entries that the Services touched since

@@ -904,10 +904,23 @@ impl NodeProxy {
                 0
             }
         };
+        let unanswered = match plane.clean_unanswered(ct) {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::warn!(%family, error = %e, "the conntrack cleanup of unanswered connections failed");
+                0
+            }
+        };
+        if unanswered > 0 {
+            record(&metrics, |x| {
+                x.add(m::CONNTRACK_DELETED, &fam, unanswered as f64)
+            });
+        }
         tracing::debug!(
             %family,
             services = r.updated_services.len(),
             udp_targets = checked,
+            unanswered,
             elapsed = ?t.elapsed(),
             "after the sync: health-check ports and UDP conntrack"
         );

@@ -124,6 +124,12 @@ impl Conntrack for FakeConntrack {
         s.1.push(*e);
         Ok(before - s.0.len())
     }
+    fn list_unanswered(&mut self, _: Family) -> Result<Vec<Flow>, ConntrackError> {
+        Ok(Vec::new())
+    }
+    fn delete_flow(&mut self, _: Family, _: &Flow) -> Result<bool, ConntrackError> {
+        Ok(false)
+    }
 }
 
 /// Where another process deletes an element: the backend and the key in

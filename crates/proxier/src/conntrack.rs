@@ -10,6 +10,17 @@
 //! Pure: the caller lists the entries and deletes what this returns.
 //! [`UdpTracker`] keeps the targets per service, so that a sync looks only
 //! at the services it touched.
+//!
+//! Beyond kube-proxy, for TCP and SCTP: a client whose first packet (a
+//! SYN) reached a Service's address before its rules existed (the Service
+//! was being created, or verdict was starting) has a conntrack entry that
+//! was never answered and never DNATed; its retransmissions keep to that
+//! entry, so they are not DNATed either, and the client is not answered
+//! until the entry expires (2 minutes for a SYN). [`OpenedTracker`] tells
+//! which addresses and ports of the touched services have a serving
+//! endpoint for the first time; the caller deletes the entries to them
+//! that were never answered nor NATed, and the next retransmission is
+//! DNATed. An entry that was answered, or DNATed, is never touched.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -286,6 +297,91 @@ fn lost(before: &UdpTargets, now: &UdpTargets) -> bool {
     })
 }
 
+/// A TCP or SCTP destination of a service port: an address (cluster IP,
+/// external IP or load-balancer IP), a port and the protocol.
+pub type Destination = (IpAddr, u16, Protocol);
+
+/// The TCP and SCTP destinations with a serving endpoint, per service, as
+/// of the last sync; and the services touched since.
+#[derive(Clone, Debug, Default)]
+pub struct OpenedTracker {
+    served: BTreeMap<NamespacedName, BTreeSet<Destination>>,
+    pending: BTreeSet<NamespacedName>,
+}
+
+impl OpenedTracker {
+    /// These services changed.
+    pub fn touched<'a>(&mut self, services: impl IntoIterator<Item = &'a NamespacedName>) {
+        self.pending.extend(services.into_iter().cloned());
+    }
+
+    /// Everything may have changed (a full sync): every service now, and
+    /// every one known.
+    pub fn touched_all(&mut self, services: &ServicePortMap) {
+        self.pending
+            .extend(services.keys().map(|name| name.service.clone()));
+        self.pending.extend(self.served.keys().cloned());
+    }
+
+    /// The destinations of the touched services that have a serving
+    /// endpoint now and had none at the last call (a destination another
+    /// service served already does not count); the touched services are
+    /// then done. O(the touched services' ports).
+    pub fn opened(
+        &mut self,
+        services: &ServicePortMap,
+        endpoints: &EndpointsMap,
+    ) -> BTreeSet<Destination> {
+        let mut opened = BTreeSet::new();
+        let pending = std::mem::take(&mut self.pending);
+        for svc in &pending {
+            let now = served_destinations(svc, services, endpoints);
+            let before = self.served.remove(svc).unwrap_or_default();
+            opened.extend(now.difference(&before).copied());
+            if !now.is_empty() {
+                self.served.insert(svc.clone(), now);
+            }
+        }
+        // A destination another service serves (two Services on one
+        // external IP and port) was answered all along.
+        opened.retain(|d| {
+            !self
+                .served
+                .iter()
+                .any(|(svc, ds)| !pending.contains(svc) && ds.contains(d))
+        });
+        opened
+    }
+}
+
+/// The TCP and SCTP destinations of `svc` that have a serving endpoint.
+fn served_destinations(
+    svc: &NamespacedName,
+    services: &ServicePortMap,
+    endpoints: &EndpointsMap,
+) -> BTreeSet<Destination> {
+    let mut out = BTreeSet::new();
+    let ports = services
+        .range(ServicePortName::first_of(svc)..)
+        .take_while(|(name, _)| name.service == *svc);
+    for (name, sp) in ports {
+        if sp.protocol == Protocol::Udp {
+            continue;
+        }
+        let serving = endpoints
+            .get(name)
+            .is_some_and(|eps| eps.iter().any(|e| e.serving));
+        if !serving {
+            continue;
+        }
+        let addresses = std::iter::once(sp.cluster_ip)
+            .chain(sp.external_ips.iter().copied())
+            .chain(sp.load_balancer_vips.iter().copied());
+        out.extend(addresses.map(|ip| (ip, sp.port, sp.protocol)));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -526,5 +622,51 @@ mod tests {
         // And it is forgotten: svc1 alone owns the external IP now.
         t.touched([&svc(1)]);
         assert!(t.check(&s, &e).is_none());
+    }
+
+    #[test]
+    fn a_tcp_destination_is_opened_when_it_first_has_a_serving_endpoint() {
+        let svc = NamespacedName::new("ns", "dns");
+        let mut t = OpenedTracker::default();
+        // Created without endpoints: nothing is served yet.
+        let (services, endpoints) = cluster(Protocol::Tcp, &[]);
+        t.touched([&svc]);
+        assert!(t.opened(&services, &endpoints).is_empty());
+        // Its first serving endpoint: the cluster IP and the external IP.
+        let (services, endpoints) = cluster(Protocol::Tcp, &[("10.1.0.1", true)]);
+        t.touched([&svc]);
+        assert_eq!(
+            t.opened(&services, &endpoints),
+            BTreeSet::from([
+                (ip("172.30.0.10"), 53, Protocol::Tcp),
+                (ip("192.0.2.10"), 53, Protocol::Tcp)
+            ])
+        );
+        // More endpoints: nothing new.
+        let (services, endpoints) =
+            cluster(Protocol::Tcp, &[("10.1.0.1", true), ("10.1.0.2", true)]);
+        t.touched([&svc]);
+        assert!(t.opened(&services, &endpoints).is_empty());
+        // None serving, then one again: opened again.
+        let (services, endpoints) = cluster(Protocol::Tcp, &[("10.1.0.1", false)]);
+        t.touched([&svc]);
+        assert!(t.opened(&services, &endpoints).is_empty());
+        let (services, endpoints) = cluster(Protocol::Tcp, &[("10.1.0.3", true)]);
+        t.touched([&svc]);
+        assert_eq!(t.opened(&services, &endpoints).len(), 2);
+        // Untouched: not looked at.
+        assert!(t.opened(&services, &endpoints).is_empty());
+    }
+
+    #[test]
+    fn udp_is_left_to_the_udp_cleanup_and_sctp_is_opened_too() {
+        let svc = NamespacedName::new("ns", "dns");
+        let (services, endpoints) = cluster(Protocol::Udp, &[("10.1.0.1", true)]);
+        let mut t = OpenedTracker::default();
+        t.touched_all(&services);
+        assert!(t.opened(&services, &endpoints).is_empty());
+        let (services, endpoints) = cluster(Protocol::Sctp, &[("10.1.0.1", true)]);
+        t.touched([&svc]);
+        assert_eq!(t.opened(&services, &endpoints).len(), 2);
     }
 }

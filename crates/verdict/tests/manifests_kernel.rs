@@ -718,3 +718,118 @@ fn a_service_added_is_staged_then_moved_into_its_map() {
     daemon.0.wait().unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A client whose SYN reaches a ClusterIP before its Service's rules
+/// exist keeps a conntrack entry that is never DNATed: its retransmitted
+/// SYNs keep to it, and it is not answered until the entry expires (2
+/// minutes). verdict deletes such entries (never answered, never NATed)
+/// when the destination first has a serving endpoint, so the next
+/// retransmission is DNATed: answered within 2 s of the rules.
+#[test]
+fn a_client_that_came_before_the_rules_is_answered_once_they_are_there() {
+    unanswered("unanswered", &[]);
+}
+
+/// The same through the `nft` and `conntrack` programs.
+#[test]
+fn a_client_that_came_before_the_rules_is_answered_through_nft_and_conntrack() {
+    unanswered("unanswered-nft", &["--nftables-backend", "nft"]);
+}
+
+fn unanswered(tag: &str, extra: &[&str]) {
+    let Some(mut bed) = bed() else {
+        return;
+    };
+    for (pod, ports) in [("10.180.0.1", &[80][..]), ("10.0.0.2", &[])] {
+        bed.add_pod(ip(pod), Placement::Local, ports, &[]).unwrap();
+    }
+    let dir = scratch_dir(tag);
+    write(&dir, "node.yaml", NODE);
+    let log = dir.join("verdict.log");
+    let mut args: Vec<std::ffi::OsString> = vec!["--manifests".into(), dir.clone().into()];
+    for a in [
+        "--hostname-override",
+        "test-node",
+        "--cluster-cidr",
+        "10.0.0.0/8",
+        "--min-sync-period",
+        "0s",
+    ]
+    .iter()
+    .chain(extra)
+    {
+        args.push(a.into());
+    }
+    let _daemon = spawn_verdict(&bed, args, &log, None);
+    let log_text = || std::fs::read_to_string(&log).unwrap_or_default();
+    let t = Instant::now();
+    while !bed
+        .node
+        .exec("nft", &["list", "tables"])
+        .unwrap_or_default()
+        .contains("table ip verdict")
+    {
+        assert!(t.elapsed() < Duration::from_secs(10), "{}", log_text());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The client's SYN leaves before the Service exists: the node
+    // forwards it towards its default route, where it is dropped without
+    // a word (as where the service range is not routed).
+    bed.lan
+        .ip(&["route", "add", "blackhole", "172.30.0.0/16"])
+        .unwrap();
+    let client = {
+        let bed = &bed;
+        std::thread::scope(|s| {
+            let h = s.spawn(move || {
+                let line = bed
+                    .connect(ip("10.0.0.2"), ip("172.30.0.41"), "tcp", 80, 15_000)
+                    .unwrap_or_default();
+                (line, Instant::now())
+            });
+            // Until the SYN has left its entry on the node.
+            let t = Instant::now();
+            let mut entries = String::new();
+            while !entries.contains("UNREPLIED") && t.elapsed() < Duration::from_secs(3) {
+                std::thread::sleep(Duration::from_millis(20));
+                entries = bed
+                    .node
+                    .exec(
+                        "conntrack",
+                        &["-L", "-p", "tcp", "--orig-dst", "172.30.0.41"],
+                    )
+                    .unwrap_or_else(|e| e.to_string());
+            }
+            assert!(
+                entries.contains("UNREPLIED"),
+                "the SYN left no entry: {entries}"
+            );
+            write(&dir, "service.yaml", SERVICE);
+            write(&dir, "slice.yaml", &slice("10.180.0.1"));
+            let t = Instant::now();
+            while !map_listing(bed, "service-ips").contains("172.30.0.41")
+                && !set_listing(bed, "staged-service-ips").contains("172.30.0.41")
+            {
+                assert!(t.elapsed() < Duration::from_secs(10), "{}", log_text());
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let programmed = Instant::now();
+            let (line, answered) = h.join().unwrap();
+            (line, answered.saturating_duration_since(programmed))
+        })
+    };
+    let (line, after) = client;
+    println!("the early client was answered {after:?} after the rules: {line}");
+    assert!(
+        line.split_whitespace().nth(1) == Some("10.180.0.1:80"),
+        "not answered: {line:?}\n{}",
+        log_text()
+    );
+    assert!(after < Duration::from_secs(2), "{after:?}\n{}", log_text());
+    assert!(
+        log_text().contains("clients that reached a Service before its rules"),
+        "{}",
+        log_text()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -16,6 +16,14 @@ impl Conntrack for ConntrackCli {
     fn delete_udp(&mut self, family: Family, entry: &UdpEntry) -> Result<usize, ConntrackError> {
         ConntrackCli::delete_udp(self, family, entry)
     }
+
+    fn list_unanswered(&mut self, family: Family) -> Result<Vec<Flow>, ConntrackError> {
+        ConntrackCli::list_unanswered(self, family)
+    }
+
+    fn delete_flow(&mut self, family: Family, flow: &Flow) -> Result<bool, ConntrackError> {
+        ConntrackCli::delete_flow(self, family, flow)
+    }
 }
 
 /// Runs `conntrack`, optionally inside a named network namespace.
@@ -51,6 +59,52 @@ impl ConntrackCli {
     pub fn list_dnat(&self, family: Family) -> Result<Vec<Flow>, ConntrackError> {
         let out = self.exec(&["-L", "-f", family_arg(family), "--dst-nat"])?;
         Ok(out.lines().filter_map(parse_flow).collect())
+    }
+
+    /// The TCP and SCTP connections of `family` never answered and never
+    /// NATed (`[UNREPLIED]`, and the reply comes from where the client
+    /// sent).
+    pub fn list_unanswered(&self, family: Family) -> Result<Vec<Flow>, ConntrackError> {
+        let out = self.exec(&["-L", "-f", family_arg(family)])?;
+        Ok(out
+            .lines()
+            .filter_map(parse_flow)
+            .filter(|f| f.proto == "tcp" || f.proto == "sctp")
+            .filter(|f| !f.replied && f.reply_src == f.dst && f.reply_sport == f.dport)
+            .collect())
+    }
+
+    /// Deletes the entry of `flow` by its original tuple; `false` if it
+    /// was gone already.
+    pub fn delete_flow(&self, family: Family, flow: &Flow) -> Result<bool, ConntrackError> {
+        let (src, dst, sport, dport) = (
+            flow.src.to_string(),
+            flow.dst.to_string(),
+            flow.sport.to_string(),
+            flow.dport.to_string(),
+        );
+        let args = [
+            "-D",
+            "-p",
+            &flow.proto,
+            "-f",
+            family_arg(family),
+            "--orig-src",
+            &src,
+            "--orig-dst",
+            &dst,
+            "--sport",
+            &sport,
+            "--dport",
+            &dport,
+        ];
+        match self.exec(&args) {
+            Ok(out) => Ok(deleted_count(&out).unwrap_or(0) > 0),
+            Err(ConntrackError::Failed { message, .. }) if deleted_count(&message) == Some(0) => {
+                Ok(false)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Deletes the UDP entries to `entry.orig_dst:orig_dport` answered by

@@ -84,4 +84,12 @@ pub trait Conntrack: Send {
     /// Deletes the UDP entries to `entry.orig_dst:orig_dport` answered by
     /// `entry.reply_src:reply_sport`. Returns how many were deleted.
     fn delete_udp(&mut self, family: Family, entry: &UdpEntry) -> Result<usize, ConntrackError>;
+    /// The TCP and SCTP connections of `family` that were never answered
+    /// and never NATed: a client whose first packet reached an address
+    /// before anything (a Service's rules) took it, and whose
+    /// retransmissions keep to that entry.
+    fn list_unanswered(&mut self, family: Family) -> Result<Vec<Flow>, ConntrackError>;
+    /// Deletes the entry of `flow` (by its original direction); `false`
+    /// if it was gone already.
+    fn delete_flow(&mut self, family: Family, flow: &Flow) -> Result<bool, ConntrackError>;
 }

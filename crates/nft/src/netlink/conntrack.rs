@@ -46,6 +46,8 @@ const IPS_SEEN_REPLY: u32 = 0x2;
 pub(crate) const IPS_SRC_NAT: u32 = 0x10;
 pub(crate) const IPS_DST_NAT: u32 = 0x20;
 const UDP: u8 = 17;
+const TCP_PROTO: u8 = 6;
+const SCTP_PROTO: u8 = 132;
 
 /// One direction of a connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -333,6 +335,53 @@ impl Conntrack for NetlinkConntrack {
                 replied: e.status & IPS_SEEN_REPLY != 0,
             })
             .collect())
+    }
+
+    fn list_unanswered(&mut self, family: Family) -> Result<Vec<Flow>, ConntrackError> {
+        Ok(self
+            .dump(family)?
+            .into_iter()
+            .filter(|e| e.orig.proto == TCP_PROTO || e.orig.proto == SCTP_PROTO)
+            .filter(|e| e.status & (IPS_SEEN_REPLY | IPS_DST_NAT) == 0)
+            .map(|e| Flow {
+                proto: proto_name(e.orig.proto),
+                state: e.state,
+                timeout: e.timeout,
+                src: e.orig.src,
+                sport: e.orig.sport,
+                dst: e.orig.dst,
+                dport: e.orig.dport,
+                reply_src: e.reply.src,
+                reply_sport: e.reply.sport,
+                packets: e.packets,
+                bytes: e.bytes,
+                replied: false,
+            })
+            .collect())
+    }
+
+    fn delete_flow(&mut self, family: Family, flow: &Flow) -> Result<bool, ConntrackError> {
+        let proto = match flow.proto.as_str() {
+            "tcp" => TCP_PROTO,
+            "sctp" => SCTP_PROTO,
+            "udp" => UDP,
+            other => {
+                return Err(ConntrackError::Failed {
+                    args: format!("deleting a {other} entry"),
+                    message: "not a protocol verdict deletes entries of".into(),
+                });
+            }
+        };
+        self.delete(
+            family,
+            &Tuple {
+                src: flow.src,
+                dst: flow.dst,
+                proto,
+                sport: flow.sport,
+                dport: flow.dport,
+            },
+        )
     }
 
     fn delete_udp(&mut self, family: Family, target: &UdpEntry) -> Result<usize, ConntrackError> {
