@@ -19,6 +19,7 @@
 pub mod apiserver;
 pub mod bed;
 pub mod http;
+pub mod kube_objects;
 pub mod netns;
 pub mod rbac;
 pub mod realapi;

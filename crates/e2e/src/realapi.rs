@@ -167,8 +167,15 @@ pub struct Options {
     pub watch_cache: bool,
     /// Tokens besides the admin's (`system:masters`).
     pub tokens: Vec<Token>,
-    /// `--service-cluster-ip-range`.
+    /// `--service-cluster-ip-range` (two, comma-separated, for dual stack).
     pub service_cidr: String,
+    /// The address it binds (`127.0.0.1`; `0.0.0.0` to be reached from
+    /// other namespaces through links of the test's own).
+    pub bind: String,
+    /// Addresses its serving certificate names besides 127.0.0.1.
+    pub sans: Vec<String>,
+    /// `--service-node-port-range`, if not the default.
+    pub node_port_range: Option<String>,
 }
 
 impl Default for Options {
@@ -179,6 +186,9 @@ impl Default for Options {
             watch_cache: true,
             tokens: Vec::new(),
             service_cidr: "10.96.0.0/16".into(),
+            bind: "127.0.0.1".into(),
+            sans: Vec::new(),
+            node_port_range: None,
         }
     }
 }
@@ -302,9 +312,13 @@ impl RealApiServer {
             "-subj",
             "/CN=kube-apiserver",
         ])?;
+        let mut sans = String::from("IP:127.0.0.1,DNS:localhost,DNS:kubernetes");
+        for a in &opts.sans {
+            sans.push_str(&format!(",IP:{a}"));
+        }
         std::fs::write(
             dir.join("apiserver.ext"),
-            "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes\nextendedKeyUsage=serverAuth\n",
+            format!("subjectAltName={sans}\nextendedKeyUsage=serverAuth\n"),
         )
         .map_err(|e| e.to_string())?;
         ssl(&[
@@ -379,9 +393,9 @@ impl RealApiServer {
             &etcd_args,
             &dir.join("etcd.log"),
         )?);
-        let apiserver_args: Vec<String> = vec![
+        let mut apiserver_args: Vec<String> = vec![
             format!("--etcd-servers={etcd_url}"),
-            "--bind-address=127.0.0.1".into(),
+            format!("--bind-address={}", opts.bind),
             format!("--secure-port={}", opts.port),
             "--advertise-address=127.0.0.1".into(),
             format!("--tls-cert-file={}", d("apiserver.crt")),
@@ -399,6 +413,9 @@ impl RealApiServer {
             "--audit-log-maxsize=0".into(),
             format!("--watch-cache={}", opts.watch_cache),
         ];
+        if let Some(r) = &opts.node_port_range {
+            apiserver_args.push(format!("--service-node-port-range={r}"));
+        }
         let mut server = RealApiServer {
             dir: dir.to_path_buf(),
             url: format!("https://127.0.0.1:{}", opts.port),
@@ -497,10 +514,15 @@ impl RealApiServer {
 
     /// Writes a kubeconfig for `token` as `dir/NAME.kubeconfig`; its path.
     pub fn kubeconfig(&self, name: &str, token: &str) -> Result<PathBuf, String> {
+        self.kubeconfig_at(name, token, &self.url.clone())
+    }
+
+    /// The same for the API server reached at `server` (another of its
+    /// addresses).
+    pub fn kubeconfig_at(&self, name: &str, token: &str, server: &str) -> Result<PathBuf, String> {
         let path = self.dir.join(format!("{name}.kubeconfig"));
         let text = format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: {}\n    certificate-authority: {}\nusers:\n- name: {name}\n  user:\n    token: {token}\ncontexts:\n- name: {name}\n  context: {{cluster: test, user: {name}}}\ncurrent-context: {name}\n",
-            self.url,
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: {server}\n    certificate-authority: {}\nusers:\n- name: {name}\n  user:\n    token: {token}\ncontexts:\n- name: {name}\n  context: {{cluster: test, user: {name}}}\ncurrent-context: {name}\n",
             self.ca.display()
         );
         std::fs::write(&path, text).map_err(|e| e.to_string())?;

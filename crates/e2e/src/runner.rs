@@ -148,12 +148,23 @@ fn socket_probe() -> bool {
         .unwrap_or(false)
 }
 
-fn prepare_and_run(
-    s: &Scenario,
-    echo: PathBuf,
-    kernel: KernelBackend,
-    result: &mut ScenarioResult,
-) -> Result<(), String> {
+/// What a scenario needs of a test bed: its pods (every endpoint, every
+/// client pod, every destination that answers itself), the ports the
+/// node itself serves, the service addresses to route to the node, and
+/// the flows that can be sent (the others skipped, with why).
+#[derive(Default)]
+pub struct Plan {
+    pods: BTreeMap<IpAddr, PodPlan>,
+    node_tcp: BTreeSet<u16>,
+    node_udp: BTreeSet<u16>,
+    vips: BTreeSet<IpAddr>,
+    node_addrs: BTreeSet<IpAddr>,
+    /// The flows to send, with their parsed source and destination.
+    pub flows: Vec<(Flow, IpAddr, IpAddr)>,
+}
+
+/// The plan of `s`; flows that cannot be sent go to `result`.
+pub fn plan(s: &Scenario, result: &mut ScenarioResult) -> Plan {
     // Pods: every endpoint of every slice the scenario uses.
     let mut pods: BTreeMap<IpAddr, PodPlan> = BTreeMap::new();
     let mut vips: BTreeSet<IpAddr> = BTreeSet::new();
@@ -239,38 +250,60 @@ fn prepare_and_run(
                 insert_port(f.proto, f.dport, &mut plan.tcp, &mut plan.udp);
             }
         }
-        runnable.push((f, src, dst));
+        runnable.push((f.clone(), src, dst));
     }
+    Plan {
+        pods,
+        node_tcp,
+        node_udp,
+        vips,
+        node_addrs,
+        flows: runnable,
+    }
+}
 
+/// A fresh test bed with what `plan` needs, for a scenario of `family`.
+pub fn furnish(plan: &Plan, family: IpFamily, echo: PathBuf) -> Result<TestBed, String> {
     let mut bed = TestBed::new(echo).map_err(|e| e.to_string())?;
-    for (ip, plan) in &pods {
-        let place = if plan.local {
+    for (ip, p) in &plan.pods {
+        let place = if p.local {
             Placement::Local
         } else {
             Placement::Remote
         };
-        let tcp: Vec<u16> = plan.tcp.iter().copied().collect();
-        let udp: Vec<u16> = plan.udp.iter().copied().collect();
+        let tcp: Vec<u16> = p.tcp.iter().copied().collect();
+        let udp: Vec<u16> = p.udp.iter().copied().collect();
         bed.add_pod(*ip, place, &tcp, &udp)
             .map_err(|e| e.to_string())?;
     }
-    if !node_tcp.is_empty() || !node_udp.is_empty() {
-        let fam = s.setup.family;
-        let addrs: Vec<IpAddr> = node_addrs
+    if !plan.node_tcp.is_empty() || !plan.node_udp.is_empty() {
+        let addrs: Vec<IpAddr> = plan
+            .node_addrs
             .iter()
             .copied()
-            .filter(|a| IpFamily::of(*a) == fam)
+            .filter(|a| IpFamily::of(*a) == family)
             .collect();
-        let tcp: Vec<u16> = node_tcp.into_iter().collect();
-        let udp: Vec<u16> = node_udp.into_iter().collect();
+        let tcp: Vec<u16> = plan.node_tcp.iter().copied().collect();
+        let udp: Vec<u16> = plan.node_udp.iter().copied().collect();
         bed.serve_node(&addrs, &tcp, &udp)
             .map_err(|e| e.to_string())?;
     }
-    for vip in vips {
-        if !node_addrs.contains(&vip) && !bed.has_pod(vip) {
-            bed.route_to_node(vip).map_err(|e| e.to_string())?;
+    for vip in &plan.vips {
+        if !plan.node_addrs.contains(vip) && !bed.has_pod(*vip) {
+            bed.route_to_node(*vip).map_err(|e| e.to_string())?;
         }
     }
+    Ok(bed)
+}
+
+fn prepare_and_run(
+    s: &Scenario,
+    echo: PathBuf,
+    kernel: KernelBackend,
+    result: &mut ScenarioResult,
+) -> Result<(), String> {
+    let plan = plan(s, result);
+    let bed = furnish(&plan, s.setup.family, echo)?;
 
     // Program the node through the real proxier and a kernel backend.
     let mut nft = kernel.open(bed.node.name()).map_err(|e| e.to_string())?;
@@ -293,8 +326,8 @@ fn prepare_and_run(
         }
     }
 
-    for (f, src, dst) in runnable {
-        let outcome = check_flow(&bed, f, src, dst);
+    for (f, src, dst) in &plan.flows {
+        let outcome = check_flow(&bed, f, *src, *dst);
         if outcome.is_err()
             && let Ok(secs) = std::env::var("VERDICT_E2E_HOLD")
         {
@@ -434,6 +467,144 @@ fn check_flow(bed: &TestBed, f: &Flow, src: IpAddr, dst: IpAddr) -> Result<(), S
             }
             Err(format!("only {seen:?} answered in {tries} tries"))
         }
+    }
+}
+
+/// What became of a flow, as a client and the endpoints saw it: which
+/// endpoints answered (over enough tries to see each of the flow's
+/// expected ones), whether they saw the client masqueraded, and from which
+/// source addresses; or that it was refused, timed out, or failed
+/// otherwise.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Observation {
+    /// Answered.
+    Answered {
+        /// Who answered (`IP:port`).
+        by: BTreeSet<String>,
+        /// Whether the answerers saw another source than the client's
+        /// address and port (`None`: some did, some did not).
+        masqueraded: Option<bool>,
+        /// The source addresses they saw.
+        seen: BTreeSet<IpAddr>,
+    },
+    /// Refused (a reject).
+    Refused,
+    /// No answer (a drop).
+    Timeout,
+    /// Anything else (the client's error).
+    Other(String),
+}
+
+impl std::fmt::Display for Observation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Observation::Answered {
+                by,
+                masqueraded,
+                seen,
+            } => {
+                let by: Vec<&str> = by.iter().map(String::as_str).collect();
+                let seen: Vec<String> = seen.iter().map(IpAddr::to_string).collect();
+                let masq = match masqueraded {
+                    Some(true) => "masqueraded",
+                    Some(false) => "not masqueraded",
+                    None => "masqueraded sometimes",
+                };
+                write!(f, "{} ({masq}, seen as {})", by.join(", "), seen.join(", "))
+            }
+            Observation::Refused => f.write_str("REJECT"),
+            Observation::Timeout => f.write_str("DROP"),
+            Observation::Other(e) => write!(f, "error: {e}"),
+        }
+    }
+}
+
+/// Sends `f` from `src` to `dst` on `bed` and says what became of it:
+/// as many tries as it takes to see every endpoint the flow expects (12
+/// per endpoint at most), one for a reject, a drop or an untouched flow.
+pub fn observe(bed: &TestBed, f: &Flow, src: IpAddr, dst: IpAddr) -> Observation {
+    observe_counting(bed, f, src, dst, &mut false)
+}
+
+/// [`observe`], saying in `retried` whether a client error was tried
+/// again.
+pub fn observe_counting(
+    bed: &TestBed,
+    f: &Flow,
+    src: IpAddr,
+    dst: IpAddr,
+    retried: &mut bool,
+) -> Observation {
+    let proto = match f.proto {
+        L4Proto::Tcp => "tcp",
+        L4Proto::Udp => "udp",
+        L4Proto::Sctp => "sctp",
+    };
+    let once = || match bed.connect(src, dst, proto, f.dport, TIMEOUT_MS) {
+        Ok(l) => answer(&l),
+        Err(e) => Answer::Other(e.to_string()),
+    };
+    let want: BTreeSet<String> = match f.output.as_str() {
+        "" | "DROP" | "REJECT" => BTreeSet::new(),
+        list => list.split(", ").map(str::to_owned).collect(),
+    };
+    let tries = 12 * want.len().max(1);
+    let mut by = BTreeSet::new();
+    let mut seen = BTreeSet::new();
+    let mut masq = BTreeSet::new();
+    let mut port_only = 0;
+    for _ in 0..tries {
+        match once() {
+            Answer::Ok {
+                by: who,
+                seen: saw,
+                seen_port,
+                local_port,
+            } => {
+                let m = saw != src || seen_port != local_port;
+                // A source port moved while the address did not: either a
+                // fully-random masquerade to the client's own address or
+                // conntrack moving an unNATed flow off a tuple an earlier
+                // connection left behind. A fresh try tells.
+                if m && saw == src && port_only < 3 {
+                    port_only += 1;
+                    continue;
+                }
+                masq.insert(m);
+                seen.insert(saw);
+                by.insert(who);
+                if want.is_empty() || by == want {
+                    break;
+                }
+            }
+            Answer::Refused if by.is_empty() => return Observation::Refused,
+            Answer::Timeout if by.is_empty() => return Observation::Timeout,
+            // The first packet of a bed that was just built may find a
+            // neighbour not resolved yet (EHOSTUNREACH): one more try
+            // after a pause tells a bed's start from a proxy's answer.
+            Answer::Other(_) if by.is_empty() && !*retried => {
+                *retried = true;
+                std::thread::sleep(Duration::from_millis(300));
+                continue;
+            }
+            Answer::Other(e) if by.is_empty() => return Observation::Other(e),
+            other => {
+                by.insert(format!("{other:?}"));
+                break;
+            }
+        }
+    }
+    if by.is_empty() {
+        return Observation::Other(format!("{port_only} answers with only the port moved"));
+    }
+    Observation::Answered {
+        by,
+        masqueraded: match (masq.contains(&true), masq.contains(&false)) {
+            (true, false) => Some(true),
+            (false, _) => Some(false),
+            (true, true) => None,
+        },
+        seen,
     }
 }
 
