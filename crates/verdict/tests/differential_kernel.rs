@@ -282,7 +282,7 @@ fn kube_proxy_and_verdict_treat_every_packet_alike() {
     // Flows whose first try failed on the client (kube-proxy's, verdict's).
     let mut retries = [0usize; 2];
     let started = Instant::now();
-    for s in &scenarios {
+    for (n, s) in scenarios.iter().enumerate() {
         clear(&admin);
         if let Err(e) = apply(&admin, s) {
             refused.push(format!("{}: the API server refuses {e}", s.name));
@@ -293,8 +293,11 @@ fn kube_proxy_and_verdict_treat_every_packet_alike() {
         skipped.extend(result.skipped);
         let bed_a = furnish(&plan, s.setup.family, echo.clone()).unwrap();
         let bed_b = furnish(&plan, s.setup.family, echo.clone()).unwrap();
-        link(&api_ns, "to-a", API_A, &bed_a);
-        link(&api_ns, "to-b", API_B, &bed_b);
+        // Names of their own: a namespace deleted a moment ago may still
+        // hold its end of the last scenario's links.
+        let (to_a, to_b) = (format!("to-a{n}"), format!("to-b{n}"));
+        link(&api_ns, &to_a, API_A, &bed_a);
+        link(&api_ns, &to_b, API_B, &bed_b);
         let tweaks = &s.setup.tweaks;
         let conf_a = config_file(&dir, "kube-proxy", &kc_a, tweaks);
         let conf_b = config_file(&dir, "verdict", &kc_b, tweaks);
@@ -348,6 +351,9 @@ fn kube_proxy_and_verdict_treat_every_packet_alike() {
         }
         drop(verdict);
         drop(kp);
+        for l in [&to_a, &to_b] {
+            let _ = api_ns.ip(&["link", "del", l]);
+        }
     }
     let differing: Vec<&Row> = rows.iter().filter(|r| !r.same).collect();
     let mut table =
