@@ -3,9 +3,10 @@
 //! into [`Update`]s for the daemon.
 //!
 //! What the daemon can rely on:
-//! - [`Update::Synced`] comes once, after Services, EndpointSlices and the
-//!   Node have all finished their initial list; before it the daemon
-//!   programs nothing (as kube-proxy).
+//! - [`Update::Synced`] comes once, after Services, EndpointSlices, the
+//!   Node and, where the API server serves them, ServiceCIDRs have all
+//!   finished their initial list; before it the daemon programs nothing
+//!   (as kube-proxy), and its first rules drop unallocated ClusterIPs.
 //! - The initial lists of Services, EndpointSlices and the Node are passed
 //!   on as they come, in batches of what has arrived, so that the daemon
 //!   takes in the objects while the rest are still being listed and
@@ -435,6 +436,9 @@ enum Watched {
     Slice(Event<objects::EndpointSlice>),
     Node(Event<objects::Node>),
     Cidr(Event<objects::ServiceCidr>),
+    /// ServiceCIDRs are not served (or not allowed): the first sync does
+    /// not wait for them.
+    CidrsAbsent,
 }
 
 /// A reflector's sink: its events, wrapped, onto the shared channel.
@@ -485,10 +489,26 @@ const RECHECK_EVERY: Duration = Duration::from_secs(600);
 /// API server sends every watch a bookmark each minute.
 pub const READ_TIMEOUT: Duration = Duration::from_secs(75);
 
+/// How long the first sync waits to know whether ServiceCIDRs are served
+/// when the API server will not say (it answers neither the list nor
+/// "not found" / "forbidden").
+const WAIT_FOR_CIDRS: Duration = Duration::from_secs(10);
+
 /// Returns once the API server serves ServiceCIDRs (networking.k8s.io/v1)
 /// and lets verdict list them; until then it asks again now and then.
-async fn until_service_cidrs_served(client: &Client) {
+/// `absent` is called once, when it is first known that they are not
+/// served or not allowed (or after [`WAIT_FOR_CIDRS`] of not knowing):
+/// the first sync then goes ahead without them.
+async fn until_service_cidrs_served(client: &Client, mut absent: impl FnMut()) {
     let mut said = false;
+    let started = tokio::time::Instant::now();
+    let mut told = false;
+    let mut tell = |told: &mut bool| {
+        if !*told {
+            *told = true;
+            absent();
+        }
+    };
     loop {
         let request =
             http::Request::get("/apis/networking.k8s.io/v1/servicecidrs?limit=1").body(Vec::new());
@@ -503,6 +523,7 @@ async fn until_service_cidrs_served(client: &Client) {
                     );
                     said = true;
                 }
+                tell(&mut told);
                 RECHECK_EVERY
             }
             Ok(Err(e)) => {
@@ -511,7 +532,10 @@ async fn until_service_cidrs_served(client: &Client) {
             }
             Err(_) => CHECK_TIMEOUT,
         };
-        tokio::time::sleep(wait).await;
+        if started.elapsed() >= WAIT_FOR_CIDRS {
+            tell(&mut told);
+        }
+        tokio::time::sleep(wait.min(WAIT_FOR_CIDRS)).await;
     }
 }
 
@@ -573,8 +597,12 @@ async fn watch_all(client: Client, node: String, tx: Sender<Vec<Update>>) {
         tx: events.clone(),
         wrap: Watched::Cidr,
     };
+    let absent = events.clone();
     tokio::spawn(async move {
-        until_service_cidrs_served(&client).await;
+        until_service_cidrs_served(&client, || {
+            let _ = absent.try_send(Watched::CidrsAbsent);
+        })
+        .await;
         Reflector::new(client, cidrs).run(cidr_sink).await;
     });
     drop(events);
@@ -621,6 +649,8 @@ struct Mirrors {
     cidrs: Mirror<Vec<IpNet>>,
     /// The ranges of every ServiceCIDR object.
     cidr_values: BTreeMap<Key, Vec<IpNet>>,
+    /// ServiceCIDRs are not served (or not allowed).
+    cidrs_absent: bool,
     synced: bool,
 }
 
@@ -633,6 +663,7 @@ impl Mirrors {
             nodes: Mirror::passing_initial_list(),
             cidrs: Mirror::default(),
             cidr_values: BTreeMap::new(),
+            cidrs_absent: false,
             synced: false,
         }
     }
@@ -662,6 +693,7 @@ impl Mirrors {
                 }
                 out.extend(changes.into_iter().map(|(_, v)| Update::Node(v)));
             }
+            Watched::CidrsAbsent => self.cidrs_absent = true,
             Watched::Cidr(e) => {
                 let changes = self.cidrs.see(seen(e, |c| Some(service_cidrs(&c))));
                 if !changes.is_empty() {
@@ -679,7 +711,16 @@ impl Mirrors {
                 }
             }
         }
-        if !self.synced && self.services.listed() && self.slices.listed() && self.nodes.listed() {
+        // As kube-proxy's first sync has them: the ServiceCIDRs too, where
+        // they are served (the drop of unallocated ClusterIPs is then in
+        // the first rules).
+        let cidrs = self.cidrs.listed() || self.cidrs_absent;
+        if !self.synced
+            && self.services.listed()
+            && self.slices.listed()
+            && self.nodes.listed()
+            && cidrs
+        {
             self.synced = true;
             tracing::info!(
                 services = self.services.len(),
@@ -923,6 +964,9 @@ mod tests {
         assert_eq!(synced.get(), 0, "the Node is not listed yet");
         run(&mut f, Watched::Node(Event::ListStart));
         let out = run(&mut f, Watched::Node(Event::ListDone));
+        assert!(out.is_empty(), "ServiceCIDRs may be served: {out:?}");
+        // Not served: the first sync goes ahead without them.
+        let out = run(&mut f, Watched::CidrsAbsent);
         assert_eq!(out, vec![Update::Synced]);
         // A later relist of Services does not sync again.
         run(&mut f, Watched::Service(Event::ListStart));
@@ -932,7 +976,7 @@ mod tests {
     }
 
     #[test]
-    fn service_cidrs_listed_after_the_sync_come_whole() {
+    fn the_first_sync_waits_for_served_service_cidrs_and_has_them() {
         let mut f = Mirrors::new("n1".into());
         for w in [
             Watched::Service(Event::ListStart),
@@ -943,7 +987,7 @@ mod tests {
         ] {
             f.take(w);
         }
-        assert_eq!(f.take(Watched::Node(Event::ListDone)), vec![Update::Synced]);
+        assert!(f.take(Watched::Node(Event::ListDone)).is_empty());
         let cidr = |name: &str, range: &str| -> objects::ServiceCidr {
             serde_json::from_value(serde_json::json!({
                 "metadata": {"name": name, "resourceVersion": "1"},
@@ -955,14 +999,24 @@ mod tests {
         let first = f.take(Watched::Cidr(Event::Listed(cidr("a", "10.96.0.0/16"))));
         assert!(first.is_empty(), "half a list: {first:?}");
         f.take(Watched::Cidr(Event::Listed(cidr("b", "10.97.0.0/16"))));
+        // The whole list, then the first sync, in one batch.
         let done = f.take(Watched::Cidr(Event::ListDone));
         assert_eq!(
             done,
-            vec![Update::ServiceCidrs(vec![
-                "10.96.0.0/16".parse().unwrap(),
-                "10.97.0.0/16".parse().unwrap()
-            ])]
+            vec![
+                Update::ServiceCidrs(vec![
+                    "10.96.0.0/16".parse().unwrap(),
+                    "10.97.0.0/16".parse().unwrap()
+                ]),
+                Update::Synced
+            ]
         );
+        // A ServiceCIDR listed later (served after an upgrade) comes whole
+        // too, and syncs nothing again.
+        f.take(Watched::Cidr(Event::ListStart));
+        f.take(Watched::Cidr(Event::Listed(cidr("c", "10.98.0.0/16"))));
+        let again = f.take(Watched::Cidr(Event::ListDone));
+        assert_eq!(again.len(), 1, "{again:?}");
     }
 
     fn config_for(master: &str) -> Result<Config, SourceError> {

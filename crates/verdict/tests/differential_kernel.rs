@@ -279,7 +279,8 @@ fn kube_proxy_and_verdict_treat_every_packet_alike() {
     let mut rows: Vec<Row> = Vec::new();
     let mut refused: Vec<String> = Vec::new();
     let mut skipped: Vec<String> = Vec::new();
-    // Flows whose first try failed on the client (kube-proxy's, verdict's).
+    // Flows whose first try got no answer or a client error, and was
+    // tried again (kube-proxy's, verdict's).
     let mut retries = [0usize; 2];
     let started = Instant::now();
     for (n, s) in scenarios.iter().enumerate() {
@@ -380,7 +381,7 @@ fn kube_proxy_and_verdict_treat_every_packet_alike() {
         refused.len()
     );
     println!(
-        "a client error tried again after 300 ms: {} flows beside kube-proxy, {} beside verdict",
+        "a first try without an answer tried again after 300 ms: {} flows beside kube-proxy, {} beside verdict",
         retries[0], retries[1]
     );
     for s in &skipped {
