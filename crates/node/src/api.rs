@@ -130,7 +130,7 @@ pub fn handler(
             return Some(Response::json(200, c.snapshot().json(service).to_string()));
         }
         if req.path.trim_end_matches('/') == "/api/v1/flows" {
-            let (code, body) = flow_stream(flows.as_deref(), req);
+            let (code, body) = flow_stream(flows.as_deref(), &node, req);
             return Some(Response::json(code, body.to_string()));
         }
         let conntrack = |family: Family| conntrack_flows(backend, family);
@@ -146,8 +146,9 @@ pub fn handler(
     })
 }
 
-/// `/api/v1/flows`: a page of the flow stream.
-pub fn flow_stream(store: Option<&FlowStore>, req: &Request) -> (u16, Json) {
+/// `/api/v1/flows`: a page of the flow stream. A Service that verdict
+/// does not know and that no flow names is 404, as elsewhere in the API.
+pub fn flow_stream(store: Option<&FlowStore>, node: &NodeHandle, req: &Request) -> (u16, Json) {
     let Some(store) = store else {
         return (
             404,
@@ -155,7 +156,20 @@ pub fn flow_stream(store: Option<&FlowStore>, req: &Request) -> (u16, Json) {
         );
     };
     match flow_query(|k| req.query_param(k)) {
-        Ok((filter, limit)) => (200, to_json(&store.query(&filter, limit))),
+        Ok((filter, limit)) => {
+            let answer = store.query(&filter, limit);
+            if let Some(svc) = &filter.service
+                && answer.matched == 0
+                && filter.after.is_none()
+                && node.service(svc).is_none()
+            {
+                return (
+                    404,
+                    json!({"error": format!("no Service {svc} is known to verdict")}),
+                );
+            }
+            (200, to_json(&answer))
+        }
         Err(e) => bad(e),
     }
 }

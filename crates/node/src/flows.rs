@@ -229,6 +229,10 @@ pub struct FlowsAnswer {
     /// not now (they will be within a second of this answer, if on demand).
     #[serde(default)]
     pub following_since: Option<String>,
+    /// Which stream this is: another value is another process's, whose
+    /// flows are numbered from 1 again (a follower then starts over).
+    #[serde(default)]
+    pub stream: String,
 }
 
 /// (protocol, client, destination): one connection, before DNAT.
@@ -341,6 +345,9 @@ struct Ring {
     asked: Option<Instant>,
     /// Since when the kernel's conntrack events are read (`None`: not now).
     following_since: Option<SystemTime>,
+    /// This stream's name: when it began, to the nanosecond, and the
+    /// process.
+    stream: String,
 }
 
 impl Ring {
@@ -402,6 +409,14 @@ impl FlowStore {
             ring: Mutex::new(Ring {
                 capacity,
                 next_seq: 1,
+                stream: format!(
+                    "{}-{}",
+                    std::process::id(),
+                    SystemTime::now()
+                        .duration_since(SystemTime::UNIX_EPOCH)
+                        .unwrap_or_default()
+                        .as_nanos()
+                ),
                 ..Ring::default()
             }),
         })
@@ -461,6 +476,7 @@ impl FlowStore {
                 not_recorded: r.not_recorded,
                 on_demand: r.on_demand,
                 following_since: r.following_since.map(verdict_admin::time::rfc3339_micro),
+                stream: r.stream.clone(),
             };
             (page, answer)
         };

@@ -449,7 +449,7 @@ const OPTIONS: &[OptSpec] = &[
         "output",
         Some('o'),
         ASKING,
-        "trace, explain, services, syncs, connections, doctor: text (the default) or json",
+        "trace, explain, services, syncs, connections, flows, doctor: text (the default), wide (flows: also the entry, the pod, packets and bytes), json or yaml (the API's answer as it is)",
     ),
     inspect(
         "from",

@@ -680,10 +680,8 @@ pub fn run(
 ) -> anyhow::Result<()> {
     let all = checks(cli, settings, source);
     match output {
-        crate::client::Output::Json => {
-            println!("{}", serde_json::to_string_pretty(&json(&all))?)
-        }
-        crate::client::Output::Text => print!("{}", text(&all)),
+        o if o.structured() => crate::out::print(&crate::client::structured(&json(&all), o)?)?,
+        _ => crate::out::print(&text(&all))?,
     }
     let failed = all.iter().filter(|c| c.status == Status::Fail).count();
     anyhow::ensure!(failed == 0, "{failed} checks failed");

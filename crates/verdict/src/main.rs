@@ -14,6 +14,7 @@ mod daemon;
 mod doctor;
 mod endpoints;
 mod logging;
+mod out;
 mod version;
 
 use std::process::ExitCode;
@@ -49,7 +50,7 @@ fn main() -> ExitCode {
         }
     };
     if cli.help {
-        print!("{}", cli::help_for(cli.command));
+        let _ = out::print(&cli::help_for(cli.command));
         return ExitCode::SUCCESS;
     }
     // What an introspection command asks is checked before anything runs.
@@ -70,15 +71,15 @@ fn main() -> ExitCode {
     let b = version::BUILD;
     match cli.version {
         Some(Version::Raw) => {
-            print!("{}", b.raw());
+            let _ = out::print(&b.raw());
             return ExitCode::SUCCESS;
         }
         Some(Version::Plain) => {
-            println!("{}", b.line());
+            let _ = out::println(&b.line());
             return ExitCode::SUCCESS;
         }
         None if cli.command == Command::Version => {
-            println!("{}", b.line());
+            let _ = out::println(&b.line());
             return ExitCode::SUCCESS;
         }
         None => {}
@@ -172,7 +173,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run if cli.init_only => daemon::init_only(&settings),
         Command::Run => daemon::run(&settings, &source, &verbosity),
-        Command::Plan => daemon::plan(&settings, &source).map(|script| print!("{script}")),
+        Command::Plan => daemon::plan(&settings, &source).and_then(|script| out::print(&script)),
         Command::Cleanup => daemon::cleanup(&settings, &source, cli.force),
         Command::Trace
         | Command::Explain
@@ -193,6 +194,8 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // The reader went away (`| head`): done.
+        Err(e) if out::is_closed(&e) => ExitCode::SUCCESS,
         Err(e) if !daemon_like => {
             eprintln!("verdict: {e:#}");
             ExitCode::FAILURE

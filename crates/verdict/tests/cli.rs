@@ -255,7 +255,7 @@ fn every_invalid_flag_or_value_exits_2_before_anything_runs() {
         ),
         (
             "-o",
-            exit(&["services", "-o", "yaml", "--server", "127.0.0.1:1"]),
+            exit(&["services", "-o", "xml", "--server", "127.0.0.1:1"]),
         ),
         (
             "limit",
@@ -288,7 +288,7 @@ fn every_invalid_flag_or_value_exits_2_before_anything_runs() {
             exit(&["services", "--dport", "80"]),
         ),
         ("run's own", exit(&["run", "--search", "web"])),
-        ("doctor -o", exit(&["doctor", "-o", "yaml"])),
+        ("doctor -o", exit(&["doctor", "-o", "xml"])),
         (
             "a setting",
             exit(&["plan", "--masquerade-bit=99", "--manifests", "/nonexistent"]),
@@ -406,4 +406,42 @@ fn the_allocator_is_tuned_before_it_first_reads_its_options() {
     ]);
     assert!(text.contains("option 'purge_delay': 25"), "{text}");
     assert!(text.contains("option 'arena_eager_commit': 1"), "{text}");
+}
+
+/// A reader that goes away (`verdict plan ... | head`) ends the command
+/// quietly, with success, as a pipeline expects: no panic, no backtrace.
+#[test]
+fn a_closed_standard_output_ends_the_command_quietly() {
+    let cluster = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/cluster.yaml");
+    for args in [
+        vec![
+            "plan",
+            "--manifests",
+            cluster,
+            "--hostname-override",
+            "node-a",
+        ],
+        vec![
+            "services",
+            "--manifests",
+            cluster,
+            "--hostname-override",
+            "node-a",
+        ],
+        vec!["--help"],
+        vec!["version"],
+    ] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_verdict"))
+            .args(&args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // The reader is gone before the first write.
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{args:?}: {:?}: {err}", out.status);
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
 }

@@ -404,3 +404,138 @@ fn the_stream_is_on_by_default_following_connections_once_asked_and_a_log_group_
     let _ = holder.wait();
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// `verdict flows` as a command line should behave: a Service it does not
+/// know is an error; text has a header, `-o wide` more columns, `-o yaml`
+/// YAML; a follower whose reader goes away ends quietly, and one whose
+/// verdict restarts says so and follows the new stream.
+#[test]
+fn the_flows_command_behaves_in_a_pipeline_and_across_a_restart() {
+    let Some((bed, dir)) = shop("flows-cli") else {
+        return;
+    };
+    let dir_s = dir.to_string_lossy().into_owned();
+    let log = dir.join("verdict.log");
+    let daemon = spawn_verdict(&bed, run_flags(&dir_s, &["--flows"]), &log, None);
+    assert_eq!(wait_for(&bed, "10.180.0.1:80"), "10.180.0.1:80");
+    let client = ip("10.0.0.2");
+    let verdict = env!("CARGO_BIN_EXE_verdict");
+    let run = |args: &[&str]| {
+        std::process::Command::new("ip")
+            .args(["netns", "exec", bed.node.name(), verdict])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    // An unknown Service: an error, not an empty page.
+    let nope = run(&["flows", "--service", "shop/nope"]);
+    assert!(!nope.status.success(), "{nope:?}");
+    let said = String::from_utf8_lossy(&nope.stderr);
+    assert!(
+        said.contains("no Service shop/nope is known to verdict"),
+        "{said}"
+    );
+    // A known Service without flows: an empty page, and success.
+    let quiet = run(&["flows", "--service", "shop/guarded"]);
+    assert!(quiet.status.success(), "{quiet:?}");
+
+    for _ in 0..3 {
+        bed.connect(client, ip("172.30.0.41"), "tcp", 80, 1000)
+            .unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(800));
+    let text = String::from_utf8(run(&["flows", "--service", "shop/web"]).stdout).unwrap();
+    assert!(text.starts_with("FIRST SEEN"), "a header line: {text}");
+    let wide =
+        String::from_utf8(run(&["flows", "--service", "shop/web", "-o", "wide"]).stdout).unwrap();
+    assert!(wide.lines().next().unwrap().contains("POD"), "{wide}");
+    assert!(
+        wide.contains("web-7d4b9c-x2x9q") && wide.contains("ClusterIP"),
+        "{wide}"
+    );
+    let yaml =
+        String::from_utf8(run(&["flows", "--service", "shop/web", "-o", "yaml"]).stdout).unwrap();
+    let doc: Json = serde_saphyr::from_str(&yaml).unwrap_or_else(|e| panic!("{e}: {yaml}"));
+    assert!(
+        doc["flows"].as_array().is_some_and(|f| f.len() >= 3),
+        "{yaml}"
+    );
+
+    // A follower piped into a reader that stops after one line.
+    let mut head = std::process::Command::new("ip")
+        .args(["netns", "exec", bed.node.name(), verdict])
+        .args(["flows", "--follow", "--service", "shop/web"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(head.stdout.as_mut().unwrap()),
+        &mut first,
+    )
+    .unwrap();
+    drop(head.stdout.take());
+    // The next flows reach a closed pipe.
+    for _ in 0..3 {
+        bed.connect(client, ip("172.30.0.41"), "tcp", 80, 1000)
+            .unwrap();
+    }
+    let t = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = head.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the follower goes on"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(head.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert!(status.success(), "{status}: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+
+    // A follower across a restart of verdict.
+    let mut follower = std::process::Command::new("ip")
+        .args(["netns", "exec", bed.node.name(), verdict])
+        .args(["flows", "--follow", "--service", "shop/web", "-o", "json"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(800));
+    drop(daemon);
+    std::thread::sleep(Duration::from_secs(2));
+    let _daemon = spawn_verdict(
+        &bed,
+        run_flags(&dir_s, &["--flows"]),
+        &dir.join("verdict2.log"),
+        None,
+    );
+    assert_eq!(wait_for(&bed, "10.180.0.1:80"), "10.180.0.1:80");
+    std::thread::sleep(Duration::from_millis(1500));
+    for _ in 0..2 {
+        bed.connect(client, ip("172.30.0.41"), "tcp", 80, 1000)
+            .unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    follower.kill().unwrap();
+    let out = follower.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("lost verdict at"), "{err}");
+    assert!(err.contains("verdict restarted"), "{err}");
+    let followed: Vec<Json> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect(l))
+        .collect();
+    // The new process's flows, numbered from 1 again, are followed.
+    assert!(
+        followed
+            .windows(2)
+            .any(|w| w[1]["seq"].as_u64() < w[0]["seq"].as_u64()),
+        "no flow of the new stream: {followed:#?}\n{err}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}

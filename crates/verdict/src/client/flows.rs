@@ -54,31 +54,52 @@ pub fn target(cli: &Cli) -> Result<String, UsageError> {
     Ok(format!("/api/v1/flows?{}", q.join("&")))
 }
 
-/// One flow on one line.
-pub fn line(f: &FlowRecord) -> String {
+/// The columns of the text lines, for the first line printed.
+pub fn header(output: Output) -> String {
+    let wide = output == Output::Wide;
+    let mut h = format!(
+        "{:<27}  {:<9} {:<5} CLIENT → DESTINATION  SERVICE  OUTCOME",
+        "FIRST SEEN", "VERDICT", "PROTO"
+    );
+    if wide {
+        h.push_str("  [ENTRY, POD, PACKETS, BYTES, LAST SEEN]");
+    }
+    h.push('\n');
+    h
+}
+
+/// One flow on one line (wide: with its entry, pod, packets, bytes and
+/// when it was last seen).
+pub fn line(f: &FlowRecord, output: Output) -> String {
+    let wide = output == Output::Wide;
     let service = match (&f.service, &f.port) {
         (Some(s), Some(p)) if !p.is_empty() => format!("{s}:{p}"),
         (Some(s), _) => s.clone(),
         (None, _) => "-".into(),
     };
-    let entry = f.entry.map_or("-".to_owned(), |e| format!("{e:?}"));
     let outcome = match (&f.endpoint, &f.reason) {
         (Some(e), _) => {
-            let pod = f
-                .pod
-                .as_deref()
-                .map(|p| format!(" ({p})"))
-                .unwrap_or_default();
+            let pod = match &f.pod {
+                Some(p) if !wide => format!(" ({p})"),
+                _ => String::new(),
+            };
             format!("→ {e}{pod}")
         }
         (None, Some(r)) => r.clone(),
         (None, None) => String::new(),
     };
     let mut extra = Vec::new();
+    if wide {
+        extra.push(f.entry.map_or("-".to_owned(), |e| format!("{e:?}")));
+        extra.push(f.pod.clone().unwrap_or_else(|| "-".into()));
+        extra.push(f.packets.map_or("-".to_owned(), |p| format!("{p} packets")));
+        extra.push(f.bytes.map_or("-".to_owned(), |b| format!("{b} bytes")));
+        extra.push(format!("last {}", f.last_seen));
+    }
     if f.masqueraded {
         extra.push("masqueraded".to_owned());
     }
-    if let (Some(p), Some(b)) = (f.packets, f.bytes) {
+    if !wide && let (Some(p), Some(b)) = (f.packets, f.bytes) {
         extra.push(format!("{p} packets, {b} bytes"));
     }
     if f.open {
@@ -93,13 +114,12 @@ pub fn line(f: &FlowRecord) -> String {
         format!("  [{}]", extra.join(", "))
     };
     format!(
-        "{}  {:<9} {:<4} {} → {} {} {}  {}{}\n",
+        "{:<27}  {:<9} {:<5} {} → {}  {}  {}{}\n",
         f.first_seen,
         f.verdict.as_str(),
         f.protocol,
         f.client,
         f.destination,
-        entry,
         service,
         outcome,
         extra
@@ -109,9 +129,15 @@ pub fn line(f: &FlowRecord) -> String {
 fn print(flows: &[FlowRecord], output: Output) -> anyhow::Result<()> {
     // The API answers newest first; a terminal reads oldest first.
     for f in flows.iter().rev() {
-        match output {
-            Output::Text => print!("{}", line(f)),
-            Output::Json => println!("{}", serde_json::to_string(f)?),
+        if output.structured() {
+            let doc = serde_json::to_value(f)?;
+            match output {
+                // One object per line, to be read as a stream.
+                Output::Json => crate::out::println(&serde_json::to_string(&doc)?)?,
+                _ => crate::out::print(&format!("---\n{}", super::structured(&doc, output)?))?,
+            }
+        } else {
+            crate::out::print(&line(f, output))?;
         }
     }
     Ok(())
@@ -126,38 +152,75 @@ fn ask(addr: SocketAddr, target: &str) -> anyhow::Result<FlowsAnswer> {
     read(&doc)
 }
 
-/// Prints one page, or follows the stream until interrupted.
+/// How long a follower waits before asking a node it lost again.
+const RECONNECT: Duration = Duration::from_secs(1);
+
+/// Prints one page, or follows the stream until interrupted (or its
+/// reader goes away). A follower that loses the node (verdict restarts)
+/// says so on standard error, asks again every second, and follows the
+/// new stream once it answers.
 pub fn run(addr: SocketAddr, target: &str, output: Output, follow: bool) -> anyhow::Result<()> {
     let page = ask(addr, target)?;
     if !follow {
-        match output {
-            Output::Json => println!("{}", serde_json::to_string_pretty(&page)?),
-            Output::Text => {
-                print(&page.flows, output)?;
-                let recorded: u64 = page.recorded.values().sum();
-                println!(
-                    "{} of {} matching flows shown; {recorded} recorded since start, {} evicted, {} not recorded (kernel buffer)",
-                    page.flows.len(),
-                    page.matched,
-                    page.evicted,
-                    page.not_recorded
-                );
-                if let Some(note) = following_note(&page) {
-                    println!("{note}");
-                }
-            }
+        if output.structured() {
+            let doc = serde_json::to_value(&page)?;
+            return crate::out::print(&super::structured(&doc, output)?);
+        }
+        if !page.flows.is_empty() {
+            crate::out::print(&header(output))?;
+        }
+        print(&page.flows, output)?;
+        let recorded: u64 = page.recorded.values().sum();
+        crate::out::println(&format!(
+            "{} of {} matching flows shown; {recorded} recorded since start, {} evicted, {} not recorded (kernel buffer)",
+            page.flows.len(),
+            page.matched,
+            page.evicted,
+            page.not_recorded
+        ))?;
+        if let Some(note) = following_note(&page) {
+            crate::out::println(&note)?;
         }
         return Ok(());
     }
-    if let (Some(note), Output::Text) = (following_note(&page), output) {
+    if let (Some(note), false) = (following_note(&page), output.structured()) {
         eprintln!("verdict flows: {note}");
+    }
+    if !output.structured() {
+        crate::out::print(&header(output))?;
     }
     print(&page.flows, output)?;
     let mut last = page.last_seq;
+    let mut stream = page.stream;
     let next = follow_target(target);
+    let mut lost = false;
     loop {
-        std::thread::sleep(POLL);
-        let page = ask(addr, &format!("{next}&after={last}"))?;
+        std::thread::sleep(if lost { RECONNECT } else { POLL });
+        let page = match ask(addr, &format!("{next}&after={last}")) {
+            Ok(p) => p,
+            Err(e) => {
+                if !lost {
+                    eprintln!(
+                        "verdict flows: lost verdict at {addr} ({e:#}); asking again every second"
+                    );
+                    lost = true;
+                }
+                continue;
+            }
+        };
+        if lost {
+            lost = false;
+            eprintln!("verdict flows: verdict at {addr} answers again");
+        }
+        if page.stream != stream {
+            // A new process, with a new stream numbered from 1 again.
+            eprintln!(
+                "verdict flows: verdict restarted; following its new stream from its first flow"
+            );
+            stream = page.stream;
+            last = 0;
+            continue;
+        }
         if page.matched > page.flows.len() {
             eprintln!(
                 "verdict flows: {} flows arrived faster than a follower reads them; skipped",

@@ -33,8 +33,28 @@ const ANSWER_TIMEOUT: Duration = Duration::from_secs(120);
 pub enum Output {
     /// For a terminal.
     Text,
+    /// For a wide terminal: what text shows, and more of it where a
+    /// command has more (`flows`: the entry, the pod, packets, bytes).
+    Wide,
     /// The API's answer as it is.
     Json,
+    /// The API's answer as YAML.
+    Yaml,
+}
+
+impl Output {
+    /// Whether the answer is printed as it is (JSON or YAML), not as text.
+    pub fn structured(self) -> bool {
+        matches!(self, Output::Json | Output::Yaml)
+    }
+}
+
+/// A document as JSON or YAML, for `-o json` and `-o yaml`.
+pub fn structured(doc: &Json, output: Output) -> anyhow::Result<String> {
+    Ok(match output {
+        Output::Yaml => serde_saphyr::to_string(doc)?,
+        _ => format!("{}\n", serde_json::to_string_pretty(doc)?),
+    })
 }
 
 /// What an introspection command asks, checked before anything runs: a
@@ -65,8 +85,14 @@ fn flag_bool(cli: &Cli, name: &str) -> Result<bool, UsageError> {
 pub fn query(cli: &Cli) -> Result<Query, UsageError> {
     let output = match cli.inspect_flag("output").unwrap_or("text") {
         "text" => Output::Text,
+        "wide" => Output::Wide,
         "json" => Output::Json,
-        other => return Err(UsageError(format!("-o {other:?}: must be text or json"))),
+        "yaml" => Output::Yaml,
+        other => {
+            return Err(UsageError(format!(
+                "-o {other:?}: must be text, wide, json or yaml"
+            )));
+        }
     };
     let live = if cli.command == Command::Trace && flag_bool(cli, "live")? {
         let req = trace_request(cli)?;
@@ -279,14 +305,14 @@ pub fn run(query: &Query, cli: &Cli, settings: &Settings, source: &Source) -> an
         }
     }
     match output {
-        Output::Json => {
+        Output::Json | Output::Yaml => {
             let doc = match answers.as_slice() {
                 [(_, one)] => one.clone(),
                 many => Json::Array(many.iter().map(|(_, d)| d.clone()).collect()),
             };
-            println!("{}", serde_json::to_string_pretty(&doc)?);
+            crate::out::print(&structured(&doc, output)?)?;
         }
-        Output::Text => {
+        Output::Text | Output::Wide => {
             for (i, (_, doc)) in answers.iter().enumerate() {
                 let page = match (cli.command, i) {
                     (Command::Trace, _) => {
@@ -299,7 +325,7 @@ pub fn run(query: &Query, cli: &Cli, settings: &Settings, source: &Source) -> an
                     (_, 0) => text::syncs(&read(doc)?),
                     _ => text::foreign(&read(doc)?),
                 };
-                print!("{page}");
+                crate::out::print(&page)?;
             }
         }
     }
