@@ -360,6 +360,13 @@ pub const PROBLEMS: [(&str, &str); 4] = [
     (DROPPED_UNALLOCATED, "unallocated_cluster_ip"),
 ];
 
+/// Whether the data path writes `set` (the affinity map, each problem
+/// set's memory of refused connections): what it holds is traffic, not
+/// what verdict programmed, and a drift check leaves it out.
+pub fn written_by_the_data_path(set: &str) -> bool {
+    set == AFFINITY || PROBLEMS.iter().any(|(s, _)| *s == set)
+}
+
 /// The key of a connection in the problem sets: client, destination,
 /// protocol, client port, destination port.
 pub fn connection_key() -> Vec<Selector> {

@@ -98,6 +98,32 @@ fn doctor_checks_the_node_the_api_server_and_the_rules() {
             .unwrap(),
     );
     assert_eq!(wait_for(&bed, "10.180.0.1:80"), "10.180.0.1:80");
+    // A node that refused traffic: a Service without endpoints, asked
+    // anyway. The table remembers each refused connection for 3 minutes,
+    // which is traffic, not drift.
+    api.apply(json!({
+        "apiVersion": "v1", "kind": "Service", "metadata": {"name": "empty", "namespace": "demo"},
+        "spec": {"clusterIP": "172.30.0.43", "clusterIPs": ["172.30.0.43"], "type": "ClusterIP",
+                 "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]}
+    }))
+    .unwrap();
+    let t = std::time::Instant::now();
+    while !who_at(&bed, "172.30.0.43").is_empty() || t.elapsed() < std::time::Duration::from_secs(1)
+    {
+        assert!(t.elapsed() < std::time::Duration::from_secs(10));
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    for _ in 0..10 {
+        let _ = bed.connect(ip("10.0.0.2"), ip("172.30.0.43"), "tcp", 80, 500);
+    }
+    let remembered = bed
+        .node
+        .exec(
+            "nft",
+            &["list", "set", "ip", "verdict", "rejected-connections"],
+        )
+        .unwrap();
+    assert!(remembered.contains("172.30.0.43"), "{remembered}");
 
     let (code, doc) = doctor(&bed, &kc);
     println!("{doc:#}");

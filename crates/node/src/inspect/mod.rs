@@ -1287,8 +1287,8 @@ fn element_text(e: &Element) -> String {
 
 /// The drift of a whole table: elements verdict wants that the kernel
 /// lacks or holds with another value, and elements in verdict's sets
-/// that it does not want (the affinity map excluded: the data path
-/// writes it). What verdict wants is gathered one set at a time, and a
+/// that it does not want (the sets the data path writes left out:
+/// affinity, and the memory of refused connections). What verdict wants is gathered one set at a time, and a
 /// table read without its elements (netlink) is read one set at a time,
 /// each element compared as it arrives: the answer holds one set of what
 /// verdict wants and one reply of the kernel's (it held every set of the
@@ -1330,6 +1330,9 @@ pub fn drift(
         .sets
         .keys()
         .filter(|n| layout::map_of_staging(n).is_none())
+        // The data path's own writes (affinity, the memory of refused
+        // connections) are traffic, not drift.
+        .filter(|n| !layout::written_by_the_data_path(n))
         .map(|n| (n.as_str(), 0))
         .collect();
     for e in intents() {
@@ -1495,7 +1498,7 @@ fn drift_of_set<'v, I>(
         } else {
             wanted
         };
-        if !wanted && name != layout::AFFINITY {
+        if !wanted {
             extra.push(format!("extra {name}: {}", element_text(e)));
         }
     };
