@@ -360,7 +360,7 @@ impl Metrics {
             FLOWS_NOT_RECORDED,
             Counter,
             &["reason"],
-            "Reports of connections the flow stream lost (kernel_buffer: the kernel dropped them because the reader fell behind)",
+            "Connections the flow stream did not record (kernel_buffer: the kernel dropped their reports because the reader fell behind; log_rate_limit: refusals the kernel counted past its log rate limit, as of the last reading of its counters)",
             vec![],
         );
         add(

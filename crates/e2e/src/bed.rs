@@ -368,4 +368,61 @@ impl TestBed {
         )?;
         Ok(out.trim().to_owned())
     }
+
+    /// Sends UDP datagrams from `src` to `dst`:`port` without reading an
+    /// answer, as [`How`] says; returns the datagrams and sockets used.
+    pub fn send_udp(
+        &self,
+        src: IpAddr,
+        dst: IpAddr,
+        port: u16,
+        how: How,
+    ) -> Result<(u64, u64), CmdError> {
+        let ns = self
+            .sender(src)
+            .ok_or_else(|| CmdError(format!("no namespace owns source {src}")))?;
+        let echo = self.echo.to_string_lossy().into_owned();
+        let mut args = vec![
+            "send".to_owned(),
+            "--src".into(),
+            src.to_string(),
+            "--dst".into(),
+            dst.to_string(),
+            "--port".into(),
+            port.to_string(),
+        ];
+        match how {
+            How::Each { sockets, packets } => args.extend([
+                "--sockets".into(),
+                sockets.to_string(),
+                "--packets".into(),
+                packets.to_string(),
+            ]),
+            How::Flood { seconds } => args.extend(["--seconds".into(), seconds.to_string()]),
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = ns.exec(&echo, &args)?;
+        let mut words = out.split_whitespace().skip(1).map(str::parse::<u64>);
+        match (words.next(), words.next()) {
+            (Some(Ok(d)), Some(Ok(s))) => Ok((d, s)),
+            _ => Err(CmdError(format!("unexpected answer of send: {out}"))),
+        }
+    }
+}
+
+/// How [`TestBed::send_udp`] sends.
+#[derive(Clone, Copy, Debug)]
+pub enum How {
+    /// `packets` datagrams from each of `sockets` sockets.
+    Each {
+        /// Sockets, one after another.
+        sockets: u64,
+        /// Datagrams from each.
+        packets: u64,
+    },
+    /// For `seconds`, as fast as one client can, a new socket per datagram.
+    Flood {
+        /// How long.
+        seconds: u64,
+    },
 }

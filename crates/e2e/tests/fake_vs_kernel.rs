@@ -91,7 +91,9 @@ impl Twin {
         let kernel = open(kind, ns.name());
         let nft = NftCli::in_netns(ns.name()).unwrap();
         let netlink = NetlinkBackend::in_netns(ns.name()).unwrap();
-        let cfg = node_config(scenario).unwrap();
+        let mut cfg = node_config(scenario).unwrap();
+        // With the flow stream: its rate-limited log rules too.
+        cfg.flow_log_group = Some(7331);
         let family = cfg.nft_family();
         Twin {
             ns,

@@ -793,6 +793,17 @@ pub enum Expr {
         /// The nfnetlink_log group.
         group: u16,
     },
+    /// `limit rate RATE/second burst BURST packets`: matches while the
+    /// packets that reached it stay within the rate (a token bucket of
+    /// BURST packets, refilled at RATE a second); past it, the rule stops
+    /// here and the packet goes on to the next rule. Its state lives in
+    /// the rule: writing the rule again starts a full bucket.
+    Limit {
+        /// Packets a second.
+        rate: u32,
+        /// The bucket's size, in packets.
+        burst: u32,
+    },
     /// `masquerade fully-random`.
     Masquerade,
     /// DNAT (the rule must match `meta l4proto` first).
@@ -876,6 +887,9 @@ impl Expr {
             Expr::Reject => "reject".into(),
             Expr::Counter => "counter".into(),
             Expr::Log { prefix, group } => format!("log prefix \"{prefix}\" group {group}"),
+            Expr::Limit { rate, burst } => {
+                format!("limit rate {rate}/second burst {burst} packets")
+            }
             Expr::Masquerade => "masquerade fully-random".into(),
             Expr::Dnat(DnatTarget::Addr(IpAddr::V4(a), port)) => format!("dnat to {a}:{port}"),
             Expr::Dnat(DnatTarget::Addr(IpAddr::V6(a), port)) => format!("dnat to [{a}]:{port}"),

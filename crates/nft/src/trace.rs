@@ -446,6 +446,8 @@ impl<'a> Tracer<'a> {
             }
             Expr::Reject => vec![Step::End(Flow::Reject, note(st, text.to_owned()))],
             Expr::Counter | Expr::NftraceOn | Expr::Log { .. } => vec![Step::Match(st)],
+            // A trace is one packet: within any rate.
+            Expr::Limit { .. } => vec![Step::Match(st)],
             Expr::Masquerade => {
                 st.masq = true;
                 vec![Step::End(Flow::Accept, note(st, text.to_owned()))]

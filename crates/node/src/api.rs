@@ -514,6 +514,11 @@ pub fn counters_fresh_for(took: Duration) -> Duration {
 /// rejected or dropped connection is attributed to its Service.
 pub const COUNTERS_READ_EVERY: Duration = Duration::from_secs(30);
 
+use verdict_admin::metrics::FLOWS_NOT_RECORDED;
+/// The reason of `verdict_flows_not_recorded_total` for the refusals the
+/// kernel counted past its log rate limit.
+pub const NOT_LOGGED: &str = "log_rate_limit";
+
 /// Writes text (a part of `/metrics`) as it goes.
 pub type WriteText = Arc<dyn Fn(&mut dyn std::fmt::Write) -> std::fmt::Result + Send + Sync>;
 
@@ -526,16 +531,30 @@ pub struct CounterCache {
     /// When the last reading began, how long it took, and what it read.
     last: Mutex<Option<(Instant, Duration, Arc<Snapshot>)>>,
     state: Mutex<Counted>,
+    /// Where the flow stream's metrics are, when it runs: each reading
+    /// sets how many refusals the kernel counted past the log rate limit.
+    flow_metrics: Option<Arc<Mutex<verdict_admin::Metrics>>>,
 }
 
 impl CounterCache {
-    /// A cache over the node's tables.
-    pub fn new(node: NodeHandle, read: KernelReader) -> Arc<CounterCache> {
+    /// A cache over the node's tables; with the flow stream, `flow_metrics`
+    /// gets `verdict_flows_not_recorded_total{reason="log_rate_limit"}`.
+    pub fn new(
+        node: NodeHandle,
+        read: KernelReader,
+        flow_metrics: Option<Arc<Mutex<verdict_admin::Metrics>>>,
+    ) -> Arc<CounterCache> {
+        if let Some(m) = &flow_metrics {
+            m.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .touch(FLOWS_NOT_RECORDED, &[NOT_LOGGED]);
+        }
         Arc::new(CounterCache {
             node,
             read,
             last: Mutex::new(None),
             state: Mutex::new(Counted::default()),
+            flow_metrics,
         })
     }
 
@@ -587,6 +606,13 @@ impl CounterCache {
             read.iter().map(|(f, t)| (*f, t.as_ref())).collect();
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let snap = Arc::new(Snapshot::of(&self.node, &pairs, &mut state));
+        if let Some(m) = &self.flow_metrics {
+            m.lock().unwrap_or_else(|e| e.into_inner()).set(
+                FLOWS_NOT_RECORDED,
+                &[NOT_LOGGED],
+                snap.not_logged() as f64,
+            );
+        }
         *last = Some((started, started.elapsed(), snap.clone()));
         snap
     }

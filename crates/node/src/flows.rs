@@ -759,7 +759,10 @@ impl Recorder {
         f.entry = Some(e.kind);
         f.service = Some(e.view.name.clone());
         f.endpoint = Some(c.reply_src);
-        f.masqueraded = c.snat;
+        // Masqueraded when the endpoint answers another address than the
+        // client's: conntrack also marks a connection whose source port
+        // alone it remapped (another connection held it).
+        f.masqueraded = c.reply_dst.ip() != c.client.ip();
         f.open = true;
         f.conntrack_id = c.id;
         if let Some(p) = &e.port {

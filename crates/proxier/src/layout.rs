@@ -70,6 +70,9 @@ pub const DROP_NO_LOCAL_ENDPOINT: &str = "drop-no-local-endpoint";
 /// Drops a new connection to an address of the service CIDRs that no
 /// Service has, counting it once.
 pub const DROP_UNALLOCATED: &str = "drop-unallocated";
+/// Rejects a new connection to a ClusterIP on a port no Service has,
+/// counting it once (kube-proxy rejects it in `cluster-ips-check`).
+pub const REJECT_INVALID_PORT: &str = "reject-invalid-port";
 
 // === sets and maps ===
 /// Every proxied ClusterIP.
@@ -128,6 +131,9 @@ pub const DROPPED_SOURCE_RANGE: &str = "dropped-source-range";
 pub const DROPPED_NO_LOCAL_ENDPOINT: &str = "dropped-no-local-endpoint";
 /// The same for connections to unallocated addresses of the service CIDRs.
 pub const DROPPED_UNALLOCATED: &str = "dropped-unallocated";
+/// The same for connections rejected because the ClusterIP's Service has
+/// no such port.
+pub const REJECTED_INVALID_PORT: &str = "rejected-invalid-port";
 /// How long a rejected or dropped connection is remembered: longer than a
 /// TCP client retries its SYN (127 s with Linux's defaults), so that each
 /// connection counts once.
@@ -135,6 +141,15 @@ pub const PROBLEM_TIMEOUT: u32 = 180;
 /// The most connections each of those sets remembers; past it, a drop or
 /// reject is counted per packet.
 pub const PROBLEM_SIZE: u32 = 65_536;
+/// How many rejected or dropped connections a second each reason's rule
+/// logs for the flow stream, at most (per IP family): a flood is counted
+/// in full, and logged only at this rate.
+pub const LOG_RATE: u32 = 200;
+/// How many it logs at once after a quiet spell.
+pub const LOG_BURST: u32 = 400;
+/// The comment of the rule that ends a new connection logged past
+/// [`LOG_RATE`]: its counter is what the flow stream did not record.
+pub const NOT_LOGGED_COMMENT: &str = "past the log rate limit: counted, not logged";
 /// Client . entry address . protocol . port → endpoint (dynamic).
 pub const AFFINITY: &str = "affinity";
 /// Entry address . protocol . port → affinity-timeout-T chain.
@@ -262,7 +277,7 @@ pub const UNALLOCATED_COMMENT: &str = "Drop traffic to unallocated ClusterIPs";
 
 /// The base chains and fixed regular chains, by name ([`fixed_chains`]
 /// writes them).
-pub const FIXED_CHAINS: [&str; 26] = [
+pub const FIXED_CHAINS: [&str; 27] = [
     FILTER_PREROUTING_PRE_DNAT,
     FILTER_OUTPUT_PRE_DNAT,
     FILTER_INPUT,
@@ -275,6 +290,7 @@ pub const FIXED_CHAINS: [&str; 26] = [
     DROP_SOURCE_RANGE,
     DROP_NO_LOCAL_ENDPOINT,
     DROP_UNALLOCATED,
+    REJECT_INVALID_PORT,
     SERVICES,
     MASQUERADING,
     FIREWALL_CHECK,
@@ -292,7 +308,7 @@ pub const FIXED_CHAINS: [&str; 26] = [
 ];
 
 /// Every set and map, by name ([`sets`] defines them).
-pub const SETS: [&str; 21] = [
+pub const SETS: [&str; 22] = [
     CLUSTER_IPS,
     NODEPORT_IPS,
     SERVICE_IPS,
@@ -314,6 +330,7 @@ pub const SETS: [&str; 21] = [
     DROPPED_SOURCE_RANGE,
     DROPPED_NO_LOCAL_ENDPOINT,
     DROPPED_UNALLOCATED,
+    REJECTED_INVALID_PORT,
 ];
 
 /// One of the sets of [`SETS`], by its place there: one byte where its
@@ -353,8 +370,9 @@ impl Display for SetRef {
 
 /// Each problem set and the reason it records, as the metrics and the
 /// API name it.
-pub const PROBLEMS: [(&str, &str); 4] = [
+pub const PROBLEMS: [(&str, &str); 5] = [
     (REJECTED_CONNECTIONS, "no_endpoints"),
+    (REJECTED_INVALID_PORT, "invalid_port"),
     (DROPPED_SOURCE_RANGE, "source_range"),
     (DROPPED_NO_LOCAL_ENDPOINT, "no_local_endpoint"),
     (DROPPED_UNALLOCATED, "unallocated_cluster_ip"),
@@ -382,10 +400,17 @@ pub fn connection_key() -> Vec<Selector> {
 /// Ends a new connection (`reject` or `drop`), remembering it in `set` so
 /// that it counts once: a retry of one already seen ends uncounted; a new
 /// one is remembered, counted and, with the flow stream, logged to `log`'s
-/// group with its prefix; when the set is full, every packet is counted
-/// (and none logged: a flood past the set's size is not recorded).
+/// group with its prefix, at most [`LOG_RATE`] a second (past it, the
+/// next rule ends it and counts it as not logged); when the set is full,
+/// every packet is counted (and none logged: a flood past the set's size
+/// is not recorded).
 fn end_once(set: &str, end: Expr, log: Option<Expr>) -> Vec<Rule> {
     let key = connection_key();
+    let known = || Expr::Lookup {
+        key: key.clone(),
+        set: set.into(),
+        negate: false,
+    };
     let mut new = vec![
         Expr::Update {
             set: set.into(),
@@ -395,21 +420,28 @@ fn end_once(set: &str, end: Expr, log: Option<Expr>) -> Vec<Rule> {
         },
         Expr::Counter,
     ];
-    new.extend(log);
+    let logged = log.is_some();
+    if let Some(log) = log {
+        new.push(Expr::Limit {
+            rate: LOG_RATE,
+            burst: LOG_BURST,
+        });
+        new.push(log);
+    }
     new.push(end.clone());
-    vec![
-        Rule::new(vec![
-            Expr::Lookup {
-                key: key.clone(),
-                set: set.into(),
-                negate: false,
-            },
-            end.clone(),
-        ])
-        .with_comment("a retry of a connection already counted"),
+    let mut rules = vec![
+        Rule::new(vec![known(), end.clone()])
+            .with_comment("a retry of a connection already counted"),
         Rule::new(new),
-        Rule::new(vec![Expr::Counter, end]).with_comment("the set is full"),
-    ]
+    ];
+    if logged {
+        // Remembered by the rule above, which stopped at its limit.
+        rules.push(
+            Rule::new(vec![known(), Expr::Counter, end.clone()]).with_comment(NOT_LOGGED_COMMENT),
+        );
+    }
+    rules.push(Rule::new(vec![Expr::Counter, end]).with_comment("the set is full"));
+    rules
 }
 
 /// The shared chains created on demand. Their names carry their parameters,
@@ -877,32 +909,29 @@ pub fn fixed_chains(cfg: &ProxierConfig) -> Vec<ChainWithRules> {
         ])],
     ));
 
-    // With the counters, each rule counts what it rejects (for the whole
-    // node: the port is one no Service has).
-    let count = |mut exprs: Vec<Expr>| {
-        if cfg.counters {
-            // Before the verdict, the rule's last expression.
-            let at = exprs.len().saturating_sub(1);
-            exprs.insert(at, Expr::Counter);
-        }
-        Rule::new(exprs)
-    };
     let log = |prefix: &str| {
         cfg.flow_log_group.map(|group| Expr::Log {
             prefix: prefix.into(),
             group,
         })
     };
-    // A reject here answers at once (TCP reset, ICMP port unreachable):
-    // nothing retries, so each packet is logged.
-    let mut invalid_port = vec![Expr::Lookup {
-        key: vec![Selector::Daddr],
-        set: CLUSTER_IPS.into(),
-        negate: false,
-    }];
-    invalid_port.extend(log(LOG_REJECTED_INVALID_PORT));
-    invalid_port.push(Expr::Reject);
-    let mut cluster_ips_check = vec![count(invalid_port).with_comment(INVALID_PORT_COMMENT)];
+    // With the counters or the flow stream, a port no Service has is
+    // rejected in a chain that remembers the connection, as every other
+    // reason: a UDP client sending datagrams, or one retrying, counts
+    // once.
+    let invalid_port = vec![
+        Expr::Lookup {
+            key: vec![Selector::Daddr],
+            set: CLUSTER_IPS.into(),
+            negate: false,
+        },
+        if cfg.ends_once() {
+            Expr::Verdict(Verdict::Goto(REJECT_INVALID_PORT.into()))
+        } else {
+            Expr::Reject
+        },
+    ];
+    let mut cluster_ips_check = vec![Rule::new(invalid_port).with_comment(INVALID_PORT_COMMENT)];
     for cidr in &cfg.service_cidrs {
         cluster_ips_check.push(
             Rule::new(vec![
@@ -929,6 +958,20 @@ pub fn fixed_chains(cfg: &ProxierConfig) -> Vec<ChainWithRules> {
             )
         } else {
             vec![Rule::new(vec![Expr::Reject])]
+        },
+    ));
+    chains.push((
+        Chain::regular(REJECT_INVALID_PORT).with_comment(
+            "rejects connections to ports of ClusterIPs that no Service has, counting each once",
+        ),
+        if cfg.ends_once() {
+            end_once(
+                REJECTED_INVALID_PORT,
+                Expr::Reject,
+                log(LOG_REJECTED_INVALID_PORT),
+            )
+        } else {
+            Vec::new()
         },
     ));
     for (chain, set, prefix, comment) in [

@@ -257,9 +257,13 @@ pub fn run(settings: &Settings, source: &Source, verbosity: &Verbosity) -> anyho
             "healthz server failed",
         ));
     }
-    let counters = settings
-        .service_counters
-        .then(|| api::CounterCache::new(handle.clone(), api::kernel_reader(kind)));
+    let counters = settings.service_counters.then(|| {
+        api::CounterCache::new(
+            handle.clone(),
+            api::kernel_reader(kind),
+            flow_source.is_some().then(|| metrics.clone()),
+        )
+    });
     if let Some(c) = &counters {
         c.read_periodically();
     }

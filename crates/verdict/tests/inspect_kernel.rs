@@ -224,7 +224,7 @@ fn trace_and_explain_answer_from_the_running_daemon_and_offline() {
     );
     let rejected = sample(
         &metrics,
-        "verdict_service_rejected_total{ip_family=\"IPv4\",namespace=\"demo\",service=\"empty\",port=\"http\"}",
+        "verdict_service_rejected_total{ip_family=\"IPv4\",namespace=\"demo\",service=\"empty\",port=\"http\",reason=\"no_endpoints\"}",
     );
     assert_eq!(rejected, Some(1.0), "{metrics}");
     let dropped = sample(
@@ -243,7 +243,11 @@ fn trace_and_explain_answer_from_the_running_daemon_and_offline() {
         node("verdict_rejected_total{ip_family=\"IPv4\",reason=\"no_endpoints\"}"),
         1.0
     );
-    assert!(node("verdict_rejected_total{ip_family=\"IPv4\",reason=\"invalid_port\"}") >= 1.0);
+    assert_eq!(
+        node("verdict_rejected_total{ip_family=\"IPv4\",reason=\"invalid_port\"}"),
+        1.0,
+        "one connection to port 81: {metrics}"
+    );
     assert!(
         node("verdict_connections_total{ip_family=\"IPv4\"}") >= cluster_ip,
         "the node's connections hold the ClusterIP's: {metrics}"
@@ -313,6 +317,56 @@ fn trace_and_explain_answer_from_the_running_daemon_and_offline() {
         ),
         Some(10.0),
         "{metrics}"
+    );
+
+    // A port the Service does not have, from 10 UDP sockets, 20 datagrams
+    // each: 10 connections, for the node and for the Service, which is
+    // among the problems.
+    let (sent, sockets) = bed
+        .send_udp(
+            ip("10.0.0.2"),
+            ip("172.30.0.41"),
+            9999,
+            verdict_e2e::bed::How::Each {
+                sockets: 10,
+                packets: 20,
+            },
+        )
+        .unwrap();
+    assert_eq!((sent, sockets), (200, 10));
+    std::thread::sleep(Duration::from_secs(6)); // past the counters' cache
+    let metrics = http_on(&bed, 10249, "/metrics");
+    assert_eq!(
+        sample(
+            &metrics,
+            "verdict_rejected_total{ip_family=\"IPv4\",reason=\"invalid_port\"}"
+        ),
+        Some(11.0),
+        "port 81 once, then 10 sockets: {metrics}"
+    );
+    assert_eq!(
+        sample(
+            &metrics,
+            "verdict_service_rejected_total{ip_family=\"IPv4\",namespace=\"demo\",service=\"web\",port=\"9999\",reason=\"invalid_port\"}"
+        ),
+        Some(10.0),
+        "{metrics}"
+    );
+    let answer = http_on(&bed, 10249, "/api/v1/problems");
+    let body = answer.split("\r\n\r\n").nth(1).unwrap_or(&answer);
+    let problems: Json = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {answer}"));
+    let listed = problems["refused"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["service"] == "demo/web" && r["port"] == "9999")
+        .unwrap_or_else(|| panic!("demo/web:9999 is not among the problems: {problems:#}"));
+    assert_eq!(listed["protocol"], "udp");
+    assert_eq!(listed["counts"]["problems"][0]["connections"], 10);
+    let listed = text(&bed, &["services", "--search", "demo/web"]);
+    assert!(
+        listed.contains("(9999)") && listed.contains("10 rejected invalid_port"),
+        "{listed}"
     );
 
     // The drop and the reject say why, naming the Service.

@@ -9,6 +9,12 @@
 //! makes one connection from `IP` and prints one line:
 //! `OK <answer> <local port>`, `REFUSED`, `TIMEOUT` or `ERROR <what>`.
 //!
+//! `verdict-e2e-echo send --src IP --dst IP --port P (--sockets N --packets M | --seconds S)`
+//! sends UDP datagrams and reads no answer: M from each of N sockets, or,
+//! for S seconds as fast as it can, one from each new socket (a new source
+//! port, so a new connection, per datagram). It prints
+//! `SENT <datagrams> <sockets>`.
+//!
 //! `verdict-e2e-echo hold-log-group GROUP` binds that nfnetlink_log group
 //! (as a logging daemon would), prints `ready`, and holds it until killed.
 
@@ -25,8 +31,9 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("serve") => serve(&args[1..]),
         Some("connect") => connect(&args[1..]),
+        Some("send") => send(&args[1..]),
         Some("hold-log-group") => hold_log_group(&args[1..]),
-        _ => Err("usage: verdict-e2e-echo serve|connect|hold-log-group …".to_string()),
+        _ => Err("usage: verdict-e2e-echo serve|connect|send|hold-log-group …".to_string()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -165,6 +172,58 @@ fn connect(args: &[String]) -> Result<(), String> {
         }
     };
     println!("{line}");
+    Ok(())
+}
+
+fn send(args: &[String]) -> Result<(), String> {
+    let addr = |flag: &str| -> Result<IpAddr, String> {
+        one(args, flag)?.parse().map_err(|e| format!("{flag}: {e}"))
+    };
+    let number = |flag: &str| -> Result<Option<u64>, String> {
+        match one(args, flag) {
+            Ok(v) => v.parse().map(Some).map_err(|e| format!("{flag}: {e}")),
+            Err(_) => Ok(None),
+        }
+    };
+    let (src, dst) = (addr("--src")?, addr("--dst")?);
+    let port: u16 = one(args, "--port")?
+        .parse()
+        .map_err(|e| format!("--port: {e}"))?;
+    let target = SocketAddr::new(dst, port);
+    let (mut datagrams, mut sockets) = (0u64, 0u64);
+    // Answers (ICMP errors) are not read: a send may fail with the error
+    // an earlier datagram drew, and the next one is sent all the same.
+    let mut one_socket = |packets: u64| -> Result<(), String> {
+        let sock =
+            UdpSocket::bind(SocketAddr::new(src, 0)).map_err(|e| format!("bind {src}: {e}"))?;
+        sockets += 1;
+        for _ in 0..packets {
+            let _ = sock.send_to(b"ping", target);
+            datagrams += 1;
+        }
+        Ok(())
+    };
+    match (
+        number("--seconds")?,
+        number("--sockets")?,
+        number("--packets")?,
+    ) {
+        (Some(secs), None, None) => {
+            let until = std::time::Instant::now() + Duration::from_secs(secs);
+            while std::time::Instant::now() < until {
+                for _ in 0..64 {
+                    one_socket(1)?;
+                }
+            }
+        }
+        (None, Some(n), Some(m)) => {
+            for _ in 0..n {
+                one_socket(m)?;
+            }
+        }
+        _ => return Err("give --seconds S, or --sockets N and --packets M".into()),
+    }
+    println!("SENT {datagrams} {sockets}");
     Ok(())
 }
 

@@ -1020,6 +1020,24 @@ mod tests {
     }
 
     #[test]
+    fn a_limit_is_read_as_nft_lists_it() {
+        // `nft -j list` of `limit rate 200/second burst 400 packets`, and of
+        // `limit rate 10/second`, whose burst nft leaves at 5.
+        for (json, rate, burst) in [
+            (r#"{"rate": 200, "burst": 400, "per": "second"}"#, 200, 400),
+            (r#"{"rate": 10, "per": "second"}"#, 10, 5),
+        ] {
+            let t = parse_table(
+                &table_with_rule(&format!(r#"{{"limit": {json}}}, {{"drop": null}}"#)),
+                Family::Ip,
+                "verdict",
+            )
+            .unwrap();
+            assert_eq!(t.chains["c"].rules[0].exprs[0], Expr::Limit { rate, burst });
+        }
+    }
+
+    #[test]
     fn a_rules_counter_is_read_beside_the_rule() {
         let t = parse_table(
             &table_with_rule(r#"{"counter": {"packets": 7, "bytes": 420}}, {"drop": null}"#),
@@ -1049,7 +1067,15 @@ mod tests {
         for (expr, why) in [
             (r#"{"log": null}"#, "log without a group"),
             (r#"{"log": {"group": 70000}}"#, "log without a group"),
-            (r#"{"limit": {"rate": 1}}"#, "unsupported expression"),
+            (
+                r#"{"limit": {"rate": 1, "per": "minute"}}"#,
+                "limit other than packets a second",
+            ),
+            (
+                r#"{"limit": {"rate": 1, "rate_unit": "bytes"}}"#,
+                "limit other than packets a second",
+            ),
+            (r#"{"limit": {"per": "second"}}"#, "limit without a rate"),
             (
                 r#"{"vmap": {"key": {"meta": {"key": "l4proto"}}, "data": {"set": [["tcp", {"accept": null}]]}}}"#,
                 "anonymous",

@@ -143,6 +143,26 @@ impl<'a> RuleParser<'a> {
                     group,
                 })
             }
+            "limit" => {
+                let n = |k: &str| {
+                    v.get(k)
+                        .and_then(Json::as_u64)
+                        .and_then(|n| u32::try_from(n).ok())
+                };
+                let per = v.get("per").and_then(Json::as_str).unwrap_or("second");
+                let unit = v
+                    .get("rate_unit")
+                    .and_then(Json::as_str)
+                    .unwrap_or("packets");
+                if per != "second" || unit != "packets" || v.get("inv").is_some() {
+                    return Err(format!("limit other than packets a second: {v}"));
+                }
+                Ok(Expr::Limit {
+                    rate: n("rate").ok_or("limit without a rate")?,
+                    // nft leaves out the default burst of 5 packets.
+                    burst: n("burst").unwrap_or(5),
+                })
+            }
             "masquerade" => masquerade(v),
             "dnat" => self.dnat(v.as_object().ok_or("dnat is not an object")?),
             "set" | "map" => self.update_json(k, v.as_object().ok_or("not an object")?),

@@ -74,6 +74,14 @@ const REJECT_ICMP_UNREACH: u32 = 0;
 /// `NFTA_LOG_GROUP` and `NFTA_LOG_PREFIX`.
 const LOG_GROUP: u16 = 1;
 const LOG_PREFIX: u16 = 2;
+/// `NFTA_LIMIT_RATE`, `_UNIT`, `_BURST`, `_TYPE` and `_FLAGS`.
+const LIMIT_RATE: u16 = 1;
+const LIMIT_UNIT: u16 = 2;
+const LIMIT_BURST: u16 = 3;
+const LIMIT_TYPE: u16 = 4;
+const LIMIT_FLAGS: u16 = 5;
+/// `NFT_LIMIT_PKTS`: the rate counts packets (not bytes).
+const LIMIT_PACKETS: u32 = 0;
 /// ICMP and ICMPv6 "port unreachable".
 const ICMP_PORT_UNREACH: u8 = 3;
 const ICMPV6_PORT_UNREACH: u8 = 4;
@@ -471,6 +479,14 @@ impl Encoder<'_> {
             Expr::Log { prefix, group } => self.kernel("log", |w| {
                 w.str(LOG_PREFIX, prefix);
                 w.attr(LOG_GROUP, &group.to_be_bytes());
+            }),
+            // As nft writes `limit rate N/second burst B packets`.
+            Expr::Limit { rate, burst } => self.kernel("limit", |w| {
+                w.u64_be(LIMIT_RATE, u64::from(*rate));
+                w.u64_be(LIMIT_UNIT, 1);
+                w.u32_be(LIMIT_BURST, *burst);
+                w.u32_be(LIMIT_TYPE, LIMIT_PACKETS);
+                w.u32_be(LIMIT_FLAGS, 0);
             }),
             Expr::Masquerade => self.kernel("masq", |w| w.u32_be(1, NAT_RANDOM_FULLY)),
             Expr::Dnat(DnatTarget::Addr(addr, port)) => {
@@ -1020,6 +1036,20 @@ impl Decoder<'_> {
                     prefix: a.str(LOG_PREFIX).unwrap_or_default().to_owned(),
                     group,
                 });
+            }
+            "limit" => {
+                let rate = a.u64_be(LIMIT_RATE).and_then(|r| u32::try_from(r).ok());
+                let (Some(rate), Some(1), Some(burst)) =
+                    (rate, a.u64_be(LIMIT_UNIT), a.u32_be(LIMIT_BURST))
+                else {
+                    return Err(NftError::Parse("limit other than packets a second".into()));
+                };
+                if a.u32_be(LIMIT_TYPE).unwrap_or(LIMIT_PACKETS) != LIMIT_PACKETS
+                    || a.u32_be(LIMIT_FLAGS).unwrap_or(0) != 0
+                {
+                    return Err(NftError::Parse("limit of bytes, or inverted".into()));
+                }
+                self.out.push(Expr::Limit { rate, burst });
             }
             "counter" => {
                 self.counter = Some(crate::backend::Counter {

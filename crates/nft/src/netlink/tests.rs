@@ -306,8 +306,13 @@ fn rules(family: Family) -> Vec<Rule> {
             Reject,
         ])
         .with_comment("counted"),
-        // A rule that tells the flow stream why it rejects.
+        // A rule that tells the flow stream why it rejects, at a bounded
+        // rate.
         Rule::new(vec![
+            crate::ir::Expr::Limit {
+                rate: 200,
+                burst: 400,
+            },
             crate::ir::Expr::Log {
                 prefix: "verdict rejected no-endpoints".into(),
                 group: 7331,

@@ -84,7 +84,9 @@ fn a_forwarded_connection_names_its_service_endpoint_and_pod_and_closes() {
     let (mut r, store, metrics) = recorder(100);
     let t0 = SystemTime::now();
     let mut c = conn(7, "10.77.0.21:40000", "172.30.0.41:80", "10.180.0.1:8080");
+    // Masqueraded: the answers go to the node's address.
     c.snat = true;
+    c.reply_dst = sock("10.180.0.100:61000");
     r.record(vec![FlowEvent::New(c)], t0, None);
     let f = &all(&store)[0];
     assert_eq!(f.seq, 1);
@@ -128,12 +130,21 @@ fn a_forwarded_connection_names_its_service_endpoint_and_pod_and_closes() {
     );
     let flows = all(&store);
     assert_eq!(flows.len(), 3);
+    // Conntrack remapped only the source port (another connection of the
+    // node held it): the endpoint still sees the client's address.
+    let mut remapped = conn(10, "10.77.0.23:40003", "172.30.0.41:80", "10.180.0.1:8080");
+    remapped.snat = true;
+    remapped.reply_dst = sock("10.77.0.23:1024");
     assert_eq!(flows[0].entry, Some(EntryKind::ExternalIP));
     assert_eq!(flows[1].entry, Some(EntryKind::NodePort));
     assert_eq!((flows[1].pod.as_deref(), flows[1].seq), (None, 2));
+    r.record(vec![FlowEvent::New(remapped)], t0, None);
+    let f = &all(&store)[0];
+    assert_eq!(f.client, sock("10.77.0.23:40003"));
+    assert!(!f.masqueraded, "{f:?}");
     let text = metrics.lock().unwrap().render();
     assert!(
-        text.contains("verdict_flows_recorded_total{verdict=\"forwarded\"} 3"),
+        text.contains("verdict_flows_recorded_total{verdict=\"forwarded\"} 4"),
         "{text}"
     );
 }

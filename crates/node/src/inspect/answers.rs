@@ -290,6 +290,9 @@ pub struct ServiceItem {
     pub name: String,
     /// Its ports, in each family.
     pub ports: Vec<ServiceItemPort>,
+    /// Ports of its ClusterIPs it does not have that clients asked for.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub other_ports: Vec<OtherPort>,
 }
 
 /// A port of a Service in the list.
@@ -337,6 +340,24 @@ pub struct ExplainAnswer {
     /// the node's clock; `None`: not counted).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub counted_at: Option<f64>,
+    /// Ports of its ClusterIPs it does not have that clients asked for.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub other_ports: Vec<OtherPort>,
+}
+
+/// A port of a Service's ClusterIP that the Service does not have, and
+/// the connections to it, each rejected and counted once.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OtherPort {
+    /// `ip` or `ip6`.
+    pub family: String,
+    /// The port number asked for (`other`: any of the ports past the
+    /// first eight, per protocol).
+    pub port: String,
+    /// `tcp`, `udp`, `sctp`.
+    pub protocol: String,
+    /// The connections rejected.
+    pub problem: ProblemCount,
 }
 
 /// A Service in one family.

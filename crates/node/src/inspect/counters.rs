@@ -38,7 +38,7 @@ use verdict_model::{Counting, IpFamily, NamespacedName, Protocol, ServicePort, S
 use verdict_nft::{Counter, L4Proto, TableState, Value};
 use verdict_proxier::layout;
 
-use crate::inspect::answers::{ExplainAnswer, PortCounts, ProblemCount, ServicesPage};
+use crate::inspect::answers::{ExplainAnswer, OtherPort, PortCounts, ProblemCount, ServicesPage};
 use crate::view::{NodeHandle, ServiceView};
 
 /// A reason's verdict and what it means, in words.
@@ -119,7 +119,7 @@ pub const ENDPOINT_BYTES: &str = "verdict_endpoint_bytes_total";
 
 /// The sets a counter reading needs besides the table's chains: the
 /// counted Services' sets and the problem sets.
-pub const READ_SETS: [&str; 7] = [
+pub const READ_SETS: [&str; 8] = [
     layout::SERVICE_CONNECTIONS,
     layout::ENDPOINT_CONNECTIONS,
     layout::SERVICE_TRAFFIC,
@@ -127,6 +127,7 @@ pub const READ_SETS: [&str; 7] = [
     layout::DROPPED_SOURCE_RANGE,
     layout::DROPPED_NO_LOCAL_ENDPOINT,
     layout::DROPPED_UNALLOCATED,
+    layout::REJECTED_INVALID_PORT,
 ];
 
 /// The sets of [`READ_SETS`] whose counters are read, not their elements.
@@ -138,6 +139,30 @@ pub const COUNTED_SETS: [&str; 3] = [
 
 /// Recent connections kept per Service port and reason, for the API.
 const RECENT: usize = 5;
+/// Ports a Service does not have that are counted apart, per Service,
+/// family and protocol; connections to any further one are counted
+/// under [`OTHER_PORTS`] (a port scan costs ten entries, not 65,535).
+const INVALID_PORTS_KEPT: usize = 8;
+/// The port name under which [`INVALID_PORTS_KEPT`] is exceeded.
+pub const OTHER_PORTS: &str = "other";
+
+/// The name under which connections to port `port` of a Service's
+/// ClusterIP, which the Service does not have, are counted: the number
+/// itself, which no port name can be (a port name holds a letter).
+fn invalid_port_name(service: &NamespacedName, port: u16, protocol: Protocol) -> ServicePortName {
+    ServicePortName {
+        service: service.clone(),
+        port: port.to_string().as_str().into(),
+        protocol,
+    }
+}
+
+/// Whether `name` stands for ports its Service does not have (see
+/// [`invalid_port_name`]).
+pub fn is_invalid_port(name: &ServicePortName) -> bool {
+    let p = name.port.as_str();
+    p == OTHER_PORTS || (!p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+}
 
 type Labels = Vec<(&'static str, String)>;
 
@@ -213,7 +238,7 @@ pub fn entry_owner(
 type Place = (IpFamily, &'static str);
 
 /// What is carried over for one counter.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 struct Carried {
     /// The raw packets and bytes last read.
     raw: (u64, u64),
@@ -221,6 +246,10 @@ struct Carried {
     offset: (u64, u64),
     /// The reading that last saw it.
     reading: u64,
+    /// The entry point whose total it is part of (a `service-traffic`
+    /// element): when it goes (its endpoint is removed), what it counted
+    /// stays in that total.
+    owner: Option<EntryKey>,
 }
 
 /// Keeps every count monotonic: a raw count lower than the last one read
@@ -242,6 +271,18 @@ impl Monotonic {
 
     /// The monotonic (packets, bytes) of `c`, read at `key` of `place`.
     fn read(&mut self, place: Place, key: &[Value], c: Counter) -> (u64, u64) {
+        self.read_for(place, key, c, None)
+    }
+
+    /// [`read`](Self::read), for a counter that is part of `owner`'s
+    /// total.
+    fn read_for(
+        &mut self,
+        place: Place,
+        key: &[Value],
+        c: Counter,
+        owner: Option<EntryKey>,
+    ) -> (u64, u64) {
         let at = self.last.entry(place).or_default();
         if !at.contains_key(key) {
             at.insert(key.to_vec(), Carried::default());
@@ -254,14 +295,32 @@ impl Monotonic {
         }
         e.raw = (c.packets, c.bytes);
         e.reading = self.reading;
+        if owner.is_some() && e.owner != owner {
+            e.owner = owner;
+        }
         (e.offset.0 + c.packets, e.offset.1 + c.bytes)
     }
 
-    /// Forgets the counters the reading did not see.
-    fn forget_others(&mut self) {
+    /// Forgets the counters of the families `read` that the reading did
+    /// not see (those of a table that could not be read are kept as they
+    /// were), handing what those with an owner had counted to `retired`.
+    fn forget_others(&mut self, read: &[IpFamily], retired: &mut HashMap<EntryKey, (u64, u64)>) {
         let reading = self.reading;
-        for at in self.last.values_mut() {
-            at.retain(|_, e| e.reading == reading);
+        for ((family, _), at) in self.last.iter_mut() {
+            if !read.contains(family) {
+                continue;
+            }
+            at.retain(|_, e| {
+                if e.reading == reading {
+                    return true;
+                }
+                if let Some(owner) = e.owner.take() {
+                    let r = retired.entry(owner).or_default();
+                    r.0 += e.offset.0 + e.raw.0;
+                    r.1 += e.offset.1 + e.raw.1;
+                }
+                false
+            });
         }
         self.last.retain(|_, at| !at.is_empty());
     }
@@ -309,13 +368,40 @@ impl Problems {
             else {
                 continue;
             };
-            let Some((sp, _)) = entry_owner(node, family, *dst, *proto, *dport) else {
-                continue;
+            let name = if reason == "invalid_port" {
+                // The Service whose ClusterIP it is, on the port asked for.
+                let Some(view) = node.services_at(*dst).into_iter().find(|v| {
+                    v.family(family)
+                        .is_some_and(|f| f.ports.iter().any(|p| p.port.cluster_ip == *dst))
+                }) else {
+                    continue;
+                };
+                let mut name = invalid_port_name(&view.name, *dport, protocol_of(*proto));
+                let key = (family, name.clone(), reason);
+                if !self.counts.contains_key(&key) {
+                    let kept = self
+                        .counts
+                        .keys()
+                        .filter(|(f, n, r)| {
+                            *f == family
+                                && *r == reason
+                                && n.service == name.service
+                                && n.protocol == name.protocol
+                                && n.port.as_str() != OTHER_PORTS
+                        })
+                        .count();
+                    if kept >= INVALID_PORTS_KEPT {
+                        name.port = OTHER_PORTS.into();
+                    }
+                }
+                name
+            } else {
+                let Some((sp, _)) = entry_owner(node, family, *dst, *proto, *dport) else {
+                    continue;
+                };
+                sp.name.clone()
             };
-            let p = self
-                .counts
-                .entry((family, sp.name.clone(), reason))
-                .or_default();
+            let p = self.counts.entry((family, name, reason)).or_default();
             p.connections += 1;
             p.recent_clients.push(super::show_addr(*client, *sport));
             if p.recent_clients.len() > RECENT {
@@ -325,11 +411,17 @@ impl Problems {
         self.present.insert((family, set), keys);
     }
 
-    /// Forgets the Service ports that are gone.
+    /// Forgets the Service ports that are gone (the ports a Service does
+    /// not have, with the Service).
     fn forget_gone(&mut self, node: &NodeHandle) {
-        self.counts.retain(|(family, name, _), _| {
-            node.service(&name.service)
-                .is_some_and(|v| v.port(*family, name).is_some())
+        self.counts.retain(|(family, name, reason), _| {
+            node.service(&name.service).is_some_and(|v| {
+                if *reason == "invalid_port" {
+                    v.family(*family).is_some()
+                } else {
+                    v.port(*family, name).is_some()
+                }
+            })
         });
     }
 }
@@ -339,6 +431,31 @@ impl Problems {
 pub struct Counted {
     monotonic: Monotonic,
     problems: Problems,
+    /// The packets and bytes of the `service-traffic` elements that are
+    /// gone (their endpoint was removed), per entry point: still part of
+    /// its total, which never goes down while the entry point exists.
+    retired: HashMap<EntryKey, (u64, u64)>,
+}
+
+/// Whether the entry point `key` is still one of its Service port's, and
+/// the port counted.
+fn entry_exists(node: &NodeHandle, key: &EntryKey) -> bool {
+    let (family, name, kind, addr) = key;
+    let Some(view) = node.service(&name.service) else {
+        return false;
+    };
+    let Some(port) = view.port(*family, name) else {
+        return false;
+    };
+    let sp = &port.port;
+    sp.counting != Counting::None
+        && match *kind {
+            "ClusterIP" => sp.cluster_ip == *addr,
+            "ExternalIP" => sp.external_ips.contains(addr),
+            "LoadBalancer" => sp.load_balancer_vips.contains(addr),
+            "NodePort" => sp.node_port.is_some(),
+            _ => false,
+        }
 }
 
 #[derive(Default)]
@@ -389,6 +506,9 @@ struct Series {
     labelled: Families,
     entries: BTreeMap<EntryKey, Counts>,
     endpoints: BTreeMap<EndpointKey, Counts>,
+    /// New connections rejected or dropped past the log rate limit, by
+    /// reason: counted, but not in the flow stream.
+    not_logged: BTreeMap<&'static str, u64>,
 }
 
 /// A label list, as written.
@@ -570,9 +690,12 @@ impl Counted {
             }
         }
         // Rejects and drops: a new connection's counter, and the one
-        // counting per packet once the set is full.
+        // counting per packet once the set is full; the one counting the
+        // new connections past the log rate limit counts them again, as
+        // not logged.
         for (chain, metric, reason) in [
             (layout::REJECT_CHAIN, REJECTED, "no_endpoints"),
+            (layout::REJECT_INVALID_PORT, REJECTED, "invalid_port"),
             (layout::DROP_SOURCE_RANGE, DROPPED, "source_range"),
             (layout::DROP_NO_LOCAL_ENDPOINT, DROPPED, "no_local_endpoint"),
             (layout::DROP_UNALLOCATED, DROPPED, "unallocated_cluster_ip"),
@@ -580,18 +703,13 @@ impl Counted {
             let mut l = fam();
             l.push(("reason", reason.to_owned()));
             out.add(metric, l.clone(), 0);
-            for (i, _, c) in rule_counters(t, chain) {
+            for (i, r, c) in rule_counters(t, chain) {
                 let (n, _) = mono.read((family, chain), &[Value::Int(i as u32)], c);
-                out.add(metric, l.clone(), n);
-            }
-        }
-        for (i, r, c) in rule_counters(t, layout::CLUSTER_IPS_CHECK) {
-            if r.comment.as_deref() == Some(layout::INVALID_PORT_COMMENT) {
-                let place = (family, layout::CLUSTER_IPS_CHECK);
-                let (n, _) = mono.read(place, &[Value::Int(i as u32)], c);
-                let mut l = fam();
-                l.push(("reason", "invalid_port".to_owned()));
-                out.add(REJECTED, l, n);
+                if r.comment.as_deref() == Some(layout::NOT_LOGGED_COMMENT) {
+                    *series.not_logged.entry(reason).or_default() += n;
+                } else {
+                    out.add(metric, l.clone(), n);
+                }
             }
         }
         // The chosen Services' elements.
@@ -625,7 +743,9 @@ impl Counted {
                 let Some((sp, kind)) = entry_owner(node, family, *a, *p, *port) else {
                     continue;
                 };
-                let (packets, bytes) = mono.read((family, set), key, *c);
+                let entry = (family, sp.name.clone(), kind, *a);
+                let owner = (set == layout::SERVICE_TRAFFIC).then(|| entry.clone());
+                let (packets, bytes) = mono.read_for((family, set), key, *c, owner);
                 let at_endpoint = (family, sp.name.clone(), *ep, *ep_port);
                 if set == layout::ENDPOINT_CONNECTIONS {
                     series
@@ -637,7 +757,7 @@ impl Counted {
                 }
                 series
                     .entries
-                    .entry((family, sp.name.clone(), kind, *a))
+                    .entry(entry)
                     .or_default()
                     .add_traffic(packets, bytes);
                 if sp.counting == Counting::Endpoint {
@@ -678,20 +798,47 @@ impl Snapshot {
                 state.collect(handle, *f, t, &mut series);
             }
         }
-        state.monotonic.forget_others();
+        let read: Vec<IpFamily> = tables
+            .iter()
+            .filter(|(_, t)| t.is_some())
+            .map(|(f, _)| *f)
+            .collect();
+        state.monotonic.forget_others(&read, &mut state.retired);
+        state.retired.retain(|key, _| entry_exists(handle, key));
+        for (key, (packets, bytes)) in &state.retired {
+            if !read.contains(&key.0) {
+                continue;
+            }
+            series
+                .entries
+                .entry(key.clone())
+                .or_default()
+                .add_traffic(*packets, *bytes);
+        }
         state.problems.forget_gone(handle);
         let mut problems = Vec::new();
         for ((family, name, reason), p) in &state.problems.counts {
             problems.push((*family, name.clone(), *reason, p.clone()));
+            // A port the Service does not have is counted as the
+            // Service is.
             let counted = handle
                 .service(&name.service)
-                .and_then(|v| v.port(*family, name).map(|x| x.port.counting))
+                .and_then(|v| match v.port(*family, name) {
+                    Some(x) => Some(x.port.counting),
+                    None => v
+                        .family(*family)?
+                        .ports
+                        .iter()
+                        .map(|p| p.port.counting)
+                        .max(),
+                })
                 .unwrap_or(Counting::None);
             if counted == Counting::None {
                 continue;
             }
             let mut l = port_labels(*family, name);
-            if *reason == "no_endpoints" {
+            if matches!(*reason, "no_endpoints" | "invalid_port") {
+                l.push(("reason", (*reason).to_owned()));
                 series.labelled.add(SERVICE_REJECTED, l, p.connections);
             } else {
                 l.push(("reason", (*reason).to_owned()));
@@ -753,6 +900,7 @@ impl Snapshot {
             else {
                 continue;
             };
+            item.other_ports = self.other_ports(&view.name);
             for p in &mut item.ports {
                 let Some(family) = family_of(&p.family) else {
                     continue;
@@ -771,6 +919,7 @@ impl Snapshot {
         let Some(view) = handle.service(&NamespacedName::new(&doc.namespace, &doc.name)) else {
             return;
         };
+        doc.other_ports = self.other_ports(&view.name);
         for fam in &mut doc.families {
             let Some(family) = family_of(&fam.family) else {
                 continue;
@@ -809,6 +958,40 @@ impl Snapshot {
                 }
             }
         }
+    }
+
+    /// The ports of `service`'s ClusterIPs it does not have that clients
+    /// asked for, with the connections rejected.
+    pub fn other_ports(&self, service: &NamespacedName) -> Vec<OtherPort> {
+        self.problems
+            .iter()
+            .filter(|(_, n, _, _)| n.service == *service && is_invalid_port(n))
+            .map(|(family, name, reason, p)| {
+                let (verdict, what) = reason_words(reason);
+                OtherPort {
+                    family: match family {
+                        IpFamily::V4 => "ip",
+                        IpFamily::V6 => "ip6",
+                    }
+                    .to_owned(),
+                    port: name.port.to_string(),
+                    protocol: name.protocol.to_string(),
+                    problem: ProblemCount {
+                        reason: (*reason).to_owned(),
+                        verdict: verdict.to_owned(),
+                        what: what.to_owned(),
+                        connections: p.connections,
+                        recent_clients: p.recent_clients.clone(),
+                    },
+                }
+            })
+            .collect()
+    }
+
+    /// New connections rejected or dropped past the log rate limit, all
+    /// reasons and families: counted, and not in the flow stream.
+    pub fn not_logged(&self) -> u64 {
+        self.series.not_logged.values().sum()
     }
 
     /// The Service ports with rejects or drops, the most first.
@@ -853,7 +1036,7 @@ impl Snapshot {
                 "New connections sent to an endpoint of a Service port, counted by the kernel"
             }
             SERVICE_REJECTED => {
-                "New connections rejected because the Service port has no usable endpoint, each once"
+                "New connections to a Service rejected, by reason (no_endpoints: the port has no usable endpoint; invalid_port: its ClusterIP on a port it does not have, the port label then the number asked for, or other past eight of them), each once"
             }
             SERVICE_DROPPED => {
                 "New connections to a Service port dropped, by reason, each once however often it is retried"
@@ -949,7 +1132,11 @@ impl Snapshot {
             t[4] += bytes;
         }
         for (_, name, reason, p) in &self.problems {
-            let slot = if *reason == "no_endpoints" { 1 } else { 2 };
+            let slot = if matches!(*reason, "no_endpoints" | "invalid_port") {
+                1
+            } else {
+                2
+            };
             totals.entry(name.service.to_string()).or_default()[slot] += p.connections;
         }
         let services: serde_json::Map<String, Json> = totals
@@ -1014,6 +1201,7 @@ mod tests {
     fn node() -> (Proxier, TableState) {
         let mut c = ProxierConfig::new(IpFamily::V4, "n");
         c.local_detector = LocalDetector::Cidr("10.0.0.0/8".parse().unwrap());
+        c.flow_log_group = Some(7331);
         c.metrics = MetricsSelection {
             level: Counting::Endpoint,
             namespaces: vec!["shop".into()],
@@ -1079,12 +1267,17 @@ mod tests {
     /// A connection remembered by a problem set: client 203.0.113.9:port
     /// to `dst`:80.
     fn problem(t: &mut TableState, set: &str, dst: &str, client_port: u16) {
+        problem_at(t, set, dst, 80, client_port);
+    }
+
+    /// The same, to `dst`:`dport`.
+    fn problem_at(t: &mut TableState, set: &str, dst: &str, dport: u16, client_port: u16) {
         let key = vec![
             a("203.0.113.9"),
             a(dst),
             TCP_,
             Value::Port(client_port),
-            Value::Port(80),
+            Value::Port(dport),
         ];
         t.sets
             .get_mut(set)
@@ -1171,7 +1364,7 @@ mod tests {
         );
         has(
             &text,
-            "verdict_service_rejected_total{ip_family=\"IPv4\",namespace=\"shop\",service=\"empty\",port=\"http\"} 1",
+            "verdict_service_rejected_total{ip_family=\"IPv4\",namespace=\"shop\",service=\"empty\",port=\"http\",reason=\"no_endpoints\"} 1",
         );
         assert!(!text.contains("namespace=\"other\""), "{text}");
         // The API shows other/lb's drops all the same.
@@ -1284,5 +1477,170 @@ mod tests {
             .clear();
         let third = read(&t, &mut state);
         assert_eq!(third["services"]["shop/empty"]["rejected"], 2);
+    }
+
+    #[test]
+    fn a_service_total_does_not_go_down_when_an_endpoint_goes() {
+        let (mut p, mut t) = node();
+        let web = vec![a("172.30.0.41"), TCP_, Value::Port(80)];
+        let traffic = |ep: &str| {
+            let mut key = web.clone();
+            key.extend([a(ep), Value::Port(80)]);
+            key
+        };
+        let mut state = Counted::default();
+        let base = "ip_family=\"IPv4\",namespace=\"shop\",service=\"web\",port=\"http\"";
+        let packets = format!(
+            "verdict_service_packets_total{{{base},entry=\"ClusterIP\",address=\"172.30.0.41\"}}"
+        );
+        count(&mut t, layout::SERVICE_TRAFFIC, traffic("10.180.0.1"), 40);
+        count(&mut t, layout::SERVICE_TRAFFIC, traffic("10.180.0.2"), 30);
+        let handle = NodeHandle::of_proxiers(&[&p], &[]);
+        let first = Snapshot::of(&handle, &[(IpFamily::V4, Some(&t))], &mut state);
+        has(&first.exposition(), &format!("{packets} 70"));
+
+        // 10.180.0.2 is removed: its element goes with what it counted.
+        p.on_endpoint_slice(
+            &slice("shop", "web", "s")
+                .port("http", TCP, 80)
+                .ep("10.180.0.1", "n"),
+            false,
+        );
+        let mut nft = MemoryBackend::new();
+        p.sync(&mut nft, Instant::now()).unwrap();
+        let mut t = nft.get(Family::Ip, "verdict").unwrap().clone();
+        assert!(
+            !t.sets[layout::SERVICE_TRAFFIC]
+                .elements
+                .contains_key(traffic("10.180.0.2").as_slice())
+        );
+        count(&mut t, layout::SERVICE_TRAFFIC, traffic("10.180.0.1"), 45);
+        let handle = NodeHandle::of_proxiers(&[&p], &[]);
+        // A reading whose table could not be read changes nothing.
+        let _ = Snapshot::of(&handle, &[(IpFamily::V4, None)], &mut state);
+        let second = Snapshot::of(&handle, &[(IpFamily::V4, Some(&t))], &mut state);
+        let text = second.exposition();
+        has(&text, &format!("{packets} 75"));
+        assert!(
+            !text.contains("endpoint=\"10.180.0.2:80\""),
+            "the endpoint's own series ends with it:\n{text}"
+        );
+        let name = ServicePortName::new("shop", "web", "http", Protocol::Tcp);
+        let counts = second.port_counts(IpFamily::V4, &name, Counting::Endpoint);
+        assert_eq!(counts.packets, Some(75));
+
+        // The Service goes: what it had is forgotten with it.
+        p.on_service(
+            Some(
+                &svc("shop", "web")
+                    .cluster_ip("172.30.0.41")
+                    .port("http", TCP, 80, 0),
+            ),
+            None,
+        );
+        let mut nft = MemoryBackend::new();
+        p.sync(&mut nft, Instant::now()).unwrap();
+        let t = nft.get(Family::Ip, "verdict").unwrap().clone();
+        let handle = NodeHandle::of_proxiers(&[&p], &[]);
+        let third = Snapshot::of(&handle, &[(IpFamily::V4, Some(&t))], &mut state);
+        assert!(!third.exposition().contains("service=\"web\""));
+        assert!(state.retired.is_empty(), "{:?}", state.retired);
+    }
+
+    #[test]
+    fn a_port_the_service_does_not_have_counts_per_connection_for_the_service() {
+        let (p, mut t) = node();
+        let handle = NodeHandle::of_proxiers(&[&p], &[]);
+        // 10 connections to shop/web's ClusterIP on port 9999: the node
+        // counts them in the chain, the set names each.
+        let new = t.chains[layout::REJECT_INVALID_PORT]
+            .rules
+            .iter()
+            .position(|r| r.exprs.contains(&verdict_nft::Expr::Counter))
+            .unwrap();
+        rule_count(&mut t, layout::REJECT_INVALID_PORT, new, 10);
+        for client_port in 0..10 {
+            problem_at(
+                &mut t,
+                layout::REJECTED_INVALID_PORT,
+                "172.30.0.41",
+                9999,
+                41000 + client_port,
+            );
+        }
+        // 5 more, past the log rate limit: counted by the node, not logged.
+        let not_logged = t.chains[layout::REJECT_INVALID_PORT]
+            .rules
+            .iter()
+            .position(|r| r.comment.as_deref() == Some(layout::NOT_LOGGED_COMMENT))
+            .unwrap();
+        rule_count(&mut t, layout::REJECT_INVALID_PORT, not_logged, 5);
+        let mut state = Counted::default();
+        let snap = Snapshot::of(&handle, &[(IpFamily::V4, Some(&t))], &mut state);
+        let text = snap.exposition();
+        has(
+            &text,
+            "verdict_rejected_total{ip_family=\"IPv4\",reason=\"invalid_port\"} 10",
+        );
+        assert_eq!(snap.not_logged(), 5);
+        has(
+            &text,
+            "verdict_service_rejected_total{ip_family=\"IPv4\",namespace=\"shop\",service=\"web\",port=\"9999\",reason=\"invalid_port\"} 10",
+        );
+        let web = verdict_model::NamespacedName::new("shop", "web");
+        let other = snap.other_ports(&web);
+        assert_eq!(other.len(), 1);
+        assert_eq!(
+            (other[0].port.as_str(), other[0].protocol.as_str()),
+            ("9999", "tcp")
+        );
+        assert_eq!(other[0].problem.connections, 10);
+        assert_eq!(other[0].problem.reason, "invalid_port");
+        // Among the problems, the Service list's and the overview's.
+        let only = crate::inspect::services_with_problems(&handle, Some(&snap), "", 0, 10);
+        assert!(only.items.iter().any(|i| i.name == "web"));
+        let mut page = crate::inspect::services(&handle, "shop/web", 0, 10);
+        snap.annotate_page(&handle, &mut page);
+        assert_eq!(page.items[0].other_ports, other);
+        let overview = crate::inspect::problems(&handle, Some(&snap));
+        let r = overview
+            .refused
+            .iter()
+            .find(|r| r.service == "shop/web")
+            .unwrap();
+        assert_eq!((r.port.as_str(), r.counts.refused()), ("9999", 10));
+        let mut doc = crate::inspect::explain(&handle, &web, &[]);
+        snap.annotate_explain(&handle, &mut doc);
+        assert_eq!(doc.other_ports, other);
+
+        // A scan of many ports: eight counted apart, the rest as `other`.
+        for (i, port) in (9000..9010).enumerate() {
+            problem_at(
+                &mut t,
+                layout::REJECTED_INVALID_PORT,
+                "172.30.0.41",
+                port,
+                42000 + i as u16,
+            );
+        }
+        let snap = Snapshot::of(&handle, &[(IpFamily::V4, Some(&t))], &mut state);
+        let ports: Vec<(String, u64)> = snap
+            .other_ports(&web)
+            .iter()
+            .map(|o| (o.port.clone(), o.problem.connections))
+            .collect();
+        assert_eq!(ports.len(), 9, "{ports:?}");
+        assert!(ports.contains(&(OTHER_PORTS.to_owned(), 3)), "{ports:?}");
+        assert!(ports.contains(&("9999".to_owned(), 10)), "{ports:?}");
+        // An address no Service has is no Service's problem.
+        problem_at(
+            &mut t,
+            layout::REJECTED_INVALID_PORT,
+            "172.30.0.99",
+            1,
+            43000,
+        );
+        let snap = Snapshot::of(&handle, &[(IpFamily::V4, Some(&t))], &mut state);
+        assert_eq!(snap.other_ports(&web).len(), 9);
     }
 }

@@ -562,7 +562,9 @@ fn reason(p: &Owners, path: &TracePath) -> String {
                 .unwrap_or_else(|| "the Service".into());
             format!("dropped: the source is outside the loadBalancerSourceRanges of {svc}")
         }
-        (Disposition::Reject, _) if last_chain == layout::CLUSTER_IPS_CHECK => {
+        (Disposition::Reject, _)
+            if last_chain == layout::CLUSTER_IPS_CHECK || through(layout::REJECT_INVALID_PORT) =>
+        {
             "rejected: the ClusterIP is a Service's, but no Service port of it is this protocol and port".into()
         }
         (Disposition::Drop, _)
@@ -861,6 +863,7 @@ fn service_item(v: &ServiceView) -> ServiceItem {
                 }
             })
             .collect(),
+        other_ports: Vec::new(),
     }
 }
 
@@ -895,6 +898,19 @@ pub fn problems(handle: &NodeHandle, snap: Option<&counters::Snapshot>) -> Probl
             let Some(v) = handle.service(&name.service) else {
                 continue;
             };
+            if counters::is_invalid_port(&name) {
+                // A port the Service does not have: no endpoints to show.
+                refused.push(RefusedPort {
+                    family: nft_family(family).to_string(),
+                    service: name.service.to_string(),
+                    port: name.port.to_string(),
+                    protocol: name.protocol.to_string(),
+                    endpoints: 0,
+                    ready: 0,
+                    counts: snap.port_counts(family, &name, verdict_model::Counting::None),
+                });
+                continue;
+            }
             let Some(port) = v.port(family, &name) else {
                 continue;
             };
@@ -1275,6 +1291,7 @@ pub fn explain(
             extra: extra_checked.then_some(extra),
         },
         counted_at: None,
+        other_ports: Vec::new(),
     }
 }
 

@@ -5,8 +5,8 @@
 use std::fmt::Write as _;
 
 use super::answers::{
-    ConnectionsAnswer, ExplainAnswer, ExplainPortDetail, ForeignAnswer, PortCounts, ServicesPage,
-    SyncsAnswer, TraceAnswer, TraceStep,
+    ConnectionsAnswer, ExplainAnswer, ExplainPortDetail, ForeignAnswer, OtherPort, PortCounts,
+    ServicesPage, SyncsAnswer, TraceAnswer, TraceStep,
 };
 
 fn p(v: f64) -> String {
@@ -259,6 +259,33 @@ fn counts(out: &mut String, c: &PortCounts) {
     }
 }
 
+/// The ports of a Service's ClusterIP it does not have that clients
+/// asked for.
+fn other_ports(out: &mut String, ports: &[OtherPort]) {
+    if ports.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "\nports it does not have, asked for at its ClusterIP:");
+    for o in ports {
+        let p = &o.problem;
+        let _ = writeln!(
+            out,
+            "  {} port {} {}: {} {}: {} connections (last clients {})",
+            o.family,
+            o.port,
+            o.protocol,
+            p.verdict.to_uppercase(),
+            p.reason,
+            p.connections,
+            if p.recent_clients.is_empty() {
+                "-".to_owned()
+            } else {
+                p.recent_clients.join(", ")
+            }
+        );
+    }
+}
+
 /// `verdict explain`.
 pub fn explain(doc: &ExplainAnswer) -> String {
     let mut out = String::new();
@@ -312,6 +339,7 @@ pub fn explain(doc: &ExplainAnswer) -> String {
             }
         }
     }
+    other_ports(&mut out, &doc.other_ports);
     let d = &doc.drift;
     match d.extra {
         None if d.missing + d.differs == 0 => {
@@ -391,6 +419,21 @@ pub fn services(doc: &ServicesPage) -> String {
                 port.family,
                 port.protocol,
                 format!("{}:{}", port.cluster_ip, port.service_port),
+            );
+        }
+        for o in &item.other_ports {
+            let _ = writeln!(
+                out,
+                "{name:<48} {:<5} {:<12} {:<6} {:<40} {:<9} {:<24} {} {} {}",
+                o.family,
+                format!("({})", o.port),
+                o.protocol,
+                "not a port of it",
+                "-",
+                "-",
+                o.problem.connections,
+                o.problem.verdict,
+                o.problem.reason,
             );
         }
     }
