@@ -111,6 +111,16 @@ pub const FLOWS_RECORDED: &str = "verdict_flows_recorded_total";
 /// `verdict_flows_evicted_total`: recorded flows dropped from the ring to
 /// make room for newer ones.
 pub const FLOWS_EVICTED: &str = "verdict_flows_evicted_total";
+/// `verdict_flows_folded_total`: recorded flows of a client past its share
+/// of the full ring, dropped for the same client's newer ones.
+pub const FLOWS_FOLDED: &str = "verdict_flows_folded_total";
+/// `verdict_flow_log_folded_total`: flows written in the flow log's
+/// aggregated lines, past its rate, instead of a line of their own.
+pub const FLOW_LOG_FOLDED: &str = "verdict_flow_log_folded_total";
+/// `verdict_flow_log_lost_total{reason}`: flows the flow log left out.
+pub const FLOW_LOG_LOST: &str = "verdict_flow_log_lost_total";
+/// `verdict_flow_log_rotations_total`: flow log files rotated at the cap.
+pub const FLOW_LOG_ROTATIONS: &str = "verdict_flow_log_rotations_total";
 /// `verdict_flows_not_recorded_total{reason}`: the kernel's reports of
 /// connections the stream lost (`kernel_buffer`: the reader fell behind).
 pub const FLOWS_NOT_RECORDED: &str = "verdict_flows_not_recorded_total";
@@ -357,10 +367,38 @@ impl Metrics {
             vec![],
         );
         add(
+            FLOWS_FOLDED,
+            Counter,
+            &[],
+            "Recorded flows of a client past its share of the full ring, dropped for the same client's newer ones instead of evicting other clients' (the aggregated flows still count them)",
+            vec![],
+        );
+        add(
+            FLOW_LOG_FOLDED,
+            Counter,
+            &[],
+            "Flows written in the flow log's aggregated lines (one per client, Service, endpoint and outcome every 15 s) instead of a line of their own, past --flow-log-rate",
+            vec![],
+        );
+        add(
+            FLOW_LOG_LOST,
+            Counter,
+            &["reason"],
+            "Flows the flow log left out (budget: past its rate, with no room left among the aggregated lines of the window; write_error: the log could not be written)",
+            vec![],
+        );
+        add(
+            FLOW_LOG_ROTATIONS,
+            Counter,
+            &[],
+            "Flow log files rotated at --flow-log-max-size",
+            vec![],
+        );
+        add(
             FLOWS_NOT_RECORDED,
             Counter,
             &["reason"],
-            "Connections the flow stream did not record (kernel_buffer: the kernel dropped their reports because the reader fell behind; log_rate_limit: refusals the kernel counted past its log rate limit, as of the last reading of its counters)",
+            "Connections the flow stream did not record (kernel_buffer: the kernel dropped their reports because the reader fell behind; log_rate_limit: refusals the kernel counted past its log rate limit, as of the last reading of its counters; aggregate_budget: flows the aggregated flows had no room for)",
             vec![],
         );
         add(

@@ -15,6 +15,7 @@
 //! | `/api/v1/counters?service=` | the per-service counters (a reading at least 5 s, and ten times its own duration, old at most) |
 //! | `/api/v1/connections?service=&limit=&state=&stale=` | the DNATed connections in conntrack, by Service and endpoint, stale ones (open, to an endpoint that is gone) flagged; `state` and `stale=1` choose the flows listed |
 //! | `/api/v1/flows?service=&namespace=&ip=&verdict=&since=&after=&limit=` | the flow stream (`--flows`): recent connections through the Services, newest first, each forwarded (with its endpoint and pod), rejected or dropped (with why); `since` in seconds, `after` a flow's number (a follower's last) |
+//! | `/api/v1/flows?aggregated=1&service=&namespace=&ip=&verdict=&since=&limit=` | the flows of the last hour in 15 s buckets, keyed without the client's port, summed over the buckets `since` chooses: connections, packets and bytes, the most connections first |
 //! | `/ui` | the web view, a page of its own that reads the API |
 //!
 //! Every answer comes from the read model ([`NodeHandle`]) and the kernel,
@@ -155,7 +156,30 @@ pub fn flow_stream(store: Option<&FlowStore>, node: &NodeHandle, req: &Request) 
             json!({"error": "the flow stream is off on this node (--flows=false, or it could not start: see verdict's log)"}),
         );
     };
+    let aggregated = match req.query_param("aggregated").as_deref() {
+        None | Some("0" | "false") => false,
+        Some("1" | "true" | "") => true,
+        Some(v) => {
+            return bad(BadRequest(format!("aggregated {v:?}: give true or false")));
+        }
+    };
     match flow_query(|k| req.query_param(k)) {
+        Ok((filter, _)) if aggregated && filter.after.is_some() => bad(BadRequest(
+            "after: the aggregated flows have no numbers; give since".into(),
+        )),
+        Ok((filter, limit)) if aggregated => {
+            let answer = store.aggregated(&filter, limit);
+            if let Some(svc) = &filter.service
+                && answer.matched == 0
+                && node.service(svc).is_none()
+            {
+                return (
+                    404,
+                    json!({"error": format!("no Service {svc} is known to verdict")}),
+                );
+            }
+            (200, to_json(&answer))
+        }
         Ok((filter, limit)) => {
             let answer = store.query(&filter, limit);
             if let Some(svc) = &filter.service

@@ -21,7 +21,6 @@
 //! once more when it closes.
 
 use std::collections::{HashMap, VecDeque};
-use std::io::Write as _;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
@@ -34,11 +33,20 @@ use verdict_proxier::layout;
 
 use crate::view::{NodeHandle, PortView, ServiceView};
 
+mod aggregate;
+mod log;
+pub use aggregate::{AggregateRecord, AggregatesAnswer};
+pub use log::{FlowLog, Limits as FlowLogLimits, LogWriter};
+
 /// The nfnetlink_log group the table logs to, unless told otherwise.
 pub const DEFAULT_GROUP: u16 = 7331;
 /// Flows kept, unless told otherwise (the ring's RSS with it full is in
 /// docs/flows.md).
 pub const DEFAULT_CAPACITY: usize = 16_384;
+/// The share of a full ring one client address may hold: past it, a new
+/// flow of that client takes the place of its own oldest, not another
+/// client's (1/16: 1,024 flows of the default 16,384).
+pub const CLIENT_SHARE: usize = 16;
 /// How long connections stay followed, on demand, after a reader last
 /// asked for flows.
 pub const DEFAULT_LINGER: Duration = Duration::from_secs(600);
@@ -65,9 +73,12 @@ const GATHER: Duration = Duration::from_millis(50);
 const RETRY_WINDOW: Duration = Duration::from_secs(layout::PROBLEM_TIMEOUT as u64);
 
 use verdict_admin::metrics::{
-    FLOWS_EVICTED as METRIC_EVICTED, FLOWS_NOT_RECORDED as METRIC_NOT_RECORDED,
-    FLOWS_RECORDED as METRIC_RECORDED,
+    FLOWS_EVICTED as METRIC_EVICTED, FLOWS_FOLDED as METRIC_FOLDED,
+    FLOWS_NOT_RECORDED as METRIC_NOT_RECORDED, FLOWS_RECORDED as METRIC_RECORDED,
 };
+/// The reason of `verdict_flows_not_recorded_total` for the flows the
+/// aggregates had no room for (they may still be in the ring).
+pub const NOT_AGGREGATED: &str = "aggregate_budget";
 
 /// What became of a connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -105,7 +116,7 @@ impl FlowVerdict {
 }
 
 /// How the connection entered the Service.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum EntryKind {
     /// Its ClusterIP.
     ClusterIP,
@@ -216,6 +227,14 @@ pub struct FlowsAnswer {
     pub recorded: HashMap<FlowVerdict, u64>,
     /// Flows evicted to make room.
     pub evicted: u64,
+    /// Flows of a client past its share of the full ring, dropped for the
+    /// same client's newer ones rather than evicting other clients' (the
+    /// aggregates keep counting them).
+    #[serde(default)]
+    pub folded: u64,
+    /// The most flows one client address keeps in a full ring.
+    #[serde(default)]
+    pub client_share: usize,
     /// Reports the kernel dropped because the reader fell behind: flows
     /// (or their ends) not recorded.
     pub not_recorded: u64,
@@ -309,8 +328,7 @@ impl Flow {
             seq: self.seq,
             first_seen: verdict_admin::time::rfc3339_micro(self.first),
             last_seen: verdict_admin::time::rfc3339_micro(self.last),
-            protocol: protocol_of(self.proto)
-                .map_or_else(|| self.proto.to_string(), |p| p.as_str().to_owned()),
+            protocol: protocol_name(self.proto),
             client: self.client,
             entry: self.entry,
             destination: self.destination,
@@ -329,16 +347,38 @@ impl Flow {
     }
 }
 
-#[derive(Debug, Default)]
+/// A place of the ring: a flow, or the number of one dropped from the
+/// middle (past its client's share) until the place reaches the front or
+/// the ring is compacted.
+#[derive(Debug)]
+struct Slot {
+    seq: u64,
+    flow: Option<Flow>,
+}
+
+#[derive(Debug)]
 struct Ring {
-    slots: VecDeque<Flow>,
+    /// In the order of their numbers.
+    slots: VecDeque<Slot>,
+    /// Flows in `slots`.
+    live: usize,
     capacity: usize,
+    /// The most flows one client address keeps once the ring is full.
+    share: usize,
+    /// The numbers of each client address's flows in the ring, oldest first.
+    by_client: HashMap<IpAddr, VecDeque<u64>>,
+    /// The clients holding more than their share (after a flood filled
+    /// the ring): their flows make room first.
+    over: std::collections::BTreeSet<IpAddr>,
     next_seq: u64,
     by_id: HashMap<u32, u64>,
     by_key: HashMap<Key, u64>,
     recorded: HashMap<FlowVerdict, u64>,
     evicted: u64,
+    folded: u64,
     not_recorded: u64,
+    /// Every flow, over time, without the client's port.
+    aggregates: aggregate::Aggregates,
     /// Connections are followed only while flows are read.
     on_demand: bool,
     /// The last time a reader asked for flows.
@@ -351,38 +391,128 @@ struct Ring {
 }
 
 impl Ring {
+    fn new(capacity: usize, aggregate_budget: usize) -> Ring {
+        Ring {
+            slots: VecDeque::new(),
+            live: 0,
+            capacity,
+            share: (capacity / CLIENT_SHARE).max(1),
+            by_client: HashMap::new(),
+            over: std::collections::BTreeSet::new(),
+            // Numbers start at 1: a follower that has seen nothing asks
+            // for those after 0.
+            next_seq: 1,
+            by_id: HashMap::new(),
+            by_key: HashMap::new(),
+            recorded: HashMap::new(),
+            evicted: 0,
+            folded: 0,
+            not_recorded: 0,
+            aggregates: aggregate::Aggregates::new(aggregate_budget),
+            on_demand: false,
+            asked: None,
+            following_since: None,
+            stream: format!(
+                "{}-{}",
+                std::process::id(),
+                SystemTime::now()
+                    .duration_since(SystemTime::UNIX_EPOCH)
+                    .unwrap_or_default()
+                    .as_nanos()
+            ),
+        }
+    }
+
+    /// The place of flow `seq` in `slots`.
     fn index(&self, seq: u64) -> Option<usize> {
-        let first = self.next_seq - self.slots.len() as u64;
-        (seq >= first && seq < self.next_seq).then(|| (seq - first) as usize)
+        self.slots.binary_search_by_key(&seq, |s| s.seq).ok()
     }
 
     fn get_mut(&mut self, seq: u64) -> Option<&mut Flow> {
         let i = self.index(seq)?;
-        self.slots.get_mut(i)
+        self.slots.get_mut(i)?.flow.as_mut()
     }
 
+    /// The flows, newest first.
+    fn newest_first(&self) -> impl Iterator<Item = &Flow> {
+        self.slots.iter().rev().filter_map(|s| s.flow.as_ref())
+    }
+
+    /// Takes flow `seq` out of the ring and its indexes.
+    fn take(&mut self, seq: u64) -> Option<Flow> {
+        let i = self.index(seq)?;
+        let old = self.slots.get_mut(i)?.flow.take()?;
+        self.live -= 1;
+        let key = old.key();
+        if self.by_key.get(&key) == Some(&seq) {
+            self.by_key.remove(&key);
+        }
+        if let Some(id) = old.conntrack_id
+            && self.by_id.get(&id) == Some(&seq)
+        {
+            self.by_id.remove(&id);
+        }
+        let client = old.client.ip();
+        if let Some(q) = self.by_client.get_mut(&client) {
+            // Flows leave from a client's front (its oldest), except a
+            // flow evicted as the ring's oldest, which may not be.
+            if q.front() == Some(&seq) {
+                q.pop_front();
+            } else {
+                q.retain(|s| *s != seq);
+            }
+            if q.len() <= self.share {
+                self.over.remove(&client);
+            }
+            if q.is_empty() {
+                self.by_client.remove(&client);
+            }
+        }
+        // Places of flows taken from the front go; those from the middle
+        // wait there until they reach it or the ring is compacted.
+        while self.slots.front().is_some_and(|s| s.flow.is_none()) {
+            self.slots.pop_front();
+        }
+        Some(old)
+    }
+
+    /// Keeps `flow`. In a full ring it takes the place of its client's
+    /// oldest flow if the client holds its share; else of the oldest flow
+    /// of a client holding more than its share (a flood's); else of the
+    /// oldest flow.
     fn push(&mut self, mut flow: Flow) -> u64 {
         if self.capacity == 0 {
             self.evicted += 1;
             return 0;
         }
-        while self.slots.len() >= self.capacity {
-            if let Some(old) = self.slots.pop_front() {
-                self.evicted += 1;
-                let seq = old.seq;
-                let key = old.key();
-                if self.by_key.get(&key) == Some(&seq) {
-                    self.by_key.remove(&key);
+        let client = flow.client.ip();
+        if self.live >= self.capacity {
+            let own = self
+                .by_client
+                .get(&client)
+                .filter(|q| q.len() >= self.share)
+                .map(|_| client);
+            let past_share = own.or_else(|| self.over.first().copied());
+            let oldest_of = past_share
+                .and_then(|c| self.by_client.get(&c))
+                .and_then(|q| q.front().copied());
+            match oldest_of {
+                Some(seq) => {
+                    self.take(seq);
+                    self.folded += 1;
                 }
-                if let Some(id) = old.conntrack_id
-                    && self.by_id.get(&id) == Some(&seq)
-                {
-                    self.by_id.remove(&id);
+                None => {
+                    let oldest = self
+                        .slots
+                        .iter()
+                        .find_map(|s| s.flow.as_ref().map(|f| f.seq));
+                    if let Some(seq) = oldest {
+                        self.take(seq);
+                        self.evicted += 1;
+                    }
                 }
             }
         }
-        // Numbers start at 1: a follower that has seen nothing asks for
-        // those after 0.
         let seq = self.next_seq;
         self.next_seq += 1;
         flow.seq = seq;
@@ -391,7 +521,22 @@ impl Ring {
         if let Some(id) = flow.conntrack_id {
             self.by_id.insert(id, seq);
         }
-        self.slots.push_back(flow);
+        let held = self.by_client.entry(client).or_default();
+        held.push_back(seq);
+        if held.len() > self.share {
+            self.over.insert(client);
+        }
+        self.slots.push_back(Slot {
+            seq,
+            flow: Some(flow),
+        });
+        self.live += 1;
+        // Places left in the middle cost memory: compact when they are as
+        // many as the flows (each compaction moves the ring once, after
+        // at least `capacity` drops).
+        if self.slots.len() > 2 * self.capacity {
+            self.slots.retain(|s| s.flow.is_some());
+        }
         seq
     }
 }
@@ -403,23 +548,28 @@ pub struct FlowStore {
 }
 
 impl FlowStore {
-    /// An empty store keeping at most `capacity` flows.
+    /// An empty store keeping at most `capacity` flows, and
+    /// [`aggregate::DEFAULT_ENTRIES`] aggregated ones.
     pub fn new(capacity: usize) -> Arc<FlowStore> {
+        FlowStore::with_budget(capacity, aggregate::DEFAULT_ENTRIES)
+    }
+
+    /// An empty store keeping at most `capacity` flows and
+    /// `aggregate_budget` aggregated entries.
+    pub fn with_budget(capacity: usize, aggregate_budget: usize) -> Arc<FlowStore> {
         Arc::new(FlowStore {
-            ring: Mutex::new(Ring {
-                capacity,
-                next_seq: 1,
-                stream: format!(
-                    "{}-{}",
-                    std::process::id(),
-                    SystemTime::now()
-                        .duration_since(SystemTime::UNIX_EPOCH)
-                        .unwrap_or_default()
-                        .as_nanos()
-                ),
-                ..Ring::default()
-            }),
+            ring: Mutex::new(Ring::new(capacity, aggregate_budget)),
         })
+    }
+
+    /// The aggregated flows `filter` admits, the most connections first,
+    /// at most `limit`.
+    pub fn aggregated(&self, filter: &FlowFilter, limit: usize) -> AggregatesAnswer {
+        let mut r = self.lock();
+        r.asked = Some(Instant::now());
+        let mut answer = r.aggregates.query(filter, limit);
+        answer.stream = r.stream.clone();
+        answer
     }
 
     /// Whether the recorder should follow connections now: always, or
@@ -454,7 +604,7 @@ impl FlowStore {
             r.asked = Some(Instant::now());
             let mut page: Vec<Flow> = Vec::new();
             let mut matched = 0;
-            for f in r.slots.iter().rev() {
+            for f in r.newest_first() {
                 if filter.after.is_some_and(|a| f.seq <= a) {
                     break;
                 }
@@ -473,6 +623,8 @@ impl FlowStore {
                 capacity: r.capacity,
                 recorded: r.recorded.clone(),
                 evicted: r.evicted,
+                folded: r.folded,
+                client_share: r.share,
                 not_recorded: r.not_recorded,
                 on_demand: r.on_demand,
                 following_since: r.following_since.map(verdict_admin::time::rfc3339_micro),
@@ -482,40 +634,6 @@ impl FlowStore {
         };
         answer.flows = page.iter().map(Flow::record).collect();
         answer
-    }
-}
-
-/// Where the flow log goes (`--flow-log`).
-pub enum FlowLog {
-    /// Standard output (`--flow-log=-`).
-    Stdout,
-    /// A file, appended to.
-    File(std::fs::File),
-}
-
-impl FlowLog {
-    /// `-` for standard output, else a file path (created, appended to).
-    pub fn open(target: &str) -> std::io::Result<FlowLog> {
-        if target == "-" {
-            return Ok(FlowLog::Stdout);
-        }
-        Ok(FlowLog::File(
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(target)?,
-        ))
-    }
-
-    fn write(&mut self, lines: &[u8]) -> std::io::Result<()> {
-        match self {
-            FlowLog::Stdout => {
-                let mut out = std::io::stdout().lock();
-                out.write_all(lines)?;
-                out.flush()
-            }
-            FlowLog::File(f) => f.write_all(lines),
-        }
     }
 }
 
@@ -538,6 +656,11 @@ pub fn reason_of(prefix: &str) -> Option<(FlowVerdict, &'static str)> {
         layout::LOG_DROPPED_UNALLOCATED => (FlowVerdict::Dropped, "unallocated ClusterIP"),
         _ => return None,
     })
+}
+
+/// A protocol's name as the answers spell it (its number if unknown).
+fn protocol_name(p: u8) -> String {
+    protocol_of(p).map_or_else(|| p.to_string(), |p| p.as_str().to_owned())
 }
 
 fn protocol_of(p: u8) -> Option<Protocol> {
@@ -628,11 +751,7 @@ pub struct Recorder {
     node: NodeHandle,
     store: Arc<FlowStore>,
     metrics: Arc<Mutex<Metrics>>,
-    log: Option<FlowLog>,
-    /// The flow log failed: said once, not again until it works.
-    log_failed: bool,
-    /// Lines of the flow log not yet written (one batch of events).
-    pending: Vec<u8>,
+    log: Option<LogWriter>,
 }
 
 impl Recorder {
@@ -641,7 +760,7 @@ impl Recorder {
         node: NodeHandle,
         store: Arc<FlowStore>,
         metrics: Arc<Mutex<Metrics>>,
-        log: Option<FlowLog>,
+        log: Option<LogWriter>,
     ) -> Recorder {
         {
             let mut m = metrics.lock().unwrap_or_else(|e| e.into_inner());
@@ -649,15 +768,15 @@ impl Recorder {
                 m.touch(METRIC_RECORDED, &[v.as_str()]);
             }
             m.touch(METRIC_EVICTED, &[]);
+            m.touch(METRIC_FOLDED, &[]);
             m.touch(METRIC_NOT_RECORDED, &["kernel_buffer"]);
+            m.touch(METRIC_NOT_RECORDED, &[NOT_AGGREGATED]);
         }
         Recorder {
             node,
             store,
             metrics,
             log,
-            log_failed: false,
-            pending: Vec::new(),
         }
     }
 
@@ -666,11 +785,13 @@ impl Recorder {
     /// some.
     pub fn record(&mut self, events: Vec<FlowEvent>, now: SystemTime, lost: Option<u64>) {
         let mut added: HashMap<FlowVerdict, u64> = HashMap::new();
-        let (evicted, not_recorded) = {
+        let (evicted, folded, not_recorded, not_aggregated) = {
             let store = self.store.clone();
             let mut ring = store.lock();
             let before = ring.evicted;
+            let folded_before = ring.folded;
             let lost_before = ring.not_recorded;
+            let unaggregated_before = ring.aggregates.not_recorded();
             for e in events {
                 let verdict = match e {
                     FlowEvent::New(c) => self.forwarded(&mut ring, &c, now),
@@ -688,7 +809,12 @@ impl Recorder {
             if let Some(n) = lost {
                 ring.not_recorded = ring.not_recorded.max(n);
             }
-            (ring.evicted - before, ring.not_recorded - lost_before)
+            (
+                ring.evicted - before,
+                ring.folded - folded_before,
+                ring.not_recorded - lost_before,
+                ring.aggregates.not_recorded() - unaggregated_before,
+            )
         };
         {
             let mut m = self.metrics.lock().unwrap_or_else(|e| e.into_inner());
@@ -697,6 +823,16 @@ impl Recorder {
             }
             if evicted > 0 {
                 m.add(METRIC_EVICTED, &[], evicted as f64);
+            }
+            if folded > 0 {
+                m.add(METRIC_FOLDED, &[], folded as f64);
+            }
+            if not_aggregated > 0 {
+                m.add(
+                    METRIC_NOT_RECORDED,
+                    &[NOT_AGGREGATED],
+                    not_aggregated as f64,
+                );
             }
             if not_recorded > 0 {
                 m.add(METRIC_NOT_RECORDED, &["kernel_buffer"], not_recorded as f64);
@@ -707,41 +843,30 @@ impl Recorder {
 
     /// Keeps a new flow, and logs it with its number.
     fn push(&mut self, ring: &mut Ring, flow: Flow) {
+        let seen = flow.first;
+        ring.aggregates.connection(&flow, seen);
         let seq = ring.push(flow);
-        if self.log.is_some()
+        if let Some(log) = &mut self.log
             && let Some(f) = ring.get_mut(seq)
         {
             let r = f.record();
-            self.log_line(&r);
-        }
-    }
-
-    fn log_line(&mut self, r: &FlowRecord) {
-        if self.log.is_none() {
-            return;
-        }
-        if serde_json::to_writer(&mut self.pending, r).is_ok() {
-            self.pending.push(b'\n');
+            log.flow(&r, || aggregate::Key::of(f), false, seen);
         }
     }
 
     fn flush_log(&mut self) {
-        let Some(log) = &mut self.log else {
-            return;
-        };
-        if self.pending.is_empty() {
-            return;
+        if let Some(log) = &mut self.log {
+            log.flush();
         }
-        match log.write(&self.pending) {
-            Ok(()) => self.log_failed = false,
-            Err(e) => {
-                if !self.log_failed {
-                    tracing::warn!(error = %e, "cannot write the flow log; its lines are lost until it can be written");
-                }
-                self.log_failed = true;
-            }
+    }
+
+    /// Called when no report came for a while: the flow log's aggregated
+    /// lines of a window that ended are written.
+    pub fn tick(&mut self, now: SystemTime) {
+        if let Some(log) = &mut self.log {
+            log.end_window(now);
+            log.flush();
         }
-        self.pending.clear();
     }
 
     fn forwarded(
@@ -750,6 +875,13 @@ impl Recorder {
         c: &Connection,
         now: SystemTime,
     ) -> Option<FlowVerdict> {
+        let f = self.forwarded_flow(c, now)?;
+        self.push(ring, f);
+        Some(FlowVerdict::Forwarded)
+    }
+
+    /// The flow of a connection sent to an endpoint of a Service.
+    fn forwarded_flow(&self, c: &Connection, now: SystemTime) -> Option<Flow> {
         if !c.dnat {
             return None;
         }
@@ -773,8 +905,7 @@ impl Recorder {
                 .find(|ep| ep.ip == c.reply_src.ip() && ep.port == c.reply_src.port())
                 .and_then(|ep| ep.target.clone());
         }
-        self.push(ring, f);
-        Some(FlowVerdict::Forwarded)
+        Some(f)
     }
 
     fn destroyed(&mut self, ring: &mut Ring, c: &Connection, now: SystemTime) {
@@ -782,7 +913,16 @@ impl Recorder {
             Some(id) => ring.by_id.remove(&id),
             None => ring.by_key.get(&(c.proto, c.client, c.dst)).copied(),
         };
+        let (packets, bytes) = (c.packets.unwrap_or(0), c.bytes.unwrap_or(0));
         let Some(f) = seq.and_then(|s| ring.get_mut(s)) else {
+            // No longer in the ring (evicted, or folded past its client's
+            // share): its aggregate gets what it carried all the same.
+            if packets > 0
+                && let Some(f) = self.forwarded_flow(c, now)
+            {
+                ring.aggregates
+                    .closed(aggregate::Key::of(&f), now, packets, bytes);
+            }
             return;
         };
         if !f.open {
@@ -792,9 +932,16 @@ impl Recorder {
         f.open = false;
         f.packets = c.packets;
         f.bytes = c.bytes;
-        if self.log.is_some() {
-            let r = f.record();
-            self.log_line(&r);
+        let record = self
+            .log
+            .is_some()
+            .then(|| (f.record(), aggregate::Key::of(f)));
+        let key = (packets > 0).then(|| aggregate::Key::of(f));
+        if let Some(key) = key {
+            ring.aggregates.closed(key, now, packets, bytes);
+        }
+        if let (Some(log), Some((r, key))) = (&mut self.log, record) {
+            log.flow(&r, || key, true, now);
         }
     }
 
@@ -868,7 +1015,7 @@ pub fn spawn(
                         // nothing came meanwhile.
                         wait = Duration::from_secs(1);
                     }
-                    Ok(None) => {}
+                    Ok(None) => recorder.tick(SystemTime::now()),
                     Err(e) => {
                         tracing::warn!(error = %e, "reading the kernel's flow reports failed; the flow stream stops");
                         return;

@@ -130,6 +130,11 @@ pub struct Cli {
     pub flows_required: bool,
     /// `--flow-log` (verdict's own): a file, or `-` for standard output.
     pub flow_log: Option<String>,
+    /// `--flow-log-max-size`, `--flow-log-max-backups`, `--flow-log-rate`
+    /// (verdict's own).
+    pub flow_log_limits: verdict_node::flows::FlowLogLimits,
+    /// Whether one of those was given (they need `--flow-log`).
+    pub flow_log_limits_given: bool,
     /// `--api-bind-address` (verdict's own; none by default: the API and
     /// the web view answer loopback clients on the metrics address).
     pub api_bind_address: Option<std::net::SocketAddr>,
@@ -206,6 +211,9 @@ enum Opt {
     ServiceCounters,
     Flows,
     FlowLog,
+    FlowLogMaxSize,
+    FlowLogMaxBackups,
+    FlowLogRate,
     ServiceMetrics,
     ServiceMetricsNamespaces,
     ServiceMetricsSelector,
@@ -395,6 +403,33 @@ const OPTIONS: &[OptSpec] = &[
         commands: &[],
     },
     OptSpec {
+        name: "flow-log-max-size",
+        short: None,
+        opt: Opt::FlowLogMaxSize,
+        takes_value: true,
+        help: "The size in MiB at which the --flow-log file is rotated (FILE becomes FILE.1, FILE.1 FILE.2, …): the log never holds more than (--flow-log-max-backups + 1) times this (default 10)",
+        kube_proxy: false,
+        commands: &[],
+    },
+    OptSpec {
+        name: "flow-log-max-backups",
+        short: None,
+        opt: Opt::FlowLogMaxBackups,
+        takes_value: true,
+        help: "Rotated --flow-log files kept; 0 starts the file over at the cap (default 5)",
+        kube_proxy: false,
+        commands: &[],
+    },
+    OptSpec {
+        name: "flow-log-rate",
+        short: None,
+        opt: Opt::FlowLogRate,
+        takes_value: true,
+        help: "Flows a second the --flow-log writes one line each; past it, one aggregated line per client, Service, endpoint and outcome every 15 s, with their counts (default 200)",
+        kube_proxy: false,
+        commands: &[],
+    },
+    OptSpec {
         name: "service-metrics",
         short: None,
         opt: Opt::ServiceMetrics,
@@ -496,6 +531,15 @@ const OPTIONS: &[OptSpec] = &[
         opt: Opt::Inspect,
         takes_value: false,
         help: "flows: keep printing flows as they arrive",
+        kube_proxy: false,
+        commands: &[Command::Flows],
+    },
+    OptSpec {
+        name: "aggregated",
+        short: Some('a'),
+        opt: Opt::Inspect,
+        takes_value: false,
+        help: "flows: the flows of the last hour, in 15 s buckets without the clients' ports, summed over --since (default: the hour), the most connections first",
         kube_proxy: false,
         commands: &[Command::Flows],
     },
@@ -618,6 +662,8 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, UsageError>
         flows: true,
         flows_required: false,
         flow_log: None,
+        flow_log_limits: verdict_node::flows::FlowLogLimits::default(),
+        flow_log_limits_given: false,
         api_bind_address: None,
         service_metrics: verdict_model::MetricsSelection::default(),
         nftables_backend: crate::config::NftablesBackend::default(),
@@ -736,6 +782,31 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, UsageError>
                         cli.flows = true;
                         cli.flows_required = true;
                     }
+                    Opt::FlowLogMaxSize => {
+                        let mib: u64 = value.parse().ok().filter(|n| *n >= 1).ok_or_else(|| {
+                            UsageError(format!(
+                                "--flow-log-max-size {value:?}: give a whole number of MiB, at least 1"
+                            ))
+                        })?;
+                        cli.flow_log_limits.max_size = mib.saturating_mul(1024 * 1024);
+                        cli.flow_log_limits_given = true;
+                    }
+                    Opt::FlowLogMaxBackups => {
+                        cli.flow_log_limits.max_backups = value.parse().map_err(|_| {
+                            UsageError(format!(
+                                "--flow-log-max-backups {value:?}: give a whole number (0 keeps none)"
+                            ))
+                        })?;
+                        cli.flow_log_limits_given = true;
+                    }
+                    Opt::FlowLogRate => {
+                        cli.flow_log_limits.rate = value.parse().map_err(|_| {
+                            UsageError(format!(
+                                "--flow-log-rate {value:?}: give a whole number of flows a second"
+                            ))
+                        })?;
+                        cli.flow_log_limits_given = true;
+                    }
                     Opt::ServiceMetrics => {
                         cli.service_metrics.level = value
                             .parse()
@@ -768,6 +839,11 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, UsageError>
                 }
             }
         }
+    }
+    if cli.flow_log_limits_given && cli.flow_log.is_none() {
+        return Err(UsageError(
+            "--flow-log-max-size, --flow-log-max-backups and --flow-log-rate bound the --flow-log: give it too".into(),
+        ));
     }
     if !cli.flows && cli.flow_log.is_some() {
         return Err(UsageError(

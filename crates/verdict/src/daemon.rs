@@ -440,8 +440,11 @@ fn start_flows(
     handle: &verdict_node::NodeHandle,
     metrics: &Arc<Mutex<Metrics>>,
 ) -> anyhow::Result<Arc<verdict_node::flows::FlowStore>> {
-    use verdict_node::flows::{DEFAULT_CAPACITY, DEFAULT_LINGER, FlowStore, Following, Recorder};
+    use verdict_node::flows::{
+        DEFAULT_CAPACITY, DEFAULT_LINGER, FlowStore, Following, LogWriter, Recorder,
+    };
     let store = FlowStore::new(DEFAULT_CAPACITY);
+    let log = log.map(|l| LogWriter::new(l, settings.flow_log_limits, metrics.clone()));
     let recorder = Recorder::new(handle.clone(), store.clone(), metrics.clone(), log);
     let following = if settings.flows_required {
         Following::Always
@@ -455,6 +458,9 @@ fn start_flows(
         log_group = flow_log_group(settings),
         capacity = DEFAULT_CAPACITY,
         log = settings.flow_log.as_deref().unwrap_or(""),
+        log_max_bytes = settings.flow_log_limits.max_size,
+        log_max_backups = settings.flow_log_limits.max_backups,
+        log_rate = settings.flow_log_limits.rate,
         connections = %match following {
             Following::Always => "always (--flows)".to_owned(),
             Following::OnDemand { linger } => {

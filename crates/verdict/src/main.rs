@@ -106,6 +106,7 @@ fn main() -> ExitCode {
     settings.flows = cli.flows;
     settings.flows_required = cli.flows_required;
     settings.flow_log = cli.flow_log.clone();
+    settings.flow_log_limits = cli.flow_log_limits;
     settings.api_bind_address = cli.api_bind_address;
     settings.service_metrics = cli.service_metrics.clone();
     settings.nftables_backend = cli.nftables_backend;

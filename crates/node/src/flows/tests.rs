@@ -268,11 +268,12 @@ fn a_rejected_connection_is_one_flow_however_often_it_is_logged() {
 fn the_ring_keeps_the_newest_flows_and_counts_the_rest() {
     let (mut r, store, metrics) = recorder(3);
     let now = SystemTime::now();
+    // Five clients: the ring keeps the newest three.
     let events = (0..5u16)
         .map(|i| {
             FlowEvent::New(conn(
                 u32::from(i),
-                &format!("10.77.0.21:{}", 40000 + i),
+                &format!("10.77.0.{}:{}", 21 + i, 40000 + i),
                 "172.30.0.41:80",
                 "10.180.0.1:8080",
             ))
@@ -298,7 +299,7 @@ fn the_ring_keeps_the_newest_flows_and_counts_the_rest() {
             )),
             FlowEvent::Destroyed(conn(
                 4,
-                "10.77.0.21:40004",
+                "10.77.0.25:40004",
                 "172.30.0.41:80",
                 "10.180.0.1:8080",
             )),
@@ -310,6 +311,7 @@ fn the_ring_keeps_the_newest_flows_and_counts_the_rest() {
     assert!(!a.flows[0].open && a.flows[1].open);
     let text = metrics.lock().unwrap().render();
     assert!(text.contains("verdict_flows_evicted_total 2"), "{text}");
+    assert!(text.contains("verdict_flows_folded_total 0"), "{text}");
     assert!(
         text.contains("verdict_flows_not_recorded_total{reason=\"kernel_buffer\"} 4"),
         "{text}"
@@ -423,7 +425,9 @@ fn the_flow_log_has_a_line_when_a_flow_is_recorded_and_when_it_closes() {
     let path = dir.join("flows.jsonl");
     let log = FlowLog::open(path.to_str().unwrap()).unwrap();
     let store = FlowStore::new(10);
-    let mut r = Recorder::new(h, store, Arc::new(Mutex::new(Metrics::new())), Some(log));
+    let metrics = Arc::new(Mutex::new(Metrics::new()));
+    let log = LogWriter::new(log, FlowLogLimits::default(), metrics.clone());
+    let mut r = Recorder::new(h, store, metrics, Some(log));
     let c = conn(1, "10.77.0.21:40000", "172.30.0.41:80", "10.180.0.1:8080");
     let now = SystemTime::now();
     r.record(
@@ -474,7 +478,10 @@ fn a_kept_flow_shares_its_names_and_allocates_nothing_of_its_own() {
         None,
     );
     let ring = store.lock();
-    let (a, b) = (&ring.slots[0], &ring.slots[1]);
+    let (a, b) = (
+        ring.slots[0].flow.as_ref().unwrap(),
+        ring.slots[1].flow.as_ref().unwrap(),
+    );
     let same = |x: Option<&Name>, y: Option<&Name>| {
         let (x, y) = (x.expect("named"), y.expect("named"));
         std::ptr::eq(x.as_str().as_ptr(), y.as_str().as_ptr())
@@ -524,4 +531,294 @@ fn on_demand_connections_are_followed_while_a_reader_asks_and_a_while_after() {
     // Always (`--flows`): the answer does not say "on demand".
     store.set_following(Following::Always, Some(since));
     assert!(!store.query(&FlowFilter::default(), 10).on_demand);
+}
+
+#[test]
+fn a_client_past_its_share_of_a_full_ring_replaces_its_own_flows() {
+    // 32 flows, 2 a client once full.
+    let (mut r, store, metrics) = recorder(32);
+    let t0 = SystemTime::now();
+    // Five refusals of five clients, then one client's flood of 1,000
+    // connections, each from a new port.
+    let refusals: Vec<FlowEvent> = (0..5)
+        .map(|i| {
+            logged(
+                layout::LOG_REJECTED_NO_ENDPOINTS,
+                17,
+                &format!("10.77.1.{i}:5353"),
+                "172.30.0.42:53",
+            )
+        })
+        .collect();
+    r.record(refusals, t0, None);
+    let flood: Vec<FlowEvent> = (0..1000u32)
+        .map(|i| {
+            FlowEvent::New(conn(
+                100 + i,
+                &format!("10.77.0.99:{}", 20000 + i),
+                "172.30.0.41:80",
+                "10.180.0.1:8080",
+            ))
+        })
+        .collect();
+    r.record(flood, t0 + Duration::from_secs(1), None);
+    let a = store.query(&FlowFilter::default(), 100);
+    assert_eq!(a.flows.len(), 32);
+    let rejected = a
+        .flows
+        .iter()
+        .filter(|f| f.verdict == FlowVerdict::Rejected)
+        .count();
+    assert_eq!(
+        rejected, 5,
+        "the refusals recorded before the flood are all kept"
+    );
+    assert_eq!((a.evicted, a.folded, a.client_share), (0, 1000 - 27, 2));
+    // The newest of the flood are the ones kept.
+    assert_eq!(a.flows[0].client, sock("10.77.0.99:20999"));
+    // Another client, once the ring is full: below its share, it takes
+    // the place of the flood's oldest flow, not of a refusal.
+    r.record(
+        vec![FlowEvent::New(conn(
+            5000,
+            "10.77.0.7:1",
+            "172.30.0.41:80",
+            "10.180.0.2:8080",
+        ))],
+        t0 + Duration::from_secs(2),
+        None,
+    );
+    let a = store.query(&FlowFilter::default(), 100);
+    assert_eq!((a.flows.len(), a.evicted, a.folded), (32, 0, 974));
+    assert_eq!(
+        a.flows
+            .iter()
+            .filter(|f| f.verdict == FlowVerdict::Rejected)
+            .count(),
+        5
+    );
+    {
+        let ring = store.lock();
+        assert!(ring.slots.len() <= 64, "{} places", ring.slots.len());
+        assert_eq!(
+            ring.by_client.values().map(VecDeque::len).sum::<usize>(),
+            32
+        );
+        assert_eq!(
+            ring.by_client[&"10.77.0.99".parse::<IpAddr>().unwrap()].len(),
+            26
+        );
+        assert!(ring.by_key.len() <= 32 && ring.by_id.len() <= 32);
+    }
+    // The closing of a folded connection still counts in its aggregate.
+    let mut gone = conn(100, "10.77.0.99:20000", "172.30.0.41:80", "10.180.0.1:8080");
+    (gone.packets, gone.bytes) = (Some(6), Some(400));
+    r.record(
+        vec![FlowEvent::Destroyed(gone)],
+        t0 + Duration::from_secs(3),
+        None,
+    );
+    // The aggregates: the flood is one entry, with every connection.
+    let agg = store.aggregated(&FlowFilter::default(), 10);
+    let top = &agg.aggregates[0];
+    assert_eq!(top.client, "10.77.0.99".parse::<IpAddr>().unwrap());
+    assert_eq!((top.connections, top.packets, top.bytes), (1000, 6, 400));
+    assert_eq!(top.service.as_deref(), Some("shop/web"));
+    assert_eq!(top.endpoint, Some(sock("10.180.0.1:8080")));
+    assert_eq!(agg.matched, 7, "the flood, 5 refusals, the other client");
+    let refused = store.aggregated(
+        &FlowFilter {
+            verdict: Some(FlowVerdict::Rejected),
+            ..FlowFilter::default()
+        },
+        10,
+    );
+    assert_eq!(refused.matched, 5);
+    assert!(
+        refused
+            .aggregates
+            .iter()
+            .all(|a| a.connections == 1 && a.reason.as_deref() == Some("no endpoints"))
+    );
+    let text = metrics.lock().unwrap().render();
+    assert!(text.contains("verdict_flows_folded_total 974"), "{text}");
+    assert!(text.contains("verdict_flows_evicted_total 0"), "{text}");
+}
+
+#[test]
+fn the_aggregates_keep_an_hour_within_their_budget_and_count_the_rest() {
+    let (h, _) = node();
+    let store = FlowStore::with_budget(100, 16);
+    let metrics = Arc::new(Mutex::new(Metrics::new()));
+    let mut r = Recorder::new(h, store.clone(), metrics.clone(), None);
+    // A bucket holds at most 16 / 8 = 2 keys.
+    let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+    let clients = |from: u32, n: u32| -> Vec<FlowEvent> {
+        (from..from + n)
+            .map(|i| {
+                FlowEvent::New(conn(
+                    i,
+                    &format!("10.77.2.{}:40000", i % 250),
+                    "172.30.0.41:80",
+                    "10.180.0.1:8080",
+                ))
+            })
+            .collect()
+    };
+    r.record(clients(0, 3), t0, None);
+    let a = store.aggregated(&FlowFilter::default(), 10);
+    assert_eq!((a.matched, a.entries, a.not_recorded), (2, 2, 1));
+    assert_eq!(
+        store.query(&FlowFilter::default(), 10).flows.len(),
+        3,
+        "the ring has them all"
+    );
+    // Seven more buckets of 2: 16 entries, the budget.
+    for b in 1..8u32 {
+        r.record(clients(10 * b, 2), t0 + BUCKET_TIME * b, None);
+    }
+    let a = store.aggregated(&FlowFilter::default(), 100);
+    assert_eq!((a.entries, a.dropped_early), (16, 0));
+    // One more: the oldest bucket makes room.
+    r.record(clients(90, 1), t0 + BUCKET_TIME * 8, None);
+    let a = store.aggregated(&FlowFilter::default(), 100);
+    assert_eq!((a.entries, a.dropped_early), (15, 1));
+    // `since` chooses the buckets.
+    let recent = store.aggregated(
+        &FlowFilter {
+            since: Some(t0 + BUCKET_TIME * 7),
+            ..FlowFilter::default()
+        },
+        100,
+    );
+    assert_eq!(recent.matched, 3);
+    // An hour later, all of it is gone but the new bucket.
+    r.record(clients(200, 1), t0 + Duration::from_secs(2 * 3600), None);
+    let a = store.aggregated(&FlowFilter::default(), 100);
+    assert_eq!(a.entries, 1);
+    let text = metrics.lock().unwrap().render();
+    assert!(
+        text.contains("verdict_flows_not_recorded_total{reason=\"aggregate_budget\"} 1"),
+        "{text}"
+    );
+}
+
+const BUCKET_TIME: Duration = Duration::from_secs(15);
+
+/// A recorder writing its flow log to a new file, bounded by `limits`.
+fn logging(
+    name: &str,
+    limits: FlowLogLimits,
+) -> (Recorder, Arc<Mutex<Metrics>>, std::path::PathBuf) {
+    let (h, _) = node();
+    let dir = std::env::temp_dir().join(format!("verdict-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("flows.jsonl");
+    let metrics = Arc::new(Mutex::new(Metrics::new()));
+    let log = FlowLog::open(path.to_str().unwrap()).unwrap();
+    let log = LogWriter::new(log, limits, metrics.clone());
+    let r = Recorder::new(h, FlowStore::new(100), metrics.clone(), Some(log));
+    (r, metrics, path)
+}
+
+/// `n` rejected connections of one client, each from a new port.
+fn refusals(from: u16, n: u16) -> Vec<FlowEvent> {
+    (from..from + n)
+        .map(|port| {
+            logged(
+                layout::LOG_REJECTED_NO_ENDPOINTS,
+                17,
+                &format!("10.77.0.30:{port}"),
+                "172.30.0.42:53",
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn the_flow_log_is_rotated_at_its_cap_and_keeps_its_backups() {
+    let limits = FlowLogLimits {
+        max_size: 4096,
+        max_backups: 2,
+        rate: 1_000_000,
+    };
+    let (mut r, metrics, path) = logging("flowlog-rotate", limits);
+    let t0 = SystemTime::now();
+    // About 300 bytes a line: 200 lines are some 60 KB, fifteen caps.
+    for i in 0..20u16 {
+        r.record(refusals(10_000 + 10 * i, 10), t0, None);
+    }
+    let size = |p: &std::path::Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
+    let backup = |n: u32| {
+        let mut p = path.as_os_str().to_owned();
+        p.push(format!(".{n}"));
+        std::path::PathBuf::from(p)
+    };
+    assert!(size(&path) > 0 && size(&path) <= 4096, "{}", size(&path));
+    assert!(size(&backup(1)) > 0 && size(&backup(1)) <= 4096);
+    assert!(size(&backup(2)) > 0 && size(&backup(2)) <= 4096);
+    assert!(!backup(3).exists(), "two backups kept");
+    // Whole lines in every file.
+    for p in [path.clone(), backup(1), backup(2)] {
+        let text = std::fs::read_to_string(&p).unwrap();
+        assert!(text.ends_with('\n'));
+        for l in text.lines() {
+            serde_json::from_str::<FlowRecord>(l).unwrap();
+        }
+    }
+    let text = metrics.lock().unwrap().render();
+    let rotations: f64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("verdict_flow_log_rotations_total "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(rotations >= 10.0, "{text}");
+    std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
+}
+
+#[test]
+fn past_its_rate_the_flow_log_writes_aggregated_lines_and_counts_them() {
+    let limits = FlowLogLimits {
+        rate: 5,
+        ..FlowLogLimits::default()
+    };
+    let (mut r, metrics, path) = logging("flowlog-rate", limits);
+    // Inside one second, and one 15 s window.
+    let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+    r.record(refusals(20_000, 1000), t0, None);
+    let lines = || -> Vec<serde_json::Value> {
+        std::fs::read_to_string(&path)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    assert_eq!(
+        lines().len(),
+        5,
+        "5 lines of their own; the rest wait for the window's end"
+    );
+    // The window ends: one aggregated line for the 995 others.
+    r.tick(t0 + Duration::from_secs(15));
+    let all = lines();
+    assert_eq!(all.len(), 6);
+    let folded = &all[5];
+    assert_eq!(folded["aggregated"], true);
+    assert_eq!(folded["connections"], 995);
+    assert_eq!(folded["client"], "10.77.0.30");
+    assert_eq!(folded["service"], "shop/empty");
+    assert_eq!(folded["verdict"], "rejected");
+    assert_eq!(folded["from"], verdict_admin::time::rfc3339_micro(t0));
+    let text = metrics.lock().unwrap().render();
+    assert!(text.contains("verdict_flow_log_folded_total 995"), "{text}");
+    assert!(
+        text.contains("verdict_flow_log_lost_total{reason=\"budget\"} 0"),
+        "{text}"
+    );
+    // The next second writes lines of their own again.
+    r.record(refusals(30_000, 2), t0 + Duration::from_secs(16), None);
+    assert_eq!(lines().len(), 8);
+    std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
 }

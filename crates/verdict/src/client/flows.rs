@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::bail;
-use verdict_node::flows::{FlowRecord, FlowsAnswer};
+use verdict_node::flows::{AggregateRecord, AggregatesAnswer, FlowRecord, FlowsAnswer};
 
 use super::{Output, encode, get, read};
 use crate::cli::{Cli, UsageError};
@@ -152,6 +152,82 @@ fn ask(addr: SocketAddr, target: &str) -> anyhow::Result<FlowsAnswer> {
     read(&doc)
 }
 
+/// One aggregated flow on one line.
+fn aggregate_line(a: &AggregateRecord, output: Output) -> String {
+    let service = match (&a.service, &a.port) {
+        (Some(s), Some(p)) if !p.is_empty() => format!("{s}:{p}"),
+        (Some(s), _) => s.clone(),
+        (None, _) => "-".into(),
+    };
+    let outcome = match (&a.endpoint, &a.reason) {
+        (Some(e), _) => format!("→ {e}"),
+        (None, Some(r)) => r.clone(),
+        (None, None) => "-".into(),
+    };
+    let mut l = format!(
+        "{:>11} {:<9} {:<5} {} → {}  {service}  {outcome}",
+        a.connections,
+        a.verdict.as_str(),
+        a.protocol,
+        a.client,
+        a.destination,
+    );
+    if output == Output::Wide {
+        l.push_str(&format!(
+            "  [{}, {}, {} packets, {} bytes, {} – {}]",
+            a.entry.map_or_else(|| "-".to_owned(), |e| format!("{e:?}")),
+            a.pod.as_deref().unwrap_or("-"),
+            a.packets,
+            a.bytes,
+            a.first_bucket,
+            a.last_bucket
+        ));
+    }
+    l.push('\n');
+    l
+}
+
+/// `verdict flows --aggregated`: the aggregated flows, the most
+/// connections first.
+pub fn run_aggregated(addr: SocketAddr, target: &str, output: Output) -> anyhow::Result<()> {
+    let sep = if target.contains('?') { '&' } else { '?' };
+    let (code, doc) = get(addr, &format!("{target}{sep}aggregated=1"))?;
+    if code != 200 {
+        let e = doc["error"].as_str().unwrap_or("unexpected answer");
+        bail!("verdict answered {code}: {e}");
+    }
+    let page: AggregatesAnswer = read(&doc)?;
+    if output.structured() {
+        return crate::out::print(&super::structured(&doc, output)?);
+    }
+    if !page.aggregates.is_empty() {
+        let mut h = format!(
+            "{:>11} {:<9} {:<5} CLIENT → DESTINATION  SERVICE  OUTCOME",
+            "CONNECTIONS", "VERDICT", "PROTO"
+        );
+        if output == Output::Wide {
+            h.push_str("  [ENTRY, POD, PACKETS, BYTES, BUCKETS]");
+        }
+        h.push('\n');
+        crate::out::print(&h)?;
+    }
+    for a in &page.aggregates {
+        crate::out::print(&aggregate_line(a, output))?;
+    }
+    crate::out::println(&format!(
+        "{} of {} aggregated flows shown ({} s buckets, since {}); {} of {} entries held, {} flows without room, {} buckets dropped early",
+        page.aggregates.len(),
+        page.matched,
+        page.bucket_seconds,
+        page.oldest_bucket.as_deref().unwrap_or("-"),
+        page.entries,
+        page.budget,
+        page.not_recorded,
+        page.dropped_early,
+    ))?;
+    Ok(())
+}
+
 /// How long a follower waits before asking a node it lost again.
 const RECONNECT: Duration = Duration::from_secs(1);
 
@@ -172,10 +248,12 @@ pub fn run(addr: SocketAddr, target: &str, output: Output, follow: bool) -> anyh
         print(&page.flows, output)?;
         let recorded: u64 = page.recorded.values().sum();
         crate::out::println(&format!(
-            "{} of {} matching flows shown; {recorded} recorded since start, {} evicted, {} not recorded (kernel buffer)",
+            "{} of {} matching flows shown; {recorded} recorded since start, {} evicted, {} folded past their client's share of {}, {} not recorded (kernel buffer)",
             page.flows.len(),
             page.matched,
             page.evicted,
+            page.folded,
+            page.client_share,
             page.not_recorded
         ))?;
         if let Some(note) = following_note(&page) {

@@ -270,6 +270,14 @@ pub fn run(query: &Query, cli: &Cli, settings: &Settings, source: &Source) -> an
         }
         let follow = flag_bool(cli, "follow")?;
         let target = targets.first().context("no flows query")?;
+        if flag_bool(cli, "aggregated")? {
+            if follow {
+                bail!(
+                    "--aggregated and --follow: the aggregated flows are a summary; follow the stream, or ask for the summary again"
+                );
+            }
+            return flows::run_aggregated(server(cli, settings)?, target, output);
+        }
         return flows::run(server(cli, settings)?, target, output, follow);
     }
     let answers: Vec<(u16, Json)> = if source.manifests.is_some() {

@@ -165,6 +165,9 @@ pub struct Settings {
     pub flows_required: bool,
     /// Where the flow log goes (`--flow-log`: a file, or `-`).
     pub flow_log: Option<String>,
+    /// How the flow log is bounded (`--flow-log-max-size`,
+    /// `--flow-log-max-backups`, `--flow-log-rate`).
+    pub flow_log_limits: verdict_node::flows::FlowLogLimits,
     /// Where the API and the web view are served to other hosts, with a
     /// bearer token (`--api-bind-address`, verdict's own).
     pub api_bind_address: Option<SocketAddr>,
@@ -216,6 +219,7 @@ impl std::default::Default for Settings {
             flows: true,
             flows_required: false,
             flow_log: None,
+            flow_log_limits: verdict_node::flows::FlowLogLimits::default(),
             api_bind_address: None,
             service_metrics: verdict_model::MetricsSelection::default(),
             nftables_backend: NftablesBackend::default(),
