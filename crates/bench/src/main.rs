@@ -26,6 +26,7 @@
 mod backends;
 mod daemon;
 mod envelope;
+mod flood;
 mod flows;
 mod probe;
 mod readers;
@@ -106,6 +107,7 @@ fn main() -> ExitCode {
         Some("restarts") => restarts::restarts(&args[1..]),
         Some("envelope") => envelope::envelope(&args[1..]),
         Some("flows") => flows::flows(&args[1..]),
+        Some("flood") => flood::flood(&args[1..]),
         Some("backends") => backends::backends(&args[1..]),
         Some("backend-one") => backends::backend_one(&args[1..]),
         _ => orchestrate(&args),

@@ -312,6 +312,11 @@ pub fn run(settings: &Settings, source: &Source, verbosity: &Verbosity) -> anyho
             slis: Arc::new(Mutex::new(Metrics::slis())),
             api: Some(api_for(Exposure::Loopback)),
             more_metrics: counters.clone().map(api::CounterCache::metrics),
+            refresh: counters.clone().map(|c| {
+                Arc::new(move || {
+                    c.snapshot();
+                }) as Arc<dyn Fn() + Send + Sync>
+            }),
             configz: crate::config::render::configz(&settings.effective).to_string(),
             zpages: Arc::new(verdict_admin::zpages::ZPages::new(
                 "kube-proxy",

@@ -98,6 +98,10 @@ pub struct MetricsSite {
     /// More of `/metrics`: verdict's per-service counters, read from the
     /// kernel (`--service-counters`).
     pub more_metrics: Option<verdict_node::api::WriteText>,
+    /// Reads the kernel's counters (at most every few seconds) before
+    /// the registry is written: a reading sets series of the registry
+    /// (refusals past the log rate limit), which are then current.
+    pub refresh: Option<Arc<dyn Fn() + Send + Sync>>,
 }
 
 /// The routes of the health address: every one is fast, answered from
@@ -222,6 +226,9 @@ impl MetricsSite {
 
     /// The exposition of `/metrics`, written to `out`.
     fn write_metrics(&self, out: &mut dyn io::Write) -> io::Result<()> {
+        if let Some(refresh) = &self.refresh {
+            refresh();
+        }
         let registry = self
             .metrics
             .lock()
@@ -394,6 +401,7 @@ mod tests {
             verbosity: crate::logging::Verbosity::for_tests(1),
             api: None,
             more_metrics: None,
+            refresh: None,
         }
     }
 
