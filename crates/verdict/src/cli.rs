@@ -573,6 +573,15 @@ const OPTIONS: &[OptSpec] = &[
         &[Command::Flows],
         "flows: only flows seen in this last while (30s, 5m, 1h)",
     ),
+    OptSpec {
+        name: "problems",
+        short: None,
+        opt: Opt::Inspect,
+        takes_value: false,
+        help: "services: only the Services with connections rejected or dropped (counted once each) or a quarantined port, the most refused first",
+        kube_proxy: false,
+        commands: &[Command::Services],
+    },
     inspect(
         "search",
         None,
@@ -1002,7 +1011,7 @@ script assumes every kernel feature works.",
     CommandHelp {
         command: Command::Services,
         summary: "the Services verdict proxies, with their endpoints",
-        usage: "verdict services [--search TEXT] [--limit N] [--offset N] [-o json]",
+        usage: "verdict services [--problems] [--search TEXT] [--limit N] [--offset N] [-o json]",
         more: SOURCE_NOTE,
     },
     CommandHelp {
@@ -1022,7 +1031,7 @@ loopback); offline there is no conntrack table to read.",
     CommandHelp {
         command: Command::Flows,
         summary: "the flow stream: recent connections through the Services, where each went or why it was refused",
-        usage: "verdict flows [NAMESPACE/NAME] [--follow] [--service NS/NAME] [--namespace NS] [--ip IP] [--verdict forwarded|rejected|dropped] [--since DURATION] [--limit N] [-o json]",
+        usage: "verdict flows [NAMESPACE/NAME] [--follow | --aggregated] [--service NS/NAME] [--namespace NS] [--ip IP] [--verdict forwarded|rejected|dropped] [--since DURATION] [--limit N] [-o wide|json|yaml]",
         more: "Asks the running verdict at --server, whose flow stream is on (the default). --follow keeps
 printing flows as they arrive (with -o json, one object per line).",
     },
@@ -1106,12 +1115,12 @@ Seeing into verdict (ask the running verdict's metrics address, or with
   verdict explain NAMESPACE/NAME [--full]
                             a Service's entry points, endpoints, kernel elements and drift
                             (--full: read the whole table, to find unwanted elements too)
-  verdict services [--search TEXT] [--limit N] [--offset N]
+  verdict services [--problems] [--search TEXT] [--limit N] [--offset N]
                             the Services and their endpoints
   verdict syncs             the last syncs and foreign changes to verdict's tables
   verdict connections [NAMESPACE/NAME]
                             the kernel's connections by Service and endpoint, stale ones flagged
-  verdict flows [--follow] [--service NS/NAME] [--ip IP] [--verdict V] [--since 1m]
+  verdict flows [--follow | --aggregated] [--service NS/NAME] [--ip IP] [--verdict V] [--since 1m]
                             recent connections through the Services (the flow stream), and why some failed
   verdict doctor            check this node: kernel, capabilities, conflicting rules, sysctls,
                             conntrack, API server and RBAC, drift (exit 1 on any failure)

@@ -435,3 +435,105 @@ fn the_remote_api_component_adds_the_flag_and_valid_rbac() {
         ]
     );
 }
+
+/// Every query of the dashboard, and every alert's expression.
+fn queries() -> (Vec<String>, Vec<(String, String)>) {
+    let text = std::fs::read_to_string(monitoring_dir().join("grafana-dashboard.json")).unwrap();
+    let dashboard: Value = serde_json::from_str(&text).unwrap();
+    let mut exprs = Vec::new();
+    fn walk(v: &Value, out: &mut Vec<String>) {
+        match v {
+            Value::Object(m) => m.iter().for_each(|(k, v)| match (k.as_str(), v) {
+                ("expr", Value::String(e)) => out.push(e.clone()),
+                _ => walk(v, out),
+            }),
+            Value::Array(a) => a.iter().for_each(|v| walk(v, out)),
+            _ => {}
+        }
+    }
+    walk(&dashboard, &mut exprs);
+    let text = std::fs::read_to_string(monitoring_dir().join("prometheusrule.yaml")).unwrap();
+    let rule: Value = serde_saphyr::from_str(&text).unwrap();
+    let alerts = rule["spec"]["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["rules"].as_array().unwrap().clone())
+        .map(|r| {
+            (
+                r["alert"].as_str().unwrap().to_owned(),
+                r["expr"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    (exprs, alerts)
+}
+
+/// The series a node exports by default (no --service-metrics) that say
+/// what went wrong: the dashboard shows each, and an alert reads each.
+#[test]
+fn the_dashboard_and_the_alerts_use_the_series_exported_by_default() {
+    let (dashboard, alerts) = queries();
+    for series in [
+        "verdict_rejected_total",
+        "verdict_dropped_total",
+        "verdict_flows_not_recorded_total",
+        "kubeproxy_sync_proxy_rules_nftables_sync_failures_total",
+    ] {
+        assert!(
+            dashboard.iter().any(|q| q.contains(series)),
+            "no dashboard query reads {series}"
+        );
+        assert!(
+            alerts.iter().any(|(_, e)| e.contains(series)),
+            "no alert reads {series}"
+        );
+    }
+    // Traffic to a Service with no usable endpoint alerts with or without
+    // per-Service series (alerts_kernel.rs fires both on a real node's).
+    let no_endpoints: Vec<&str> = alerts
+        .iter()
+        .filter(|(_, e)| e.contains("reason=\"no_endpoints\""))
+        .map(|(a, _)| a.as_str())
+        .collect();
+    assert_eq!(
+        no_endpoints,
+        ["VerdictServiceNoEndpoints", "VerdictNoEndpointsTraffic"]
+    );
+}
+
+/// Each alert's runbook is a heading of docs/monitoring.md, and the
+/// runbooks run nothing in the verdict pod but verdict: its image holds
+/// nothing else (no shell, no nft).
+#[test]
+fn every_alert_has_a_runbook_that_runs_only_verdict_in_the_pod() {
+    let (_, alerts) = queries();
+    let doc = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/monitoring.md"),
+    )
+    .unwrap();
+    for (alert, _) in &alerts {
+        assert!(
+            doc.lines().any(|l| l == format!("### {alert}")),
+            "no runbook heading for {alert}"
+        );
+    }
+    let mut execs = 0;
+    for (i, line) in doc.lines().enumerate() {
+        for (at, _) in line.match_indices(" exec ") {
+            let rest = &line[at..];
+            let Some(cmd) = rest.split(" -- ").nth(1) else {
+                continue;
+            };
+            execs += 1;
+            let program = cmd.split_whitespace().next().unwrap_or("");
+            assert_eq!(
+                program,
+                "verdict",
+                "docs/monitoring.md line {}: {line}",
+                i + 1
+            );
+        }
+    }
+    assert!(execs >= 5, "{execs} commands in the pod");
+}

@@ -368,6 +368,13 @@ fn trace_and_explain_answer_from_the_running_daemon_and_offline() {
         listed.contains("(9999)") && listed.contains("10 rejected invalid_port"),
         "{listed}"
     );
+    // Only the Services with problems: web (the wrong port), empty (no
+    // endpoints) and lb (a source outside its ranges); not dns.
+    let problems = text(&bed, &["services", "--problems"]);
+    for s in ["demo/web", "demo/empty", "demo/lb"] {
+        assert!(problems.contains(s), "{s}: {problems}");
+    }
+    assert!(!problems.contains("demo/dns"), "{problems}");
 
     // The drop and the reject say why, naming the Service.
     let mut blocked = vec!["trace", "--from", "external", "--src", "203.0.113.130"];

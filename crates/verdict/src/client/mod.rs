@@ -179,6 +179,9 @@ fn targets(cli: &Cli) -> Result<Vec<String>, UsageError> {
                     q.push(format!("{flag}={n}"));
                 }
             }
+            if flag_bool(cli, "problems")? {
+                q.push("problems=1".into());
+            }
             vec![format!("/api/v1/services?{}", q.join("&"))]
         }
         Command::Syncs => vec!["/api/v1/syncs".into(), "/api/v1/foreign".into()],
