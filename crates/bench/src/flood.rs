@@ -27,7 +27,7 @@ use crate::daemon::{HEALTH, METRICS, Monitor, Programs};
 use crate::readers::{Prober, summarize};
 use crate::{flag, num_flag};
 
-const USAGE: &str = "usage: verdict-bench flood [--seconds 10] [--log-cap-mib 10] [--log-backups 1] [--listener absent,present] [--log DIR] [--out FILE]";
+const USAGE: &str = "usage: verdict-bench flood [--seconds 10] [--log-cap-mib 10] [--log-backups 1] [--no-fill] [--listener absent,present] [--log DIR] [--out FILE]";
 
 /// The Services' ClusterIPs: 172.30.0.10 + i; `shop/web` is the first,
 /// `shop/empty` the last.
@@ -44,6 +44,21 @@ const WRONG_PORT: u16 = 9999;
 const EARLY: u8 = 9;
 /// The flooding client.
 const FLOODER: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 100);
+/// The UDP Services the fill sends to.
+const FILL_SERVICES: [&str; 2] = ["dns-a", "dns-b"];
+fn fill_ip(i: usize) -> Ipv4Addr {
+    Ipv4Addr::new(172, 30, 1, 10 + i as u8)
+}
+/// The fill's clients: any address of 10.100.0.0/16 (a local route).
+fn fill_client(n: usize) -> Ipv4Addr {
+    Ipv4Addr::new(10, 100, (n / 250) as u8, (n % 250) as u8 + 1)
+}
+/// The fill: this many buckets of the aggregates (15 s each), each with
+/// as many clients as fill an eighth of the default budget (32,768
+/// entries) with the two Services: 8 × 2,048 × 2 = the whole budget, and
+/// the ring (16,384) twice over.
+const FILL_BUCKETS: usize = 8;
+const FILL_CLIENTS: usize = 2048;
 
 /// `verdict-bench flood …`
 pub fn flood(args: &[String]) -> Result<(), String> {
@@ -81,6 +96,8 @@ pub fn flood(args: &[String]) -> Result<(), String> {
         backups + 1
     ));
     let mut rows = Vec::new();
+    let mut fills = Vec::new();
+    let fill_record = !args.iter().any(|a| a == "--no-fill");
     for &listener in &listeners {
         let monitor = listener.then(Monitor::start).transpose()?;
         let who = if listener { "present" } else { "absent" };
@@ -93,9 +110,22 @@ pub fn flood(args: &[String]) -> Result<(), String> {
             secs,
             cap_mib,
             backups,
+            fill: fill_record && listener == listeners[0],
         };
         let m = run.measure()?;
         rows.push(m.row(who));
+        if let Some(f) = &m.fill {
+            fills.push(format!(
+                "| {who} | {} of 16,384 | {} of {} | {} | {:.1} MiB | {:.1} MiB | {:+.1} MiB |",
+                f.flows_kept,
+                f.entries,
+                f.budget,
+                f.not_aggregated,
+                f.rss_before,
+                f.rss_after,
+                f.rss_after - f.rss_before
+            ));
+        }
         drop(monitor);
     }
     say("| another nftables listener | datagrams sent (per s) | rejected: invalid_port / no_endpoints (kernel) | not logged (past the log rate) | refusals before, still listed | flood's aggregated records: connections | flows recorded / folded / evicted / lost (kernel buffer) | flow log growth (cap × files) | RSS before / peak / after | /livez |".into());
@@ -104,6 +134,17 @@ pub fn flood(args: &[String]) -> Result<(), String> {
         say(r);
     }
     say("\nRejected: `verdict_rejected_total` over the flood, each connection once (a set full of 65,536 connections in 3 minutes counts past it per packet). Not logged: `verdict_flows_not_recorded_total{reason=\"log_rate_limit\"}`, refusals the kernel counted past its log rate limit (200 a second per reason and family, bursts of 400). The flood's aggregated records are those of the flooding client (`/api/v1/flows?aggregated=1`), one per destination, with the connections they count. RSS from /proc (VmRSS), sampled every 100 ms; after: 5 s after the flood. /livez every 50 ms from the flood's start to 2 s after its end.".into());
+    if !fills.is_empty() {
+        say(format!(
+            "\nThe record filled, after the flood: {FILL_BUCKETS} buckets of 15 s, each with {FILL_CLIENTS} clients sending one UDP datagram to each of two Services (forwarded: not rate-limited), {} keys in all; RSS before and 5 s after:\n",
+            FILL_BUCKETS * FILL_CLIENTS * FILL_SERVICES.len()
+        ));
+        say("| another nftables listener | flows in the ring | aggregated entries held | flows without room | RSS before | RSS after | Δ |".into());
+        say("|---|---:|---:|---:|---:|---:|---:|".into());
+        for f in fills {
+            say(f);
+        }
+    }
     if let Some(out) = flag(args, "--out") {
         std::fs::write(out, &text).map_err(|e| format!("{out}: {e}"))?;
     }
@@ -146,6 +187,25 @@ fn write_manifests(dir: &Path) -> Result<(), String> {
                            "nodeName": "bench-node"}]
         }));
     }
+    // Two UDP Services with endpoints, for the fill.
+    for (i, name) in FILL_SERVICES.iter().enumerate() {
+        let ip = fill_ip(i).to_string();
+        objects.push(json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": name, "namespace": "shop"},
+            "spec": {"type": "ClusterIP", "clusterIP": ip, "clusterIPs": [ip],
+                     "ports": [{"name": "dns", "port": 53, "protocol": "UDP"}]}
+        }));
+        objects.push(json!({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": format!("{name}-1"), "namespace": "shop",
+                         "labels": {"kubernetes.io/service-name": name}},
+            "addressType": "IPv4",
+            "ports": [{"name": "dns", "port": 53, "protocol": "UDP"}],
+            "endpoints": [{"addresses": [format!("10.1.0.{}", i + 1)], "conditions": {"ready": true},
+                           "nodeName": "bench-node"}]
+        }));
+    }
     let p = dir.join("cluster.yaml");
     std::fs::write(&p, crate::daemon::yaml(&objects)).map_err(|e| format!("{}: {e}", p.display()))
 }
@@ -159,6 +219,8 @@ struct Run<'a> {
     secs: usize,
     cap_mib: usize,
     backups: usize,
+    /// Also fill the record after the flood.
+    fill: bool,
 }
 
 /// What one run measured.
@@ -178,6 +240,7 @@ struct Measured {
     log_cap: u64,
     rss: (f64, f64, f64),
     livez: crate::readers::Summary,
+    fill: Option<Filled>,
 }
 
 impl Measured {
@@ -444,6 +507,11 @@ impl Run<'_> {
             })
             .collect();
         let log_after = log_bytes(&flow_log, self.backups);
+        let fill = if self.fill {
+            Some(fill(&ns, pid)?)
+        } else {
+            None
+        };
         if std::env::var_os("VERDICT_BENCH_SHOW_CHAINS").is_some() {
             for chain in ["reject-invalid-port", "reject-chain"] {
                 let listed = ns
@@ -490,6 +558,73 @@ impl Run<'_> {
             log_cap: (self.cap_mib * 1024 * 1024 * (self.backups + 1)) as u64,
             rss: (rss_before, rss_peak.max(rss_before), rss_after),
             livez,
+            fill,
         })
     }
+}
+
+/// What the record holds once full, and the RSS it took.
+struct Filled {
+    rss_before: f64,
+    rss_after: f64,
+    flows_kept: u64,
+    entries: u64,
+    budget: u64,
+    not_aggregated: u64,
+}
+
+/// Fills the ring and the aggregates: FILL_BUCKETS buckets of
+/// FILL_CLIENTS clients, each sending one datagram to each fill Service
+/// (forwarded connections, recorded without a rate limit), one batch
+/// early in each 15 s bucket.
+fn fill(ns: &Netns, pid: u32) -> Result<Filled, String> {
+    ns.exec(
+        "ip",
+        &["route", "add", "local", "10.100.0.0/16", "dev", "lo"],
+    )
+    .map_err(|e| format!("ip route add local: {}", e.0))?;
+    let rss_before = crate::daemon::rss_now(pid);
+    let to: Vec<SocketAddr> = (0..FILL_SERVICES.len())
+        .map(|i| SocketAddr::from(SocketAddrV4::new(fill_ip(i), 53)))
+        .collect();
+    for b in 0..FILL_BUCKETS {
+        // One second into the next bucket.
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_err(|e| e.to_string())?;
+        let into = now.as_secs_f64() % 15.0;
+        std::thread::sleep(Duration::from_secs_f64(15.0 - into + 1.0));
+        let (name, to) = (ns.name().to_owned(), to.clone());
+        std::thread::spawn(move || -> Result<(), String> {
+            crate::enter_netns(&name)?;
+            for c in 0..FILL_CLIENTS {
+                let src = fill_client(b * FILL_CLIENTS + c);
+                let s = UdpSocket::bind(SocketAddrV4::new(src, 0))
+                    .map_err(|e| format!("bind {src}: {e}"))?;
+                for dst in &to {
+                    let _ = s.send_to(b"x", dst);
+                }
+            }
+            Ok(())
+        })
+        .join()
+        .map_err(|_| "the fill thread panicked")??;
+    }
+    std::thread::sleep(Duration::from_secs(5));
+    let rss_after = crate::daemon::rss_now(pid);
+    let flows = get(ns, "/api/v1/flows?limit=1")?;
+    let agg = get(ns, "/api/v1/flows?aggregated=1&limit=1")?;
+    let n = |doc: &Value, k: &str| doc[k].as_u64().unwrap_or(0);
+    let recorded: u64 = flows["recorded"]
+        .as_object()
+        .map(|m| m.values().filter_map(Value::as_u64).sum())
+        .unwrap_or(0);
+    Ok(Filled {
+        rss_before,
+        rss_after,
+        flows_kept: recorded.min(n(&flows, "capacity")),
+        entries: n(&agg, "entries"),
+        budget: n(&agg, "budget"),
+        not_aggregated: n(&agg, "not_recorded"),
+    })
 }

@@ -136,7 +136,20 @@ pub fn handler(
         }
         let conntrack = |family: Family| conntrack_flows(backend, family);
         let (code, body) = answer(&node, read.as_ref(), &conntrack, counters.as_deref(), req)?;
-        let response = Response::json(code, body.to_string());
+        // A reader that has this answer already gets 304 and no body: the
+        // web view asks for a Service every 5 s, and a Service of
+        // thousands of endpoints rarely changes between.
+        let tag = (code == 200).then(|| entity_tag(&body));
+        let mut response = match &tag {
+            Some(t) if req.header("if-none-match") == Some(t.as_str()) => {
+                Response::json(304, String::new())
+            }
+            _ => Response::json(code, body.to_string()),
+        };
+        if let Some(t) = tag {
+            response.headers.push(("ETag", t));
+            response.headers.push(("Cache-Control", "no-cache".into()));
+        }
         if turn.is_some() {
             // The whole tables read are freed now: give their pages back
             // (these reads take turns, a few a minute at most).
@@ -252,6 +265,84 @@ pub fn flow_query(
             .min(MAX_STREAM),
     };
     Ok((f, limit))
+}
+
+/// The page of endpoints and elements an `explain` request asks for
+/// (`endpoints_offset`, `endpoints_limit`, `endpoint`, `sort=connections`,
+/// `elements_offset`, `elements_limit`; none: every one).
+fn explain_page(req: &Request) -> Result<Option<inspect::ExplainPage>, BadRequest> {
+    const KEYS: [&str; 6] = [
+        "endpoints_offset",
+        "endpoints_limit",
+        "endpoint",
+        "sort",
+        "elements_offset",
+        "elements_limit",
+    ];
+    if !KEYS.iter().any(|k| req.query_param(k).is_some()) {
+        return Ok(None);
+    }
+    let num = |k: &str, default: usize| -> Result<usize, BadRequest> {
+        match req.query_param(k) {
+            None => Ok(default),
+            Some(v) => v
+                .parse()
+                .map_err(|_| BadRequest(format!("{k} {v:?} is not a number"))),
+        }
+    };
+    let by_connections = match req.query_param("sort").as_deref() {
+        None | Some("address") => false,
+        Some("connections") => true,
+        Some(v) => {
+            return Err(BadRequest(format!(
+                "sort {v:?}: give address or connections"
+            )));
+        }
+    };
+    Ok(Some(inspect::ExplainPage {
+        filter: req.query_param("endpoint").unwrap_or_default(),
+        by_connections,
+        endpoints: (
+            num("endpoints_offset", 0)?,
+            num("endpoints_limit", usize::MAX)?,
+        ),
+        elements: (
+            num("elements_offset", 0)?,
+            num("elements_limit", usize::MAX)?,
+        ),
+    }))
+}
+
+/// Fields that say when or how fast an answer was made, not what it
+/// says: an entity tag leaves them out.
+const VOLATILE: [&str; 2] = ["counted_at", "read_ms"];
+
+/// A weak entity tag of an answer: the same for answers that say the
+/// same, whenever the counters or the kernel were read ([`VOLATILE`]).
+pub fn entity_tag(doc: &Json) -> String {
+    use std::hash::{Hash, Hasher};
+    fn walk(v: &Json, h: &mut std::collections::hash_map::DefaultHasher) {
+        match v {
+            Json::Object(m) => {
+                b'{'.hash(h);
+                for (k, v) in m {
+                    if !VOLATILE.contains(&k.as_str()) {
+                        k.hash(h);
+                        walk(v, h);
+                    }
+                }
+            }
+            Json::Array(a) => {
+                b'['.hash(h);
+                a.len().hash(h);
+                a.iter().for_each(|v| walk(v, h));
+            }
+            other => other.to_string().hash(h),
+        }
+    }
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    walk(doc, &mut h);
+    format!("W/\"{:016x}\"", h.finish())
 }
 
 /// An answer as JSON.
@@ -514,6 +605,11 @@ pub fn answer(
             if let Some(c) = counted {
                 c.snapshot().annotate_explain(node, &mut doc);
             }
+            match explain_page(req) {
+                Ok(Some(page)) => inspect::page_explained(&mut doc, &page),
+                Ok(None) => {}
+                Err(e) => return Some(bad(e)),
+            }
             let code = if doc.found { 200 } else { 404 };
             return Some((code, to_json(&doc)));
         }
@@ -681,6 +777,16 @@ impl Offline {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_entity_tag_changes_with_what_an_answer_says_not_when_it_was_made() {
+        let a = json!({"counted_at": 1.0, "families": [{"read_ms": 2.5, "ports": [1, 2]}]});
+        let b = json!({"counted_at": 9.0, "families": [{"read_ms": 7.0, "ports": [1, 2]}]});
+        let c = json!({"counted_at": 1.0, "families": [{"read_ms": 2.5, "ports": [1, 3]}]});
+        assert_eq!(entity_tag(&a), entity_tag(&b));
+        assert_ne!(entity_tag(&a), entity_tag(&c));
+        assert!(entity_tag(&a).starts_with("W/\""));
+    }
 
     #[test]
     fn a_slow_counter_reading_serves_ten_times_as_long() {

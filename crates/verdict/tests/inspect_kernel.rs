@@ -917,6 +917,72 @@ fn the_web_view_shows_services_endpoints_and_counters_in_a_real_browser() {
         ["10.181.0.1:80", "10.181.0.2:80", "10.181.0.3:80"],
         "numeric order (as text 10.181.0.10 would come before 10.181.0.2)"
     );
+    // The page asks for a page of endpoints and elements, and the server
+    // answers 304, no body, while that page has not changed.
+    let raw = |path: &str, tag: Option<&str>| -> String {
+        let extra = tag.map_or(String::new(), |t| format!("If-None-Match: {t}\\r\\n"));
+        let script = format!(
+            "exec 3<>/dev/tcp/127.0.0.1/10249 && printf 'GET {path} HTTP/1.1\\r\\nHost: x\\r\\n{extra}Connection: close\\r\\n\\r\\n' >&3 && cat <&3"
+        );
+        bed.node.exec("bash", &["-c", &script]).unwrap()
+    };
+    let whole = raw("/api/v1/services/bulk/big", None);
+    let paged_path =
+        "/api/v1/services/bulk/big?endpoints_offset=50&endpoints_limit=50&elements_limit=50";
+    let paged = raw(paged_path, None);
+    println!(
+        "bulk/big: {} bytes whole, {} bytes a page",
+        whole.len(),
+        paged.len()
+    );
+    assert!(
+        paged.len() * 10 < whole.len(),
+        "{} bytes a page, {} whole",
+        paged.len(),
+        whole.len()
+    );
+    let body = paged.split("\r\n\r\n").nth(1).unwrap();
+    let doc: Json = serde_json::from_str(body).unwrap();
+    let port = &doc["families"][0]["ports"][0];
+    assert_eq!(port["endpoints_total"], 2000);
+    assert_eq!(port["endpoints"].as_array().unwrap().len(), 50);
+    assert_eq!(port["endpoints"][0]["address"], "10.181.0.51:80");
+    let tag = paged
+        .lines()
+        .find_map(|l| {
+            l.split_once(": ")
+                .filter(|(k, _)| k.eq_ignore_ascii_case("etag"))
+                .map(|(_, v)| v)
+        })
+        .unwrap_or_else(|| panic!("no ETag: {paged}"))
+        .trim()
+        .to_owned();
+    let again = raw(paged_path, Some(&tag));
+    assert!(again.starts_with("HTTP/1.1 304"), "{again}");
+    assert!(again.ends_with("\r\n\r\n"), "no body: {again}");
+    // A page in the browser, left open: its refreshes come back as 304.
+    let open = browse_for(
+        &bed,
+        &browser,
+        &format!("{ui}#/service/bulk/big"),
+        Duration::from_secs(16),
+    );
+    let counter = |page: &str, name: &str| -> u64 {
+        page.split(&format!("data-{name}=\""))
+            .nth(1)
+            .and_then(|r| r.split('"').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    let (answers, unchanged) = (
+        counter(&open, "service-answers"),
+        counter(&open, "service-unchanged"),
+    );
+    assert!(
+        answers >= 3 && unchanged >= answers - 1,
+        "{answers} answers, {unchanged} unchanged"
+    );
+
     // The list finds a Service by an address.
     let by_ip = browse(
         &bed,

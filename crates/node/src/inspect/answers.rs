@@ -409,10 +409,22 @@ pub struct ExplainPortDetail {
     pub health_check_node_port: Option<HealthCheck>,
     /// Some endpoint is usable.
     pub has_usable_endpoints: bool,
-    /// Every endpoint, with its category.
+    /// Every endpoint, with its category (a page of them, when the
+    /// request asked for one: `endpoints_total` says how many in all).
     pub endpoints: Vec<ExplainEndpoint>,
-    /// The elements it asks for, and what the kernel holds.
+    /// With a page of endpoints: how many the port has, and how many
+    /// match the filter.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoints_total: Option<usize>,
+    /// See `endpoints_total`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoints_matched: Option<usize>,
+    /// The elements it asks for, and what the kernel holds (a page of
+    /// them, when the request asked for one).
     pub elements: Vec<ExplainElement>,
+    /// With a page of elements: how many in all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub elements_total: Option<usize>,
     /// The shared chains its elements jump to.
     pub chains: Vec<String>,
     /// What the kernel counted (`None`: the counters are off).

@@ -1255,7 +1255,10 @@ pub fn explain(
                     }),
                     has_usable_endpoints: cat.has_any_endpoints,
                     endpoints,
+                    endpoints_total: None,
+                    endpoints_matched: None,
                     elements,
+                    elements_total: None,
                     chains: intent
                         .map(|i| i.chains.iter().map(ToString::to_string).collect())
                         .unwrap_or_default(),
@@ -1292,6 +1295,64 @@ pub fn explain(
         },
         counted_at: None,
         other_ports: Vec::new(),
+    }
+}
+
+/// A page of a Service's endpoints and elements (`explain` for the web
+/// view: a Service of thousands of endpoints sends a page of them).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ExplainPage {
+    /// Only the endpoints whose address holds this.
+    pub filter: String,
+    /// The endpoints with the most connections first (else by address).
+    pub by_connections: bool,
+    /// Endpoints skipped, and the most sent.
+    pub endpoints: (usize, usize),
+    /// Elements skipped, and the most sent.
+    pub elements: (usize, usize),
+}
+
+/// Keeps, of each port of `doc`, the page of endpoints and elements
+/// `page` asks for, and says how many there are.
+pub fn page_explained(doc: &mut ExplainAnswer, page: &ExplainPage) {
+    for d in doc
+        .families
+        .iter_mut()
+        .flat_map(|f| &mut f.ports)
+        .filter_map(|p| p.detail.as_mut())
+    {
+        let total = d.endpoints.len();
+        let mut eps: Vec<_> = std::mem::take(&mut d.endpoints)
+            .into_iter()
+            .filter(|e| page.filter.is_empty() || e.address.contains(&page.filter))
+            .collect();
+        let key = |e: &answers::ExplainEndpoint| {
+            let at: Option<std::net::SocketAddr> = e.address.parse().ok();
+            (at.map(|a| a.ip()), at.map(|a| a.port()))
+        };
+        if page.by_connections {
+            eps.sort_by(|a, b| {
+                b.connections
+                    .unwrap_or(0)
+                    .cmp(&a.connections.unwrap_or(0))
+                    .then_with(|| key(a).cmp(&key(b)))
+            });
+        } else {
+            eps.sort_by_key(key);
+        }
+        d.endpoints_total = Some(total);
+        d.endpoints_matched = Some(eps.len());
+        d.endpoints = eps
+            .into_iter()
+            .skip(page.endpoints.0)
+            .take(page.endpoints.1)
+            .collect();
+        d.elements_total = Some(d.elements.len());
+        d.elements = std::mem::take(&mut d.elements)
+            .into_iter()
+            .skip(page.elements.0)
+            .take(page.elements.1)
+            .collect();
     }
 }
 

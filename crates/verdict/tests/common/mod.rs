@@ -212,6 +212,23 @@ pub fn chromium() -> Option<String> {
 /// Loads `url` in headless Chromium inside the node and returns the DOM
 /// once the page's script has run; with `shot`, also saves a screenshot.
 pub fn browse(bed: &TestBed, browser: &str, url: &str, shot: Option<&std::path::Path>) -> String {
+    browse_with(bed, browser, url, shot, Duration::from_secs(6))
+}
+
+/// As [`browse`], the page left open for `budget` of its own time (its
+/// timers run, its requests are answered) before its DOM is taken.
+#[allow(dead_code)]
+pub fn browse_for(bed: &TestBed, browser: &str, url: &str, budget: Duration) -> String {
+    browse_with(bed, browser, url, None, budget)
+}
+
+fn browse_with(
+    bed: &TestBed,
+    browser: &str,
+    url: &str,
+    shot: Option<&std::path::Path>,
+    budget: Duration,
+) -> String {
     let profile = scratch_dir("chromium-profile");
     let profile_flag = format!("--user-data-dir={}", profile.display());
     let mut args = vec![
@@ -220,9 +237,10 @@ pub fn browse(bed: &TestBed, browser: &str, url: &str, shot: Option<&std::path::
         "--disable-gpu",
         "--no-first-run",
         "--window-size=1280,900",
-        "--virtual-time-budget=6000",
-        profile_flag.as_str(),
     ];
+    let budget_flag = format!("--virtual-time-budget={}", budget.as_millis());
+    args.push(&budget_flag);
+    args.push(profile_flag.as_str());
     let shot_flag = shot.map(|p| format!("--screenshot={}", p.display()));
     if let Some(s) = &shot_flag {
         args.push(s);
