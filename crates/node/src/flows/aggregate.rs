@@ -334,3 +334,17 @@ impl Aggregates {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What an entry costs besides its map's overhead: its key and its
+    /// counts, names shared with the read model (docs/flows.md).
+    #[test]
+    fn an_entry_is_a_key_and_three_counts() {
+        let entry = std::mem::size_of::<Key>() + std::mem::size_of::<Counts>();
+        println!("an aggregated entry: {entry} bytes");
+        assert!(entry <= 200, "{entry} bytes");
+    }
+}
