@@ -539,3 +539,143 @@ fn the_flows_command_behaves_in_a_pipeline_and_across_a_restart() {
     );
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// A flood of one client (a new UDP socket per datagram, as fast as it
+/// can) at a port a Service does not have and at a Service without
+/// endpoints: every connection is counted, the kernel logs what its rate
+/// allows and counts the rest, the refusals recorded before the flood are
+/// all still listed, the flood is two aggregated records with their
+/// counts, and the flow log stays small. (`verdict-bench flood` measures
+/// the same for 10 s, with RSS and /livez: docs/flows.md.)
+#[test]
+fn a_flood_is_counted_folded_and_wipes_nothing() {
+    let Some((mut bed, dir)) = shop("flows-flood") else {
+        return;
+    };
+    bed.add_pod(ip("10.0.0.3"), Placement::Local, &[], &[])
+        .unwrap();
+    bed.add_pod(ip("10.0.0.66"), Placement::Local, &[], &[])
+        .unwrap();
+    // A UDP Service without endpoints.
+    write(
+        &dir,
+        "quiet.yaml",
+        "apiVersion: v1\nkind: Service\nmetadata: {name: quiet, namespace: shop}\nspec:\n  clusterIP: 172.30.0.45\n  ports: [{name: dns, port: 53, protocol: UDP}]\n",
+    );
+    let log = dir.join("verdict.log");
+    let flow_log = dir.join("flows.jsonl");
+    let dir_s = dir.to_string_lossy().into_owned();
+    let flow_log_s = flow_log.to_string_lossy().into_owned();
+    let _daemon = spawn_verdict(
+        &bed,
+        run_flags(
+            &dir_s,
+            &["--flow-log", &flow_log_s, "--flow-log-max-size", "1"],
+        ),
+        &log,
+        None,
+    );
+    assert_eq!(wait_for(&bed, "10.180.0.1:80"), "10.180.0.1:80");
+    // Two clients refused before the flood.
+    for client in ["10.0.0.2", "10.0.0.3"] {
+        let _ = bed.connect(ip(client), ip("172.30.0.43"), "tcp", 80, 500);
+    }
+    std::thread::sleep(Duration::from_millis(1200));
+    let metrics = |bed: &TestBed| http_on(bed, 10249, "/metrics");
+    let count = |m: &str, series: &str| sample(m, series).unwrap_or(-1.0);
+    const INVALID: &str = "verdict_rejected_total{ip_family=\"IPv4\",reason=\"invalid_port\"}";
+    const EMPTY: &str = "verdict_rejected_total{ip_family=\"IPv4\",reason=\"no_endpoints\"}";
+    const NOT_LOGGED: &str = "verdict_flows_not_recorded_total{reason=\"log_rate_limit\"}";
+    std::thread::sleep(Duration::from_secs(5)); // past the counters' cache
+    let before = metrics(&bed);
+    let log_before = std::fs::metadata(&flow_log).map(|m| m.len()).unwrap();
+
+    // Two floods at once from one client, 3 s each.
+    let flooder = ip("10.0.0.66");
+    let (sent_a, sent_b) = std::thread::scope(|s| {
+        let a = s.spawn(|| {
+            bed.send_udp(
+                flooder,
+                ip("172.30.0.41"),
+                9999,
+                verdict_e2e::bed::How::Flood { seconds: 3 },
+            )
+        });
+        let b = s.spawn(|| {
+            bed.send_udp(
+                flooder,
+                ip("172.30.0.45"),
+                53,
+                verdict_e2e::bed::How::Flood { seconds: 3 },
+            )
+        });
+        (a.join().unwrap().unwrap(), b.join().unwrap().unwrap())
+    });
+    println!("sent {sent_a:?} and {sent_b:?} (datagrams, sockets)");
+    std::thread::sleep(Duration::from_secs(6)); // past the counters' cache
+    let after = metrics(&bed);
+    let counted = |series: &str| count(&after, series) - count(&before, series);
+    let (invalid, empty, not_logged) = (counted(INVALID), counted(EMPTY), counted(NOT_LOGGED));
+    println!("counted {invalid} invalid_port, {empty} no_endpoints, {not_logged} not logged");
+    // Each connection once (a port reused within 3 minutes is the same
+    // connection), far more than the log's rate lets through in 3 s.
+    assert!(invalid > 2000.0 && empty > 2000.0, "{invalid} {empty}");
+    assert!(
+        invalid <= sent_a.0 as f64 && empty <= sent_b.0 as f64,
+        "{invalid} {empty}"
+    );
+    assert!(
+        not_logged > (invalid + empty) / 2.0,
+        "{not_logged} of {} not logged",
+        invalid + empty
+    );
+    // The refusals before the flood are all still listed.
+    let rejected = body(&http_on(
+        &bed,
+        10249,
+        "/api/v1/flows?verdict=rejected&limit=5000",
+    ));
+    for client in ["10.0.0.2:", "10.0.0.3:"] {
+        assert!(
+            rejected["flows"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|f| f["client"].as_str().unwrap().starts_with(client)),
+            "{client} is gone: {rejected:#}"
+        );
+    }
+    // The flood is two aggregated records, one per destination, each
+    // with the connections the stream saw.
+    let agg = body(&http_on(
+        &bed,
+        10249,
+        "/api/v1/flows?aggregated=1&ip=10.0.0.66",
+    ));
+    let records = agg["aggregates"].as_array().unwrap();
+    let destinations: std::collections::BTreeSet<&str> = records
+        .iter()
+        .map(|a| a["destination"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        destinations,
+        ["172.30.0.41:9999", "172.30.0.45:53"].into(),
+        "{agg:#}"
+    );
+    for a in records {
+        let n = a["connections"].as_u64().unwrap();
+        assert!(n >= 400, "at least the kernel's burst: {a}");
+        assert_eq!(a["client"], "10.0.0.66");
+    }
+    // The flow log holds what was logged, a line each or folded: far
+    // less than a line per datagram, and within its cap.
+    let log_after = std::fs::metadata(&flow_log).map(|m| m.len()).unwrap();
+    println!("flow log {log_before} -> {log_after} bytes");
+    assert!(log_after <= 1024 * 1024, "{log_after} bytes");
+    assert!(
+        log_after - log_before < 400 * (sent_a.0 + sent_b.0) / 100,
+        "{} bytes for {} datagrams",
+        log_after - log_before,
+        sent_a.0 + sent_b.0
+    );
+}
