@@ -843,6 +843,28 @@ fn the_web_view_shows_services_endpoints_and_counters_in_a_real_browser() {
     assert!(page.contains("id=\"connections\""), "{page}");
     assert!(page.contains("data-flow=\"10.180.0."), "{page}");
 
+    // The drift check's answer stays through the overview's refreshes
+    // (every 5 s; they wiped it).
+    let checked = browse_for(
+        &bed,
+        &browser,
+        &format!("{ui}#/?check=drift"),
+        Duration::from_secs(16),
+    );
+    let draws: u32 = checked
+        .split("data-overview-draws=\"")
+        .nth(1)
+        .and_then(|r| r.split('"').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(draws >= 3, "{draws} draws: {checked}");
+    let answer = checked
+        .split("id=\"drift-answer\"")
+        .nth(1)
+        .and_then(|r| r.split("</p>").next())
+        .unwrap_or_default();
+    assert!(answer.contains("no drift in any table"), "{answer}");
+    assert!(answer.contains("data-checked-at"), "{answer}");
     let overview = browse(&bed, &browser, &format!("{ui}#/"), None);
     assert!(overview.contains("id=\"syncs\""), "{overview}");
     assert!(overview.contains("first sync"), "{overview}");
