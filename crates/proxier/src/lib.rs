@@ -6,15 +6,19 @@
 //! # Layout
 //! - [`config`]: node facts and settings of one family's proxier.
 //! - [`layout`]: names, fixed chains and sets, and the shared chains.
-//! - [`plan`]: what one service port contributes (elements and chains).
-//! - [`proxier`]: [`Proxier`], change intake and full/partial syncs.
+//! - [`contribution`]: what one service port contributes (elements and
+//!   chains).
+//! - [`proxier`]: [`Proxier`], change intake and full/partial syncs, in
+//!   stages (read back, recompute, adopt, plan, run, record), with the
+//!   slot ledger, the contributions and the isolation of refused elements
+//!   in modules of their own.
 //! - [`staging`]: jumps added without validating the table.
 
 pub mod config;
 pub mod conntrack;
+pub mod contribution;
 pub mod error;
 pub mod layout;
-pub mod plan;
 pub mod proxier;
 pub mod staging;
 

@@ -641,10 +641,10 @@ fn shared_chains_do_not_grow_with_services() {
     }
     fx.sync();
     let t = fx.nft.get(Family::Ip, "verdict").unwrap();
-    // 26 fixed chains + endpoints-1..3; 21 sets and maps, 9 fixed staging
+    // 27 fixed chains + endpoints-1..3; 22 sets and maps, 9 fixed staging
     // sets and one per shared chain, whatever the size.
-    assert_eq!(t.chains.len(), 26 + 3);
-    assert_eq!(t.sets.len(), 21 + 9 + 3);
+    assert_eq!(t.chains.len(), 27 + 3);
+    assert_eq!(t.sets.len(), 22 + 9 + 3);
     assert_eq!(t.sets["service-ips"].elements.len(), 300);
     assert_eq!(
         t.sets["service-endpoints-tcp"].elements.len(),
