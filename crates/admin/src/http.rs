@@ -120,6 +120,18 @@ impl Request {
         })
     }
 
+    /// Every query parameter, percent-decoded, in the order given.
+    pub fn query_pairs(&self) -> Vec<(String, String)> {
+        self.query
+            .split('&')
+            .filter(|p| !p.is_empty())
+            .map(|p| {
+                let (k, v) = p.split_once('=').unwrap_or((p, ""));
+                (percent_decode(k), percent_decode(v))
+            })
+            .collect()
+    }
+
     /// Whether the query has this key (`?verbose`, `?verbose=1`).
     pub fn has_query(&self, key: &str) -> bool {
         self.query
@@ -596,6 +608,11 @@ mod tests {
         assert_eq!(r.query_param("bad").as_deref(), Some("%zz"));
         assert_eq!(r.query_param("end").as_deref(), Some("%4"));
         assert_eq!(r.query_param("missing"), None);
+        let pairs = r.query_pairs();
+        assert_eq!(pairs[0], ("q".into(), "kube-system/dns".into()));
+        assert_eq!(pairs[2], ("x".into(), "a b".into()));
+        assert_eq!(pairs.len(), 5);
+        assert!(Request::get("/api/v1").query_pairs().is_empty());
     }
 
     use super::*;

@@ -70,7 +70,7 @@ pub enum Touched<'a> {
     /// Every Service (after a full sync).
     All,
     /// These Services.
-    Some(&'a BTreeSet<NamespacedName>),
+    These(&'a BTreeSet<NamespacedName>),
 }
 
 fn key(svc: &NamespacedName) -> Key {
@@ -121,7 +121,7 @@ impl FamilyPlane {
             self.health_checks = Some(ServiceHealthServers::new(addresses, healthy));
         }
         let services: Vec<NamespacedName> = match touched {
-            Touched::Some(t) => t.iter().cloned().collect(),
+            Touched::These(t) => t.iter().cloned().collect(),
             Touched::All => {
                 self.hc_ports.clear();
                 self.hc_local.clear();
@@ -213,7 +213,7 @@ impl FamilyPlane {
                 self.udp.touched_all(self.proxier.service_ports());
                 self.opened.touched_all(self.proxier.service_ports());
             }
-            Touched::Some(t) => {
+            Touched::These(t) => {
                 self.udp.touched(t);
                 self.opened.touched(t);
             }

@@ -82,9 +82,9 @@ pub fn check_kernel() -> Result<(), NodeError> {
 
 /// Records transactions instead of running them.
 #[derive(Default)]
-struct Recorder(Vec<Transaction>);
+struct Recording(Vec<Transaction>);
 
-impl Backend for Recorder {
+impl Backend for Recording {
     fn run(&mut self, tx: &Transaction) -> Result<(), NftError> {
         self.0.push(tx.clone());
         Ok(())
@@ -193,7 +193,7 @@ pub fn probe_transactions(config: &ProxierConfig) -> Result<Vec<Transaction>, No
         proxier.on_service(None, Some(s));
     }
     proxier.on_endpoint_slice(&slice, false);
-    let mut recorder = Recorder::default();
+    let mut recorder = Recording::default();
     proxier.sync(&mut recorder, Instant::now())?;
     Ok(recorder.0)
 }

@@ -868,7 +868,7 @@ impl NodeProxy {
         let touched = match after {
             After::Nothing => return,
             After::All => Touched::All,
-            After::Touched => Touched::Some(&r.updated_services),
+            After::Touched => Touched::These(&r.updated_services),
         };
         let t = Instant::now();
         let health = self.view.health().clone();

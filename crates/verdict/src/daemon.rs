@@ -25,7 +25,7 @@ use crate::logging::Verbosity;
 /// if given, else the Kubernetes API (kubeconfig, `--master`, or the
 /// in-cluster service account); and what else `run` needs from the
 /// command line.
-pub struct Source {
+pub struct SourceFlags {
     /// `--manifests`: a YAML file or directory, followed for changes.
     pub manifests: Option<String>,
     /// `--kubeconfig` / `clientConnection.kubeconfig`.
@@ -39,7 +39,7 @@ pub struct Source {
     pub config_file: Option<(String, String)>,
 }
 
-impl Source {
+impl SourceFlags {
     /// The Kubernetes API connection for `node_name`.
     fn api(&self, node_name: &str, client: ClientOptions) -> ApiSource {
         ApiSource {
@@ -93,7 +93,7 @@ fn node_name(settings: &Settings) -> String {
 }
 
 /// What the node runtime is told.
-fn node_settings(settings: &Settings, source: &Source) -> NodeSettings {
+fn node_settings(settings: &Settings, source: &SourceFlags) -> NodeSettings {
     NodeSettings {
         node_name: node_name(settings),
         bind_address: settings.bind_address,
@@ -149,7 +149,7 @@ fn kube_proxy_metrics(settings: &Settings) -> Arc<Mutex<Metrics>> {
 }
 
 /// The API source `run` would use, for `verdict doctor`'s questions.
-pub fn api_source(settings: &Settings, source: &Source, node: &str) -> ApiSource {
+pub fn api_source(settings: &Settings, source: &SourceFlags, node: &str) -> ApiSource {
     let metrics = Arc::new(Mutex::new(Metrics::new()));
     source.api(node, client_options(settings, &metrics))
 }
@@ -187,7 +187,7 @@ const EVENT_FLUSH: Duration = Duration::from_secs(5);
 
 /// Programs the node and keeps it programmed. Returns only on error; on
 /// SIGTERM the process ends and the rules stay, so traffic keeps flowing.
-pub fn run(settings: &Settings, source: &Source, verbosity: &Verbosity) -> anyhow::Result<()> {
+pub fn run(settings: &Settings, source: &SourceFlags, verbosity: &Verbosity) -> anyhow::Result<()> {
     verdict_node::probe::check_kernel()?;
     verdict_node::probe::check_net_admin()?;
     match verdict_admin::process::raise_open_files_limit() {
@@ -273,9 +273,9 @@ pub fn run(settings: &Settings, source: &Source, verbosity: &Verbosity) -> anyho
     };
     let api_for = |exposure: Exposure| {
         api::handler(
-            kind,
             handle.clone(),
             api::kernel_reader(kind),
+            api::conntrack_reader(kind),
             counters.clone(),
             flows.clone(),
             exposure,
@@ -480,7 +480,7 @@ fn start_flows(
 /// The node built in memory from the source, as `run` would program it.
 fn node_parts(
     settings: &Settings,
-    source: &Source,
+    source: &SourceFlags,
 ) -> (NodeSettings, Arc<Mutex<Metrics>>, verdict_node::Source) {
     let node = node_settings(settings, source);
     let metrics = kube_proxy_metrics(settings);
@@ -490,7 +490,7 @@ fn node_parts(
 
 /// The nftables script `run` would program for the source's current
 /// state, both families.
-pub fn plan(settings: &Settings, source: &Source) -> anyhow::Result<String> {
+pub fn plan(settings: &Settings, source: &SourceFlags) -> anyhow::Result<String> {
     let (node, metrics, src) = node_parts(settings, source);
     Ok(once::plan(
         node,
@@ -501,7 +501,7 @@ pub fn plan(settings: &Settings, source: &Source) -> anyhow::Result<String> {
 }
 
 /// The node built in memory, for the offline introspection commands.
-pub fn offline(settings: &Settings, source: &Source) -> anyhow::Result<Offline> {
+pub fn offline(settings: &Settings, source: &SourceFlags) -> anyhow::Result<Offline> {
     let (node, metrics, src) = node_parts(settings, source);
     Ok(once::offline(
         node,
@@ -513,7 +513,7 @@ pub fn offline(settings: &Settings, source: &Source) -> anyhow::Result<Offline> 
 
 /// Removes verdict's tables and kube-proxy's leftovers (unless `force`,
 /// not while kube-proxy runs).
-pub fn cleanup(settings: &Settings, source: &Source, force: bool) -> anyhow::Result<()> {
+pub fn cleanup(settings: &Settings, source: &SourceFlags, force: bool) -> anyhow::Result<()> {
     // kube-proxy's health server binds 0.0.0.0:10256 by default, its
     // metrics server 127.0.0.1:10249; and where this configuration puts
     // them, if elsewhere (its address if one is named, else loopback).

@@ -11,7 +11,7 @@ use serde_json::{Value as Json, json};
 
 use crate::cli::Cli;
 use crate::config::Settings;
-use crate::daemon::Source;
+use crate::daemon::SourceFlags;
 
 /// A check's outcome.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -518,7 +518,7 @@ fn program(name: &str, args: &[&str]) -> Result<String, String> {
 }
 
 /// Every check, in order.
-pub fn checks(cli: &Cli, settings: &Settings, source: &Source) -> Vec<Check> {
+pub fn checks(cli: &Cli, settings: &Settings, source: &SourceFlags) -> Vec<Check> {
     let mut out = vec![kernel(
         &read("/proc/sys/kernel/osrelease").unwrap_or_default(),
     )];
@@ -676,7 +676,7 @@ pub fn run(
     output: crate::client::Output,
     cli: &Cli,
     settings: &Settings,
-    source: &Source,
+    source: &SourceFlags,
 ) -> anyhow::Result<()> {
     let all = checks(cli, settings, source);
     match output {

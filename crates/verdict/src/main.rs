@@ -164,7 +164,7 @@ fn main() -> ExitCode {
             }
         };
     }
-    let source = daemon::Source {
+    let source = daemon::SourceFlags {
         manifests: cli.manifests.clone(),
         kubeconfig: settings.client.kubeconfig.clone(),
         master: cli.master.clone(),

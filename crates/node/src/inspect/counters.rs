@@ -33,7 +33,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use serde_json::{Value as Json, json};
+use serde::{Deserialize, Serialize};
 use verdict_model::{Counting, IpFamily, NamespacedName, Protocol, ServicePort, ServicePortName};
 use verdict_nft::{Counter, L4Proto, TableState, Value};
 use verdict_proxier::layout;
@@ -1079,96 +1079,175 @@ impl Snapshot {
     /// connections, packets and bytes (the Services counted), rejects and
     /// drops (every Service that had any), and the problems; with
     /// `service` (`namespace/name`), that Service's series and problems.
-    pub fn json(&self, service: Option<(&str, &str)>) -> Json {
+    pub fn answer(&self, service: Option<&NamespacedName>) -> CountersAnswer {
         let label = |l: &LabelRefs<'_>, k: &str| {
             l.iter()
                 .find(|(n, _)| *n == k)
                 .map(|(_, v)| (*v).to_owned())
                 .unwrap_or_default()
         };
-        let problems: Vec<Json> = self
+        let problems: Vec<CountedProblem> = self
             .problems
             .iter()
-            .filter(|(_, name, _, _)| {
-                service.is_none_or(|(ns, n)| {
-                    name.service.namespace.as_str() == ns && name.service.name.as_str() == n
-                })
-            })
-            .map(|(family, name, reason, p)| {
-                json!({
-                    "ip_family": family_label(*family),
-                    "service": name.service.to_string(),
-                    "port": name.port.to_string(),
-                    "reason": reason,
-                    "connections": p.connections,
-                    "recent_clients": p.recent_clients,
-                })
+            .filter(|(_, name, _, _)| service.is_none_or(|s| name.service == *s))
+            .map(|(family, name, reason, p)| CountedProblem {
+                ip_family: family_label(*family).to_owned(),
+                service: name.service.to_string(),
+                port: name.port.to_string(),
+                reason: (*reason).to_owned(),
+                connections: p.connections,
+                recent_clients: p.recent_clients.clone(),
             })
             .collect();
-        if let Some((ns, name)) = service {
+        if let Some(svc) = service {
+            let (ns, name) = (svc.namespace.as_str(), svc.name.as_str());
             let mut series = Vec::new();
             for metric in METRICS {
                 let _ = self.series.each(metric, &mut |labels, v| {
                     if label(labels, "namespace") == ns && label(labels, "service") == name {
-                        let mut doc = serde_json::Map::new();
-                        doc.insert("metric".into(), json!(metric));
-                        for (k, val) in labels {
-                            doc.insert((*k).into(), json!(val));
-                        }
-                        doc.insert("value".into(), json!(v));
-                        series.push(Json::Object(doc));
+                        series.push(Sample {
+                            metric: metric.to_owned(),
+                            labels: labels
+                                .iter()
+                                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                                .collect(),
+                            value: v,
+                        });
                     }
                     Ok(())
                 });
             }
-            return json!({"service": format!("{ns}/{name}"), "series": series, "problems": problems});
+            return CountersAnswer::Service(ServiceCountersAnswer {
+                service: svc.to_string(),
+                series,
+                problems,
+            });
         }
-        let mut totals: BTreeMap<String, [u64; 5]> = BTreeMap::new();
+        let mut services: BTreeMap<String, ServiceTotals> = BTreeMap::new();
         for ((_, name, _, _), c) in &self.series.entries {
-            let t = totals.entry(name.service.to_string()).or_default();
+            let t = services.entry(name.service.to_string()).or_default();
             let (packets, bytes) = c.traffic.unwrap_or_default();
-            t[0] += c.connections.unwrap_or_default();
-            t[3] += packets;
-            t[4] += bytes;
+            t.connections += c.connections.unwrap_or_default();
+            t.packets += packets;
+            t.bytes += bytes;
         }
         for (_, name, reason, p) in &self.problems {
-            let slot = if matches!(*reason, "no_endpoints" | "invalid_port") {
-                1
-            } else {
-                2
-            };
-            totals.entry(name.service.to_string()).or_default()[slot] += p.connections;
+            let t = services.entry(name.service.to_string()).or_default();
+            match *reason {
+                "no_endpoints" | "invalid_port" => t.rejected += p.connections,
+                _ => t.dropped += p.connections,
+            }
         }
-        let services: serde_json::Map<String, Json> = totals
-            .into_iter()
-            .map(|(k, [c, r, d, packets, bytes])| {
-                let doc = json!({"connections": c, "rejected": r, "dropped": d,
-                                 "packets": packets, "bytes": bytes});
-                (k, doc)
-            })
-            .collect();
-        let mut node = serde_json::Map::new();
+        let mut node: BTreeMap<String, FamilyTotals> = BTreeMap::new();
         for name in [CONNECTIONS, REJECTED, DROPPED] {
             let _ = self.series.each(name, &mut |labels, v| {
-                let entry = node
-                    .entry(label(labels, "ip_family"))
-                    .or_insert_with(|| json!({}));
+                let t = node.entry(label(labels, "ip_family")).or_default();
                 let reason = label(labels, "reason");
-                let field = match name {
-                    CONNECTIONS => "connections",
-                    REJECTED => "rejected",
-                    _ => "dropped",
-                };
-                if reason.is_empty() {
-                    entry[field] = json!(v);
-                } else {
-                    entry[field][reason] = json!(v);
+                match name {
+                    CONNECTIONS => t.connections = v,
+                    REJECTED => _ = t.rejected.insert(reason, v),
+                    _ => _ = t.dropped.insert(reason, v),
                 }
                 Ok(())
             });
         }
-        json!({"node": node, "services": services, "problems": problems})
+        CountersAnswer::Node(NodeCountersAnswer {
+            node,
+            services,
+            problems,
+        })
     }
+}
+
+/// `/api/v1/counters`: of the node, or of one Service.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum CountersAnswer {
+    /// One Service's.
+    Service(ServiceCountersAnswer),
+    /// The node's.
+    Node(NodeCountersAnswer),
+}
+
+/// `/api/v1/counters`: the node's.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NodeCountersAnswer {
+    /// Per family (`IPv4`, `IPv6`), what it counted.
+    pub node: BTreeMap<String, FamilyTotals>,
+    /// Per Service (`namespace/name`).
+    pub services: BTreeMap<String, ServiceTotals>,
+    /// Every Service port's rejects and drops.
+    pub problems: Vec<CountedProblem>,
+}
+
+/// `/api/v1/counters?service=`: one Service's.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ServiceCountersAnswer {
+    /// `namespace/name`.
+    pub service: String,
+    /// Its series, as `/metrics` has them.
+    pub series: Vec<Sample>,
+    /// Its ports' rejects and drops.
+    pub problems: Vec<CountedProblem>,
+}
+
+/// What a family counted in all.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct FamilyTotals {
+    /// Connections through the Services.
+    #[serde(default)]
+    pub connections: u64,
+    /// Connections rejected, per reason.
+    #[serde(default)]
+    pub rejected: BTreeMap<String, u64>,
+    /// Connections dropped, per reason.
+    #[serde(default)]
+    pub dropped: BTreeMap<String, u64>,
+}
+
+/// What one Service counted in all.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceTotals {
+    /// Connections (the Services counted).
+    pub connections: u64,
+    /// Connections rejected.
+    pub rejected: u64,
+    /// Connections dropped.
+    pub dropped: u64,
+    /// Packets (the Services counted).
+    pub packets: u64,
+    /// Bytes (the Services counted).
+    pub bytes: u64,
+}
+
+/// A series of `/metrics`: its name, labels and value.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Sample {
+    /// The metric's name.
+    pub metric: String,
+    /// Its labels.
+    #[serde(flatten)]
+    pub labels: BTreeMap<String, String>,
+    /// Its value.
+    pub value: u64,
+}
+
+/// One Service port's rejects or drops for one reason.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CountedProblem {
+    /// `IPv4` or `IPv6`.
+    pub ip_family: String,
+    /// `namespace/name`.
+    pub service: String,
+    /// The port's name (or number).
+    pub port: String,
+    /// Why: `no_endpoints`, `invalid_port` (rejected), `source_range`,
+    /// `no_local_endpoint` (dropped).
+    pub reason: String,
+    /// Connections, each counted once.
+    pub connections: u64,
+    /// The last few clients (address:port), newest last.
+    pub recent_clients: Vec<String>,
 }
 
 /// A label's value, escaped as the text format wants it.
@@ -1189,6 +1268,7 @@ fn write_escaped(out: &mut dyn std::fmt::Write, v: &str) -> std::fmt::Result {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
     use std::time::Instant;
     use verdict_conformance::{ServiceExt, SliceExt, TCP, slice, svc};
     use verdict_model::MetricsSelection;
@@ -1368,13 +1448,18 @@ mod tests {
         );
         assert!(!text.contains("namespace=\"other\""), "{text}");
         // The API shows other/lb's drops all the same.
-        let all = snap.json(None);
+        let CountersAnswer::Node(typed) = snap.answer(None) else {
+            panic!("the node's counters")
+        };
+        assert_eq!(typed.services["other/lb"].dropped, 2);
+        let all = serde_json::to_value(&typed).unwrap();
         assert_eq!(all["services"]["other/lb"]["dropped"], 2, "{all:#}");
         assert_eq!(all["services"]["shop/empty"]["rejected"], 1);
         assert_eq!(all["services"]["shop/web"]["connections"], 7);
         assert_eq!(all["node"]["IPv4"]["connections"], 12);
         assert_eq!(all["node"]["IPv4"]["dropped"]["source_range"], 2);
-        let lb = snap.json(Some(("other", "lb")));
+        let lb =
+            serde_json::to_value(snap.answer(Some(&NamespacedName::new("other", "lb")))).unwrap();
         let problems = lb["problems"].as_array().unwrap();
         assert_eq!(problems.len(), 1, "{lb:#}");
         assert_eq!(problems[0]["reason"], "source_range");
@@ -1452,7 +1537,10 @@ mod tests {
         let web = vec![a("172.30.0.41"), TCP_, Value::Port(80)];
         let mut state = Counted::default();
         let read = |t: &TableState, state: &mut Counted| {
-            Snapshot::of(&handle, &[(IpFamily::V4, Some(t))], state).json(None)
+            serde_json::to_value(
+                Snapshot::of(&handle, &[(IpFamily::V4, Some(t))], state).answer(None),
+            )
+            .unwrap()
         };
         count(&mut t, layout::SERVICE_CONNECTIONS, web.clone(), 7);
         rule_count(&mut t, layout::NAT_POSTROUTING, 0, 7);

@@ -101,7 +101,7 @@ impl Owners {
 /// (`lookups`) read without its elements, which are then looked up in
 /// the kernel key by key, so that an answer about one packet or one
 /// Service costs the same at any cluster size.
-pub struct Kernel {
+pub struct TableRead {
     /// The table (`None`: the table does not exist).
     pub table: Option<TableState>,
     /// Where the elements are when `table` was read without them.
@@ -154,7 +154,7 @@ impl Lookups {
     }
 
     /// The element of `set` each key matches. A kernel that cannot answer
-    /// finds nothing, and says why in [`Kernel::failed`].
+    /// finds nothing, and says why in [`TableRead::failed`].
     fn get(&self, set: &str, keys: &[Vec<Value>]) -> Vec<Option<Element>> {
         let mut seen = self.seen.borrow_mut();
         let asked: Vec<Vec<Value>> = keys
@@ -188,17 +188,17 @@ impl Lookups {
     }
 }
 
-impl Kernel {
+impl TableRead {
     /// Reads table `family` `name` whole through `backend`.
     pub fn whole(
         backend: &mut dyn Backend,
         family: Family,
         name: &str,
         source: &'static str,
-    ) -> Result<Kernel, NftError> {
+    ) -> Result<TableRead, NftError> {
         let t = Instant::now();
         let table = backend.table(family, name)?;
-        Ok(Kernel {
+        Ok(TableRead {
             table,
             lookups: None,
             source,
@@ -215,7 +215,7 @@ impl Kernel {
         family: Family,
         name: &str,
         source: &'static str,
-    ) -> Result<Kernel, NftError> {
+    ) -> Result<TableRead, NftError> {
         let t = Instant::now();
         let mut table = backend.skeleton(family, name)?;
         if let Some(table) = table.as_mut() {
@@ -231,7 +231,7 @@ impl Kernel {
                 }
             }
         }
-        Ok(Kernel {
+        Ok(TableRead {
             table,
             lookups: None,
             source,
@@ -246,10 +246,10 @@ impl Kernel {
         family: Family,
         name: &str,
         source: &'static str,
-    ) -> Result<Kernel, NftError> {
+    ) -> Result<TableRead, NftError> {
         let t = Instant::now();
         let table = backend.skeleton(family, name)?;
-        Ok(Kernel {
+        Ok(TableRead {
             table,
             lookups: Some(Lookups::new(backend, family, name)),
             source,
@@ -268,7 +268,7 @@ impl Kernel {
     /// Calls `each` with every element of `set` as it is read from the
     /// kernel (a table read without its elements), or of the set read
     /// with the table; the time counts as the lookups'. A failed read
-    /// fails the answer ([`Kernel::failed`]).
+    /// fails the answer ([`TableRead::failed`]).
     pub fn each_in_set(&self, set: &str, each: &mut dyn FnMut(&Element)) {
         let Some(l) = &self.lookups else {
             let elements = self.table.as_ref().and_then(|t| t.sets.get(set));
@@ -300,7 +300,7 @@ impl Kernel {
 
     /// Records `other`'s failed lookup as this one's, if this has none:
     /// an answer read through both fails if either failed.
-    pub fn take_failure(&self, other: &Kernel) {
+    pub fn take_failure(&self, other: &TableRead) {
         if let (Some(l), Some(e)) = (&self.lookups, other.failed()) {
             l.failed.borrow_mut().get_or_insert(e);
         }
@@ -364,7 +364,7 @@ impl Kernel {
     }
 }
 
-impl ElementSource for Kernel {
+impl ElementSource for TableRead {
     fn find(&self, set: &SetState, keys: &[Vec<Value>]) -> Vec<Option<Element>> {
         match &self.lookups {
             None => InTable.find(set, keys),
@@ -620,7 +620,7 @@ fn lookup_answer(p: &Owners, l: &verdict_nft::TraceLookup) -> answers::TraceLook
 pub fn trace(
     handle: &NodeHandle,
     req: &TraceRequest,
-    kernel: &Kernel,
+    kernel: &TableRead,
 ) -> Result<TraceAnswer, BadRequest> {
     let family = IpFamily::of(req.dst);
     let f = handle
@@ -635,7 +635,7 @@ fn walk(
     cfg: &ProxierConfig,
     local_ips: &[IpAddr],
     req: &TraceRequest,
-    kernel: &Kernel,
+    kernel: &TableRead,
 ) -> Result<verdict_nft::Trace, BadRequest> {
     let table = kernel.table.as_ref().ok_or_else(|| {
         BadRequest(format!(
@@ -664,7 +664,7 @@ fn traced(
     handle: &NodeHandle,
     f: &FamilyView,
     req: &TraceRequest,
-    kernel: &Kernel,
+    kernel: &TableRead,
     t: &verdict_nft::Trace,
 ) -> Result<TraceAnswer, BadRequest> {
     let cfg = &f.config;
@@ -1067,7 +1067,7 @@ pub fn explained_elements(view: &ServiceView) -> Vec<(IpFamily, &'static str, Ve
 /// rather than once per key; a table read whole needs nothing.
 pub fn prefetch_explained(
     wanted: &[(IpFamily, &'static str, Vec<Value>)],
-    kernels: &[(IpFamily, Kernel)],
+    kernels: &[(IpFamily, TableRead)],
 ) {
     for (f, k) in kernels {
         k.prefetch(
@@ -1085,7 +1085,7 @@ pub fn prefetch_explained(
 pub fn explain(
     handle: &NodeHandle,
     svc: &NamespacedName,
-    kernels: &[(IpFamily, Kernel)],
+    kernels: &[(IpFamily, TableRead)],
 ) -> ExplainAnswer {
     let mut families = Vec::new();
     let (mut missing, mut differs, mut extra) = (0usize, 0usize, 0usize);
@@ -1279,7 +1279,7 @@ pub fn explain(
             table: cfg.table.clone(),
             source: kernel.map(|k| k.source.to_owned()),
             read: kernel.map(|k| k.read_kind().to_owned()),
-            read_ms: kernel.map(Kernel::read_ms),
+            read_ms: kernel.map(TableRead::read_ms),
             ports: port_docs,
         });
     }
@@ -1375,8 +1375,8 @@ fn element_text(e: &Element) -> String {
 pub fn drift(
     handle: &NodeHandle,
     f: &FamilyView,
-    kernel: &Kernel,
-    helper: Option<Kernel>,
+    kernel: &TableRead,
+    helper: Option<TableRead>,
 ) -> FamilyDrift {
     let family = f.config.nft_family().to_string();
     let Some(t) = &kernel.table else {
@@ -1529,7 +1529,7 @@ fn drift_of_set<'v, I>(
     t: &verdict_nft::TableState,
     f: &FamilyView,
     intents: &(impl Fn() -> I + ?Sized),
-    kernel: &Kernel,
+    kernel: &TableRead,
     out: &mut Found,
 ) where
     I: Iterator<Item = verdict_proxier::IntendedElement<'v>>,
@@ -1712,7 +1712,7 @@ pub fn is_open(state: &str) -> bool {
 
 /// Which flows `connections` lists (the counts cover all of them).
 #[derive(Clone, Debug, Default)]
-pub struct FlowFilter {
+pub struct ConnectionFilter {
     /// Only this conntrack state (`ESTABLISHED`, `TIME_WAIT`, …).
     pub state: Option<String>,
     /// Only the stale ones.
@@ -1729,7 +1729,7 @@ pub fn connections(
     flows: &[(IpFamily, Vec<verdict_nft::conntrack::Flow>)],
     service: Option<&NamespacedName>,
     limit: usize,
-    filter: &FlowFilter,
+    filter: &ConnectionFilter,
 ) -> ConnectionsAnswer {
     let mut total = 0usize;
     let mut other = 0usize;

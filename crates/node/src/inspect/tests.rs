@@ -19,11 +19,11 @@ fn typed<T: serde::de::DeserializeOwned>(j: &Json) -> T {
     serde_json::from_value(j.clone()).unwrap()
 }
 
-fn trace(h: &NodeHandle, r: &TraceRequest, k: &Kernel) -> Result<Json, BadRequest> {
+fn trace(h: &NodeHandle, r: &TraceRequest, k: &TableRead) -> Result<Json, BadRequest> {
     super::trace(h, r, k).map(|a| as_json(&a))
 }
 
-fn explain(h: &NodeHandle, svc: &NamespacedName, k: &[(IpFamily, Kernel)]) -> Json {
+fn explain(h: &NodeHandle, svc: &NamespacedName, k: &[(IpFamily, TableRead)]) -> Json {
     as_json(&super::explain(h, svc, k))
 }
 
@@ -42,7 +42,7 @@ fn connections(
         flows,
         svc,
         limit,
-        &super::FlowFilter::default(),
+        &super::ConnectionFilter::default(),
     ))
 }
 
@@ -103,8 +103,8 @@ fn node() -> (Vec<Proxier>, MemoryBackend) {
     (vec![p], nft)
 }
 
-fn kernel(nft: &MemoryBackend) -> Kernel {
-    Kernel {
+fn kernel(nft: &MemoryBackend) -> TableRead {
+    TableRead {
         table: nft.get(Family::Ip, "verdict").cloned(),
         lookups: None,
         source: "memory",
@@ -403,7 +403,8 @@ fn explain_shows_every_endpoint_and_checks_the_kernel() {
     assert_eq!(whole["extra"], 1, "{whole:#}");
     // Read without its elements, then set by set (as through netlink):
     // the same drift.
-    let by_set = Kernel::targeted(Box::new(nft.clone()), Family::Ip, "verdict", "memory").unwrap();
+    let by_set =
+        TableRead::targeted(Box::new(nft.clone()), Family::Ip, "verdict", "memory").unwrap();
     assert!(
         by_set
             .table
@@ -426,7 +427,7 @@ fn explain_shows_every_endpoint_and_checks_the_kernel() {
     );
     assert!(by_set.failed().is_none());
     // Two readers, the sets shared out between them: the same drift.
-    let reader = || Kernel::targeted(Box::new(nft.clone()), Family::Ip, "verdict", "memory");
+    let reader = || TableRead::targeted(Box::new(nft.clone()), Family::Ip, "verdict", "memory");
     let first = reader().unwrap();
     let two = as_json(&drift(
         &view,
@@ -441,7 +442,7 @@ fn explain_shows_every_endpoint_and_checks_the_kernel() {
     );
     assert!(first.failed().is_none());
     // The second reader's failure is the answer's.
-    let helper = Kernel::targeted(
+    let helper = TableRead::targeted(
         Box::new(Unreadable(nft.clone())),
         Family::Ip,
         "verdict",
@@ -578,15 +579,16 @@ fn connections_are_grouped_by_service_and_endpoint_and_stale_ones_flagged() {
     assert_eq!(capped["flows"].as_array().unwrap().len(), 2);
     assert_eq!(capped["total"], 6, "the counts cover every flow");
     // Filters choose the flows listed, not the counts.
-    let only =
-        |filter: super::FlowFilter| as_json(&super::connections(&view, &flows, None, 100, &filter));
-    let stale_only = only(super::FlowFilter {
+    let only = |filter: super::ConnectionFilter| {
+        as_json(&super::connections(&view, &flows, None, 100, &filter))
+    };
+    let stale_only = only(super::ConnectionFilter {
         stale: true,
         ..Default::default()
     });
     assert_eq!(stale_only["flows"].as_array().unwrap().len(), 1);
     assert_eq!(stale_only["total"], 6);
-    let waiting = only(super::FlowFilter {
+    let waiting = only(super::ConnectionFilter {
         state: Some("time_wait".into()),
         ..Default::default()
     });
@@ -672,14 +674,14 @@ impl Backend for Asked {
 fn targeted(
     nft: &MemoryBackend,
     fail: bool,
-) -> (Kernel, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+) -> (TableRead, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
     let keys = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let backend = Asked {
         inner: nft.clone(),
         keys: keys.clone(),
         fail,
     };
-    let k = Kernel::targeted(Box::new(backend), Family::Ip, "verdict", "kernel").unwrap();
+    let k = TableRead::targeted(Box::new(backend), Family::Ip, "verdict", "kernel").unwrap();
     (k, keys)
 }
 

@@ -4,12 +4,13 @@
 //! node built in memory. Text by default; `-o json` prints the API's
 //! answer as it is.
 
-use std::io::{Read as _, Write as _};
-use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::net::{SocketAddr, ToSocketAddrs};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use hyper::body::Bytes;
 use serde_json::Value as Json;
+use verdict_model::NamespacedName;
 
 pub mod flows;
 pub mod live;
@@ -20,7 +21,7 @@ use verdict_node::inspect::{Origin, TraceRequest};
 
 use crate::cli::{Cli, Command, UsageError};
 use crate::config::Settings;
-use crate::daemon::{Source, offline};
+use crate::daemon::{SourceFlags, offline};
 
 /// How long the client waits to connect.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -123,15 +124,12 @@ fn trace_request(cli: &Cli) -> Result<TraceRequest, UsageError> {
 }
 
 /// `NAMESPACE/NAME`, or why not.
-fn service_name<'a>(command: &str, target: &'a str) -> Result<(&'a str, &'a str), UsageError> {
-    match target.split_once('/') {
-        Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
-            Ok((ns, name))
-        }
-        _ => Err(UsageError(format!(
+fn service_name(command: &str, target: &str) -> Result<NamespacedName, UsageError> {
+    verdict_node::api::service_name(target).map_err(|_| {
+        UsageError(format!(
             "verdict {command} {target:?}: name the Service as NAMESPACE/NAME"
-        ))),
-    }
+        ))
+    })
 }
 
 /// Encodes a query value.
@@ -154,7 +152,7 @@ fn targets(cli: &Cli) -> Result<Vec<String>, UsageError> {
         Command::Trace => vec![format!("/api/v1/trace?{}", trace_request(cli)?.query())],
         Command::Explain => {
             let target = cli.target.as_deref().unwrap_or_default();
-            let (ns, name) = service_name("explain", target)?;
+            let svc = service_name("explain", target)?;
             let query = if flag_bool(cli, "full")? {
                 "?full=true"
             } else {
@@ -162,8 +160,8 @@ fn targets(cli: &Cli) -> Result<Vec<String>, UsageError> {
             };
             vec![format!(
                 "/api/v1/services/{}/{}{query}",
-                encode(ns),
-                encode(name)
+                encode(svc.namespace.as_str()),
+                encode(svc.name.as_str())
             )]
         }
         Command::Services => {
@@ -225,36 +223,54 @@ pub fn server(cli: &Cli, settings: &Settings) -> anyhow::Result<SocketAddr> {
     Ok(addr)
 }
 
-/// One GET: the status and the JSON body.
+/// One GET: the status and the JSON body, through hyper's HTTP/1.1
+/// client (a runtime of one thread for the request).
 pub fn get(addr: SocketAddr, target: &str) -> anyhow::Result<(u16, Json)> {
-    let mut s = TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT)
-        .with_context(|| format!("cannot reach verdict at {addr} (is it running? --server)"))?;
-    s.set_read_timeout(Some(ANSWER_TIMEOUT))?;
-    write!(
-        s,
-        "GET {target} HTTP/1.1\r\nHost: {addr}\r\nAccept: application/json\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw)
-        .with_context(|| format!("reading the answer from {addr}"))?;
-    let split = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .context("the answer has no HTTP header")?;
-    let head = String::from_utf8_lossy(&raw[..split]);
-    let code: u16 = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .context("the answer has no HTTP status")?;
-    let body = &raw[split + 4..];
-    let json = serde_json::from_slice(body).with_context(|| {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .enable_time()
+        .build()
+        .context("cannot start the HTTP client")?;
+    let (code, body) = runtime.block_on(fetch(addr, target))?;
+    let json = serde_json::from_slice(&body).with_context(|| {
         format!(
             "{addr} answered {code} without JSON (is it verdict? {:?})",
             String::from_utf8_lossy(&body[..body.len().min(80)])
         )
     })?;
     Ok((code, json))
+}
+
+/// The status and the whole body (chunked or not) of a GET of `target`.
+async fn fetch(addr: SocketAddr, target: &str) -> anyhow::Result<(u16, Bytes)> {
+    use http_body_util::BodyExt;
+    let unreachable = || format!("cannot reach verdict at {addr} (is it running? --server)");
+    let stream = tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(addr))
+        .await
+        .map_err(|_| anyhow::anyhow!("timed out after {CONNECT_TIMEOUT:?}"))
+        .with_context(unreachable)?
+        .with_context(unreachable)?;
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .with_context(unreachable)?;
+    // The connection is driven beside the request; it ends with it.
+    tokio::spawn(connection);
+    let request = hyper::Request::get(target)
+        .header(hyper::header::HOST, addr.to_string())
+        .header(hyper::header::ACCEPT, "application/json")
+        .body(http_body_util::Empty::<Bytes>::new())
+        .with_context(|| format!("{target:?} is not a request target"))?;
+    let answer = async {
+        let response = sender.send_request(request).await?;
+        let code = response.status().as_u16();
+        let body = response.into_body().collect().await?.to_bytes();
+        Ok::<_, hyper::Error>((code, body))
+    };
+    tokio::time::timeout(ANSWER_TIMEOUT, answer)
+        .await
+        .map_err(|_| anyhow::anyhow!("no answer from {addr} within {ANSWER_TIMEOUT:?}"))?
+        .with_context(|| format!("reading the answer from {addr}"))
 }
 
 /// An answer read into its type (a daemon of another version may answer
@@ -265,7 +281,12 @@ fn read<T: serde::de::DeserializeOwned>(doc: &Json) -> anyhow::Result<T> {
 }
 
 /// Runs an introspection command; the text or JSON goes to stdout.
-pub fn run(query: &Query, cli: &Cli, settings: &Settings, source: &Source) -> anyhow::Result<()> {
+pub fn run(
+    query: &Query,
+    cli: &Cli,
+    settings: &Settings,
+    source: &SourceFlags,
+) -> anyhow::Result<()> {
     let (output, targets) = (query.output, &query.targets);
     if cli.command == Command::Flows {
         if source.manifests.is_some() {
@@ -355,5 +376,68 @@ mod tests {
         assert_eq!(encode("kube-system/dns"), "kube-system/dns");
         assert_eq!(encode("a b&c#"), "a%20b%26c%23");
         assert_eq!(encode("fd00::1"), "fd00::1");
+    }
+
+    /// A server that answers one request with `answer`, and what it was
+    /// asked.
+    fn answering(answer: &'static str) -> (SocketAddr, std::thread::JoinHandle<String>) {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            let mut asked = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !asked.ends_with(b"\r\n\r\n") {
+                let n = s.read(&mut buf).unwrap();
+                asked.extend_from_slice(&buf[..n]);
+            }
+            s.write_all(answer.as_bytes()).unwrap();
+            String::from_utf8(asked).unwrap()
+        });
+        (addr, server)
+    }
+
+    #[test]
+    fn a_chunked_answer_is_read_whole() {
+        let (addr, server) = answering(
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n\
+             6\r\n{\"a\": \r\n5\r\n[1, 2\r\n2\r\n]}\r\n0\r\n\r\n",
+        );
+        let (code, doc) = get(addr, "/api/v1/services?q=a%20b").unwrap();
+        assert_eq!((code, doc), (200, serde_json::json!({"a": [1, 2]})));
+        let asked = server.join().unwrap();
+        assert!(
+            asked.starts_with("GET /api/v1/services?q=a%20b HTTP/1.1\r\n"),
+            "{asked}"
+        );
+        assert!(
+            asked.to_lowercase().contains("accept: application/json"),
+            "{asked}"
+        );
+        assert!(
+            asked.to_lowercase().contains(&format!("host: {addr}")),
+            "{asked}"
+        );
+    }
+
+    #[test]
+    fn an_error_status_is_returned_with_its_body_and_junk_is_said() {
+        let (addr, _server) = answering(
+            "HTTP/1.1 404 Not Found\r\nContent-Length: 20\r\n\r\n{\"error\": \"no such\"}",
+        );
+        assert_eq!(
+            get(addr, "/api/v1/x").unwrap(),
+            (404, serde_json::json!({"error": "no such"}))
+        );
+        let (addr, _server) = answering("HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello");
+        let e = format!("{:#}", get(addr, "/api/v1").unwrap_err());
+        assert!(e.contains("without JSON") && e.contains("hello"), "{e}");
+        let nobody = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let e = format!("{:#}", get(nobody, "/api/v1").unwrap_err());
+        assert!(e.contains("cannot reach verdict"), "{e}");
     }
 }
