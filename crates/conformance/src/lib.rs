@@ -13,8 +13,6 @@
 //! - services: 172.30.0.0/16, fd00:10:96::/112
 //! - external clients: 203.0.113.2 (allowed), 203.0.113.130 (blocked), 2600:5200::1
 
-#![allow(missing_docs)]
-
 mod cases;
 
 use verdict_model::{
@@ -96,16 +94,21 @@ pub enum Step {
 /// Records a node configuration and a sequence of steps.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Setup {
+    /// The family of the node's proxier.
     pub family: IpFamily,
+    /// How the node differs from the upstream test's.
     pub tweaks: Tweaks,
+    /// What happens, in order.
     pub steps: Vec<Step>,
 }
 
 impl Setup {
+    /// A node of `family` as upstream's fake proxier has it.
     pub fn new(family: IpFamily) -> Setup {
         Setup::with_tweaks(family, Tweaks::default())
     }
 
+    /// A node of `family`, changed by `tweaks`.
     pub fn with_tweaks(family: IpFamily, tweaks: Tweaks) -> Setup {
         Setup {
             family,
@@ -114,26 +117,31 @@ impl Setup {
         }
     }
 
+    /// Adds or replaces a Service.
     pub fn service(&mut self, svc: Service) -> &mut Setup {
         self.steps.push(Step::Service(svc));
         self
     }
 
+    /// Deletes a Service.
     pub fn delete_service(&mut self, ns: &str, name: &str) -> &mut Setup {
         self.steps.push(Step::DeleteService(ns.into(), name.into()));
         self
     }
 
+    /// Adds or replaces an EndpointSlice.
     pub fn slice(&mut self, slice: EndpointSlice) -> &mut Setup {
         self.steps.push(Step::Slice(slice));
         self
     }
 
+    /// Deletes an EndpointSlice.
     pub fn delete_slice(&mut self, ns: &str, name: &str) -> &mut Setup {
         self.steps.push(Step::DeleteSlice(ns.into(), name.into()));
         self
     }
 
+    /// Programs the backend.
     pub fn sync(&mut self) -> &mut Setup {
         self.steps.push(Step::Sync);
         self
@@ -194,7 +202,9 @@ impl Setup {
 pub struct Scenario {
     /// Upstream test function (and sub-test), e.g. `TestNodePorts/ipv6`.
     pub name: String,
+    /// The node and what happened to it.
     pub setup: Setup,
+    /// The flows expected then.
     pub flows: Vec<Flow>,
 }
 
@@ -208,10 +218,12 @@ impl Scenario {
 /// Collects scenarios: every `run` captures the setup so far with its flows.
 #[derive(Default)]
 pub struct Collector {
+    /// Every scenario so far, in order.
     pub scenarios: Vec<Scenario>,
 }
 
 impl Collector {
+    /// Records `flows` as what `test` expects after `setup`.
     pub fn run(&mut self, test: &str, setup: &Setup, flows: &[Flow]) {
         self.scenarios.push(Scenario {
             name: test.into(),
@@ -223,6 +235,7 @@ impl Collector {
 
 // === builders ===
 
+/// A ClusterIP Service without ports, to build on with [`ServiceExt`].
 pub fn svc(ns: &str, name: &str) -> Service {
     Service {
         namespace: ns.into(),
@@ -231,17 +244,29 @@ pub fn svc(ns: &str, name: &str) -> Service {
     }
 }
 
+/// Builders of a Service, as the upstream tests write them.
 pub trait ServiceExt {
+    /// Adds a cluster IP.
     fn cluster_ip(self, ip: &str) -> Service;
+    /// Sets the type.
     fn kind(self, t: ServiceType) -> Service;
+    /// Adds a port (`node_port` 0: none).
     fn port(self, name: &str, proto: Protocol, port: i32, node_port: i32) -> Service;
+    /// Sets the external IPs.
     fn external_ips(self, ips: &[&str]) -> Service;
+    /// Makes it a LoadBalancer with these ingress IPs.
     fn lb(self, ips: &[&str]) -> Service;
+    /// Adds a load-balancer ingress IP with its `ipMode`.
     fn lb_mode(self, ip: &str, mode: LoadBalancerIpMode) -> Service;
+    /// Sets `loadBalancerSourceRanges`.
     fn source_ranges(self, r: &[&str]) -> Service;
+    /// `externalTrafficPolicy: Local`.
     fn etp_local(self) -> Service;
+    /// `internalTrafficPolicy: Local`.
     fn itp_local(self) -> Service;
+    /// ClientIP affinity with this timeout.
     fn affinity(self, timeout: i32) -> Service;
+    /// Sets `healthCheckNodePort`.
     fn hcnp(self, p: i32) -> Service;
 }
 
@@ -320,8 +345,11 @@ pub fn slice(ns: &str, service: &str, name: &str) -> EndpointSlice {
     }
 }
 
+/// Builders of an EndpointSlice, as the upstream tests write them.
 pub trait SliceExt {
+    /// Makes it an IPv6 slice.
     fn v6(self) -> EndpointSlice;
+    /// Adds a port.
     fn port(self, name: &str, proto: Protocol, port: i32) -> EndpointSlice;
     /// A ready endpoint on `node` ("" for none).
     fn ep(self, ip: &str, node: &str) -> EndpointSlice;
@@ -334,7 +362,9 @@ pub trait SliceExt {
         serving: bool,
         terminating: bool,
     ) -> EndpointSlice;
+    /// A ready endpoint in `zone`, with these zone hints.
     fn ep_zone(self, ip: &str, node: &str, zone: &str, hint_zones: &[&str]) -> EndpointSlice;
+    /// Sets the `endpoints.kubernetes.io/last-change-trigger-time` annotation.
     fn trigger_time(self, t: &str) -> EndpointSlice;
 }
 
@@ -396,8 +426,11 @@ impl SliceExt for EndpointSlice {
     }
 }
 
+/// TCP, as the upstream tests write it.
 pub const TCP: Protocol = Protocol::Tcp;
+/// UDP.
 pub const UDP: Protocol = Protocol::Udp;
+/// SCTP.
 pub const SCTP: Protocol = Protocol::Sctp;
 
 // === packet flows ===
@@ -405,10 +438,15 @@ pub const SCTP: Protocol = Protocol::Sctp;
 /// One expected packet flow, as in kube-proxy's `packetFlowTest`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Flow {
+    /// What it tests, as upstream names it.
     pub name: String,
+    /// The protocol.
     pub proto: L4Proto,
+    /// The source address.
     pub src: &'static str,
+    /// The destination address.
     pub dst: &'static str,
+    /// The destination port.
     pub dport: u16,
     /// `"IP:port, IP:port"`, `"DROP"`, `"REJECT"` or `""` (untouched).
     pub output: String,
@@ -437,6 +475,7 @@ pub fn flow(
 }
 
 impl Flow {
+    /// The same flow in another protocol.
     pub fn proto(mut self, p: L4Proto) -> Flow {
         self.proto = p;
         self

@@ -25,7 +25,6 @@ kernel nor the API server, so every rule here is unit-tested in isolation.
 
 Everything is re-exported at the crate root.
 "#]
-#![warn(missing_docs)]
 
 pub mod api;
 mod endpoints;

@@ -25,9 +25,11 @@ pub struct Finished<'a> {
     pub requested_full: bool,
     /// Why the daemon synced.
     pub trigger: &'static str,
-    /// When the sync began, how long it took, and when it ended.
+    /// When the sync began.
     pub started: Moment,
+    /// How long it took.
     pub took: Duration,
+    /// When it ended.
     pub ended: Moment,
     /// What the proxier reported.
     pub result: Result<&'a SyncResult, &'a ProxierError>,
@@ -68,9 +70,17 @@ impl Metric {
 pub enum HealthChange {
     /// The family is programmed as of `at`; a breakage seen before
     /// `started` is over.
-    Updated { at: Moment, started: Moment },
+    Updated {
+        /// When it was programmed.
+        at: Moment,
+        /// When the sync that programmed it began.
+        started: Moment,
+    },
     /// The family's rules could not be programmed, since `since`.
-    Broken { since: Moment },
+    Broken {
+        /// Since when.
+        since: Moment,
+    },
 }
 
 /// What the work after the sync looks at again.

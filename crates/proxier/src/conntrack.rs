@@ -690,11 +690,7 @@ mod tests {
         let mut services = services;
         let mut endpoints = endpoints;
         let other = ServicePortName::new("ns", "dns-2", "dns", Protocol::Tcp);
-        let mut sp = services
-            .values()
-            .next()
-            .map(|sp| (**sp).clone())
-            .unwrap();
+        let mut sp = services.values().next().map(|sp| (**sp).clone()).unwrap();
         sp.cluster_ip = ip("172.30.0.11");
         sp.name = other.clone();
         services.insert(other.clone(), std::sync::Arc::new(sp));
@@ -719,10 +715,14 @@ mod tests {
     #[test]
     fn a_full_pass_is_linear_in_the_services() {
         let (mut services, mut endpoints) = cluster(Protocol::Tcp, &[("10.1.0.1", true)]);
-        let (name, sp) = services.iter().next().map(|(n, s)| (n.clone(), s.clone())).unwrap();
+        let (name, sp) = services
+            .iter()
+            .next()
+            .map(|(n, s)| (n.clone(), s.clone()))
+            .unwrap();
         let eps = endpoints[&name].clone();
         for i in 0..20_000u32 {
-            let n = ServicePortName::new("ns", &format!("s{i}"), "dns", Protocol::Tcp);
+            let n = ServicePortName::new("ns", format!("s{i}"), "dns", Protocol::Tcp);
             let mut s = (*sp).clone();
             s.cluster_ip = IpAddr::from(std::net::Ipv4Addr::from(0xac1f_0000 + i));
             s.name = n.clone();
