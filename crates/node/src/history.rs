@@ -20,7 +20,7 @@ pub struct SyncRecord {
     /// When it began.
     pub at: SystemTime,
     /// `ip` or `ip6`.
-    pub family: String,
+    pub family: crate::inspect::answers::TableFamily,
     /// Full or partial.
     pub full: bool,
     /// What brought it (`change`, `first sync`, `periodic resync`, …).
@@ -105,7 +105,7 @@ impl History {
                 .rev()
                 .map(|r| SyncItem {
                     at: verdict_admin::time::rfc3339_micro(r.at),
-                    family: r.family.clone(),
+                    family: r.family,
                     full: r.full,
                     trigger: r.trigger.into(),
                     ms: r.took.as_secs_f64() * 1e3,
@@ -148,7 +148,7 @@ mod tests {
     fn record(i: usize) -> SyncRecord {
         SyncRecord {
             at: SystemTime::UNIX_EPOCH + Duration::from_secs(i as u64),
-            family: "ip".into(),
+            family: crate::inspect::answers::TableFamily::Ip,
             full: i == 0,
             trigger: if i == 0 { "first sync" } else { "change" },
             took: Duration::from_millis(3),

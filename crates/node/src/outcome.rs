@@ -18,7 +18,7 @@ use crate::proxy::unix_seconds;
 /// One family's finished sync, as the daemon saw it.
 pub struct Finished<'a> {
     /// `ip` or `ip6`.
-    pub family: &'a str,
+    pub family: crate::inspect::answers::TableFamily,
     /// The family's metric label (`IPv4`, `IPv6`).
     pub label: &'a str,
     /// The daemon asked for a full sync.
@@ -122,7 +122,7 @@ pub fn decide(f: &Finished) -> Outcome {
             return Outcome {
                 record: SyncRecord {
                     at: f.started.wall,
-                    family: f.family.to_owned(),
+                    family: f.family,
                     full: f.requested_full,
                     trigger: f.trigger,
                     took: f.took,
@@ -188,7 +188,7 @@ pub fn decide(f: &Finished) -> Outcome {
     Outcome {
         record: SyncRecord {
             at: f.started.wall,
-            family: f.family.to_owned(),
+            family: f.family,
             full: r.full,
             // The proxier makes a sync full on its own once an hour.
             trigger: if r.full && !f.requested_full {
@@ -233,7 +233,7 @@ mod tests {
 
     fn finished<'a>(result: Result<&'a SyncResult, &'a ProxierError>) -> Finished<'a> {
         Finished {
-            family: "ip",
+            family: crate::inspect::answers::TableFamily::Ip,
             label: "IPv4",
             requested_full: false,
             trigger: "change",

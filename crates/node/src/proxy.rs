@@ -731,7 +731,7 @@ impl NodeProxy {
             }
             self.view.history().sync(SyncRecord {
                 at: now.wall,
-                family: family.to_string(),
+                family: family.into(),
                 full: true,
                 trigger: "periodic resync, not needed: the ruleset is unchanged since the last sync",
                 took: Duration::ZERO,
@@ -806,9 +806,8 @@ impl NodeProxy {
             p.force_full_sync();
         }
         let result = p.sync(backend, now);
-        let family_name = family.to_string();
         let outcome = outcome::decide(&outcome::Finished {
-            family: &family_name,
+            family: family.into(),
             label: &label,
             requested_full: full,
             trigger,

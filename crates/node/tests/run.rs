@@ -897,7 +897,10 @@ fn a_restart_takes_in_the_objects_while_it_reads_the_rules_in_place() {
     });
     // The read made at start is adopted: nothing to send.
     let syncs = r.handle.history().syncs().items;
-    let first_sync = syncs.iter().find(|s| s.full && s.family == "ip").unwrap();
+    let first_sync = syncs
+        .iter()
+        .find(|s| s.full && s.family.as_str() == "ip")
+        .unwrap();
     assert_eq!(first_sync.operations, 0, "{first_sync:?}");
     assert_eq!(memory.with(|m| m.transactions()), before);
 }

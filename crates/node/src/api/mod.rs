@@ -32,6 +32,7 @@ pub use counters::{COUNTERS_READ_EVERY, CounterCache, NOT_LOGGED, WriteText, cou
 
 use crate::access::{Exposure, Limiter};
 use crate::flows::FlowStore;
+use crate::inspect::answers::ReadFrom;
 use crate::inspect::{BadRequest, Reading, TableRead};
 use crate::view::NodeHandle;
 
@@ -421,12 +422,12 @@ pub fn kernel_reader(backend: BackendKind) -> KernelReader {
         // table is read whole, once.
         match reading {
             Reading::Targeted if backend.looks_up_keys() => {
-                TableRead::targeted(kernel, family, name, "kernel")
+                TableRead::targeted(kernel, family, name, ReadFrom::Kernel)
             }
             Reading::Counters if backend.looks_up_keys() => {
-                TableRead::counters(&mut *kernel, family, name, "kernel")
+                TableRead::counters(&mut *kernel, family, name, ReadFrom::Kernel)
             }
-            _ => TableRead::whole(&mut *kernel, family, name, "kernel"),
+            _ => TableRead::whole(&mut *kernel, family, name, ReadFrom::Kernel),
         }
         .map_err(|e| e.to_string())
     })
@@ -586,7 +587,8 @@ impl Offline {
         // The table is in memory: reading it whole costs nothing.
         let read = |family: Family, name: &str, _: Reading| -> Result<TableRead, String> {
             let mut memory = self.memory.lock().unwrap_or_else(|e| e.into_inner());
-            TableRead::whole(&mut *memory, family, name, "memory").map_err(|e| e.to_string())
+            TableRead::whole(&mut *memory, family, name, ReadFrom::Memory)
+                .map_err(|e| e.to_string())
         };
         let conntrack = |_: Family| -> Result<Vec<Flow>, String> {
             Err("offline (--manifests) there is no conntrack table to read".into())

@@ -45,7 +45,7 @@ fn api(serves: Serves) -> Handler {
     let node = NodeHandle::of_proxiers(&[&p], &[NODE_IP.parse().unwrap()]);
     let memory = Arc::new(Mutex::new(nft));
     let read: KernelReader = Arc::new(move |family, name, _| {
-        TableRead::whole(&mut *memory.lock().unwrap(), family, name, "memory")
+        TableRead::whole(&mut *memory.lock().unwrap(), family, name, ReadFrom::Memory)
             .map_err(|e| e.to_string())
     });
     let conntrack: ConntrackReader = match serves.conntrack {
@@ -296,6 +296,9 @@ fn the_answers_say_what_the_node_has() {
     let api = api(EVERYTHING);
     let page = body(&ask(&api, "GET", "/api/v1/services?q=web"));
     assert_eq!(page["total"], 1, "{page}");
+    // One spelling of a family and a protocol in every answer.
+    assert_eq!(page["items"][0]["ports"][0]["protocol"], "tcp", "{page}");
+    assert_eq!(page["items"][0]["ports"][0]["family"], "ip", "{page}");
     let flows = body(&ask(&api, "GET", "/api/v1/flows?service=shop/web"));
     assert_eq!(flows["flows"][0]["endpoint"], "10.180.0.1:8080", "{flows}");
     let trace = body(&ask(
@@ -304,6 +307,15 @@ fn the_answers_say_what_the_node_has() {
         "/api/v1/trace?from=pod&src=10.1.2.3&dst=172.30.0.41&proto=tcp&dport=80",
     ));
     assert_eq!(trace["service"], "shop/web:http", "{trace}");
+    assert_eq!(trace["packet"]["proto"], "tcp", "{trace}");
+    assert_eq!(trace["packet"]["from"], "pod", "{trace}");
+    assert_eq!(trace["family"], "ip", "{trace}");
+    let explained = body(&ask(&api, "GET", "/api/v1/services/shop/web"));
+    let port = &explained["families"][0]["ports"][0];
+    assert_eq!(port["protocol"], "tcp", "{explained}");
+    assert_eq!(port["entry_points"][0]["kind"], "ClusterIP", "{explained}");
+    assert_eq!(port["internal_traffic_policy"], "Cluster", "{explained}");
+    assert_eq!(port["endpoints"][0]["used_by"], json!(["cluster"]), "{explained}");
     let counters = body(&ask(&api, "GET", "/api/v1/counters?service=shop/web"));
     assert_eq!(counters["service"], "shop/web", "{counters}");
 }

@@ -7,6 +7,271 @@ use std::collections::BTreeSet;
 
 use serde::{Deserialize, Serialize};
 
+/// A closed set of values as the answers spell them: an enum with serde
+/// and `Display` in that spelling.
+macro_rules! closed_set {
+    ($(#[$m:meta])* $name:ident { $($(#[$vm:meta])* $v:ident = $s:literal),+ $(,)? }) => {
+        $(#[$m])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+        pub enum $name {
+            $($(#[$vm])* #[serde(rename = $s)] $v),+
+        }
+
+        impl $name {
+            /// As the answers spell it.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$v => $s),+
+                }
+            }
+
+            /// The value spelled `s`.
+            pub fn parse(s: &str) -> Option<$name> {
+                match s {
+                    $($s => Some($name::$v),)+
+                    _ => None,
+                }
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+
+closed_set! {
+    /// The nftables family of a table.
+    TableFamily {
+        /// IPv4.
+        Ip = "ip",
+        /// IPv6.
+        Ip6 = "ip6",
+    }
+}
+
+closed_set! {
+    /// An L4 protocol, spelled alike in every answer (as nftables,
+    /// conntrack and the flow stream spell it).
+    Proto {
+        /// TCP.
+        Tcp = "tcp",
+        /// UDP.
+        Udp = "udp",
+        /// SCTP.
+        Sctp = "sctp",
+    }
+}
+
+closed_set! {
+    /// Where a table was read from.
+    ReadFrom {
+        /// The kernel.
+        Kernel = "kernel",
+        /// A table built in memory (offline, `--manifests`).
+        Memory = "memory",
+    }
+}
+
+closed_set! {
+    /// How much of a table was read.
+    ReadHow {
+        /// All of it.
+        Whole = "whole",
+        /// The elements the answer met, looked up.
+        Targeted = "targeted",
+    }
+}
+
+closed_set! {
+    /// Where a traced packet comes from.
+    Origin {
+        /// A pod on this node.
+        Pod = "pod",
+        /// The node itself.
+        Node = "node",
+        /// Outside the node.
+        External = "external",
+    }
+}
+
+closed_set! {
+    /// How a path through the table ends.
+    Disposition {
+        /// Accepted (DNATed or untouched).
+        Accept = "accept",
+        /// Dropped.
+        Drop = "drop",
+        /// Rejected.
+        Reject = "reject",
+    }
+}
+
+closed_set! {
+    /// The level a Service port is counted at.
+    CountLevel {
+        /// Only its rejects and drops.
+        None = "none",
+        /// The Service port's connections, packets and bytes.
+        Service = "service",
+        /// Those of each endpoint too.
+        Endpoint = "endpoint",
+    }
+}
+
+closed_set! {
+    /// Why a connection was refused.
+    RefusalReason {
+        /// The Service port has no usable endpoint (rejected).
+        NoEndpoints = "no_endpoints",
+        /// A ClusterIP on a port its Service does not have (rejected).
+        InvalidPort = "invalid_port",
+        /// The client is outside `loadBalancerSourceRanges` (dropped).
+        SourceRange = "source_range",
+        /// The traffic policy is Local and no endpoint is on this node
+        /// (dropped).
+        NoLocalEndpoint = "no_local_endpoint",
+    }
+}
+
+closed_set! {
+    /// What was done with a refused connection.
+    Refusal {
+        /// Refused with a reset or an ICMP error.
+        Rejected = "rejected",
+        /// Dropped without an answer.
+        Dropped = "dropped",
+    }
+}
+
+closed_set! {
+    /// A traffic policy.
+    Policy {
+        /// Any endpoint in the cluster.
+        Cluster = "Cluster",
+        /// Only endpoints on the receiving node.
+        Local = "Local",
+    }
+}
+
+closed_set! {
+    /// How traffic enters a Service.
+    EntryKind {
+        /// Its ClusterIP.
+        ClusterIP = "ClusterIP",
+        /// One of its external IPs.
+        ExternalIP = "ExternalIP",
+        /// One of its load-balancer addresses.
+        LoadBalancer = "LoadBalancer",
+        /// Its NodePort, on one of the node's addresses.
+        NodePort = "NodePort",
+    }
+}
+
+impl From<verdict_nft::Family> for TableFamily {
+    fn from(f: verdict_nft::Family) -> TableFamily {
+        match f {
+            verdict_nft::Family::Ip6 => TableFamily::Ip6,
+            _ => TableFamily::Ip,
+        }
+    }
+}
+
+impl From<verdict_model::IpFamily> for TableFamily {
+    fn from(f: verdict_model::IpFamily) -> TableFamily {
+        match f {
+            verdict_model::IpFamily::V4 => TableFamily::Ip,
+            verdict_model::IpFamily::V6 => TableFamily::Ip6,
+        }
+    }
+}
+
+impl From<verdict_model::Protocol> for Proto {
+    fn from(p: verdict_model::Protocol) -> Proto {
+        match p {
+            verdict_model::Protocol::Tcp => Proto::Tcp,
+            verdict_model::Protocol::Udp => Proto::Udp,
+            verdict_model::Protocol::Sctp => Proto::Sctp,
+        }
+    }
+}
+
+impl From<verdict_nft::L4Proto> for Proto {
+    fn from(p: verdict_nft::L4Proto) -> Proto {
+        match p {
+            verdict_nft::L4Proto::Tcp => Proto::Tcp,
+            verdict_nft::L4Proto::Udp => Proto::Udp,
+            verdict_nft::L4Proto::Sctp => Proto::Sctp,
+        }
+    }
+}
+
+impl From<verdict_model::Counting> for CountLevel {
+    fn from(c: verdict_model::Counting) -> CountLevel {
+        match c {
+            verdict_model::Counting::None => CountLevel::None,
+            verdict_model::Counting::Service => CountLevel::Service,
+            verdict_model::Counting::Endpoint => CountLevel::Endpoint,
+        }
+    }
+}
+
+// Derived only here: `closed_set!` derives the same traits for every set,
+// and only this one has a default.
+#[allow(clippy::derivable_impls)]
+impl Default for CountLevel {
+    fn default() -> CountLevel {
+        CountLevel::None
+    }
+}
+
+impl RefusalReason {
+    /// What became of the connections refused for this reason, and what
+    /// the reason means, in words.
+    pub fn words(self) -> (Refusal, &'static str) {
+        match self {
+            RefusalReason::NoEndpoints => {
+                (Refusal::Rejected, "the Service port has no usable endpoint")
+            }
+            RefusalReason::InvalidPort => (
+                Refusal::Rejected,
+                "a ClusterIP on a port its Service does not have",
+            ),
+            RefusalReason::SourceRange => (
+                Refusal::Dropped,
+                "the client is outside loadBalancerSourceRanges",
+            ),
+            RefusalReason::NoLocalEndpoint => (
+                Refusal::Dropped,
+                "the traffic policy is Local and no endpoint is on this node",
+            ),
+        }
+    }
+}
+
+impl Policy {
+    /// `Local` if `local`, else `Cluster`.
+    pub fn of(local: bool) -> Policy {
+        if local {
+            Policy::Local
+        } else {
+            Policy::Cluster
+        }
+    }
+}
+
+closed_set! {
+    /// The endpoint lists of a Service port.
+    EndpointList {
+        /// The one for traffic under the Cluster policy.
+        Cluster = "cluster",
+        /// The one for traffic under the Local policy.
+        Local = "local",
+    }
+}
+
 /// `GET /api/v1/trace`: every path a new connection's first packet can
 /// take through the table.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -14,13 +279,13 @@ pub struct TraceAnswer {
     /// The packet traced.
     pub packet: TracePacket,
     /// `ip` or `ip6`.
-    pub family: String,
+    pub family: TableFamily,
     /// The table.
     pub table: String,
     /// `kernel` or `memory` (offline).
-    pub source: String,
+    pub source: ReadFrom,
     /// `whole` or `targeted` (the elements the packet met, looked up).
-    pub read: String,
+    pub read: ReadHow,
     /// Milliseconds spent reading the kernel.
     pub read_ms: f64,
     /// The Service port the packet was sent to, if any.
@@ -39,7 +304,7 @@ pub struct TraceAnswer {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TracePacket {
     /// `pod`, `node` or `external`.
-    pub from: String,
+    pub from: Origin,
     /// Source address.
     pub src: String,
     /// Source port, if given.
@@ -47,7 +312,7 @@ pub struct TracePacket {
     /// Destination address.
     pub dst: String,
     /// `tcp`, `udp` or `sctp`.
-    pub proto: String,
+    pub proto: Proto,
     /// Destination port.
     pub dport: u16,
     /// The input interface the trace assumed (none from the node).
@@ -74,7 +339,7 @@ pub struct TracePath {
     /// Its odds.
     pub probability: f64,
     /// `accept`, `drop` or `reject`.
-    pub disposition: String,
+    pub disposition: Disposition,
     /// Where DNAT sent it (`IP:port`).
     pub dnat: Option<String>,
     /// It was masqueraded.
@@ -186,7 +451,7 @@ pub struct ServicesPage {
 pub struct PortCounts {
     /// `service` or `endpoint`: the level it is counted at; `none`: only
     /// its rejects and drops are.
-    pub level: String,
+    pub level: CountLevel,
     /// Connections sent to an endpoint (all entry points), when counted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub connections: Option<u64>,
@@ -235,13 +500,13 @@ pub struct ProblemsAnswer {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RefusedPort {
     /// `ip` or `ip6`.
-    pub family: String,
+    pub family: TableFamily,
     /// `namespace/name`.
     pub service: String,
     /// The port's name.
     pub port: String,
-    /// `TCP`, `UDP`, `SCTP`.
-    pub protocol: String,
+    /// `tcp`, `udp`, `sctp`.
+    pub protocol: Proto,
     /// Its endpoints, and the ready ones.
     pub endpoints: usize,
     /// See `endpoints`.
@@ -254,13 +519,13 @@ pub struct RefusedPort {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct QuarantinedPort {
     /// `ip` or `ip6`.
-    pub family: String,
+    pub family: TableFamily,
     /// `namespace/name`.
     pub service: String,
     /// The port's name.
     pub port: String,
-    /// `TCP`, `UDP`, `SCTP`.
-    pub protocol: String,
+    /// `tcp`, `udp`, `sctp`.
+    pub protocol: Proto,
     /// The kernel's refusal.
     pub why: String,
 }
@@ -268,11 +533,11 @@ pub struct QuarantinedPort {
 /// Connections of one Service port rejected or dropped for one reason.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProblemCount {
-    /// `no_endpoints` (rejected), `source_range`, `no_local_endpoint`
-    /// (dropped).
-    pub reason: String,
+    /// `no_endpoints`, `invalid_port` (rejected), `source_range`,
+    /// `no_local_endpoint` (dropped).
+    pub reason: RefusalReason,
     /// `rejected` or `dropped`.
-    pub verdict: String,
+    pub verdict: Refusal,
     /// What the reason means, in words.
     pub what: String,
     /// Connections, each once however often it was retried.
@@ -299,11 +564,11 @@ pub struct ServiceItem {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ServiceItemPort {
     /// `ip` or `ip6`.
-    pub family: String,
+    pub family: TableFamily,
     /// The port's name.
     pub port: String,
-    /// `TCP`, `UDP`, `SCTP`.
-    pub protocol: String,
+    /// `tcp`, `udp`, `sctp`.
+    pub protocol: Proto,
     /// The ClusterIP.
     pub cluster_ip: String,
     /// The Service port.
@@ -350,12 +615,12 @@ pub struct ExplainAnswer {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OtherPort {
     /// `ip` or `ip6`.
-    pub family: String,
+    pub family: TableFamily,
     /// The port number asked for (`other`: any of the ports past the
     /// first eight, per protocol).
     pub port: String,
     /// `tcp`, `udp`, `sctp`.
-    pub protocol: String,
+    pub protocol: Proto,
     /// The connections rejected.
     pub problem: ProblemCount,
 }
@@ -364,13 +629,13 @@ pub struct OtherPort {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ExplainFamily {
     /// `ip` or `ip6`.
-    pub family: String,
+    pub family: TableFamily,
     /// The table.
     pub table: String,
     /// `kernel` or `memory`, when the table was read.
-    pub source: Option<String>,
+    pub source: Option<ReadFrom>,
     /// `whole` or `targeted`.
-    pub read: Option<String>,
+    pub read: Option<ReadHow>,
     /// Milliseconds spent reading.
     pub read_ms: Option<f64>,
     /// Its ports.
@@ -383,8 +648,8 @@ pub struct ExplainFamily {
 pub struct ExplainPort {
     /// The port's name.
     pub port: String,
-    /// `TCP`, `UDP`, `SCTP`.
-    pub protocol: String,
+    /// `tcp`, `udp`, `sctp`.
+    pub protocol: Proto,
     /// Why the kernel refused it, while it is quarantined.
     pub quarantined: Option<String>,
     /// The port, when the Service has it.
@@ -400,9 +665,9 @@ pub struct ExplainPortDetail {
     /// Where traffic enters.
     pub entry_points: Vec<EntryPoint>,
     /// `Local` or `Cluster`.
-    pub internal_traffic_policy: String,
+    pub internal_traffic_policy: Policy,
     /// `Local` or `Cluster`.
-    pub external_traffic_policy: String,
+    pub external_traffic_policy: Policy,
     /// ClientIP affinity's timeout.
     pub session_affinity_seconds: Option<u32>,
     /// The health-check node port and what it answers.
@@ -436,7 +701,7 @@ pub struct ExplainPortDetail {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EntryPoint {
     /// `ClusterIP`, `ExternalIP`, `LoadBalancer`, `NodePort`.
-    pub kind: String,
+    pub kind: EntryKind,
     /// `IP:port` (not for a NodePort).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub address: Option<String>,
@@ -450,7 +715,7 @@ pub struct EntryPoint {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source_ranges: Option<Vec<String>>,
     /// `Local` or `Cluster`.
-    pub traffic_policy: String,
+    pub traffic_policy: Policy,
     /// When it is masqueraded.
     pub masquerade: String,
 }
@@ -488,7 +753,7 @@ pub struct ExplainEndpoint {
     /// See `zone_hints`.
     pub node_hints: Option<BTreeSet<String>>,
     /// `cluster`, `local`: the lists that use it.
-    pub used_by: Vec<String>,
+    pub used_by: Vec<EndpointList>,
     /// Why it is used, or not.
     pub why: String,
     /// Connections sent to it, and their packets and bytes, when its
@@ -539,7 +804,7 @@ pub struct DriftAnswer {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct FamilyDrift {
     /// `ip` or `ip6`.
-    pub family: String,
+    pub family: TableFamily,
     /// The table exists.
     pub table: bool,
     /// Elements the kernel lacks, holds otherwise, holds unwanted.
@@ -580,8 +845,8 @@ pub struct ConnectionsOfPort {
     pub service: String,
     /// The port's name.
     pub port: String,
-    /// `TCP`, `UDP`, `SCTP`.
-    pub protocol: String,
+    /// `tcp`, `udp`, `sctp`.
+    pub protocol: Proto,
     /// Connections, and how many of them are stale: still open, to an
     /// endpoint that is gone.
     pub flows: usize,
@@ -611,8 +876,8 @@ pub struct ConnectionsOfEndpoint {
 pub struct FlowAnswer {
     /// The Service port.
     pub service: String,
-    /// `tcp`, `udp`, …
-    pub proto: String,
+    /// `tcp`, `udp`, `sctp`.
+    pub proto: Proto,
     /// The TCP or SCTP state.
     pub state: String,
     /// `IP:port` of the client, of the entry point, of the endpoint.
@@ -655,7 +920,7 @@ pub struct SyncItem {
     /// When it began (RFC 3339).
     pub at: String,
     /// `ip` or `ip6`.
-    pub family: String,
+    pub family: TableFamily,
     /// Full or partial.
     pub full: bool,
     /// What brought it.

@@ -38,7 +38,10 @@ use verdict_model::{Counting, IpFamily, NamespacedName, Protocol, ServicePort, S
 use verdict_nft::{Counter, L4Proto, TableState, Value};
 use verdict_proxier::layout;
 
-use crate::inspect::answers::{ExplainAnswer, OtherPort, PortCounts, ProblemCount, ServicesPage};
+use crate::inspect::answers::{
+    ExplainAnswer, OtherPort, PortCounts, ProblemCount, Proto, RefusalReason, ServicesPage,
+    TableFamily,
+};
 use crate::view::{NodeHandle, ServiceView};
 
 /// A reason's verdict and what it means, in words.
@@ -62,36 +65,43 @@ pub fn reason_words(reason: &str) -> (&'static str, &'static str) {
     }
 }
 
-fn level_name(level: Counting) -> &'static str {
-    match level {
-        Counting::None => "none",
-        Counting::Service => "service",
-        Counting::Endpoint => "endpoint",
-    }
-}
-
 /// The port of `view` an answer names by its name and protocol.
 fn answered_port<'v>(
     view: &'v ServiceView,
     family: IpFamily,
     port: &str,
-    protocol: &str,
+    protocol: Proto,
 ) -> Option<&'v crate::view::PortView> {
+    let protocol = [Protocol::Tcp, Protocol::Udp, Protocol::Sctp]
+        .into_iter()
+        .find(|p| Proto::from(*p) == protocol)?;
     let name = ServicePortName {
         service: view.name.clone(),
         port: port.into(),
-        protocol: protocol.parse().ok()?,
+        protocol,
     };
     view.port(family, &name)
 }
 
-/// The IP family of an nftables family's name (`ip`, `ip6`).
-fn family_of(nft: &str) -> Option<IpFamily> {
-    match nft {
-        "ip" => Some(IpFamily::V4),
-        "ip6" => Some(IpFamily::V6),
-        _ => None,
-    }
+/// The IP family of an nftables family.
+fn family_of(nft: TableFamily) -> Option<IpFamily> {
+    Some(match nft {
+        TableFamily::Ip => IpFamily::V4,
+        TableFamily::Ip6 => IpFamily::V6,
+    })
+}
+
+/// A Service port's refusals for one reason, as the answers give them.
+fn problem_count(reason: &str, p: &Problem) -> Option<ProblemCount> {
+    let reason = RefusalReason::parse(reason)?;
+    let (verdict, what) = reason.words();
+    Some(ProblemCount {
+        reason,
+        verdict,
+        what: what.to_owned(),
+        connections: p.connections,
+        recent_clients: p.recent_clients.clone(),
+    })
 }
 
 /// Connections sent to an endpoint, for the node.
@@ -872,19 +882,10 @@ impl Snapshot {
             .problems
             .iter()
             .filter(|(f, n, _, _)| *f == family && n == name)
-            .map(|(_, _, reason, p)| {
-                let (verdict, what) = reason_words(reason);
-                ProblemCount {
-                    reason: (*reason).to_owned(),
-                    verdict: verdict.to_owned(),
-                    what: what.to_owned(),
-                    connections: p.connections,
-                    recent_clients: p.recent_clients.clone(),
-                }
-            })
+            .filter_map(|(_, _, reason, p)| problem_count(reason, p))
             .collect();
         PortCounts {
-            level: level_name(level).to_owned(),
+            level: level.into(),
             connections: tally.map(|t| t[0]),
             packets: tally.map(|t| t[1]),
             bytes: tally.map(|t| t[2]),
@@ -902,10 +903,10 @@ impl Snapshot {
             };
             item.other_ports = self.other_ports(&view.name);
             for p in &mut item.ports {
-                let Some(family) = family_of(&p.family) else {
+                let Some(family) = family_of(p.family) else {
                     continue;
                 };
-                if let Some(port) = answered_port(&view, family, &p.port, &p.protocol) {
+                if let Some(port) = answered_port(&view, family, &p.port, p.protocol) {
                     p.counts = Some(self.port_counts(family, &port.name, port.port.counting));
                 }
             }
@@ -921,11 +922,11 @@ impl Snapshot {
         };
         doc.other_ports = self.other_ports(&view.name);
         for fam in &mut doc.families {
-            let Some(family) = family_of(&fam.family) else {
+            let Some(family) = family_of(fam.family) else {
                 continue;
             };
             for p in &mut fam.ports {
-                let Some(port) = answered_port(&view, family, &p.port, &p.protocol) else {
+                let Some(port) = answered_port(&view, family, &p.port, p.protocol) else {
                     continue;
                 };
                 let Some(detail) = p.detail.as_mut() else {
@@ -966,24 +967,13 @@ impl Snapshot {
         self.problems
             .iter()
             .filter(|(_, n, _, _)| n.service == *service && is_invalid_port(n))
-            .map(|(family, name, reason, p)| {
-                let (verdict, what) = reason_words(reason);
-                OtherPort {
-                    family: match family {
-                        IpFamily::V4 => "ip",
-                        IpFamily::V6 => "ip6",
-                    }
-                    .to_owned(),
+            .filter_map(|(family, name, reason, p)| {
+                Some(OtherPort {
+                    family: (*family).into(),
                     port: name.port.to_string(),
-                    protocol: name.protocol.to_string(),
-                    problem: ProblemCount {
-                        reason: (*reason).to_owned(),
-                        verdict: verdict.to_owned(),
-                        what: what.to_owned(),
-                        connections: p.connections,
-                        recent_clients: p.recent_clients.clone(),
-                    },
-                }
+                    protocol: name.protocol.into(),
+                    problem: problem_count(reason, p)?,
+                })
             })
             .collect()
     }
@@ -1487,10 +1477,16 @@ mod tests {
         let lb = counts("other", "lb");
         assert_eq!((lb.level.as_str(), lb.connections), ("none", None));
         assert_eq!(lb.refused(), 2);
-        assert_eq!(lb.problems[0].verdict, "dropped");
+        assert_eq!(
+            lb.problems[0].verdict,
+            crate::inspect::answers::Refusal::Dropped
+        );
         let empty = counts("shop", "empty");
-        assert_eq!(empty.problems[0].reason, "no_endpoints");
-        assert_eq!(empty.problems[0].verdict, "rejected");
+        assert_eq!(empty.problems[0].reason, RefusalReason::NoEndpoints);
+        assert_eq!(
+            empty.problems[0].verdict,
+            crate::inspect::answers::Refusal::Rejected
+        );
         assert!(page.counted_at.is_some());
         // explain: per endpoint, for a Service counted at `endpoint`.
         let name = verdict_model::NamespacedName::new("shop", "web");
@@ -1683,7 +1679,7 @@ mod tests {
             ("9999", "tcp")
         );
         assert_eq!(other[0].problem.connections, 10);
-        assert_eq!(other[0].problem.reason, "invalid_port");
+        assert_eq!(other[0].problem.reason, RefusalReason::InvalidPort);
         // Among the problems, the Service list's and the overview's.
         let only = crate::inspect::services_with_problems(&handle, Some(&snap), "", 0, 10);
         assert!(only.items.iter().any(|i| i.name == "web"));

@@ -30,11 +30,11 @@ use verdict_proxier::{LocalDetector, ProxierConfig};
 
 use crate::view::{FamilyView, NodeHandle, ServiceView};
 use answers::{
-    ConnectionsAnswer, ConnectionsOfEndpoint, ConnectionsOfPort, DriftCounts, EntryPoint,
-    ExplainAnswer, ExplainElement, ExplainEndpoint, ExplainFamily, ExplainPort, ExplainPortDetail,
-    FamilyDrift, FlowAnswer, HealthCheck, ProblemsAnswer, QuarantinedPort, RefusedPort,
-    ServiceItem, ServiceItemPort, ServicesPage, TraceAnswer, TraceOutcome, TracePacket, TraceStep,
-    TraceUpdate,
+    ConnectionsAnswer, ConnectionsOfEndpoint, ConnectionsOfPort, DriftCounts, EntryKind,
+    EntryPoint, ExplainAnswer, ExplainElement, ExplainEndpoint, ExplainFamily, ExplainPort,
+    ExplainPortDetail, FamilyDrift, FlowAnswer, HealthCheck, ProblemsAnswer, QuarantinedPort,
+    RefusedPort, ServiceItem, ServiceItemPort, ServicesPage, TraceAnswer, TraceOutcome,
+    TracePacket, TraceStep, TraceUpdate,
 };
 use serde_json::Value as Json;
 
@@ -107,7 +107,7 @@ pub struct TableRead {
     /// Where the elements are when `table` was read without them.
     pub lookups: Option<Lookups>,
     /// `"kernel"` or `"memory"` (offline).
-    pub source: &'static str,
+    pub source: answers::ReadFrom,
     /// How long reading the table took (the lookups not included).
     pub read: Duration,
 }
@@ -194,7 +194,7 @@ impl TableRead {
         backend: &mut dyn Backend,
         family: Family,
         name: &str,
-        source: &'static str,
+        source: answers::ReadFrom,
     ) -> Result<TableRead, NftError> {
         let t = Instant::now();
         let table = backend.table(family, name)?;
@@ -214,7 +214,7 @@ impl TableRead {
         backend: &mut dyn Backend,
         family: Family,
         name: &str,
-        source: &'static str,
+        source: answers::ReadFrom,
     ) -> Result<TableRead, NftError> {
         let t = Instant::now();
         let mut table = backend.skeleton(family, name)?;
@@ -245,7 +245,7 @@ impl TableRead {
         mut backend: Box<dyn Backend + Send>,
         family: Family,
         name: &str,
-        source: &'static str,
+        source: answers::ReadFrom,
     ) -> Result<TableRead, NftError> {
         let t = Instant::now();
         let table = backend.skeleton(family, name)?;
@@ -313,11 +313,11 @@ impl TableRead {
     }
 
     /// How much of the kernel the answer read.
-    fn read_kind(&self) -> &'static str {
+    fn read_kind(&self) -> answers::ReadHow {
         if self.lookups.is_some() {
-            "targeted"
+            answers::ReadHow::Targeted
         } else {
-            "whole"
+            answers::ReadHow::Whole
         }
     }
 
@@ -378,26 +378,7 @@ impl ElementSource for TableRead {
 #[error("{0}")]
 pub struct BadRequest(pub String);
 
-/// Where a traced packet comes from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Origin {
-    /// A pod on this node.
-    Pod,
-    /// The node itself.
-    Node,
-    /// Outside the node.
-    External,
-}
-
-impl Origin {
-    fn as_str(self) -> &'static str {
-        match self {
-            Origin::Pod => "pod",
-            Origin::Node => "node",
-            Origin::External => "external",
-        }
-    }
-}
+pub use answers::Origin;
 
 /// A packet to trace: the first packet of a new connection.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -693,7 +674,7 @@ fn traced(
         .iter()
         .map(|path| answers::TracePath {
             probability: 1.0 / path.one_in as f64,
-            disposition: disposition(path.disposition).into(),
+            disposition: disposition(path.disposition),
             dnat: path.dnat.map(|(a, port)| show_addr(a, port)),
             masquerade: path.masqueraded,
             reason: reason(p, path),
@@ -741,18 +722,18 @@ fn traced(
         .find_map(|l| p.owner(&l.set, &l.key, l.found.as_ref()));
     Ok(TraceAnswer {
         packet: TracePacket {
-            from: req.from.as_str().into(),
+            from: req.from,
             src: req.src.to_string(),
             sport: req.sport,
             dst: req.dst.to_string(),
-            proto: req.proto.to_string(),
+            proto: req.proto.into(),
             dport: req.dport,
             iif,
         },
-        family: cfg.nft_family().to_string(),
+        family: cfg.nft_family().into(),
         table: cfg.table.clone(),
-        source: kernel.source.into(),
-        read: kernel.read_kind().into(),
+        source: kernel.source,
+        read: kernel.read_kind(),
         read_ms: kernel.read_ms(),
         service,
         outcomes: outcomes
@@ -769,11 +750,11 @@ fn traced(
     })
 }
 
-fn disposition(d: Disposition) -> &'static str {
+fn disposition(d: Disposition) -> answers::Disposition {
     match d {
-        Disposition::Accept => "accept",
-        Disposition::Drop => "drop",
-        Disposition::Reject => "reject",
+        Disposition::Accept => answers::Disposition::Accept,
+        Disposition::Drop => answers::Disposition::Drop,
+        Disposition::Reject => answers::Disposition::Reject,
     }
 }
 
@@ -849,9 +830,9 @@ fn service_item(v: &ServiceView) -> ServiceItem {
                 let sp = &port.port;
                 let eps = &port.endpoints;
                 ServiceItemPort {
-                    family: nft_family(family).to_string(),
+                    family: family.into(),
                     port: port.name.port.to_string(),
-                    protocol: sp.protocol.to_string(),
+                    protocol: sp.protocol.into(),
                     cluster_ip: sp.cluster_ip.to_string(),
                     service_port: sp.port,
                     node_port: sp.node_port,
@@ -884,10 +865,10 @@ pub fn problems(handle: &NodeHandle, snap: Option<&counters::Snapshot>) -> Probl
     for f in handle.families() {
         for (q, why) in &f.quarantined {
             quarantined.push(QuarantinedPort {
-                family: f.config.nft_family().to_string(),
+                family: f.config.nft_family().into(),
                 service: q.service.to_string(),
                 port: q.port.to_string(),
-                protocol: q.protocol.to_string(),
+                protocol: q.protocol.into(),
                 why: why.clone(),
             });
         }
@@ -901,10 +882,10 @@ pub fn problems(handle: &NodeHandle, snap: Option<&counters::Snapshot>) -> Probl
             if counters::is_invalid_port(&name) {
                 // A port the Service does not have: no endpoints to show.
                 refused.push(RefusedPort {
-                    family: nft_family(family).to_string(),
+                    family: family.into(),
                     service: name.service.to_string(),
                     port: name.port.to_string(),
-                    protocol: name.protocol.to_string(),
+                    protocol: name.protocol.into(),
                     endpoints: 0,
                     ready: 0,
                     counts: snap.port_counts(family, &name, verdict_model::Counting::None),
@@ -916,10 +897,10 @@ pub fn problems(handle: &NodeHandle, snap: Option<&counters::Snapshot>) -> Probl
             };
             let eps = &port.endpoints;
             refused.push(RefusedPort {
-                family: nft_family(family).to_string(),
+                family: family.into(),
                 service: name.service.to_string(),
                 port: name.port.to_string(),
-                protocol: name.protocol.to_string(),
+                protocol: name.protocol.into(),
                 endpoints: eps.len(),
                 ready: eps.iter().filter(|e| e.ready).count(),
                 counts: snap.port_counts(family, &name, port.port.counting),
@@ -948,22 +929,14 @@ pub fn problems(handle: &NodeHandle, snap: Option<&counters::Snapshot>) -> Probl
     }
 }
 
-/// The nftables family of an IP family.
-fn nft_family(f: IpFamily) -> Family {
-    match f {
-        IpFamily::V4 => Family::Ip,
-        IpFamily::V6 => Family::Ip6,
-    }
-}
-
 /// One endpoint as `explain` shows it: its state, which lists use it, and why.
 fn endpoint_answer(ep: &Endpoint, sp: &ServicePort, cluster: bool, local: bool) -> ExplainEndpoint {
     let mut used = Vec::new();
     if cluster {
-        used.push("cluster");
+        used.push(answers::EndpointList::Cluster);
     }
     if local {
-        used.push("local");
+        used.push(answers::EndpointList::Local);
     }
     let why = if cluster || local {
         if ep.ready {
@@ -1013,7 +986,7 @@ fn endpoint_answer(ep: &Endpoint, sp: &ServicePort, cluster: bool, local: bool) 
         zone: ep.zone.as_deref().map(str::to_owned),
         zone_hints: ep.zone_hints().cloned(),
         node_hints: ep.node_hints().cloned(),
-        used_by: used.into_iter().map(str::to_owned).collect(),
+        used_by: used,
         why,
         connections: None,
         packets: None,
@@ -1137,9 +1110,9 @@ pub fn explain(
                     endpoint_answer(ep, sp, in_list(&cat.cluster, ep), in_list(&cat.local, ep))
                 })
                 .collect();
-            let policy = |local: bool| if local { "Local" } else { "Cluster" }.to_owned();
-            let entry = |kind: &str, address: Option<String>| EntryPoint {
-                kind: kind.into(),
+            let policy = answers::Policy::of;
+            let entry = |kind: EntryKind, address: Option<String>| EntryPoint {
+                kind,
                 address,
                 port: None,
                 addresses: None,
@@ -1150,10 +1123,13 @@ pub fn explain(
             let mut entry_points = vec![EntryPoint {
                 traffic_policy: policy(sp.internal_policy_local),
                 masquerade: cluster_ip_masquerade(cfg),
-                ..entry("ClusterIP", Some(show_addr(sp.cluster_ip, sp.port)))
+                ..entry(
+                    EntryKind::ClusterIP,
+                    Some(show_addr(sp.cluster_ip, sp.port)),
+                )
             }];
             for ip in &sp.external_ips {
-                entry_points.push(entry("ExternalIP", Some(show_addr(*ip, sp.port))));
+                entry_points.push(entry(EntryKind::ExternalIP, Some(show_addr(*ip, sp.port))));
             }
             for ip in &sp.load_balancer_vips {
                 entry_points.push(EntryPoint {
@@ -1163,14 +1139,14 @@ pub fn explain(
                             .map(ToString::to_string)
                             .collect(),
                     ),
-                    ..entry("LoadBalancer", Some(show_addr(*ip, sp.port)))
+                    ..entry(EntryKind::LoadBalancer, Some(show_addr(*ip, sp.port)))
                 });
             }
             if let Some(np) = sp.node_port {
                 entry_points.push(EntryPoint {
                     port: Some(np),
                     addresses: Some(node_port_ips.clone()),
-                    ..entry("NodePort", None)
+                    ..entry(EntryKind::NodePort, None)
                 });
             }
             let intent = port.intent.as_ref();
@@ -1240,7 +1216,7 @@ pub fn explain(
             let local_ready = eps.iter().filter(|e| e.is_local && e.ready).count();
             port_docs.push(ExplainPort {
                 port: name.port.to_string(),
-                protocol: sp.protocol.to_string(),
+                protocol: sp.protocol.into(),
                 quarantined: port.quarantined.clone(),
                 detail: Some(ExplainPortDetail {
                     service_port: sp.port,
@@ -1269,16 +1245,16 @@ pub fn explain(
         for (q, reason) in &sf.quarantined_gone {
             port_docs.push(ExplainPort {
                 port: q.port.to_string(),
-                protocol: q.protocol.to_string(),
+                protocol: q.protocol.into(),
                 quarantined: Some(reason.clone()),
                 detail: None,
             });
         }
         families.push(ExplainFamily {
-            family: cfg.nft_family().to_string(),
+            family: cfg.nft_family().into(),
             table: cfg.table.clone(),
-            source: kernel.map(|k| k.source.to_owned()),
-            read: kernel.map(|k| k.read_kind().to_owned()),
+            source: kernel.map(|k| k.source),
+            read: kernel.map(TableRead::read_kind),
             read_ms: kernel.map(TableRead::read_ms),
             ports: port_docs,
         });
@@ -1378,7 +1354,7 @@ pub fn drift(
     kernel: &TableRead,
     helper: Option<TableRead>,
 ) -> FamilyDrift {
-    let family = f.config.nft_family().to_string();
+    let family = f.config.nft_family().into();
     let Some(t) = &kernel.table else {
         return FamilyDrift {
             family,
@@ -1692,8 +1668,8 @@ impl<'a> Wanted<'a> {
 mod tests;
 
 /// What verdict does about a stale flow of this protocol.
-fn stale_policy(proto: &str) -> &'static str {
-    if proto == "udp" {
+fn stale_policy(proto: verdict_model::Protocol) -> &'static str {
+    if proto == verdict_model::Protocol::Udp {
         "deleted by verdict's stale UDP conntrack cleanup after the sync that removed the endpoint, as kube-proxy does; one still listed is about to go, or the cleanup failed (see the log)"
     } else {
         "left to finish or time out: verdict, like kube-proxy, deletes no TCP or SCTP entries; new connections no longer reach the endpoint"
@@ -1805,7 +1781,7 @@ pub fn connections(
             if chosen && listed.len() < limit {
                 listed.push(FlowAnswer {
                     service: port.name.to_string(),
-                    proto: f.proto.clone(),
+                    proto: port.name.protocol.into(),
                     state: f.state.clone(),
                     client: show_addr(f.src, f.sport),
                     entry: show_addr(f.dst, f.dport),
@@ -1816,7 +1792,7 @@ pub fn connections(
                     expires_in: f.timeout,
                     packets: f.packets,
                     bytes: f.bytes,
-                    what_verdict_does: stale.then(|| stale_policy(&f.proto).to_owned()),
+                    what_verdict_does: stale.then(|| stale_policy(port.name.protocol).to_owned()),
                 });
             }
         }
@@ -1826,7 +1802,7 @@ pub fn connections(
         .map(|(port, (n, stale, closed, eps))| ConnectionsOfPort {
             service: port.service.to_string(),
             port: port.port.to_string(),
-            protocol: port.protocol.to_string(),
+            protocol: port.protocol.into(),
             flows: n,
             stale,
             closed_to_gone: closed,

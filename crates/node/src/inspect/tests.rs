@@ -7,6 +7,7 @@ use verdict_nft::{Backend, Element, ElementValue, Family, MemoryBackend, Value, 
 use verdict_proxier::{LocalDetector, NodePortAddresses, Proxier, ProxierConfig};
 
 use super::*;
+use answers::ReadFrom;
 use serde_json::{Value as Json, json};
 
 // The answers as the API serves them, so that these tests read them as a
@@ -107,7 +108,7 @@ fn kernel(nft: &MemoryBackend) -> TableRead {
     TableRead {
         table: nft.get(Family::Ip, "verdict").cloned(),
         lookups: None,
-        source: "memory",
+        source: ReadFrom::Memory,
         read: Duration::ZERO,
     }
 }
@@ -403,8 +404,13 @@ fn explain_shows_every_endpoint_and_checks_the_kernel() {
     assert_eq!(whole["extra"], 1, "{whole:#}");
     // Read without its elements, then set by set (as through netlink):
     // the same drift.
-    let by_set =
-        TableRead::targeted(Box::new(nft.clone()), Family::Ip, "verdict", "memory").unwrap();
+    let by_set = TableRead::targeted(
+        Box::new(nft.clone()),
+        Family::Ip,
+        "verdict",
+        ReadFrom::Memory,
+    )
+    .unwrap();
     assert!(
         by_set
             .table
@@ -427,7 +433,14 @@ fn explain_shows_every_endpoint_and_checks_the_kernel() {
     );
     assert!(by_set.failed().is_none());
     // Two readers, the sets shared out between them: the same drift.
-    let reader = || TableRead::targeted(Box::new(nft.clone()), Family::Ip, "verdict", "memory");
+    let reader = || {
+        TableRead::targeted(
+            Box::new(nft.clone()),
+            Family::Ip,
+            "verdict",
+            ReadFrom::Memory,
+        )
+    };
     let first = reader().unwrap();
     let two = as_json(&drift(
         &view,
@@ -446,7 +459,7 @@ fn explain_shows_every_endpoint_and_checks_the_kernel() {
         Box::new(Unreadable(nft.clone())),
         Family::Ip,
         "verdict",
-        "memory",
+        ReadFrom::Memory,
     )
     .unwrap();
     let first = reader().unwrap();
@@ -564,7 +577,7 @@ fn connections_are_grouped_by_service_and_endpoint_and_stale_ones_flagged() {
         .filter(|f| f["stale"] == true)
         .collect();
     assert_eq!(stale.len(), 1);
-    assert!(stale_policy("udp").contains("stale UDP conntrack cleanup"));
+    assert!(stale_policy(verdict_model::Protocol::Udp).contains("stale UDP conntrack cleanup"));
     assert!(stale.iter().any(|f| {
         f["proto"] == "tcp"
             && f["what_verdict_does"]
@@ -681,7 +694,8 @@ fn targeted(
         keys: keys.clone(),
         fail,
     };
-    let k = TableRead::targeted(Box::new(backend), Family::Ip, "verdict", "kernel").unwrap();
+    let k =
+        TableRead::targeted(Box::new(backend), Family::Ip, "verdict", ReadFrom::Kernel).unwrap();
     (k, keys)
 }
 

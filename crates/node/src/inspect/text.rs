@@ -5,35 +5,34 @@
 use std::fmt::Write as _;
 
 use super::answers::{
-    ConnectionsAnswer, ExplainAnswer, ExplainPortDetail, ForeignAnswer, OtherPort, PortCounts,
-    ServicesPage, SyncsAnswer, TraceAnswer, TraceStep,
+    ConnectionsAnswer, ExplainAnswer, ExplainPortDetail, ForeignAnswer, Origin, OtherPort,
+    PortCounts, ReadFrom, ReadHow, ServicesPage, SyncsAnswer, TraceAnswer, TraceStep,
 };
 
 fn p(v: f64) -> String {
     format!("p={v:.2}")
 }
 
-fn origin(from: &str) -> &str {
+fn origin(from: Origin) -> &'static str {
     match from {
-        "pod" => "a pod",
-        "node" => "the node",
-        _ => "an external client",
+        Origin::Pod => "a pod",
+        Origin::Node => "the node",
+        Origin::External => "an external client",
     }
 }
 
 fn source(doc: &TraceAnswer) -> String {
-    match doc.source.as_str() {
-        "kernel" => format!(
+    match doc.source {
+        ReadFrom::Kernel => format!(
             "read back from the kernel in {:.1} ms{}",
             doc.read_ms,
-            if doc.read == "targeted" {
+            if doc.read == ReadHow::Targeted {
                 ", the elements the packet met only"
             } else {
                 ""
             }
         ),
-        "memory" => "built in memory from the manifests (offline)".into(),
-        other => other.to_owned(),
+        ReadFrom::Memory => "built in memory from the manifests (offline)".into(),
     }
 }
 
@@ -65,7 +64,7 @@ pub fn trace(doc: &TraceAnswer) -> String {
         pkt.src,
         pkt.dst,
         pkt.dport,
-        origin(&pkt.from),
+        origin(pkt.from),
     );
     let _ = writeln!(out, "table: {} {}, {}", doc.family, doc.table, source(doc));
     if let Some(svc) = &doc.service {
@@ -194,7 +193,14 @@ fn port_detail(out: &mut String, d: &ExplainPortDetail) {
         let used = if ep.used_by.is_empty() {
             "UNUSED".to_owned()
         } else {
-            format!("used by the {} list", ep.used_by.join(" and "))
+            format!(
+                "used by the {} list",
+                ep.used_by
+                    .iter()
+                    .map(|l| l.as_str())
+                    .collect::<Vec<_>>()
+                    .join(" and ")
+            )
         };
         let counted = ep
             .connections
@@ -246,7 +252,7 @@ fn counts(out: &mut String, c: &PortCounts) {
         let _ = writeln!(
             out,
             "    {} {}: {} connections ({}; last clients {})",
-            p.verdict.to_uppercase(),
+            p.verdict.as_str().to_uppercase(),
             p.reason,
             p.connections,
             p.what,
@@ -274,7 +280,7 @@ fn other_ports(out: &mut String, ports: &[OtherPort]) {
             o.family,
             o.port,
             o.protocol,
-            p.verdict.to_uppercase(),
+            p.verdict.as_str().to_uppercase(),
             p.reason,
             p.connections,
             if p.recent_clients.is_empty() {
@@ -299,17 +305,17 @@ pub fn explain(doc: &ExplainAnswer) -> String {
     }
     let _ = writeln!(out, "Service {name}");
     for fam in &doc.families {
-        let src = match fam.source.as_deref() {
-            Some("kernel") => format!(
+        let src = match fam.source {
+            Some(ReadFrom::Kernel) => format!(
                 "kernel read back in {:.1} ms{}",
                 fam.read_ms.unwrap_or(0.0),
-                if fam.read.as_deref() == Some("targeted") {
+                if fam.read == Some(ReadHow::Targeted) {
                     ", the Service's elements only"
                 } else {
                     ""
                 }
             ),
-            Some(other) => other.to_owned(),
+            Some(ReadFrom::Memory) => "built in memory".into(),
             None => "kernel not read".into(),
         };
         let _ = writeln!(
@@ -558,7 +564,7 @@ pub fn connections(doc: &ConnectionsAnswer) -> String {
             if f.stale { "  STALE" } else { "" }
         );
         if let Some(p) = &f.what_verdict_does {
-            policies.insert((f.proto.clone(), p.clone()));
+            policies.insert((f.proto, p.clone()));
         }
     }
     if doc.flows.len() < doc.total {

@@ -431,7 +431,7 @@ mod tests {
         let live = read_events(&monitor(), "ip", "verdict", &rules());
         let path = |dnat: &str, chains: &[&str]| verdict_node::inspect::answers::TracePath {
             probability: 0.5,
-            disposition: "accept".into(),
+            disposition: verdict_node::inspect::answers::Disposition::Accept,
             dnat: Some(dnat.into()),
             masquerade: false,
             reason: String::new(),
@@ -448,18 +448,18 @@ mod tests {
         };
         let answer = |paths| TraceAnswer {
             packet: verdict_node::inspect::answers::TracePacket {
-                from: "node".into(),
+                from: verdict_node::inspect::answers::Origin::Node,
                 src: "192.168.0.2".into(),
                 sport: None,
                 dst: "172.30.0.41".into(),
-                proto: "tcp".into(),
+                proto: verdict_node::inspect::answers::Proto::Tcp,
                 dport: 80,
                 iif: None,
             },
-            family: "ip".into(),
+            family: verdict_node::inspect::answers::TableFamily::Ip,
             table: "verdict".into(),
-            source: "kernel".into(),
-            read: "targeted".into(),
+            source: verdict_node::inspect::answers::ReadFrom::Kernel,
+            read: verdict_node::inspect::answers::ReadHow::Targeted,
             read_ms: 0.0,
             service: None,
             outcomes: Vec::new(),
