@@ -248,8 +248,7 @@ pub(super) fn connections(s: &Sources<'_>, q: &Query) -> Answer {
     let mut all = Vec::new();
     for f in s.node.families() {
         let (nf, _) = f.table();
-        let flows = (s.conntrack)(nf)
-            .map_err(|e| ApiError::Unreadable(format!("cannot read the conntrack table: {e}")))?;
+        let flows = (s.conntrack)(nf).map_err(|e| ApiError::Unreadable(e.to_string()))?;
         all.push((f.config.family, flows));
     }
     to_json(&inspect::connections(

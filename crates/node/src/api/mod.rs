@@ -25,8 +25,8 @@ use serde_json::{Value as Json, json};
 use verdict_admin::Response;
 use verdict_admin::http::{Handler, Request};
 use verdict_model::NamespacedName;
-use verdict_nft::conntrack::Flow;
-use verdict_nft::{BackendKind, Family, MemoryBackend};
+use verdict_nft::conntrack::{ConntrackError, Flow};
+use verdict_nft::{BackendKind, Family, MemoryBackend, NftError};
 
 pub use counters::{COUNTERS_READ_EVERY, CounterCache, NOT_LOGGED, WriteText, counters_fresh_for};
 
@@ -44,7 +44,7 @@ pub type KernelReader = Arc<ReadTable<'static>>;
 
 /// What reads one table back: (family, name, how much of it).
 pub type ReadTable<'a> =
-    dyn Fn(Family, &str, Reading) -> Result<TableRead, String> + Send + Sync + 'a;
+    dyn Fn(Family, &str, Reading) -> Result<TableRead, NftError> + Send + Sync + 'a;
 
 /// Reads the DNATed connections of a family (`Err`: why not).
 pub type FlowReader<'a> = &'a ReadConntrack<'a>;
@@ -53,7 +53,7 @@ pub type FlowReader<'a> = &'a ReadConntrack<'a>;
 pub type ConntrackReader = Arc<ReadConntrack<'static>>;
 
 /// What reads the DNATed connections of a family (`Err`: why not).
-pub type ReadConntrack<'a> = dyn Fn(Family) -> Result<Vec<Flow>, String> + Send + Sync + 'a;
+pub type ReadConntrack<'a> = dyn Fn(Family) -> Result<Vec<Flow>, ConntrackError> + Send + Sync + 'a;
 
 /// Why a request is not answered with 200; each has its status and a
 /// JSON body `{"error": "…"}`.
@@ -416,7 +416,7 @@ pub fn service_name(s: &str) -> Result<NamespacedName, BadRequest> {
 /// or an `nft` process per read, so readers never wait on the sync loop).
 pub fn kernel_reader(backend: BackendKind) -> KernelReader {
     Arc::new(move |family, name, reading| {
-        let mut kernel = backend.open().map_err(|e| e.to_string())?;
+        let mut kernel = backend.open()?;
         // Only netlink looks an element up by its key and dumps one set;
         // `nft` lists the whole set for any element, so through it the
         // table is read whole, once.
@@ -429,7 +429,6 @@ pub fn kernel_reader(backend: BackendKind) -> KernelReader {
             }
             _ => TableRead::whole(&mut *kernel, family, name, ReadFrom::Kernel),
         }
-        .map_err(|e| e.to_string())
     })
 }
 
@@ -558,12 +557,7 @@ pub fn entity_tag(doc: &Json) -> String {
 /// Reads the kernel's connections the way the backend reaches conntrack
 /// (a socket or a `conntrack` process per read).
 pub fn conntrack_reader(backend: BackendKind) -> ConntrackReader {
-    Arc::new(move |family| {
-        backend
-            .conntrack()
-            .and_then(|mut ct| ct.list_dnat(family))
-            .map_err(|e| e.to_string())
-    })
+    Arc::new(move |family| backend.conntrack().and_then(|mut ct| ct.list_dnat(family)))
 }
 
 /// A node built in memory from the source, as `plan` builds it, for the
@@ -585,13 +579,14 @@ impl Offline {
     /// Answers `target` (`/api/v1/…?…`) as the daemon would.
     pub fn get(&self, target: &str) -> (u16, Json) {
         // The table is in memory: reading it whole costs nothing.
-        let read = |family: Family, name: &str, _: Reading| -> Result<TableRead, String> {
+        let read = |family: Family, name: &str, _: Reading| -> Result<TableRead, NftError> {
             let mut memory = self.memory.lock().unwrap_or_else(|e| e.into_inner());
             TableRead::whole(&mut *memory, family, name, ReadFrom::Memory)
-                .map_err(|e| e.to_string())
         };
-        let conntrack = |_: Family| -> Result<Vec<Flow>, String> {
-            Err("offline (--manifests) there is no conntrack table to read".into())
+        let conntrack = |_: Family| -> Result<Vec<Flow>, ConntrackError> {
+            Err(ConntrackError::Unavailable(
+                "offline (--manifests) there is none to read".into(),
+            ))
         };
         let sources = Sources {
             node: &self.node,

@@ -46,11 +46,14 @@ fn api(serves: Serves) -> Handler {
     let memory = Arc::new(Mutex::new(nft));
     let read: KernelReader = Arc::new(move |family, name, _| {
         TableRead::whole(&mut *memory.lock().unwrap(), family, name, ReadFrom::Memory)
-            .map_err(|e| e.to_string())
     });
     let conntrack: ConntrackReader = match serves.conntrack {
         true => Arc::new(|_| Ok(Vec::new())),
-        false => Arc::new(|_| Err("permission denied".into())),
+        false => Arc::new(|_| {
+            Err(verdict_nft::conntrack::ConntrackError::Unavailable(
+                "permission denied".into(),
+            ))
+        }),
     };
     let counters = serves
         .counters
@@ -284,7 +287,7 @@ fn what_a_node_does_not_serve_is_404_and_a_failed_read_500() {
     assert_eq!(conns.code, 500);
     assert_eq!(
         body(&conns)["error"],
-        "cannot read the conntrack table: permission denied"
+        "cannot reach the conntrack table: permission denied"
     );
     // The rest do not need them.
     assert_eq!(ask(&off, "GET", "/api/v1/services/shop/web").code, 200);
@@ -315,7 +318,11 @@ fn the_answers_say_what_the_node_has() {
     assert_eq!(port["protocol"], "tcp", "{explained}");
     assert_eq!(port["entry_points"][0]["kind"], "ClusterIP", "{explained}");
     assert_eq!(port["internal_traffic_policy"], "Cluster", "{explained}");
-    assert_eq!(port["endpoints"][0]["used_by"], json!(["cluster"]), "{explained}");
+    assert_eq!(
+        port["endpoints"][0]["used_by"],
+        json!(["cluster"]),
+        "{explained}"
+    );
     let counters = body(&ask(&api, "GET", "/api/v1/counters?service=shop/web"));
     assert_eq!(counters["service"], "shop/web", "{counters}");
 }
