@@ -49,18 +49,12 @@ pub struct NetlinkBackend {
     known: BTreeMap<(Family, String), BTreeMap<String, Set>>,
 }
 
-/// The typed error for an errno the kernel returned for `what`.
+/// The typed error for an errno the kernel returned for `what`, the
+/// errno kept.
 pub(crate) fn refusal(errno: i32, what: &str) -> NftError {
-    let e = Errno::from_raw(errno);
-    let msg = format!("{what}: {}", e.desc());
-    match e {
-        Errno::ENOENT => NftError::NotFound(msg),
-        Errno::EEXIST => NftError::AlreadyExists(msg),
-        Errno::EBUSY => NftError::Busy(msg),
-        Errno::EPERM | Errno::EACCES => {
-            NftError::Refused(format!("{msg} (verdict needs CAP_NET_ADMIN)"))
-        }
-        _ => NftError::Refused(msg),
+    NftError::Kernel {
+        errno,
+        what: what.to_owned(),
     }
 }
 
@@ -604,7 +598,7 @@ impl Backend for NetlinkBackend {
     ) -> Result<Option<SetState>, NftError> {
         let sets = match self.read_sets(family, table) {
             Ok(s) => s,
-            Err(NftError::NotFound(_)) => return Ok(None),
+            Err(e) if e.is_not_found() => return Ok(None),
             Err(e) => return Err(e),
         };
         let Some(s) = sets.get(set).cloned() else {
