@@ -86,6 +86,47 @@ impl Display for Family {
     }
 }
 
+impl Family {
+    /// How nft names the family.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Family::Ip => "ip",
+            Family::Ip6 => "ip6",
+        }
+    }
+}
+
+/// One nftables table: its family and its name.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Table {
+    /// Its family.
+    pub family: Family,
+    /// Its name.
+    pub name: String,
+}
+
+impl Table {
+    /// The table `name` of `family`.
+    pub fn new(family: Family, name: impl Into<String>) -> Table {
+        Table {
+            family,
+            name: name.into(),
+        }
+    }
+
+    /// Whether a table named by nft's spelling of its family (`ip`,
+    /// `inet`, ...) and its name is this one.
+    pub fn is(&self, family: &str, name: &str) -> bool {
+        self.family.as_str() == family && self.name == name
+    }
+}
+
+impl Display for Table {
+    fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}", self.family, self.name)
+    }
+}
+
 /// A netfilter hook.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Hook {
@@ -975,6 +1016,18 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_table_is_its_family_and_name() {
+        let t = Table::new(Family::Ip6, "verdict");
+        assert_eq!(t.to_string(), "ip6 verdict");
+        assert!(t.is("ip6", "verdict"));
+        assert!(!t.is("ip", "verdict") && !t.is("inet", "verdict") && !t.is("ip6", "kube-proxy"));
+        assert!(
+            Table::new(Family::Ip, "verdict") < t,
+            "ordered by family first"
+        );
+    }
 
     /// Values ordered by kind, then as std orders each kind (an address
     /// by its octets, a network as ipnet does): the derived order.

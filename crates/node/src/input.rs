@@ -51,8 +51,7 @@ pub enum Foreign {
     Overflow,
 }
 
-/// A table as the ruleset monitor names it: (family, name).
-pub type Table = (&'static str, String);
+pub use verdict_nft::Table;
 
 fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> bool {
     match std::thread::Builder::new().name(name.into()).spawn(f) {
@@ -189,7 +188,7 @@ pub fn foreign_changes(ours: Vec<Table>, tx: Sender<Input>) -> Option<Box<dyn Li
                     }
                     let changes: Vec<Change> = changes
                         .into_iter()
-                        .filter(|c| ours.iter().any(|(f, t)| c.family == *f && c.table == *t))
+                        .filter(|c| ours.iter().any(|t| t.is(c.family, &c.table)))
                         .collect();
                     if changes.is_empty() {
                         continue;

@@ -190,7 +190,10 @@ pub fn run(program: &str, args: &[&str], stdin: Option<&str>) -> Result<Option<S
 }
 
 /// kube-proxy's nftables table, in each family it uses.
-pub const KUBE_PROXY_TABLES: [(&str, &str); 2] = [("ip", "kube-proxy"), ("ip6", "kube-proxy")];
+pub const KUBE_PROXY_TABLES: [(verdict_nft::Family, &str); 2] = [
+    (verdict_nft::Family::Ip, "kube-proxy"),
+    (verdict_nft::Family::Ip6, "kube-proxy"),
+];
 
 /// The legacy iptables tables in use, from `/proc/net/ip{,6}_tables_names`
 /// (empty where the legacy modules are not loaded).
@@ -233,16 +236,11 @@ fn remove_iptables_nft_chains() -> Vec<String> {
 fn remove_kube_proxy_tables(backend: &mut dyn verdict_nft::Backend) -> Vec<String> {
     let mut problems = Vec::new();
     for (family, table) in KUBE_PROXY_TABLES {
-        let f = if family == "ip6" {
-            verdict_nft::Family::Ip6
-        } else {
-            verdict_nft::Family::Ip
-        };
-        let mut tx = verdict_nft::Transaction::new(f, table);
+        let mut tx = verdict_nft::Transaction::new(family, table);
         tx.delete_table();
         match backend.run(&tx) {
             Ok(()) => tracing::info!(
-                family,
+                %family,
                 table,
                 "deleted kube-proxy's nftables table (its rules would still catch Service traffic)"
             ),

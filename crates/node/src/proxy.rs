@@ -290,18 +290,9 @@ impl NodeProxy {
         &self.planes
     }
 
-    /// The (family, table) names of verdict's tables, as the ruleset
-    /// monitor names them.
+    /// verdict's tables, one per family.
     pub fn tables(&self) -> Vec<Table> {
-        self.proxiers()
-            .map(|p| {
-                let fam = match p.config().nft_family() {
-                    Family::Ip => "ip",
-                    Family::Ip6 => "ip6",
-                };
-                (fam, p.config().table.clone())
-            })
-            .collect()
+        self.proxiers().map(|p| p.config().nft_table()).collect()
     }
 
     /// Posts an Event (with the Kubernetes source).
@@ -397,7 +388,7 @@ impl NodeProxy {
                 let mut f: Vec<HealthFamily> = changes
                     .iter()
                     .map(|c| {
-                        if c.family == "ip6" {
+                        if c.family == Family::Ip6.as_str() {
                             HealthFamily::V6
                         } else {
                             HealthFamily::V4
@@ -649,10 +640,8 @@ impl NodeProxy {
 
     /// What [`NodeProxy::prefetch_tables`] reads, to read it elsewhere:
     /// each family's table.
-    pub fn tables_to_read(&self) -> Vec<(Family, String)> {
-        self.proxiers()
-            .map(|p| (p.config().nft_family(), p.config().table.clone()))
-            .collect()
+    pub fn tables_to_read(&self) -> Vec<Table> {
+        self.tables()
     }
 
     /// Hands each family the read of its table made elsewhere, in the

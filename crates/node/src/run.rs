@@ -73,14 +73,12 @@ type InPlace = Vec<Option<verdict_proxier::proxier::Prefetched>>;
 /// thread cannot start (the caller then reads them itself).
 fn read_in_place(
     mut reader: Box<dyn Backend + Send>,
-    tables: Vec<(verdict_nft::Family, String)>,
+    tables: Vec<verdict_nft::Table>,
 ) -> Option<std::thread::JoinHandle<InPlace>> {
     let read = move || {
         tables
             .iter()
-            .map(|(family, name)| {
-                verdict_proxier::proxier::read_table(reader.as_mut(), *family, name)
-            })
+            .map(|t| verdict_proxier::proxier::read_table(reader.as_mut(), t.family, &t.name))
             .collect()
     };
     std::thread::Builder::new()

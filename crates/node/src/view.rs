@@ -20,7 +20,6 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard};
 
 use verdict_admin::{Health, Metrics};
 use verdict_model::{Endpoint, IpFamily, NamespacedName, ServicePort, ServicePortName};
-use verdict_nft::Family;
 use verdict_proxier::{Intent, Proxier, ProxierConfig};
 
 use crate::history::History;
@@ -178,9 +177,9 @@ impl FamilyView {
         })
     }
 
-    /// The family's nftables table: (family, name).
-    pub fn table(&self) -> (Family, &str) {
-        (self.config.nft_family(), &self.config.table)
+    /// The family's nftables table.
+    pub fn table(&self) -> verdict_nft::Table {
+        self.config.nft_table()
     }
 }
 

@@ -222,7 +222,7 @@ fn start_on(
         listen: Box::new(move |tables| {
             l.lock()
                 .unwrap()
-                .extend(tables.into_iter().map(|(f, t)| format!("{f} {t}")));
+                .extend(tables.into_iter().map(|t| t.to_string()));
             Some(Box::new(m.clone()))
         }),
         leftovers: Box::new(|_| Vec::new()),

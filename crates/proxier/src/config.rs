@@ -167,6 +167,11 @@ impl ProxierConfig {
         }
     }
 
+    /// The table this proxier programs.
+    pub fn nft_table(&self) -> verdict_nft::Table {
+        verdict_nft::Table::new(self.nft_family(), self.table.clone())
+    }
+
     /// The masquerade mark value.
     pub fn masquerade_mark(&self) -> u32 {
         1u32 << self.masquerade_bit

@@ -186,12 +186,19 @@ fn owner_of(table: &str, chain: &str) -> &'static str {
     }
 }
 
+/// Whether nft's name of a family is one of verdict's (`ip`, `ip6`).
+fn is_ip_family(name: &str) -> bool {
+    [verdict_nft::Family::Ip, verdict_nft::Family::Ip6]
+        .iter()
+        .any(|f| f.as_str() == name)
+}
+
 /// Other tables' NAT chains on verdict's hooks, and which runs first.
 pub fn other_nat_chains(chains: &[BaseChain], our_table: &str) -> Check {
     let mut found = Vec::new();
     let mut status = Status::Pass;
     for c in chains {
-        if c.table == our_table && (c.family == "ip" || c.family == "ip6") {
+        if c.table == our_table && is_ip_family(&c.family) {
             continue;
         }
         if c.kind != "nat" {
@@ -253,7 +260,11 @@ pub fn other_nat_chains(chains: &[BaseChain], our_table: &str) -> Check {
 pub fn kube_proxy_tables(tables: &[(&str, String)]) -> Check {
     let present: Vec<String> = tables
         .iter()
-        .filter(|(f, n)| verdict_node::leftovers::KUBE_PROXY_TABLES.contains(&(*f, n.as_str())))
+        .filter(|(f, n)| {
+            verdict_node::leftovers::KUBE_PROXY_TABLES
+                .iter()
+                .any(|(family, name)| family.as_str() == *f && name == n)
+        })
         .map(|(family, name)| format!("table {family} {name}"))
         .collect();
     if present.is_empty() {
@@ -280,7 +291,7 @@ pub fn kube_proxy_chains(
     let mut found = Vec::new();
     let mut nft: std::collections::BTreeMap<(&str, &str), usize> = Default::default();
     for c in chains {
-        if (c.family == "ip" || c.family == "ip6")
+        if is_ip_family(c.family)
             && verdict_node::leftovers::IPTABLES_NFT_TABLES.contains(&c.table.as_str())
             && verdict_node::leftovers::owned(&c.name)
         {

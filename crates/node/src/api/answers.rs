@@ -45,9 +45,8 @@ fn read_family(s: &Sources<'_>, family: IpFamily, reading: Reading) -> Result<Ta
         .node
         .family(family)
         .ok_or_else(|| ApiError::Off(format!("this node proxies no {family} traffic")))?;
-    let (nf, name) = f.table();
-    (s.read)(nf, name, reading)
-        .map_err(|e| ApiError::Unreadable(format!("cannot read table {nf} {name}: {e}")))
+    let t = f.table();
+    (s.read)(&t, reading).map_err(|e| ApiError::Unreadable(format!("cannot read table {t}: {e}")))
 }
 
 /// `Err` if a lookup in `k` failed: an answer built then would show the
@@ -57,10 +56,7 @@ fn check_read(s: &Sources<'_>, family: IpFamily, k: &TableRead) -> Result<(), Ap
         return Ok(());
     };
     let what = match s.node.family(family) {
-        Some(f) => {
-            let (nf, name) = f.table();
-            format!("table {nf} {name}")
-        }
+        Some(f) => format!("table {}", f.table()),
         None => "the table".into(),
     };
     Err(ApiError::Unreadable(format!("cannot read {what}: {e}")))
@@ -247,8 +243,8 @@ pub(super) fn connections(s: &Sources<'_>, q: &Query) -> Answer {
     };
     let mut all = Vec::new();
     for f in s.node.families() {
-        let (nf, _) = f.table();
-        let flows = (s.conntrack)(nf).map_err(|e| ApiError::Unreadable(e.to_string()))?;
+        let flows =
+            (s.conntrack)(f.table().family).map_err(|e| ApiError::Unreadable(e.to_string()))?;
         all.push((f.config.family, flows));
     }
     to_json(&inspect::connections(

@@ -106,11 +106,11 @@ impl CounterCache {
         let read: Vec<(IpFamily, Option<verdict_nft::TableState>)> = families
             .iter()
             .map(|f| {
-                let (nf, name) = f.table();
-                match (self.read)(nf, name, Reading::Counters) {
+                let t = f.table();
+                match (self.read)(&t, Reading::Counters) {
                     Ok(k) => (f.config.family, k.table),
                     Err(e) => {
-                        tracing::warn!(family = %nf, error = %e, "cannot read the service counters");
+                        tracing::warn!(table = %t, error = %e, "cannot read the service counters");
                         (f.config.family, None)
                     }
                 }

@@ -26,7 +26,7 @@ use verdict_admin::Response;
 use verdict_admin::http::{Handler, Request};
 use verdict_model::NamespacedName;
 use verdict_nft::conntrack::{ConntrackError, Flow};
-use verdict_nft::{BackendKind, Family, MemoryBackend, NftError};
+use verdict_nft::{BackendKind, Family, MemoryBackend, NftError, Table};
 
 pub use counters::{COUNTERS_READ_EVERY, CounterCache, NOT_LOGGED, WriteText, counters_fresh_for};
 
@@ -39,12 +39,11 @@ use crate::view::NodeHandle;
 /// Where the API's routes are.
 pub const PREFIX: &str = "/api/v1";
 
-/// Reads one table back (family, name, how much of it).
+/// Reads one table back (which, how much of it).
 pub type KernelReader = Arc<ReadTable<'static>>;
 
-/// What reads one table back: (family, name, how much of it).
-pub type ReadTable<'a> =
-    dyn Fn(Family, &str, Reading) -> Result<TableRead, NftError> + Send + Sync + 'a;
+/// What reads one table back: (which, how much of it).
+pub type ReadTable<'a> = dyn Fn(&Table, Reading) -> Result<TableRead, NftError> + Send + Sync + 'a;
 
 /// Reads the DNATed connections of a family (`Err`: why not).
 pub type FlowReader<'a> = &'a ReadConntrack<'a>;
@@ -415,7 +414,8 @@ pub fn service_name(s: &str) -> Result<NamespacedName, BadRequest> {
 /// Reads tables from the kernel through the configured backend (a socket
 /// or an `nft` process per read, so readers never wait on the sync loop).
 pub fn kernel_reader(backend: BackendKind) -> KernelReader {
-    Arc::new(move |family, name, reading| {
+    Arc::new(move |t: &Table, reading| {
+        let (family, name) = (t.family, t.name.as_str());
         let mut kernel = backend.open()?;
         // Only netlink looks an element up by its key and dumps one set;
         // `nft` lists the whole set for any element, so through it the
@@ -579,9 +579,9 @@ impl Offline {
     /// Answers `target` (`/api/v1/…?…`) as the daemon would.
     pub fn get(&self, target: &str) -> (u16, Json) {
         // The table is in memory: reading it whole costs nothing.
-        let read = |family: Family, name: &str, _: Reading| -> Result<TableRead, NftError> {
+        let read = |t: &Table, _: Reading| -> Result<TableRead, NftError> {
             let mut memory = self.memory.lock().unwrap_or_else(|e| e.into_inner());
-            TableRead::whole(&mut *memory, family, name, ReadFrom::Memory)
+            TableRead::whole(&mut *memory, t.family, &t.name, ReadFrom::Memory)
         };
         let conntrack = |_: Family| -> Result<Vec<Flow>, ConntrackError> {
             Err(ConntrackError::Unavailable(

@@ -44,8 +44,13 @@ fn api(serves: Serves) -> Handler {
     p.sync(&mut nft, Instant::now()).unwrap();
     let node = NodeHandle::of_proxiers(&[&p], &[NODE_IP.parse().unwrap()]);
     let memory = Arc::new(Mutex::new(nft));
-    let read: KernelReader = Arc::new(move |family, name, _| {
-        TableRead::whole(&mut *memory.lock().unwrap(), family, name, ReadFrom::Memory)
+    let read: KernelReader = Arc::new(move |t: &Table, _| {
+        TableRead::whole(
+            &mut *memory.lock().unwrap(),
+            t.family,
+            &t.name,
+            ReadFrom::Memory,
+        )
     });
     let conntrack: ConntrackReader = match serves.conntrack {
         true => Arc::new(|_| Ok(Vec::new())),
