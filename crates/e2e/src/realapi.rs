@@ -92,7 +92,7 @@ fn unpack() -> Result<PathBuf, String> {
     let dest = workspace().join("target/shared-bin");
     let out = Command::new(&script)
         .arg(&dest)
-        .args(["kube-apiserver", "kube-proxy", "etcd36"])
+        .args(["kube-apiserver", "kube-proxy", "etcd36", "hubble"])
         .output()
         .map_err(|e| format!("{}: {e}", script.display()))?;
     if !out.status.success() {

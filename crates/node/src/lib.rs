@@ -38,6 +38,7 @@ pub mod error;
 pub mod family;
 pub mod flows;
 pub mod history;
+pub mod hubble;
 pub mod input;
 pub mod inspect;
 pub mod leftovers;

@@ -138,6 +138,9 @@ pub struct Cli {
     /// `--api-bind-address` (verdict's own; none by default: the API and
     /// the web view answer loopback clients on the metrics address).
     pub api_bind_address: Option<std::net::SocketAddr>,
+    /// `--hubble-listen-address` (Cilium's name; loopback 4244 by default,
+    /// `None`: off).
+    pub hubble_listen_address: Option<std::net::SocketAddr>,
     /// `--service-metrics`, `--service-metrics-namespaces` and
     /// `--service-metrics-selector` (verdict's own).
     pub service_metrics: verdict_model::MetricsSelection,
@@ -218,6 +221,7 @@ enum Opt {
     ServiceMetricsNamespaces,
     ServiceMetricsSelector,
     ApiBindAddress,
+    HubbleListenAddress,
     NftablesBackend,
     /// A flag of the introspection commands.
     Inspect,
@@ -466,6 +470,15 @@ const OPTIONS: &[OptSpec] = &[
         commands: &[],
     },
     OptSpec {
+        name: "hubble-listen-address",
+        short: None,
+        opt: Opt::HubbleListenAddress,
+        takes_value: true,
+        help: "Serve Hubble's observer API (gRPC: hubble observe, hubble status) with the flow stream's flows on this IP:PORT; empty turns it off. Loopback only for now: off loopback Hubble's API needs TLS with client certificates, which this version does not serve yet (default 127.0.0.1:4244)",
+        kube_proxy: false,
+        commands: &[],
+    },
+    OptSpec {
         name: "nftables-backend",
         short: None,
         opt: Opt::NftablesBackend,
@@ -674,6 +687,10 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, UsageError>
         flow_log_limits: verdict_node::flows::FlowLogLimits::default(),
         flow_log_limits_given: false,
         api_bind_address: None,
+        hubble_listen_address: Some(std::net::SocketAddr::from((
+            std::net::Ipv4Addr::LOCALHOST,
+            4244,
+        ))),
         service_metrics: verdict_model::MetricsSelection::default(),
         nftables_backend: crate::config::NftablesBackend::default(),
         help: false,
@@ -840,6 +857,9 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, UsageError>
                                 "--api-bind-address {value:?}: give an IP:PORT (0.0.0.0:10259, [::]:10259)"
                             ))
                         })?)
+                    }
+                    Opt::HubbleListenAddress => {
+                        cli.hubble_listen_address = hubble_address(&value)?
                     }
                     Opt::NftablesBackend => {
                         cli.nftables_backend = value.parse().map_err(UsageError)?
@@ -1177,6 +1197,24 @@ Flags:
     out
 }
 
+/// `--hubble-listen-address`: an address on loopback, or empty (off).
+fn hubble_address(value: &str) -> Result<Option<std::net::SocketAddr>, UsageError> {
+    if value.is_empty() {
+        return Ok(None);
+    }
+    let addr: std::net::SocketAddr = value.parse().map_err(|_| {
+        UsageError(format!(
+            "--hubble-listen-address {value:?}: give an IP:PORT (127.0.0.1:4244), or nothing to turn it off"
+        ))
+    })?;
+    if !addr.ip().is_loopback() {
+        return Err(UsageError(format!(
+            "--hubble-listen-address {value:?}: off loopback, Hubble's API reveals every flow and needs TLS with client certificates, which this version of verdict does not serve yet; give a loopback address"
+        )));
+    }
+    Ok(Some(addr))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1208,6 +1246,26 @@ mod tests {
             both.is_err_and(|e| e.0.contains("--flows=false")),
             "a flow log of a stream turned off"
         );
+    }
+
+    #[test]
+    fn hubbles_api_is_on_loopback_by_default_and_refused_off_it() {
+        let default = parse_str(&[]).unwrap();
+        assert_eq!(
+            default.hubble_listen_address,
+            Some("127.0.0.1:4244".parse().unwrap())
+        );
+        let off = parse_str(&["--hubble-listen-address="]).unwrap();
+        assert_eq!(off.hubble_listen_address, None);
+        let v6 = parse_str(&["--hubble-listen-address", "[::1]:4245"]).unwrap();
+        assert_eq!(
+            v6.hubble_listen_address,
+            Some("[::1]:4245".parse().unwrap())
+        );
+        let open = parse_str(&["--hubble-listen-address", "0.0.0.0:4244"]);
+        assert!(open.is_err_and(|e| e.0.contains("TLS")), "off loopback");
+        let junk = parse_str(&["--hubble-listen-address", ":4244"]);
+        assert!(junk.is_err_and(|e| e.0.contains("give an IP:PORT")));
     }
 
     #[test]

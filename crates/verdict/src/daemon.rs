@@ -271,6 +271,7 @@ pub fn run(settings: &Settings, source: &SourceFlags, verbosity: &Verbosity) -> 
         Some(opened) => Some(start_flows(settings, opened, &handle, &metrics)?),
         None => None,
     };
+    serve_hubble(settings, flows.as_ref(), &name);
     let api_for = |exposure: Exposure| {
         api::handler(
             handle.clone(),
@@ -390,6 +391,35 @@ pub fn run(settings: &Settings, source: &SourceFlags, verbosity: &Verbosity) -> 
     };
     verdict_node::run(node, kernel, inputs)?;
     Ok(())
+}
+
+/// Hubble's observer API on `--hubble-listen-address`, over the flow
+/// stream's store: a listener that cannot start is a warning, as the
+/// flow stream's own is.
+fn serve_hubble(
+    settings: &Settings,
+    flows: Option<&Arc<verdict_node::flows::FlowStore>>,
+    node_name: &str,
+) {
+    let Some(addr) = settings.hubble_listen_address else {
+        return;
+    };
+    let Some(store) = flows else {
+        tracing::info!(%addr, "the flow stream is off: Hubble's API is not served");
+        return;
+    };
+    let source = Arc::new(verdict_node::hubble::HubbleFlows::new(
+        store.clone(),
+        node_name,
+    ));
+    match verdict_hubble::grpc::serve(addr, source) {
+        Ok(bound) => {
+            tracing::info!(address = %bound, "serving Hubble's observer API (hubble observe --server {bound})")
+        }
+        Err(e) => {
+            tracing::warn!(%addr, error = %e, "cannot serve Hubble's observer API (--hubble-listen-address; empty turns it off)")
+        }
+    }
 }
 
 /// The flow stream's sources, opened (`None`: the stream is off): the

@@ -171,6 +171,9 @@ pub struct Settings {
     /// Where the API and the web view are served to other hosts, with a
     /// bearer token (`--api-bind-address`, verdict's own).
     pub api_bind_address: Option<SocketAddr>,
+    /// Where Hubble's observer API is served, on loopback
+    /// (`--hubble-listen-address`, Cilium's name; `None`: off).
+    pub hubble_listen_address: Option<SocketAddr>,
     /// Which Services get series of their own (`--service-metrics`,
     /// `--service-metrics-namespaces`, `--service-metrics-selector`,
     /// verdict's own; none by default).
@@ -221,6 +224,7 @@ impl std::default::Default for Settings {
             flow_log: None,
             flow_log_limits: verdict_node::flows::FlowLogLimits::default(),
             api_bind_address: None,
+            hubble_listen_address: Some(SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, 4244))),
             service_metrics: verdict_model::MetricsSelection::default(),
             nftables_backend: NftablesBackend::default(),
             flagz: std::collections::BTreeMap::new(),
