@@ -245,9 +245,14 @@ async fn get_flows(
     }
 }
 
-/// Serves `source` on `addr` (plaintext HTTP/2) on a runtime of its own
-/// thread, until the process ends; the address it listens on.
-pub fn serve(addr: SocketAddr, source: Arc<dyn FlowSource>) -> std::io::Result<SocketAddr> {
+/// Serves `source` on `addr` (HTTP/2, in TLS with `tls`, else plaintext)
+/// on a runtime of its own thread, until the process ends; the address it
+/// listens on.
+pub fn serve(
+    addr: SocketAddr,
+    source: Arc<dyn FlowSource>,
+    tls: Option<Arc<rustls::ServerConfig>>,
+) -> std::io::Result<SocketAddr> {
     let listener = std::net::TcpListener::bind(addr)?;
     listener.set_nonblocking(true)?;
     let bound = listener.local_addr()?;
@@ -259,11 +264,16 @@ pub fn serve(addr: SocketAddr, source: Arc<dyn FlowSource>) -> std::io::Result<S
         .build()?;
     std::thread::Builder::new()
         .name("hubble".into())
-        .spawn(move || runtime.block_on(accept(listener, source)))?;
+        .spawn(move || runtime.block_on(accept(listener, source, tls)))?;
     Ok(bound)
 }
 
-async fn accept(listener: std::net::TcpListener, source: Arc<dyn FlowSource>) {
+async fn accept(
+    listener: std::net::TcpListener,
+    source: Arc<dyn FlowSource>,
+    tls: Option<Arc<rustls::ServerConfig>>,
+) {
+    let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
     let listener = match tokio::net::TcpListener::from_std(listener) {
         Ok(l) => l,
         Err(e) => {
@@ -281,12 +291,29 @@ async fn accept(listener: std::net::TcpListener, source: Arc<dyn FlowSource>) {
             }
         };
         let source = source.clone();
+        let acceptor = acceptor.clone();
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |req| answer(source.clone(), req));
-            let served =
-                hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
-                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                    .await;
+            let http2 =
+                hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new());
+            let served = match acceptor {
+                None => {
+                    http2
+                        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                        .await
+                }
+                Some(a) => match a.accept(stream).await {
+                    Ok(tls) => {
+                        http2
+                            .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                            .await
+                    }
+                    Err(e) => {
+                        tracing::debug!(%peer, error = %e, "a Hubble client failed the TLS handshake");
+                        return;
+                    }
+                },
+            };
             if let Err(e) = served {
                 tracing::debug!(%peer, error = %e, "a Hubble client's connection ended");
             }

@@ -8,8 +8,10 @@
 //! * [`select`]: which flows a request selects.
 //! * [`grpc`]: the server (HTTP/2 through hyper); the node's flows come
 //!   through [`grpc::FlowSource`].
+//! * [`tls`]: TLS with client certificates, off loopback.
 
 pub mod grpc;
 pub mod proto;
 pub mod select;
+pub mod tls;
 pub mod wire;

@@ -141,6 +141,9 @@ pub struct Cli {
     /// `--hubble-listen-address` (Cilium's name; loopback 4244 by default,
     /// `None`: off).
     pub hubble_listen_address: Option<std::net::SocketAddr>,
+    /// `--hubble-tls-cert-file`, `--hubble-tls-key-file`,
+    /// `--hubble-tls-client-ca-files` (Cilium's names).
+    pub hubble_tls: HubbleTlsFlags,
     /// `--service-metrics`, `--service-metrics-namespaces` and
     /// `--service-metrics-selector` (verdict's own).
     pub service_metrics: verdict_model::MetricsSelection,
@@ -222,6 +225,9 @@ enum Opt {
     ServiceMetricsSelector,
     ApiBindAddress,
     HubbleListenAddress,
+    HubbleTlsCertFile,
+    HubbleTlsKeyFile,
+    HubbleTlsClientCaFiles,
     NftablesBackend,
     /// A flag of the introspection commands.
     Inspect,
@@ -474,7 +480,34 @@ const OPTIONS: &[OptSpec] = &[
         short: None,
         opt: Opt::HubbleListenAddress,
         takes_value: true,
-        help: "Serve Hubble's observer API (gRPC: hubble observe, hubble status) with the flow stream's flows on this IP:PORT; empty turns it off. Loopback only for now: off loopback Hubble's API needs TLS with client certificates, which this version does not serve yet (default 127.0.0.1:4244)",
+        help: "Serve Hubble's observer API (gRPC: hubble observe, hubble status) with the flow stream's flows on this IP:PORT; empty turns it off. Off loopback it needs TLS with client certificates (--hubble-tls-cert-file, --hubble-tls-key-file, --hubble-tls-client-ca-files) (default 127.0.0.1:4244)",
+        kube_proxy: false,
+        commands: &[],
+    },
+    OptSpec {
+        name: "hubble-tls-cert-file",
+        short: None,
+        opt: Opt::HubbleTlsCertFile,
+        takes_value: true,
+        help: "The certificate (PEM) Hubble's API presents in TLS; with --hubble-tls-key-file and --hubble-tls-client-ca-files",
+        kube_proxy: false,
+        commands: &[],
+    },
+    OptSpec {
+        name: "hubble-tls-key-file",
+        short: None,
+        opt: Opt::HubbleTlsKeyFile,
+        takes_value: true,
+        help: "The private key (PEM) of --hubble-tls-cert-file",
+        kube_proxy: false,
+        commands: &[],
+    },
+    OptSpec {
+        name: "hubble-tls-client-ca-files",
+        short: None,
+        opt: Opt::HubbleTlsClientCaFiles,
+        takes_value: true,
+        help: "Comma-separated CA files (PEM) that a Hubble client's certificate must chain to: with TLS every client shows one, as Hubble Relay does",
         kube_proxy: false,
         commands: &[],
     },
@@ -691,6 +724,7 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, UsageError>
             std::net::Ipv4Addr::LOCALHOST,
             4244,
         ))),
+        hubble_tls: HubbleTlsFlags::default(),
         service_metrics: verdict_model::MetricsSelection::default(),
         nftables_backend: crate::config::NftablesBackend::default(),
         help: false,
@@ -861,6 +895,16 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, UsageError>
                     Opt::HubbleListenAddress => {
                         cli.hubble_listen_address = hubble_address(&value)?
                     }
+                    Opt::HubbleTlsCertFile => cli.hubble_tls.cert = Some(value.into()),
+                    Opt::HubbleTlsKeyFile => cli.hubble_tls.key = Some(value.into()),
+                    Opt::HubbleTlsClientCaFiles => {
+                        cli.hubble_tls.client_cas = value
+                            .split(',')
+                            .map(str::trim)
+                            .filter(|f| !f.is_empty())
+                            .map(std::path::PathBuf::from)
+                            .collect()
+                    }
                     Opt::NftablesBackend => {
                         cli.nftables_backend = value.parse().map_err(UsageError)?
                     }
@@ -869,6 +913,7 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, UsageError>
             }
         }
     }
+    check_hubble(&cli)?;
     if cli.flow_log_limits_given && cli.flow_log.is_none() {
         return Err(UsageError(
             "--flow-log-max-size, --flow-log-max-backups and --flow-log-rate bound the --flow-log: give it too".into(),
@@ -1197,22 +1242,59 @@ Flags:
     out
 }
 
-/// `--hubble-listen-address`: an address on loopback, or empty (off).
+/// `--hubble-listen-address`: an address, or empty (off).
 fn hubble_address(value: &str) -> Result<Option<std::net::SocketAddr>, UsageError> {
     if value.is_empty() {
         return Ok(None);
     }
-    let addr: std::net::SocketAddr = value.parse().map_err(|_| {
+    value.parse().map(Some).map_err(|_| {
         UsageError(format!(
             "--hubble-listen-address {value:?}: give an IP:PORT (127.0.0.1:4244), or nothing to turn it off"
         ))
-    })?;
-    if !addr.ip().is_loopback() {
-        return Err(UsageError(format!(
-            "--hubble-listen-address {value:?}: off loopback, Hubble's API reveals every flow and needs TLS with client certificates, which this version of verdict does not serve yet; give a loopback address"
-        )));
+    })
+}
+
+/// The Hubble TLS flags as given.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HubbleTlsFlags {
+    /// `--hubble-tls-cert-file`.
+    pub cert: Option<std::path::PathBuf>,
+    /// `--hubble-tls-key-file`.
+    pub key: Option<std::path::PathBuf>,
+    /// `--hubble-tls-client-ca-files`.
+    pub client_cas: Vec<std::path::PathBuf>,
+}
+
+impl HubbleTlsFlags {
+    /// The files, when all three are given.
+    pub fn files(&self) -> Option<verdict_hubble::tls::TlsFiles> {
+        Some(verdict_hubble::tls::TlsFiles {
+            cert: self.cert.clone()?,
+            key: self.key.clone()?,
+            client_cas: (!self.client_cas.is_empty()).then(|| self.client_cas.clone())?,
+        })
     }
-    Ok(Some(addr))
+}
+
+/// Hubble's API reveals every flow: off loopback it is served only in
+/// TLS with client certificates, and the TLS flags come together.
+fn check_hubble(cli: &Cli) -> Result<(), UsageError> {
+    let t = &cli.hubble_tls;
+    let given = t.cert.is_some() || t.key.is_some() || !t.client_cas.is_empty();
+    if given && t.files().is_none() {
+        return Err(UsageError(
+            "--hubble-tls-cert-file, --hubble-tls-key-file and --hubble-tls-client-ca-files go together: every Hubble client shows a certificate".into(),
+        ));
+    }
+    match cli.hubble_listen_address {
+        Some(a) if !a.ip().is_loopback() && !given => Err(UsageError(format!(
+            "--hubble-listen-address {a}: off loopback, Hubble's API reveals every flow: give --hubble-tls-cert-file, --hubble-tls-key-file and --hubble-tls-client-ca-files, or a loopback address"
+        ))),
+        None if given => Err(UsageError(
+            "the --hubble-tls-* flags are for --hubble-listen-address, which is empty".into(),
+        )),
+        _ => Ok(()),
+    }
 }
 
 #[cfg(test)]
@@ -1263,7 +1345,28 @@ mod tests {
             Some("[::1]:4245".parse().unwrap())
         );
         let open = parse_str(&["--hubble-listen-address", "0.0.0.0:4244"]);
-        assert!(open.is_err_and(|e| e.0.contains("TLS")), "off loopback");
+        assert!(
+            open.is_err_and(|e| e.0.contains("--hubble-tls-cert-file")),
+            "off loopback"
+        );
+        let tls = [
+            "--hubble-listen-address",
+            "0.0.0.0:4244",
+            "--hubble-tls-cert-file",
+            "/etc/hubble/tls.crt",
+            "--hubble-tls-key-file",
+            "/etc/hubble/tls.key",
+            "--hubble-tls-client-ca-files",
+            "/etc/hubble/ca.crt, /etc/hubble/ca2.crt",
+        ];
+        let with = parse_str(&tls).unwrap();
+        let files = with.hubble_tls.files().unwrap();
+        assert_eq!(files.client_cas.len(), 2);
+        let half = parse_str(&tls[..6]);
+        assert!(half.is_err_and(|e| e.0.contains("go together")));
+        let mut off = tls.to_vec();
+        off[1] = "";
+        assert!(parse_str(&off).is_err_and(|e| e.0.contains("empty")));
         let junk = parse_str(&["--hubble-listen-address", ":4244"]);
         assert!(junk.is_err_and(|e| e.0.contains("give an IP:PORT")));
     }

@@ -408,13 +408,26 @@ fn serve_hubble(
         tracing::info!(%addr, "the flow stream is off: Hubble's API is not served");
         return;
     };
+    let tls = match settings
+        .hubble_tls
+        .as_ref()
+        .map(verdict_hubble::tls::server_config)
+    {
+        None => None,
+        Some(Ok(config)) => Some(config),
+        Some(Err(e)) => {
+            tracing::warn!(%addr, error = %e, "cannot serve Hubble's observer API in TLS (--hubble-tls-*): it is not served");
+            return;
+        }
+    };
+    let in_tls = tls.is_some();
     let source = Arc::new(verdict_node::hubble::HubbleFlows::new(
         store.clone(),
         node_name,
     ));
-    match verdict_hubble::grpc::serve(addr, source) {
+    match verdict_hubble::grpc::serve(addr, source, tls) {
         Ok(bound) => {
-            tracing::info!(address = %bound, "serving Hubble's observer API (hubble observe --server {bound})")
+            tracing::info!(address = %bound, tls = in_tls, "serving Hubble's observer API (hubble observe --server {bound})")
         }
         Err(e) => {
             tracing::warn!(%addr, error = %e, "cannot serve Hubble's observer API (--hubble-listen-address; empty turns it off)")

@@ -109,6 +109,7 @@ fn main() -> ExitCode {
     settings.flow_log_limits = cli.flow_log_limits;
     settings.api_bind_address = cli.api_bind_address;
     settings.hubble_listen_address = cli.hubble_listen_address;
+    settings.hubble_tls = cli.hubble_tls.files();
     settings.service_metrics = cli.service_metrics.clone();
     settings.nftables_backend = cli.nftables_backend;
     // What the flags alone say, as kube-proxy's /flagz shows them.

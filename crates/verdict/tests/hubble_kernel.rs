@@ -236,3 +236,148 @@ fn hubble_observes_forwarded_rejected_and_dropped_connections() {
         .count();
     assert_eq!(rejected, 3, "{followed:#?}");
 }
+
+/// A CA, the node's serving certificate (for its address and the name
+/// Hubble Relay would expect) and a client certificate, in `dir`.
+fn certificates(dir: &std::path::Path) {
+    let d = |n: &str| dir.join(n).to_string_lossy().into_owned();
+    let ssl = |args: &[&str]| {
+        let out = std::process::Command::new("openssl")
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "openssl {args:?}: {out:?}");
+    };
+    ssl(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        &d("ca.key"),
+        "-out",
+        &d("ca.crt"),
+        "-days",
+        "2",
+        "-subj",
+        "/CN=hubble-test-ca",
+    ]);
+    for (name, ext) in [
+        (
+            "server",
+            "subjectAltName=IP:192.168.0.2,DNS:test-node.default.hubble-grpc.cilium.io\nextendedKeyUsage=serverAuth\n",
+        ),
+        ("client", "extendedKeyUsage=clientAuth\n"),
+    ] {
+        ssl(&[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            &d(&format!("{name}.key")),
+            "-out",
+            &d(&format!("{name}.csr")),
+            "-subj",
+            &format!("/CN={name}"),
+        ]);
+        std::fs::write(dir.join(format!("{name}.ext")), ext).unwrap();
+        ssl(&[
+            "x509",
+            "-req",
+            "-in",
+            &d(&format!("{name}.csr")),
+            "-CA",
+            &d("ca.crt"),
+            "-CAkey",
+            &d("ca.key"),
+            "-CAcreateserial",
+            "-out",
+            &d(&format!("{name}.crt")),
+            "-days",
+            "2",
+            "-extfile",
+            &d(&format!("{name}.ext")),
+        ]);
+    }
+}
+
+#[test]
+fn off_loopback_hubble_is_served_in_tls_to_clients_with_a_certificate_only() {
+    let Some(mut bed) = bed() else {
+        return;
+    };
+    let Some(hubble) = hubble() else {
+        return;
+    };
+    bed.add_pod(ip("10.180.0.1"), Placement::Local, &[80], &[])
+        .unwrap();
+    bed.add_pod(ip("10.0.0.2"), Placement::Local, &[], &[])
+        .unwrap();
+    let dir = scratch_dir("hubble-tls");
+    write(&dir, "cluster.yaml", MANIFESTS);
+    certificates(&dir);
+    let d = |n: &str| dir.join(n).to_string_lossy().into_owned();
+    let log = dir.join("verdict.log");
+    let dir_s = dir.to_string_lossy().into_owned();
+    let mut args = vec!["run".to_owned()];
+    args.extend(node_flags(&dir_s));
+    args.extend(
+        [
+            "--min-sync-period",
+            "0s",
+            "--hubble-listen-address",
+            "192.168.0.2:4244",
+            "--hubble-tls-cert-file",
+            &d("server.crt"),
+            "--hubble-tls-key-file",
+            &d("server.key"),
+            "--hubble-tls-client-ca-files",
+            &d("ca.crt"),
+        ]
+        .map(str::to_owned),
+    );
+    let _daemon = spawn_verdict(&bed, args, &log, None);
+    assert_eq!(wait_for(&bed, "10.180.0.1:80"), "10.180.0.1:80");
+    let server = ["--server", "192.168.0.2:4244"];
+    let tls = [
+        "--tls",
+        "--tls-server-name",
+        "test-node.default.hubble-grpc.cilium.io",
+        "--tls-ca-cert-files",
+        &d("ca.crt"),
+    ];
+    let client = [
+        "--tls-client-cert-file",
+        &d("client.crt"),
+        "--tls-client-key-file",
+        &d("client.key"),
+    ];
+    // From another host, with a client certificate: answered.
+    let run = |args: Vec<&str>| bed.ext.exec(&hubble, &args);
+    let mut status: Vec<&str> = vec!["status"];
+    status.extend(server);
+    status.extend(tls);
+    status.extend(client);
+    let ok = run(status.clone())
+        .unwrap_or_else(|e| panic!("{e}\n{}", std::fs::read_to_string(&log).unwrap_or_default()));
+    assert!(
+        ok.contains("Healthcheck (via 192.168.0.2:4244): Ok"),
+        "{ok}"
+    );
+    let _ = bed.connect(ip("10.0.0.2"), ip("172.30.0.43"), "tcp", 80, 1000);
+    std::thread::sleep(Duration::from_secs(1));
+    let mut observe: Vec<&str> = vec!["observe", "-o", "json", "--last", "10"];
+    observe.extend(server);
+    observe.extend(tls);
+    observe.extend(client);
+    let flows = run(observe).unwrap();
+    assert!(flows.contains("SERVICE_BACKEND_NOT_FOUND"), "{flows}");
+    // Without a client certificate, or in plaintext: refused.
+    let without = run(status[..status.len() - 4].to_vec());
+    assert!(without.is_err(), "{without:?}");
+    let mut plain: Vec<&str> = vec!["status"];
+    plain.extend(server);
+    assert!(run(plain).is_err());
+}

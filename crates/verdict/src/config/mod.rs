@@ -174,6 +174,10 @@ pub struct Settings {
     /// Where Hubble's observer API is served, on loopback
     /// (`--hubble-listen-address`, Cilium's name; `None`: off).
     pub hubble_listen_address: Option<SocketAddr>,
+    /// Hubble's API in TLS with client certificates
+    /// (`--hubble-tls-cert-file`, `--hubble-tls-key-file`,
+    /// `--hubble-tls-client-ca-files`).
+    pub hubble_tls: Option<verdict_hubble::tls::TlsFiles>,
     /// Which Services get series of their own (`--service-metrics`,
     /// `--service-metrics-namespaces`, `--service-metrics-selector`,
     /// verdict's own; none by default).
@@ -225,6 +229,7 @@ impl std::default::Default for Settings {
             flow_log_limits: verdict_node::flows::FlowLogLimits::default(),
             api_bind_address: None,
             hubble_listen_address: Some(SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, 4244))),
+            hubble_tls: None,
             service_metrics: verdict_model::MetricsSelection::default(),
             nftables_backend: NftablesBackend::default(),
             flagz: std::collections::BTreeMap::new(),
