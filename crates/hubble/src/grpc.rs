@@ -28,6 +28,15 @@ pub trait FlowSource: Send + Sync + 'static {
     fn flows_after(&self, after: u64) -> Vec<(u64, Flow)>;
     /// What `ServerStatus` says.
     fn status(&self) -> ServerStatus;
+    /// The node's name, for `GetNodes`.
+    fn node_name(&self) -> String;
+}
+
+/// Where the server listens, and whether in TLS, for `GetNodes`.
+#[derive(Clone, Debug)]
+struct Listening {
+    address: String,
+    tls: bool,
 }
 
 /// How often a follower looks for new flows.
@@ -132,6 +141,7 @@ fn unframe(body: &[u8]) -> Result<&[u8], String> {
 /// Answers one request.
 async fn answer(
     source: Arc<dyn FlowSource>,
+    here: Arc<Listening>,
     req: Request<Incoming>,
 ) -> Result<Response<Stream>, Infallible> {
     let (tx, rx) = mpsc::channel(QUEUE);
@@ -157,6 +167,23 @@ async fn answer(
         "/observer.Observer/ServerStatus" => {
             let _ = tx.send(Ok(frame(&source.status().encode()))).await;
         }
+        "/observer.Observer/GetNodes" => {
+            let nodes = proto::nodes_response(
+                &source.node_name(),
+                &here.address,
+                here.tls,
+                &source.status(),
+            );
+            let _ = tx.send(Ok(frame(&nodes))).await;
+        }
+        "/observer.Observer/GetNamespaces" => {
+            let s = source.clone();
+            let answer = match tokio::task::spawn_blocking(move || s.flows_after(0)).await {
+                Ok(flows) => Ok(frame(&namespaces(&flows))),
+                Err(e) => Err((Code::Internal, e.to_string())),
+            };
+            let _ = tx.send(answer).await;
+        }
         "/observer.Observer/GetFlows" => match GetFlowsRequest::decode(&body) {
             Ok(request) => {
                 tokio::spawn(get_flows(source, request, tx));
@@ -175,6 +202,24 @@ async fn answer(
         }
     }
     Ok(respond(rx))
+}
+
+/// `GetNamespaces`: the namespaces of the Services and pods in the stored
+/// flows, in name order.
+fn namespaces(flows: &[(u64, Flow)]) -> Vec<u8> {
+    let names: std::collections::BTreeSet<&str> = flows
+        .iter()
+        .flat_map(|(_, f)| {
+            [
+                f.destination_service.as_ref().map(|(ns, _)| ns.as_str()),
+                Some(f.source.namespace.as_str()),
+                Some(f.destination.namespace.as_str()),
+            ]
+        })
+        .flatten()
+        .filter(|ns| !ns.is_empty())
+        .collect();
+    proto::namespaces_response(names)
 }
 
 async fn read_body(body: Incoming) -> Result<Vec<u8>, String> {
@@ -273,6 +318,13 @@ async fn accept(
     source: Arc<dyn FlowSource>,
     tls: Option<Arc<rustls::ServerConfig>>,
 ) {
+    let here = Arc::new(Listening {
+        address: listener
+            .local_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_default(),
+        tls: tls.is_some(),
+    });
     let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
     let listener = match tokio::net::TcpListener::from_std(listener) {
         Ok(l) => l,
@@ -292,8 +344,10 @@ async fn accept(
         };
         let source = source.clone();
         let acceptor = acceptor.clone();
+        let here = here.clone();
         tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req| answer(source.clone(), req));
+            let service =
+                hyper::service::service_fn(move |req| answer(source.clone(), here.clone(), req));
             let http2 =
                 hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new());
             let served = match acceptor {

@@ -400,6 +400,35 @@ impl ServerStatus {
     }
 }
 
+/// `observer.GetNodesResponse` of one node, connected: its name, its
+/// Hubble address, whether it speaks TLS, and its counts.
+pub fn nodes_response(name: &str, address: &str, tls: bool, status: &ServerStatus) -> Vec<u8> {
+    let mut w = Writer::new();
+    w.message(1, |n| {
+        n.string(1, name);
+        n.string(2, &status.version);
+        n.string(3, address);
+        // relay.NodeState NODE_CONNECTED.
+        n.uint(4, 1);
+        n.message(5, |t| t.bool(1, tls));
+        n.uint(6, status.uptime_ns);
+        n.uint(7, status.num_flows);
+        n.uint(8, status.max_flows);
+        n.uint(9, status.seen_flows);
+    });
+    w.finish()
+}
+
+/// `observer.GetNamespacesResponse`: `namespaces`, each in no cluster
+/// name (verdict knows none).
+pub fn namespaces_response<'a>(namespaces: impl IntoIterator<Item = &'a str>) -> Vec<u8> {
+    let mut w = Writer::new();
+    for ns in namespaces {
+        w.message(1, |n| n.string(2, ns));
+    }
+    w.finish()
+}
+
 /// `grpc.health.v1.HealthCheckRequest`'s `service`.
 pub fn health_service(b: &[u8]) -> Result<String, DecodeError> {
     let mut service = String::new();

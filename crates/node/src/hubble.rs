@@ -56,6 +56,10 @@ impl FlowSource for HubbleFlows {
             flows_rate: 0.0,
         }
     }
+
+    fn node_name(&self) -> String {
+        self.node_name.clone()
+    }
 }
 
 /// Hubble's drop reason for a refusal's reason, in the words of

@@ -159,6 +159,24 @@ fn hubble_observes_forwarded_rejected_and_dropped_connections() {
         .collect();
     assert!(times.windows(2).all(|w| w[0] <= w[1]), "{all:#?}");
 
+    // This node, and the namespaces its flows name.
+    let nodes = bed
+        .node
+        .exec(&hubble, &["list", "nodes", "--server", "127.0.0.1:4244"])
+        .unwrap();
+    assert!(
+        nodes.contains("test-node") && nodes.contains("Connected"),
+        "{nodes}"
+    );
+    let namespaces = bed
+        .node
+        .exec(
+            &hubble,
+            &["list", "namespaces", "--server", "127.0.0.1:4244"],
+        )
+        .unwrap();
+    assert!(namespaces.contains("shop"), "{namespaces}");
+
     // The compact lines an operator reads: the type column from the
     // event type, the arrow from is_reply, the Service for the address.
     let compact = bed
