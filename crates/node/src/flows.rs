@@ -637,23 +637,26 @@ impl FlowStore {
     }
 }
 
+/// A flow's `reason`: the Service port has no usable endpoint.
+pub const NO_ENDPOINTS: &str = "no endpoints";
+/// A flow's `reason`: a port of a ClusterIP its Service does not have.
+pub const INVALID_PORT: &str = "a port the Service does not have";
+/// A flow's `reason`: the client is outside `loadBalancerSourceRanges`.
+pub const SOURCE_RANGE: &str = "source outside loadBalancerSourceRanges";
+/// A flow's `reason`: the traffic policy is Local and no endpoint is here.
+pub const NO_LOCAL_ENDPOINT: &str = "no local endpoint for a Local traffic policy";
+/// A flow's `reason`: an address of the service CIDRs no Service has.
+pub const UNALLOCATED: &str = "unallocated ClusterIP";
+
 /// The reason in words, and the verdict, of a log prefix of verdict's
 /// table (`None`: not one of verdict's).
 pub fn reason_of(prefix: &str) -> Option<(FlowVerdict, &'static str)> {
     Some(match prefix {
-        layout::LOG_REJECTED_NO_ENDPOINTS => (FlowVerdict::Rejected, "no endpoints"),
-        layout::LOG_REJECTED_INVALID_PORT => {
-            (FlowVerdict::Rejected, "a port the Service does not have")
-        }
-        layout::LOG_DROPPED_SOURCE_RANGE => (
-            FlowVerdict::Dropped,
-            "source outside loadBalancerSourceRanges",
-        ),
-        layout::LOG_DROPPED_NO_LOCAL_ENDPOINT => (
-            FlowVerdict::Dropped,
-            "no local endpoint for a Local traffic policy",
-        ),
-        layout::LOG_DROPPED_UNALLOCATED => (FlowVerdict::Dropped, "unallocated ClusterIP"),
+        layout::LOG_REJECTED_NO_ENDPOINTS => (FlowVerdict::Rejected, NO_ENDPOINTS),
+        layout::LOG_REJECTED_INVALID_PORT => (FlowVerdict::Rejected, INVALID_PORT),
+        layout::LOG_DROPPED_SOURCE_RANGE => (FlowVerdict::Dropped, SOURCE_RANGE),
+        layout::LOG_DROPPED_NO_LOCAL_ENDPOINT => (FlowVerdict::Dropped, NO_LOCAL_ENDPOINT),
+        layout::LOG_DROPPED_UNALLOCATED => (FlowVerdict::Dropped, UNALLOCATED),
         _ => return None,
     })
 }

@@ -10,7 +10,7 @@ use std::time::Instant;
 use verdict_hubble::grpc::FlowSource;
 use verdict_hubble::proto::{DropReason, Endpoint, Flow, L4, ServerStatus, Timestamp, Verdict};
 
-use crate::flows::{FlowFilter, FlowRecord, FlowStore, FlowVerdict};
+use crate::flows::{self, FlowFilter, FlowRecord, FlowStore, FlowVerdict};
 
 /// The node's flow store, for Hubble's API.
 pub struct HubbleFlows {
@@ -62,12 +62,12 @@ impl FlowSource for HubbleFlows {
     }
 }
 
-/// Hubble's drop reason for a refusal's reason, in the words of
-/// [`crate::flows::reason_of`].
+/// Hubble's drop reason for a refusal's reason (one of
+/// [`crate::flows::reason_of`]'s).
 fn drop_reason(reason: Option<&str>) -> DropReason {
     match reason {
-        Some(r) if r.contains("loadBalancerSourceRanges") => DropReason::PolicyDenied,
-        Some(r) if r.contains("unallocated") => DropReason::StaleOrUnroutableIp,
+        Some(flows::SOURCE_RANGE) => DropReason::PolicyDenied,
+        Some(flows::UNALLOCATED) => DropReason::StaleOrUnroutableIp,
         _ => DropReason::ServiceBackendNotFound,
     }
 }

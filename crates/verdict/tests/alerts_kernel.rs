@@ -95,31 +95,6 @@ fn series(scrapes: &[String]) -> BTreeMap<String, Vec<Option<f64>>> {
     out
 }
 
-fn promtool(args: &[&str], dir: &Path) -> Option<String> {
-    let out = match std::process::Command::new("promtool")
-        .args(args)
-        .current_dir(dir)
-        .output()
-    {
-        Ok(out) => out,
-        Err(e) => {
-            assert!(
-                std::env::var_os("VERDICT_REQUIRE_PROMTOOL").is_none(),
-                "promtool: {e}"
-            );
-            println!("promtool is not installed: skipped");
-            return None;
-        }
-    };
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "promtool {args:?}:\n{said}");
-    Some(said)
-}
-
 #[test]
 fn the_no_endpoint_alerts_fire_on_what_verdict_exports() {
     let Some(mut bed) = bed() else {

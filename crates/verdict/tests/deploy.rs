@@ -5,6 +5,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
+use common::promtool;
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::apps::v1::DaemonSet;
@@ -196,34 +199,6 @@ fn verdict_accepts_the_configuration_in_the_configmap() {
 
 fn monitoring_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/monitoring")
-}
-
-/// Runs promtool, where it is installed (CI installs it, and sets
-/// `VERDICT_REQUIRE_PROMTOOL=1` so that its absence fails). Returns its
-/// output, or `None` when it is not installed.
-fn promtool(args: &[&str], dir: &Path) -> Option<String> {
-    let out = match std::process::Command::new("promtool")
-        .args(args)
-        .current_dir(dir)
-        .output()
-    {
-        Ok(out) => out,
-        Err(e) => {
-            assert!(
-                std::env::var_os("VERDICT_REQUIRE_PROMTOOL").is_none(),
-                "promtool: {e}"
-            );
-            println!("promtool is not installed: skipped");
-            return None;
-        }
-    };
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "promtool {args:?}:\n{said}");
-    Some(said)
 }
 
 /// The PrometheusRule's groups as a plain rule file, as promtool reads them.

@@ -56,32 +56,60 @@ fn verdicts(flows: &[Json]) -> Vec<&str> {
         .collect()
 }
 
-#[test]
-fn hubble_observes_forwarded_rejected_and_dropped_connections() {
-    let Some(mut bed) = bed() else {
-        return;
-    };
-    let Some(hubble) = hubble() else {
-        return;
-    };
+/// A node of the test bed with the web pod and a client pod, verdict
+/// running on [`MANIFESTS`] and programmed, and the hubble CLI; `flags`
+/// gives verdict's flags beyond the node's, given the scratch directory
+/// (for files it writes there first).
+struct Node {
+    bed: TestBed,
+    hubble: String,
+    dir: std::path::PathBuf,
+    log: std::path::PathBuf,
+    _daemon: verdict_e2e::netns::Process,
+}
+
+fn node(tag: &str, flags: impl FnOnce(&std::path::Path) -> Vec<String>) -> Option<Node> {
+    let mut bed = bed()?;
+    let hubble = hubble()?;
     bed.add_pod(ip("10.180.0.1"), Placement::Local, &[80], &[])
         .unwrap();
     bed.add_pod(ip("10.0.0.2"), Placement::Local, &[], &[])
         .unwrap();
-    let dir = scratch_dir("hubble");
+    let dir = scratch_dir(tag);
     write(&dir, "cluster.yaml", MANIFESTS);
     let log = dir.join("verdict.log");
-    let dir_s = dir.to_string_lossy().into_owned();
     let mut args = vec!["run".to_owned()];
-    args.extend(node_flags(&dir_s));
+    args.extend(node_flags(&dir.to_string_lossy()));
     args.extend(["--min-sync-period".to_owned(), "0s".to_owned()]);
-    let _daemon = spawn_verdict(&bed, args, &log, None);
+    args.extend(flags(&dir));
+    let daemon = spawn_verdict(&bed, args, &log, None);
     assert_eq!(
         wait_for(&bed, "10.180.0.1:80"),
         "10.180.0.1:80",
         "{}",
         std::fs::read_to_string(&log).unwrap_or_default()
     );
+    Some(Node {
+        bed,
+        hubble,
+        dir,
+        log,
+        _daemon: daemon,
+    })
+}
+
+#[test]
+fn hubble_observes_forwarded_rejected_and_dropped_connections() {
+    let Some(Node {
+        bed,
+        hubble,
+        log,
+        _daemon,
+        ..
+    }) = node("hubble", |_| Vec::new())
+    else {
+        return;
+    };
     // `hubble status` asks the health service, then ServerStatus.
     let status = bed
         .node
@@ -323,41 +351,30 @@ fn certificates(dir: &std::path::Path) {
 
 #[test]
 fn off_loopback_hubble_is_served_in_tls_to_clients_with_a_certificate_only() {
-    let Some(mut bed) = bed() else {
-        return;
-    };
-    let Some(hubble) = hubble() else {
-        return;
-    };
-    bed.add_pod(ip("10.180.0.1"), Placement::Local, &[80], &[])
-        .unwrap();
-    bed.add_pod(ip("10.0.0.2"), Placement::Local, &[], &[])
-        .unwrap();
-    let dir = scratch_dir("hubble-tls");
-    write(&dir, "cluster.yaml", MANIFESTS);
-    certificates(&dir);
-    let d = |n: &str| dir.join(n).to_string_lossy().into_owned();
-    let log = dir.join("verdict.log");
-    let dir_s = dir.to_string_lossy().into_owned();
-    let mut args = vec!["run".to_owned()];
-    args.extend(node_flags(&dir_s));
-    args.extend(
-        [
-            "--min-sync-period",
-            "0s",
-            "--hubble-listen-address",
-            "192.168.0.2:4244",
-            "--hubble-tls-cert-file",
-            &d("server.crt"),
-            "--hubble-tls-key-file",
-            &d("server.key"),
-            "--hubble-tls-client-ca-files",
-            &d("ca.crt"),
+    let Some(Node {
+        bed,
+        hubble,
+        dir,
+        log,
+        _daemon,
+    }) = node("hubble-tls", |dir| {
+        certificates(dir);
+        let d = |n: &str| dir.join(n).to_string_lossy().into_owned();
+        vec![
+            "--hubble-listen-address".to_owned(),
+            "192.168.0.2:4244".to_owned(),
+            "--hubble-tls-cert-file".to_owned(),
+            d("server.crt"),
+            "--hubble-tls-key-file".to_owned(),
+            d("server.key"),
+            "--hubble-tls-client-ca-files".to_owned(),
+            d("ca.crt"),
         ]
-        .map(str::to_owned),
-    );
-    let _daemon = spawn_verdict(&bed, args, &log, None);
-    assert_eq!(wait_for(&bed, "10.180.0.1:80"), "10.180.0.1:80");
+    })
+    else {
+        return;
+    };
+    let d = |n: &str| dir.join(n).to_string_lossy().into_owned();
     let server = ["--server", "192.168.0.2:4244"];
     let tls = [
         "--tls",

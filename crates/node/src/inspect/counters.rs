@@ -44,27 +44,6 @@ use crate::inspect::answers::{
 };
 use crate::view::{NodeHandle, ServiceView};
 
-/// A reason's verdict and what it means, in words.
-pub fn reason_words(reason: &str) -> (&'static str, &'static str) {
-    match reason {
-        "no_endpoints" => ("rejected", "the Service port has no usable endpoint"),
-        "invalid_port" => (
-            "rejected",
-            "a ClusterIP on a port its Service does not have",
-        ),
-        "source_range" => ("dropped", "the client is outside loadBalancerSourceRanges"),
-        "no_local_endpoint" => (
-            "dropped",
-            "the traffic policy is Local and no endpoint is on this node",
-        ),
-        "unallocated_cluster_ip" => (
-            "dropped",
-            "an address of the service CIDRs that no Service has",
-        ),
-        _ => ("dropped", "unknown reason"),
-    }
-}
-
 /// The port of `view` an answer names by its name and protocol.
 fn answered_port<'v>(
     view: &'v ServiceView,

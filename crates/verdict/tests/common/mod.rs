@@ -297,3 +297,31 @@ pub fn get_from(
     let body = out.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_owned();
     (code, body)
 }
+
+/// Runs promtool, where it is installed (CI installs it, and sets
+/// `VERDICT_REQUIRE_PROMTOOL=1` so that its absence fails). Returns its
+/// output, or `None` when it is not installed.
+pub fn promtool(args: &[&str], dir: &std::path::Path) -> Option<String> {
+    let out = match std::process::Command::new("promtool")
+        .args(args)
+        .current_dir(dir)
+        .output()
+    {
+        Ok(out) => out,
+        Err(e) => {
+            assert!(
+                std::env::var_os("VERDICT_REQUIRE_PROMTOOL").is_none(),
+                "promtool: {e}"
+            );
+            println!("promtool is not installed: skipped");
+            return None;
+        }
+    };
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "promtool {args:?}:\n{said}");
+    Some(said)
+}

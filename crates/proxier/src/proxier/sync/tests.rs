@@ -56,6 +56,16 @@ fn plan_of(p: &mut Proxier, full: bool, read: Option<ReadBack>, now: Instant) ->
     p.plan(tx, &adopted, touched.as_ref(), full, now)
 }
 
+/// What moving shop/web's second endpoint from 10.180.0.2 to 10.180.0.9
+/// plans: its slot in the endpoint map and its hairpin element (the
+/// endpoints are this node's), nothing else.
+const MOVED: [&str; 4] = [
+    "delete element ip verdict hairpin-connections { 10.180.0.2 . 10.180.0.2 . tcp . 80 }",
+    "delete element ip verdict service-endpoints-tcp { 172.30.0.41 . 80 . 1 }",
+    "add element ip verdict hairpin-connections { 10.180.0.9 . 10.180.0.9 . tcp . 80 }",
+    "add element ip verdict service-endpoints-tcp { 172.30.0.41 . 80 . 1 : 10.180.0.9 . 80 }",
+];
+
 fn ops(plan: &Plan) -> Vec<String> {
     plan.tx.to_string().lines().map(str::to_owned).collect()
 }
@@ -71,17 +81,7 @@ fn a_partial_sync_plans_only_the_elements_of_the_endpoint_that_moved() {
     // are this node's) change, nothing else.
     web(&mut p, &["10.180.0.1", "10.180.0.9"]);
     let plan = plan_of(&mut p, false, None, t0 + Duration::from_millis(10));
-    assert_eq!(
-        ops(&plan),
-        [
-            "delete element ip verdict hairpin-connections { 10.180.0.2 . 10.180.0.2 . tcp . 80 }",
-            "delete element ip verdict service-endpoints-tcp { 172.30.0.41 . 80 . 1 }",
-            "add element ip verdict hairpin-connections { 10.180.0.9 . 10.180.0.9 . tcp . 80 }",
-            "add element ip verdict service-endpoints-tcp { 172.30.0.41 . 80 . 1 : 10.180.0.9 . 80 }",
-        ],
-        "{}",
-        plan.tx
-    );
+    assert_eq!(ops(&plan), MOVED, "{}", plan.tx);
     assert!(plan.staged.staged.is_empty() && plan.staged.compacted.is_none());
     assert!(plan.emptied.is_empty());
 }
@@ -174,17 +174,7 @@ fn a_restart_adopts_the_table_read_back_and_plans_only_what_differs() {
         replace: false,
     };
     let plan = plan_of(&mut moved, true, Some(read), t0);
-    assert_eq!(
-        ops(&plan),
-        [
-            "delete element ip verdict hairpin-connections { 10.180.0.2 . 10.180.0.2 . tcp . 80 }",
-            "delete element ip verdict service-endpoints-tcp { 172.30.0.41 . 80 . 1 }",
-            "add element ip verdict hairpin-connections { 10.180.0.9 . 10.180.0.9 . tcp . 80 }",
-            "add element ip verdict service-endpoints-tcp { 172.30.0.41 . 80 . 1 : 10.180.0.9 . 80 }",
-        ],
-        "{}",
-        plan.tx
-    );
+    assert_eq!(ops(&plan), MOVED, "{}", plan.tx);
 
     // A table that cannot be read is replaced whole, atomically: the
     // plan adds it, deletes it, and writes it from nothing.
