@@ -141,6 +141,10 @@ pub struct FlowRecord {
     pub protocol: String,
     /// The client's address and port.
     pub client: SocketAddr,
+    /// The client's pod (`namespace/name`), when an EndpointSlice the
+    /// node holds names the pod at the client's address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_pod: Option<String>,
     /// How it entered (`None`: an address of the service CIDRs no Service has).
     pub entry: Option<EntryKind>,
     /// The address and port it was sent to.
@@ -268,6 +272,7 @@ struct Flow {
     /// The protocol's number (6, 17, 132), as the kernel reports it.
     proto: u8,
     client: SocketAddr,
+    client_pod: Option<NamespacedName>,
     entry: Option<EntryKind>,
     destination: SocketAddr,
     service: Option<NamespacedName>,
@@ -300,6 +305,7 @@ impl Flow {
             last: seen,
             proto,
             client,
+            client_pod: None,
             entry: None,
             destination,
             service: None,
@@ -330,6 +336,7 @@ impl Flow {
             last_seen: verdict_admin::time::rfc3339_micro(self.last),
             protocol: protocol_name(self.proto),
             client: self.client,
+            client_pod: self.client_pod.as_ref().map(ToString::to_string),
             entry: self.entry,
             destination: self.destination,
             service: self.service.as_ref().map(ToString::to_string),
@@ -891,6 +898,7 @@ impl Recorder {
         let proto = protocol_of(c.proto)?;
         let e = entered(&self.node, proto, c.dst, false)?;
         let mut f = Flow::new(now, c.proto, c.client, c.dst, FlowVerdict::Forwarded);
+        f.client_pod = self.node.pod_at(c.client.ip());
         f.entry = Some(e.kind);
         f.service = Some(e.view.name.clone());
         f.endpoint = Some(c.reply_src);
@@ -968,6 +976,7 @@ impl Recorder {
             return None;
         }
         let mut f = Flow::new(now, l.proto, l.src, l.dst, verdict);
+        f.client_pod = self.node.pod_at(l.src.ip());
         f.reason = Some(reason);
         if let Some(e) = &e {
             f.entry = Some(e.kind);

@@ -131,7 +131,14 @@ pub fn flow(r: &FlowRecord, node_name: &str) -> Option<Flow> {
         l4,
         source_port: r.client.port(),
         destination_port: to.port(),
-        source: Endpoint::default(),
+        source: match r.client_pod.as_deref().and_then(|p| p.split_once('/')) {
+            Some((namespace, pod)) => Endpoint {
+                namespace: namespace.to_owned(),
+                pod_name: pod.to_owned(),
+                ..Endpoint::default()
+            },
+            None => Endpoint::default(),
+        },
         destination,
         node_name: node_name.to_owned(),
         destination_service: service,
@@ -151,6 +158,7 @@ mod tests {
             last_seen: "2026-12-06T05:25:32.842000Z".into(),
             protocol: "tcp".into(),
             client: "10.0.0.2:40000".parse().unwrap(),
+            client_pod: Some("front/shop-ui-0".into()),
             entry: Some(EntryKind::ClusterIP),
             destination: "172.30.0.41:80".parse().unwrap(),
             service: Some("shop/web".into()),
@@ -178,6 +186,10 @@ mod tests {
         assert_eq!(
             (f.source_ip.to_string(), f.source_port),
             ("10.0.0.2".into(), 40000)
+        );
+        assert_eq!(
+            (f.source.namespace.as_str(), f.source.pod_name.as_str()),
+            ("front", "shop-ui-0")
         );
         assert_eq!(f.destination.pod_name, "web-1");
         assert_eq!(f.destination.namespace, "shop");

@@ -149,6 +149,32 @@ impl ServiceView {
         self.ports()
             .filter_map(|(f, p)| p.port.node_port.map(|n| (f, n)))
     }
+
+    /// The addresses of its endpoints that name their pod.
+    fn pod_addresses(&self) -> impl Iterator<Item = IpAddr> + '_ {
+        self.ports().flat_map(|(_, p)| {
+            p.endpoints
+                .iter()
+                .filter(|e| e.target.is_some())
+                .map(|e| e.ip)
+        })
+    }
+
+    /// The pod at `ip`, when one of its endpoints has that address and
+    /// its EndpointSlice names the pod (`targetRef`, in the Service's
+    /// namespace).
+    pub fn pod_at(&self, ip: IpAddr) -> Option<NamespacedName> {
+        self.ports().find_map(|(_, p)| {
+            p.endpoints
+                .iter()
+                .find(|e| e.ip == ip)
+                .and_then(|e| e.target.clone())
+                .map(|pod| NamespacedName {
+                    namespace: self.name.namespace.clone(),
+                    name: pod,
+                })
+        })
+    }
 }
 
 /// A family's proxier as readers need it.
@@ -189,6 +215,9 @@ struct Services {
     by_name: BTreeMap<NamespacedName, Arc<ServiceView>>,
     by_address: HashMap<IpAddr, Vec<NamespacedName>>,
     by_node_port: HashMap<(IpFamily, u16), Vec<NamespacedName>>,
+    /// The Services with an endpoint at the address that names its pod:
+    /// who a client is, for the flow stream.
+    by_pod_address: HashMap<IpAddr, Vec<NamespacedName>>,
 }
 
 fn unindex<K: std::hash::Hash + Eq>(
@@ -226,6 +255,9 @@ impl Services {
             for n in old.node_ports() {
                 unindex(&mut self.by_node_port, n, &name);
             }
+            for a in old.pod_addresses() {
+                unindex(&mut self.by_pod_address, a, &name);
+            }
         }
         if let Some(v) = view {
             for a in v.addresses() {
@@ -233,6 +265,9 @@ impl Services {
             }
             for n in v.node_ports() {
                 index(&mut self.by_node_port, n, &name);
+            }
+            for a in v.pod_addresses() {
+                index(&mut self.by_pod_address, a, &name);
             }
             self.by_name.insert(name, v);
         }
@@ -346,6 +381,17 @@ impl NodeHandle {
             .flatten()
             .filter_map(|n| s.by_name.get(n).cloned())
             .collect()
+    }
+
+    /// The pod at `addr`, as the EndpointSlices the node holds name it
+    /// (no watch of its own: a pod no Service selects is not known).
+    pub fn pod_at(&self, addr: IpAddr) -> Option<NamespacedName> {
+        let s = read(&self.0.services);
+        s.by_pod_address
+            .get(&addr)?
+            .iter()
+            .filter_map(|n| s.by_name.get(n))
+            .find_map(|v| v.pod_at(addr))
     }
 
     /// The families' proxiers.
@@ -480,12 +526,12 @@ mod tests {
             .port("p80", TCP, 80, 30080)
             .external_ips(&["192.0.2.9"]);
         p.on_service(None, Some(&web));
-        p.on_endpoint_slice(
-            &slice("ns", "web", "w1")
-                .port("p80", TCP, 8080)
-                .ep("10.180.0.1", "n1"),
-            false,
-        );
+        let mut w1 = slice("ns", "web", "w1")
+            .port("p80", TCP, 8080)
+            .ep("10.180.0.1", "n1")
+            .ep("10.180.0.2", "n1");
+        w1.endpoints[0].target_name = Some("web-0".into());
+        p.on_endpoint_slice(&w1, false);
         p.sync(&mut MemoryBackend::new(), std::time::Instant::now())
             .unwrap();
         let name = NamespacedName::new("ns", "web");
@@ -500,7 +546,7 @@ mod tests {
                 .iter()
                 .all(|f| f.ports.capacity() == f.ports.len())
         );
-        assert_eq!(port.endpoints.len(), 1);
+        assert_eq!(port.endpoints.len(), 2);
         assert!(
             port.intent.as_ref().is_some_and(|i| !i.is_empty()),
             "{port:?}"
@@ -513,6 +559,9 @@ mod tests {
             (1, 1, 0)
         );
         assert_eq!(h.services_at_node_port(IpFamily::V4, 30080).len(), 1);
+        let pod = |a: &str| h.pod_at(a.parse().unwrap()).map(|p| p.to_string());
+        assert_eq!(pod("10.180.0.1").as_deref(), Some("ns/web-0"));
+        assert_eq!(pod("10.180.0.2"), None, "the slice names no pod");
         {
             let s = read(&h.0.services);
             assert!(s.by_address.values().all(|v| v.capacity() == v.len()));
@@ -527,6 +576,8 @@ mod tests {
         h.publish_services(vec![(name, None)]);
         assert_eq!((at("172.30.0.41"), h.service_count()), (0, 0));
         assert_eq!(h.services_at_node_port(IpFamily::V4, 30080).len(), 0);
+        assert_eq!(pod("10.180.0.1"), None);
+        assert!(read(&h.0.services).by_pod_address.is_empty());
     }
 
     #[test]

@@ -16,7 +16,7 @@ use std::time::Duration;
 use serde_json::Value as Json;
 use verdict_e2e::bed::{Placement, TestBed};
 
-const MANIFESTS: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: shop}\nspec:\n  clusterIP: 172.30.0.41\n  ports: [{name: http, port: 80, protocol: TCP}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: web-1\n  namespace: shop\n  labels: {kubernetes.io/service-name: web}\naddressType: IPv4\nports: [{name: http, port: 80, protocol: TCP}]\nendpoints:\n- addresses: [10.180.0.1]\n  nodeName: test-node\n  targetRef: {kind: Pod, namespace: shop, name: web-7d4b9c-x2x9q}\n---\napiVersion: v1\nkind: Service\nmetadata: {name: empty, namespace: shop}\nspec:\n  clusterIP: 172.30.0.43\n  ports: [{name: dns, port: 53, protocol: UDP}, {name: http, port: 80, protocol: TCP}]\n---\napiVersion: v1\nkind: Service\nmetadata: {name: guarded, namespace: shop}\nspec:\n  type: LoadBalancer\n  clusterIP: 172.30.0.44\n  loadBalancerSourceRanges: [203.0.113.0/24]\n  ports: [{name: http, port: 80, nodePort: 30081, protocol: TCP}]\nstatus:\n  loadBalancer: {ingress: [{ip: 198.51.100.44}]}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: guarded-1\n  namespace: shop\n  labels: {kubernetes.io/service-name: guarded}\naddressType: IPv4\nports: [{name: http, port: 80, protocol: TCP}]\nendpoints:\n- addresses: [10.180.0.1]\n  nodeName: test-node\n";
+const MANIFESTS: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: shop}\nspec:\n  clusterIP: 172.30.0.41\n  ports: [{name: http, port: 80, protocol: TCP}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: web-1\n  namespace: shop\n  labels: {kubernetes.io/service-name: web}\naddressType: IPv4\nports: [{name: http, port: 80, protocol: TCP}]\nendpoints:\n- addresses: [10.180.0.1]\n  nodeName: test-node\n  targetRef: {kind: Pod, namespace: shop, name: web-7d4b9c-x2x9q}\n---\napiVersion: v1\nkind: Service\nmetadata: {name: empty, namespace: shop}\nspec:\n  clusterIP: 172.30.0.43\n  ports: [{name: dns, port: 53, protocol: UDP}, {name: http, port: 80, protocol: TCP}]\n---\napiVersion: v1\nkind: Service\nmetadata: {name: guarded, namespace: shop}\nspec:\n  type: LoadBalancer\n  clusterIP: 172.30.0.44\n  loadBalancerSourceRanges: [203.0.113.0/24]\n  ports: [{name: http, port: 80, nodePort: 30081, protocol: TCP}]\nstatus:\n  loadBalancer: {ingress: [{ip: 198.51.100.44}]}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: guarded-1\n  namespace: shop\n  labels: {kubernetes.io/service-name: guarded}\naddressType: IPv4\nports: [{name: http, port: 80, protocol: TCP}]\nendpoints:\n- addresses: [10.180.0.1]\n  nodeName: test-node\n---\napiVersion: v1\nkind: Service\nmetadata: {name: ui, namespace: front}\nspec:\n  clusterIP: 172.30.0.45\n  ports: [{name: http, port: 8080, protocol: TCP}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: ui-1\n  namespace: front\n  labels: {kubernetes.io/service-name: ui}\naddressType: IPv4\nports: [{name: http, port: 8080, protocol: TCP}]\nendpoints:\n- addresses: [10.0.0.2]\n  nodeName: test-node\n  targetRef: {kind: Pod, namespace: front, name: ui-5f6d7-abcde}\n";
 
 /// The `hubble` CLI, unpacked; `None` (the test skips) if it is not
 /// there and nothing requires it.
@@ -161,6 +161,9 @@ fn hubble_observes_forwarded_rejected_and_dropped_connections() {
         assert_eq!(f["l4"]["TCP"]["destination_port"], 80, "{f}");
         assert_eq!(f["is_reply"], false, "{f}");
         assert_eq!(f["Type"], "L3_L4", "{f}");
+        // The client, named by the EndpointSlice of the Service it serves.
+        assert_eq!(f["source"]["pod_name"], "ui-5f6d7-abcde", "{f}");
+        assert_eq!(f["source"]["namespace"], "front", "{f}");
         assert!(
             f["node_name"].as_str().is_some_and(|n| !n.is_empty()),
             "{f}"
@@ -203,7 +206,10 @@ fn hubble_observes_forwarded_rejected_and_dropped_connections() {
             &["list", "namespaces", "--server", "127.0.0.1:4244"],
         )
         .unwrap();
-    assert!(namespaces.contains("shop"), "{namespaces}");
+    assert!(
+        namespaces.contains("shop") && namespaces.contains("front"),
+        "{namespaces}"
+    );
 
     // The compact lines an operator reads: the type column from the
     // event type, the arrow from is_reply, the Service for the address.
@@ -218,7 +224,9 @@ fn hubble_observes_forwarded_rejected_and_dropped_connections() {
     let line = |needle: &str| compact.lines().find(|l| l.contains(needle)).unwrap_or("");
     let forwarded = line("FORWARDED");
     assert!(
-        forwarded.contains("-> shop/web-7d4b9c-x2x9q:80") && forwarded.contains("to-endpoint"),
+        forwarded.contains("front/ui-5f6d7-abcde:")
+            && forwarded.contains("-> shop/web-7d4b9c-x2x9q:80")
+            && forwarded.contains("to-endpoint"),
         "{compact}"
     );
     let refused = line("shop/empty");
@@ -239,6 +247,14 @@ fn hubble_observes_forwarded_rejected_and_dropped_connections() {
         &["--last", "1000", "--pod", "shop/web-7d4b9c"],
     );
     assert_eq!(by_pod.len(), web.len(), "{by_pod:#?}");
+    // A namespace is either end's pod: the client's for every flow, the
+    // endpoint's only for forwarded ones.
+    let front = observe(&bed, &hubble, &["--last", "1000", "--namespace", "front"]);
+    assert_eq!(front.len(), all.len(), "{front:#?}");
+    let shop = observe(&bed, &hubble, &["--last", "1000", "--namespace", "shop"]);
+    assert_eq!(shop.len(), web.len(), "{shop:#?}");
+    let by_client = observe(&bed, &hubble, &["--last", "1000", "--from-pod", "front/ui"]);
+    assert_eq!(by_client.len(), all.len(), "{by_client:#?}");
     let by_port = observe(
         &bed,
         &hubble,

@@ -36,6 +36,7 @@ const BUCKET_SHARE: usize = 8;
 pub(super) struct Key {
     proto: u8,
     client: IpAddr,
+    client_pod: Option<NamespacedName>,
     entry: Option<EntryKind>,
     destination: SocketAddr,
     service: Option<NamespacedName>,
@@ -52,6 +53,7 @@ impl Key {
         Key {
             proto: f.proto,
             client: f.client.ip(),
+            client_pod: f.client_pod.clone(),
             entry: f.entry,
             destination: f.destination,
             service: f.service.clone(),
@@ -119,6 +121,9 @@ pub struct AggregateRecord {
     pub protocol: String,
     /// The client's address (its ports are not kept).
     pub client: IpAddr,
+    /// The client's pod (`namespace/name`), when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_pod: Option<String>,
     /// How it entered (`None`: an address of the service CIDRs no Service has).
     pub entry: Option<EntryKind>,
     /// The address and port it was sent to.
@@ -309,6 +314,7 @@ impl Aggregates {
                     last_bucket: time(last + BUCKET),
                     protocol: protocol_name(k.proto),
                     client: k.client,
+                    client_pod: k.client_pod.as_ref().map(ToString::to_string),
                     entry: k.entry,
                     destination: k.destination,
                     service: k.service.as_ref().map(ToString::to_string),
@@ -345,6 +351,6 @@ mod tests {
     fn an_entry_is_a_key_and_three_counts() {
         let entry = std::mem::size_of::<Key>() + std::mem::size_of::<Counts>();
         println!("an aggregated entry: {entry} bytes");
-        assert!(entry <= 200, "{entry} bytes");
+        assert!(entry <= 224, "{entry} bytes");
     }
 }

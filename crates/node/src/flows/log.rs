@@ -287,6 +287,7 @@ impl LogWriter {
                 "to": to,
                 "protocol": r.protocol,
                 "client": r.client.ip(),
+                "client_pod": r.client_pod,
                 "entry": r.entry,
                 "destination": r.destination,
                 "service": r.service,

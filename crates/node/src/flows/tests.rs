@@ -495,7 +495,7 @@ fn a_kept_flow_shares_its_names_and_allocates_nothing_of_its_own() {
     assert!(same(a.pod.as_ref(), b.pod.as_ref()));
     // What a kept flow costs in the ring, besides its two index entries.
     assert!(
-        std::mem::size_of::<Flow>() <= 280,
+        std::mem::size_of::<Flow>() <= 304,
         "{} bytes",
         std::mem::size_of::<Flow>()
     );
@@ -821,4 +821,66 @@ fn past_its_rate_the_flow_log_writes_aggregated_lines_and_counts_them() {
     r.record(refusals(30_000, 2), t0 + Duration::from_secs(16), None);
     assert_eq!(lines().len(), 8);
     std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
+}
+
+#[test]
+fn a_client_is_named_by_the_endpoint_slices_the_node_holds() {
+    let (mut r, store, _) = recorder(100);
+    let t0 = SystemTime::now();
+    // The web pod (its slice names it) asks web itself, then the Service
+    // without endpoints; the second endpoint's slice names no pod, and an
+    // address no slice has is a client without a name.
+    r.record(
+        vec![
+            FlowEvent::New(conn(
+                1,
+                "10.180.0.1:40000",
+                "172.30.0.41:80",
+                "10.180.0.2:8080",
+            )),
+            logged(
+                layout::LOG_REJECTED_NO_ENDPOINTS,
+                17,
+                "10.180.0.1:40001",
+                "172.30.0.42:53",
+            ),
+            FlowEvent::New(conn(
+                2,
+                "10.180.0.2:40002",
+                "172.30.0.41:80",
+                "10.180.0.1:8080",
+            )),
+            FlowEvent::New(conn(
+                3,
+                "10.77.0.21:40003",
+                "172.30.0.41:80",
+                "10.180.0.1:8080",
+            )),
+        ],
+        t0,
+        None,
+    );
+    let by_client: Vec<(u16, Option<String>)> = all(&store)
+        .iter()
+        .rev()
+        .map(|f| (f.client.port(), f.client_pod.clone()))
+        .collect();
+    let web = Some("shop/web-7d4b9c-x2x9q".to_owned());
+    assert_eq!(
+        by_client,
+        [
+            (40000, web.clone()),
+            (40001, web),
+            (40002, None),
+            (40003, None)
+        ]
+    );
+    // The aggregated flow keeps the name.
+    let a = store.aggregated(&FlowFilter::default(), 10);
+    assert!(
+        a.aggregates
+            .iter()
+            .any(|a| a.client_pod.as_deref() == Some("shop/web-7d4b9c-x2x9q")),
+        "{a:?}"
+    );
 }

@@ -68,6 +68,11 @@ pub fn header(output: Output) -> String {
     h
 }
 
+/// The client's pod after its address, when known.
+fn client_pod(pod: Option<&str>) -> String {
+    pod.map(|p| format!(" ({p})")).unwrap_or_default()
+}
+
 /// One flow on one line (wide: with its entry, pod, packets, bytes and
 /// when it was last seen).
 pub fn line(f: &FlowRecord, output: Output) -> String {
@@ -114,11 +119,12 @@ pub fn line(f: &FlowRecord, output: Output) -> String {
         format!("  [{}]", extra.join(", "))
     };
     format!(
-        "{:<27}  {:<9} {:<5} {} → {}  {}  {}{}\n",
+        "{:<27}  {:<9} {:<5} {}{} → {}  {}  {}{}\n",
         f.first_seen,
         f.verdict.as_str(),
         f.protocol,
         f.client,
+        client_pod(f.client_pod.as_deref()),
         f.destination,
         service,
         outcome,
@@ -165,11 +171,12 @@ fn aggregate_line(a: &AggregateRecord, output: Output) -> String {
         (None, None) => "-".into(),
     };
     let mut l = format!(
-        "{:>11} {:<9} {:<5} {} → {}  {service}  {outcome}",
+        "{:>11} {:<9} {:<5} {}{} → {}  {service}  {outcome}",
         a.connections,
         a.verdict.as_str(),
         a.protocol,
         a.client,
+        client_pod(a.client_pod.as_deref()),
         a.destination,
     );
     if output == Output::Wide {
