@@ -92,7 +92,13 @@ fn unpack() -> Result<PathBuf, String> {
     let dest = workspace().join("target/shared-bin");
     let out = Command::new(&script)
         .arg(&dest)
-        .args(["kube-apiserver", "kube-proxy", "etcd36", "hubble"])
+        .args([
+            "kube-apiserver",
+            "kube-proxy",
+            "etcd36",
+            "hubble",
+            "hubble-relay",
+        ])
         .output()
         .map_err(|e| format!("{}: {e}", script.display()))?;
     if !out.status.success() {

@@ -1,8 +1,8 @@
 //! The gRPC server: HTTP/2 through hyper, a message per length-prefixed
 //! frame, the status in the trailers. It serves Hubble's
 //! `observer.Observer` (`GetFlows`, `ServerStatus`) and the gRPC health
-//! service, which `hubble status` asks first; any other method is
-//! `UNIMPLEMENTED`.
+//! service, which `hubble status` asks first, and `peer.Peer/Notify`,
+//! which Hubble Relay follows; any other method is `UNIMPLEMENTED`.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -18,6 +18,7 @@ use hyper::header::{CONTENT_TYPE, HeaderMap, HeaderValue};
 use hyper::{Request, Response};
 use tokio::sync::mpsc;
 
+use crate::peer::{self, PeerSource};
 use crate::proto::{self, Flow, GetFlowsRequest, ServerStatus};
 use crate::select::Selection;
 
@@ -32,11 +33,12 @@ pub trait FlowSource: Send + Sync + 'static {
     fn node_name(&self) -> String;
 }
 
-/// Where the server listens, and whether in TLS, for `GetNodes`.
-#[derive(Clone, Debug)]
+/// Where the server listens, and whether in TLS, for `GetNodes`; and
+/// where `Notify` learns the peers (`None`: it is not served).
 struct Listening {
     address: String,
     tls: bool,
+    peers: Option<Arc<dyn PeerSource>>,
 }
 
 /// How often a follower looks for new flows.
@@ -184,6 +186,19 @@ async fn answer(
             };
             let _ = tx.send(answer).await;
         }
+        "/peer.Peer/Notify" => match &here.peers {
+            Some(peers) => {
+                tokio::spawn(notify(peers.subscribe(), tx));
+            }
+            None => {
+                let _ = tx
+                    .send(Err((
+                        Code::Unimplemented,
+                        "verdict knows no peers without an API server".to_owned(),
+                    )))
+                    .await;
+            }
+        },
         "/observer.Observer/GetFlows" => match GetFlowsRequest::decode(&body) {
             Ok(request) => {
                 tokio::spawn(get_flows(source, request, tx));
@@ -290,12 +305,41 @@ async fn get_flows(
     }
 }
 
+/// `peer.Peer/Notify`: every peer known, then the changes, for as long as
+/// the client stays; the subscription (and what it costs the source) ends
+/// with the stream.
+async fn notify(
+    mut peers: tokio::sync::watch::Receiver<peer::Peers>,
+    tx: mpsc::Sender<Result<Bytes, (Code, String)>>,
+) {
+    let mut sent = std::collections::BTreeMap::new();
+    loop {
+        let now = peers.borrow_and_update().clone();
+        if let Some(now) = now {
+            for (change, p) in peer::changes(&sent, &now) {
+                if tx
+                    .send(Ok(frame(&peer::notification(&p, change))))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
+            sent = (*now).clone();
+        }
+        if !peer::changed_or(&mut peers, tx.closed()).await {
+            return;
+        }
+    }
+}
+
 /// Serves `source` on `addr` (HTTP/2, in TLS with `tls`, else plaintext)
-/// on a runtime of its own thread, until the process ends; the address it
-/// listens on.
+/// on a runtime of its own thread, until the process ends, with `Notify`
+/// from `peers`; the address it listens on.
 pub fn serve(
     addr: SocketAddr,
     source: Arc<dyn FlowSource>,
+    peers: Option<Arc<dyn PeerSource>>,
     tls: Option<Arc<rustls::ServerConfig>>,
 ) -> std::io::Result<SocketAddr> {
     let listener = std::net::TcpListener::bind(addr)?;
@@ -309,13 +353,14 @@ pub fn serve(
         .build()?;
     std::thread::Builder::new()
         .name("hubble".into())
-        .spawn(move || runtime.block_on(accept(listener, source, tls)))?;
+        .spawn(move || runtime.block_on(accept(listener, source, peers, tls)))?;
     Ok(bound)
 }
 
 async fn accept(
     listener: std::net::TcpListener,
     source: Arc<dyn FlowSource>,
+    peers: Option<Arc<dyn PeerSource>>,
     tls: Option<Arc<rustls::ServerConfig>>,
 ) {
     let here = Arc::new(Listening {
@@ -324,6 +369,7 @@ async fn accept(
             .map(|a| a.to_string())
             .unwrap_or_default(),
         tls: tls.is_some(),
+        peers,
     });
     let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
     let listener = match tokio::net::TcpListener::from_std(listener) {

@@ -9,6 +9,8 @@
 //!   source), with a clear error per bad document; an edit parses only the
 //!   files that changed and comes out as the same updates the API source
 //!   gives.
+//! - [`nodes`]: every Node, watched only while Hubble Relay asks for
+//!   the peers.
 //! - [`validate`]: the API server's validation of those objects, for the
 //!   manifests source, which has no API server in front of it: an invalid
 //!   object is refused whole, naming the field.
@@ -20,6 +22,7 @@ pub mod client;
 pub mod convert;
 pub mod events;
 pub mod manifests;
+pub mod nodes;
 pub mod objects;
 pub mod reflector;
 pub mod review;

@@ -144,6 +144,9 @@ pub struct Cli {
     /// `--hubble-tls-cert-file`, `--hubble-tls-key-file`,
     /// `--hubble-tls-client-ca-files` (Cilium's names).
     pub hubble_tls: HubbleTlsFlags,
+    /// `--cluster-name` (Cilium's name): the cluster in the TLS names
+    /// Hubble's peers are told of.
+    pub cluster_name: String,
     /// `--service-metrics`, `--service-metrics-namespaces` and
     /// `--service-metrics-selector` (verdict's own).
     pub service_metrics: verdict_model::MetricsSelection,
@@ -228,6 +231,7 @@ enum Opt {
     HubbleTlsCertFile,
     HubbleTlsKeyFile,
     HubbleTlsClientCaFiles,
+    ClusterName,
     NftablesBackend,
     /// A flag of the introspection commands.
     Inspect,
@@ -512,6 +516,15 @@ const OPTIONS: &[OptSpec] = &[
         commands: &[],
     },
     OptSpec {
+        name: "cluster-name",
+        short: None,
+        opt: Opt::ClusterName,
+        takes_value: true,
+        help: "The cluster's name, as Cilium's and Hubble Relay's --cluster-name: Hubble's peer service tells Relay each node's TLS name as NODE.CLUSTER.hubble-grpc.cilium.io (default default)",
+        kube_proxy: false,
+        commands: &[],
+    },
+    OptSpec {
         name: "nftables-backend",
         short: None,
         opt: Opt::NftablesBackend,
@@ -725,6 +738,7 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, UsageError>
             4244,
         ))),
         hubble_tls: HubbleTlsFlags::default(),
+        cluster_name: "default".to_owned(),
         service_metrics: verdict_model::MetricsSelection::default(),
         nftables_backend: crate::config::NftablesBackend::default(),
         help: false,
@@ -905,6 +919,7 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, UsageError>
                             .map(std::path::PathBuf::from)
                             .collect()
                     }
+                    Opt::ClusterName => cli.cluster_name = cluster_name(&value)?,
                     Opt::NftablesBackend => {
                         cli.nftables_backend = value.parse().map_err(UsageError)?
                     }
@@ -1254,6 +1269,24 @@ fn hubble_address(value: &str) -> Result<Option<std::net::SocketAddr>, UsageErro
     })
 }
 
+/// `--cluster-name`: a DNS label, as it becomes part of TLS names.
+fn cluster_name(value: &str) -> Result<String, UsageError> {
+    let label = !value.is_empty()
+        && value.len() <= 63
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !value.starts_with('-')
+        && !value.ends_with('-');
+    if label {
+        Ok(value.to_owned())
+    } else {
+        Err(UsageError(format!(
+            "--cluster-name {value:?}: give a DNS label (lowercase letters, digits and dashes, at most 63), as it is part of the nodes' TLS names"
+        )))
+    }
+}
+
 /// The Hubble TLS flags as given.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct HubbleTlsFlags {
@@ -1328,6 +1361,18 @@ mod tests {
             both.is_err_and(|e| e.0.contains("--flows=false")),
             "a flow log of a stream turned off"
         );
+    }
+
+    #[test]
+    fn the_cluster_name_is_a_dns_label() {
+        assert_eq!(parse_str(&[]).unwrap().cluster_name, "default");
+        let named = parse_str(&["--cluster-name", "prod-eu-1"]).unwrap();
+        assert_eq!(named.cluster_name, "prod-eu-1");
+        for bad in ["", "Prod", "a.b", "-a", "a-", &"x".repeat(64)] {
+            let e = parse_str(&["--cluster-name", bad]);
+            assert!(e.is_err_and(|e| e.0.contains("DNS label")), "{bad:?}");
+        }
+        assert!(parse_str(&["--cluster-name", &"x".repeat(63)]).is_ok());
     }
 
     #[test]

@@ -271,7 +271,18 @@ pub fn run(settings: &Settings, source: &SourceFlags, verbosity: &Verbosity) -> 
         Some(opened) => Some(start_flows(settings, opened, &handle, &metrics)?),
         None => None,
     };
-    serve_hubble(settings, flows.as_ref(), &name);
+    let peers = match (&settings.hubble_listen_address, &source.manifests) {
+        (Some(addr), None) => hubble_peers(
+            &source.api(&name, client.clone()),
+            *addr,
+            settings
+                .hubble_tls
+                .is_some()
+                .then_some(settings.cluster_name.as_str()),
+        ),
+        _ => None,
+    };
+    serve_hubble(settings, flows.as_ref(), peers, &name);
     let api_for = |exposure: Exposure| {
         api::handler(
             handle.clone(),
@@ -399,6 +410,7 @@ pub fn run(settings: &Settings, source: &SourceFlags, verbosity: &Verbosity) -> 
 fn serve_hubble(
     settings: &Settings,
     flows: Option<&Arc<verdict_node::flows::FlowStore>>,
+    peers: Option<Arc<dyn verdict_hubble::peer::PeerSource>>,
     node_name: &str,
 ) {
     let Some(addr) = settings.hubble_listen_address else {
@@ -425,12 +437,53 @@ fn serve_hubble(
         store.clone(),
         node_name,
     ));
-    match verdict_hubble::grpc::serve(addr, source, tls) {
+    match verdict_hubble::grpc::serve(addr, source, peers, tls) {
         Ok(bound) => {
             tracing::info!(address = %bound, tls = in_tls, "serving Hubble's observer API (hubble observe --server {bound})")
         }
         Err(e) => {
             tracing::warn!(%addr, error = %e, "cannot serve Hubble's observer API (--hubble-listen-address; empty turns it off)")
+        }
+    }
+}
+
+/// Hubble's peers: every Node, at its first address (InternalIP, else
+/// ExternalIP) of the listener's family and the listener's port, with its
+/// TLS name when `cluster` (TLS is on). The Nodes are watched only while
+/// Relay follows `Notify`.
+struct NodePeers(verdict_k8s::nodes::NodeWatch<verdict_hubble::peer::Peer>);
+
+impl verdict_hubble::peer::PeerSource for NodePeers {
+    fn subscribe(&self) -> tokio::sync::watch::Receiver<verdict_hubble::peer::Peers> {
+        self.0.subscribe()
+    }
+}
+
+fn hubble_peers(
+    api: &ApiSource,
+    listen: SocketAddr,
+    cluster: Option<&str>,
+) -> Option<Arc<dyn verdict_hubble::peer::PeerSource>> {
+    let cluster = cluster.map(str::to_owned);
+    let peer = move |n: &verdict_k8s::NodeInfo| {
+        let ip = n
+            .addresses
+            .iter()
+            .filter_map(|a| a.parse::<std::net::IpAddr>().ok())
+            .find(|ip| ip.is_ipv4() == listen.is_ipv4())?;
+        Some(verdict_hubble::peer::Peer {
+            name: n.name.clone(),
+            address: SocketAddr::new(ip, listen.port()).to_string(),
+            tls_server_name: cluster
+                .as_deref()
+                .map(|c| verdict_hubble::peer::tls_server_name(&n.name, c)),
+        })
+    };
+    match verdict_k8s::nodes::NodeWatch::start(api, peer) {
+        Ok(w) => Some(Arc::new(NodePeers(w))),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot watch Nodes for Hubble's peer service: peer.Peer/Notify is not served");
+            None
         }
     }
 }

@@ -110,6 +110,7 @@ fn main() -> ExitCode {
     settings.api_bind_address = cli.api_bind_address;
     settings.hubble_listen_address = cli.hubble_listen_address;
     settings.hubble_tls = cli.hubble_tls.files();
+    settings.cluster_name = cli.cluster_name.clone();
     settings.service_metrics = cli.service_metrics.clone();
     settings.nftables_backend = cli.nftables_backend;
     // What the flags alone say, as kube-proxy's /flagz shows them.

@@ -178,6 +178,8 @@ pub struct Settings {
     /// (`--hubble-tls-cert-file`, `--hubble-tls-key-file`,
     /// `--hubble-tls-client-ca-files`).
     pub hubble_tls: Option<verdict_hubble::tls::TlsFiles>,
+    /// The cluster in the TLS names of Hubble's peers (`--cluster-name`).
+    pub cluster_name: String,
     /// Which Services get series of their own (`--service-metrics`,
     /// `--service-metrics-namespaces`, `--service-metrics-selector`,
     /// verdict's own; none by default).
@@ -230,6 +232,7 @@ impl std::default::Default for Settings {
             api_bind_address: None,
             hubble_listen_address: Some(SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, 4244))),
             hubble_tls: None,
+            cluster_name: "default".to_owned(),
             service_metrics: verdict_model::MetricsSelection::default(),
             nftables_backend: NftablesBackend::default(),
             flagz: std::collections::BTreeMap::new(),

@@ -171,17 +171,26 @@ where
     I: IntoIterator<Item = S>,
     S: AsRef<std::ffi::OsStr>,
 {
+    spawn_verdict_in(&bed.node, args, log, path)
+}
+
+/// [`spawn_verdict`] in another namespace of the bed (the second node).
+pub fn spawn_verdict_in<I, S>(
+    ns: &verdict_e2e::netns::Netns,
+    args: I,
+    log: &std::path::Path,
+    path: Option<&str>,
+) -> Process
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<std::ffi::OsStr>,
+{
     let mut cmd = std::process::Command::new("ip");
-    cmd.args([
-        "netns",
-        "exec",
-        bed.node.name(),
-        env!("CARGO_BIN_EXE_verdict"),
-    ])
-    .args(args)
-    .stdin(std::process::Stdio::null())
-    .stdout(std::process::Stdio::null())
-    .stderr(std::fs::File::create(log).unwrap());
+    cmd.args(["netns", "exec", ns.name(), env!("CARGO_BIN_EXE_verdict")])
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap());
     if let Some(p) = path {
         cmd.env("PATH", p);
     }
