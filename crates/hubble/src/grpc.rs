@@ -340,7 +340,7 @@ pub fn serve(
     addr: SocketAddr,
     source: Arc<dyn FlowSource>,
     peers: Option<Arc<dyn PeerSource>>,
-    tls: Option<Arc<rustls::ServerConfig>>,
+    tls: Option<crate::tls::Reloading>,
 ) -> std::io::Result<SocketAddr> {
     let listener = std::net::TcpListener::bind(addr)?;
     listener.set_nonblocking(true)?;
@@ -361,7 +361,7 @@ async fn accept(
     listener: std::net::TcpListener,
     source: Arc<dyn FlowSource>,
     peers: Option<Arc<dyn PeerSource>>,
-    tls: Option<Arc<rustls::ServerConfig>>,
+    tls: Option<crate::tls::Reloading>,
 ) {
     let here = Arc::new(Listening {
         address: listener
@@ -371,7 +371,7 @@ async fn accept(
         tls: tls.is_some(),
         peers,
     });
-    let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
+    let tls = tls.map(Arc::new);
     let listener = match tokio::net::TcpListener::from_std(listener) {
         Ok(l) => l,
         Err(e) => {
@@ -389,7 +389,9 @@ async fn accept(
             }
         };
         let source = source.clone();
-        let acceptor = acceptor.clone();
+        let acceptor = tls
+            .as_ref()
+            .map(|t| tokio_rustls::TlsAcceptor::from(t.current()));
         let here = here.clone();
         tokio::spawn(async move {
             let service =

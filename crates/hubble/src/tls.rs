@@ -1,10 +1,12 @@
 //! TLS for Hubble's API off loopback: the server's certificate and key,
 //! and the CAs a client's certificate must chain to (every client must
 //! show one, as between Hubble's agents and Relay). HTTP/2 is offered by
-//! ALPN, as gRPC wants.
+//! ALPN, as gRPC wants. The files are read again when they change (a
+//! renewed certificate), for the connections that follow.
 
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -82,6 +84,81 @@ pub fn server_config(files: &TlsFiles) -> Result<Arc<rustls::ServerConfig>, TlsE
         .map_err(|e| TlsError::Config(format!("the certificate and key: {e}")))?;
     config.alpn_protocols = vec![b"h2".to_vec()];
     Ok(Arc::new(config))
+}
+
+/// How often the files are looked at, at most (when a client connects).
+const CHECK_EVERY: Duration = Duration::from_secs(1);
+
+/// What tells a file's versions apart: where it is, when it was written
+/// and its size (a Secret volume swaps a new file in).
+type Stamp = Option<(u64, SystemTime, u64)>;
+
+fn stamps(files: &TlsFiles) -> Vec<Stamp> {
+    use std::os::unix::fs::MetadataExt;
+    std::iter::once(&files.cert)
+        .chain(std::iter::once(&files.key))
+        .chain(&files.client_cas)
+        .map(|p| {
+            let m = std::fs::metadata(p).ok()?;
+            Some((m.ino(), m.modified().ok()?, m.len()))
+        })
+        .collect()
+}
+
+struct Loaded {
+    config: Arc<rustls::ServerConfig>,
+    stamps: Vec<Stamp>,
+    checked: Instant,
+}
+
+/// The server's configuration, read again when its files change: a new
+/// certificate (cert-manager's renewal, a Secret updated) serves from the
+/// next connection on, without a restart. Files that do not make a
+/// configuration leave the last one serving, with a warning.
+pub struct Reloading {
+    files: TlsFiles,
+    loaded: Mutex<Loaded>,
+}
+
+impl Reloading {
+    /// The configuration of `files`, which must make one now.
+    pub fn new(files: TlsFiles) -> Result<Reloading, TlsError> {
+        let stamps = stamps(&files);
+        let config = server_config(&files)?;
+        Ok(Reloading {
+            files,
+            loaded: Mutex::new(Loaded {
+                config,
+                stamps,
+                checked: Instant::now(),
+            }),
+        })
+    }
+
+    /// The configuration for a new connection: read again first if a file
+    /// changed (looked at once a second at most).
+    pub fn current(&self) -> Arc<rustls::ServerConfig> {
+        let mut l = self.loaded.lock().unwrap_or_else(|e| e.into_inner());
+        if l.checked.elapsed() >= CHECK_EVERY {
+            l.checked = Instant::now();
+            let now = stamps(&self.files);
+            if now != l.stamps {
+                // Tried once per change: a half-written pair is tried
+                // again when its other half lands.
+                l.stamps = now;
+                match server_config(&self.files) {
+                    Ok(c) => {
+                        tracing::info!(cert = %self.files.cert.display(), "Hubble's TLS files changed: serving the new ones");
+                        l.config = c;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "Hubble's TLS files changed but cannot serve: the previous ones still do");
+                    }
+                }
+            }
+        }
+        l.config.clone()
+    }
 }
 
 #[cfg(test)]

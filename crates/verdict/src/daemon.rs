@@ -423,7 +423,8 @@ fn serve_hubble(
     let tls = match settings
         .hubble_tls
         .as_ref()
-        .map(verdict_hubble::tls::server_config)
+        .cloned()
+        .map(verdict_hubble::tls::Reloading::new)
     {
         None => None,
         Some(Ok(config)) => Some(config),

@@ -512,3 +512,247 @@ fn every_alert_has_a_runbook_that_runs_only_verdict_in_the_pod() {
     }
     assert!(execs >= 5, "{execs} commands in the pod");
 }
+
+fn hubble_dir() -> PathBuf {
+    deploy_dir().join("../components/hubble")
+}
+
+/// The documents of the hubble component's resources, by kind and name.
+fn hubble_documents() -> Vec<Value> {
+    let component: Value = serde_saphyr::from_str(
+        &std::fs::read_to_string(hubble_dir().join("kustomization.yaml")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(component["kind"], "Component");
+    component["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|r| file_documents(&hubble_dir().join(r.as_str().unwrap())))
+        .collect()
+}
+
+/// `--name=value` of an argument list.
+fn flag<'a>(args: &'a [Value], name: &str) -> Option<&'a str> {
+    args.iter()
+        .filter_map(Value::as_str)
+        .find_map(|a| a.strip_prefix(&format!("--{name}=")))
+}
+
+#[test]
+fn the_hubble_component_wires_verdict_relay_and_ui_together() {
+    use k8s_openapi::api::apps::v1::Deployment;
+    use k8s_openapi::api::core::v1::Service;
+    let docs = hubble_documents();
+    let find = |kind: &str, name: &str| -> Value {
+        docs.iter()
+            .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("no {kind} {name}"))
+            .clone()
+    };
+    let mut kinds = Vec::new();
+    for d in &docs {
+        let kind = d["kind"].as_str().unwrap();
+        match kind {
+            "Deployment" => round_trip::<Deployment>("hubble", d),
+            "Service" => round_trip::<Service>("hubble", d),
+            "ServiceAccount" => round_trip::<ServiceAccount>("hubble", d),
+            "ConfigMap" => round_trip::<ConfigMap>("hubble", d),
+            "ClusterRole" => round_trip::<ClusterRole>("hubble", d),
+            "ClusterRoleBinding" => round_trip::<ClusterRoleBinding>("hubble", d),
+            // cert-manager's kinds: no types here; their fields are checked
+            // below.
+            "Issuer" | "Certificate" => assert_eq!(d["apiVersion"], "cert-manager.io/v1"),
+            other => panic!("unexpected {other}"),
+        }
+        kinds.push(format!(
+            "{kind} {}",
+            d["metadata"]["name"].as_str().unwrap()
+        ));
+    }
+    println!("{kinds:#?}");
+
+    // verdict: the component's patch on the base DaemonSet, accepted by
+    // verdict's own flag parser.
+    let component: Value = serde_saphyr::from_str(
+        &std::fs::read_to_string(hubble_dir().join("kustomization.yaml")).unwrap(),
+    )
+    .unwrap();
+    let mut ds = documents()
+        .into_iter()
+        .find(|(_, v)| v["kind"] == "DaemonSet")
+        .unwrap()
+        .1;
+    for p in component["patches"].as_array().unwrap() {
+        let ops: Value = serde_saphyr::from_str(p["patch"].as_str().unwrap()).unwrap();
+        json_patch(&mut ds, &ops);
+    }
+    round_trip::<DaemonSet>("hubble", &ds);
+    let pod = &ds["spec"]["template"];
+    let command = pod["spec"]["containers"][0]["command"].as_array().unwrap();
+    let listen = flag(command, "hubble-listen-address").unwrap();
+    let port: u16 = listen.rsplit_once(':').unwrap().1.parse().unwrap();
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/cluster.yaml");
+    let hubble_flags: Vec<&str> = command
+        .iter()
+        .filter_map(Value::as_str)
+        .filter(|a| a.starts_with("--hubble-"))
+        .collect();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_verdict"))
+        .arg("plan")
+        .arg("--manifests")
+        .arg(&example)
+        .args(["--hostname-override", "node-a"])
+        .args(&hubble_flags)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "verdict refuses {hubble_flags:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The serving certificate is the Secret the server Certificate writes,
+    // mounted where the flags look, and names what Relay checks.
+    let mount = pod["spec"]["containers"][0]["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == "hubble-tls")
+        .unwrap();
+    let dir = mount["mountPath"].as_str().unwrap();
+    for f in ["cert-file", "key-file", "client-ca-files"] {
+        let path = flag(command, &format!("hubble-tls-{f}")).unwrap();
+        assert!(path.starts_with(&format!("{dir}/")), "{f}: {path}");
+    }
+    let volume = pod["spec"]["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "hubble-tls")
+        .unwrap();
+    let server = find("Certificate", "hubble-server-certs");
+    assert_eq!(volume["secret"]["secretName"], server["spec"]["secretName"]);
+    let names: Vec<&str> = server["spec"]["dnsNames"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_str().unwrap())
+        .collect();
+    let covers = |host: &str| {
+        names.iter().any(|n| match n.strip_prefix("*.") {
+            Some(rest) => host.split_once('.').is_some_and(|(_, h)| h == rest),
+            None => *n == host,
+        })
+    };
+    // Relay's --cluster-name and verdict's (default) agree.
+    let relay = find("Deployment", "hubble-relay");
+    let container = &relay["spec"]["template"]["spec"]["containers"][0];
+    let args = container["args"].as_array().unwrap();
+    let cluster = flag(args, "cluster-name").unwrap();
+    assert_eq!(cluster, "default");
+    assert!(covers(&format!(
+        "hubble-peer.{cluster}.hubble-grpc.cilium.io"
+    )));
+    assert!(covers(&format!(
+        "{}.{cluster}.hubble-grpc.cilium.io",
+        "node-a.example.com".replace('.', "-")
+    )));
+    assert!(
+        server["spec"]["usages"]
+            .as_array()
+            .unwrap()
+            .contains(&Value::from("server auth"))
+    );
+
+    // hubble-peer: verdict's pods (in the base and the replace-kube-proxy
+    // overlay, which keeps app.kubernetes.io/name), at its listener.
+    let peer = find("Service", "hubble-peer");
+    for (k, v) in peer["spec"]["selector"].as_object().unwrap() {
+        assert_eq!(&pod["metadata"]["labels"][k], v, "selector {k}");
+        assert_eq!(k, "app.kubernetes.io/name", "a label the overlay keeps");
+    }
+    assert_eq!(peer["spec"]["ports"][0]["targetPort"], port);
+    assert_eq!(
+        flag(args, "peer-service").unwrap(),
+        format!(
+            "hubble-peer.{}.svc.cluster.local:{}",
+            peer["metadata"]["namespace"].as_str().unwrap(),
+            peer["spec"]["ports"][0]["port"]
+        )
+    );
+    // Relay's client certificate: its Secret, mounted where its flags look.
+    let client = find("Certificate", "hubble-relay-client-certs");
+    assert!(
+        client["spec"]["usages"]
+            .as_array()
+            .unwrap()
+            .contains(&Value::from("client auth"))
+    );
+    let relay_volume = &relay["spec"]["template"]["spec"]["volumes"][0];
+    assert_eq!(
+        relay_volume["secret"]["secretName"],
+        client["spec"]["secretName"]
+    );
+    let security = &relay["spec"]["template"]["spec"]["securityContext"];
+    assert_eq!(
+        security["fsGroup"], security["runAsUser"],
+        "the non-root Relay reads its key through fsGroup"
+    );
+    let relay_dir = container["volumeMounts"][0]["mountPath"].as_str().unwrap();
+    for f in [
+        "tls-hubble-client-cert-file",
+        "tls-hubble-client-key-file",
+        "tls-hubble-server-ca-files",
+    ] {
+        assert!(
+            flag(args, f).unwrap().starts_with(&format!("{relay_dir}/")),
+            "{f}"
+        );
+    }
+    // Both certificates come from the one CA issuer.
+    for c in [&server, &client] {
+        assert_eq!(c["spec"]["issuerRef"]["name"], "hubble-ca");
+    }
+    assert_eq!(
+        find("Issuer", "hubble-ca")["spec"]["ca"]["secretName"],
+        find("Certificate", "hubble-ca")["spec"]["secretName"]
+    );
+    // Relay's Service reaches its listener; the UI's backend reaches Relay's
+    // Service.
+    let relay_service = find("Service", "hubble-relay");
+    let relay_port: u16 = flag(args, "listen-address")
+        .unwrap()
+        .rsplit_once(':')
+        .unwrap()
+        .1
+        .parse()
+        .unwrap();
+    assert_eq!(relay_service["spec"]["ports"][0]["targetPort"], relay_port);
+    let ui = find("Deployment", "hubble-ui");
+    let backend = ui["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "backend")
+        .unwrap();
+    let flows_api = backend["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "FLOWS_API_ADDR")
+        .unwrap()["value"]
+        .as_str()
+        .unwrap();
+    assert_eq!(
+        flows_api,
+        format!(
+            "hubble-relay.kube-system.svc.cluster.local:{}",
+            relay_service["spec"]["ports"][0]["port"]
+        )
+    );
+    let binding = find("ClusterRoleBinding", "verdict-hubble-ui");
+    assert_eq!(
+        binding["subjects"][0]["name"],
+        ui["spec"]["template"]["spec"]["serviceAccountName"]
+    );
+}

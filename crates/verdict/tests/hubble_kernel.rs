@@ -299,18 +299,19 @@ fn hubble_observes_forwarded_rejected_and_dropped_connections() {
     assert_eq!(rejected, 3, "{followed:#?}");
 }
 
+fn openssl(args: &[&str]) {
+    let out = std::process::Command::new("openssl")
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "openssl {args:?}: {out:?}");
+}
+
 /// A CA, a serving certificate for `names` (`subjectAltName`) and a
 /// client certificate, in `dir`.
 fn certificates(dir: &std::path::Path, names: &str) {
     let d = |n: &str| dir.join(n).to_string_lossy().into_owned();
-    let ssl = |args: &[&str]| {
-        let out = std::process::Command::new("openssl")
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "openssl {args:?}: {out:?}");
-    };
-    ssl(&[
+    openssl(&[
         "req",
         "-x509",
         "-newkey",
@@ -325,44 +326,48 @@ fn certificates(dir: &std::path::Path, names: &str) {
         "-subj",
         "/CN=hubble-test-ca",
     ]);
-    for (name, ext) in [
-        (
-            "server",
-            &format!("subjectAltName={names}\nextendedKeyUsage=serverAuth\n"),
-        ),
-        ("client", &"extendedKeyUsage=clientAuth\n".to_owned()),
-    ] {
-        ssl(&[
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            &d(&format!("{name}.key")),
-            "-out",
-            &d(&format!("{name}.csr")),
-            "-subj",
-            &format!("/CN={name}"),
-        ]);
-        std::fs::write(dir.join(format!("{name}.ext")), ext).unwrap();
-        ssl(&[
-            "x509",
-            "-req",
-            "-in",
-            &d(&format!("{name}.csr")),
-            "-CA",
-            &d("ca.crt"),
-            "-CAkey",
-            &d("ca.key"),
-            "-CAcreateserial",
-            "-out",
-            &d(&format!("{name}.crt")),
-            "-days",
-            "2",
-            "-extfile",
-            &d(&format!("{name}.ext")),
-        ]);
-    }
+    issue(
+        dir,
+        "server",
+        &format!("subjectAltName={names}\nextendedKeyUsage=serverAuth\n"),
+    );
+    issue(dir, "client", "extendedKeyUsage=clientAuth\n");
+}
+
+/// `NAME.crt` and `NAME.key` in `dir`, signed by its CA, with the
+/// extensions `ext`.
+fn issue(dir: &std::path::Path, name: &str, ext: &str) {
+    let d = |n: &str| dir.join(n).to_string_lossy().into_owned();
+    openssl(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        &d(&format!("{name}.key")),
+        "-out",
+        &d(&format!("{name}.csr")),
+        "-subj",
+        &format!("/CN={name}"),
+    ]);
+    std::fs::write(dir.join(format!("{name}.ext")), ext).unwrap();
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        &d(&format!("{name}.csr")),
+        "-CA",
+        &d("ca.crt"),
+        "-CAkey",
+        &d("ca.key"),
+        "-CAcreateserial",
+        "-out",
+        &d(&format!("{name}.crt")),
+        "-days",
+        "2",
+        "-extfile",
+        &d(&format!("{name}.ext")),
+    ]);
 }
 
 #[test]
@@ -434,6 +439,72 @@ fn off_loopback_hubble_is_served_in_tls_to_clients_with_a_certificate_only() {
     let mut plain: Vec<&str> = vec!["status"];
     plain.extend(server);
     assert!(run(plain).is_err());
+
+    // A renewed certificate (another name) swapped in, as a Secret volume
+    // swaps its files: served from the next connection on, no restart.
+    let renewed_name = "renewed.default.hubble-grpc.cilium.io";
+    let ca = d("ca.crt");
+    let mut renewed: Vec<&str> = vec!["status"];
+    renewed.extend(server);
+    renewed.extend([
+        "--tls",
+        "--tls-server-name",
+        renewed_name,
+        "--tls-ca-cert-files",
+        &ca,
+    ]);
+    renewed.extend(client);
+    assert!(run(renewed.clone()).is_err(), "not the name served yet");
+    issue(
+        &dir,
+        "next",
+        &format!("subjectAltName=IP:192.168.0.2,DNS:{renewed_name}\nextendedKeyUsage=serverAuth\n"),
+    );
+    std::fs::rename(dir.join("next.key"), dir.join("server.key")).unwrap();
+    std::fs::rename(dir.join("next.crt"), dir.join("server.crt")).unwrap();
+    let answer = until(Duration::from_secs(10), || {
+        run(renewed.clone()).map_err(|e| e.0)
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", std::fs::read_to_string(&log).unwrap_or_default()));
+    assert!(answer.contains("Healthcheck"), "{answer}");
+    // Files that cannot serve leave the last good ones serving.
+    std::fs::write(dir.join("server.crt"), "not a certificate\n").unwrap();
+    std::thread::sleep(Duration::from_millis(2500));
+    run(renewed).unwrap_or_else(|e| panic!("{e}"));
+    let log = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        log.contains("serving the new ones") && log.contains("the previous ones still do"),
+        "{log}"
+    );
+}
+
+/// Hubble Relay's arguments in `deploy/components/hubble/relay.yaml`,
+/// each `--flag=` given a value of `here` and each path of `here` another.
+fn relay_args(here: &[(&str, String)]) -> Vec<String> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../deploy/components/hubble/relay.yaml");
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut bytes = text.as_bytes();
+    let relay = serde_saphyr::read::<_, Json>(&mut bytes)
+        .map(Result::unwrap)
+        .find(|d| d["kind"] == "Deployment")
+        .unwrap();
+    relay["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            let mut a = a.as_str().unwrap().to_owned();
+            for (from, to) in here {
+                if from.ends_with('=') && a.starts_with(from) {
+                    a = format!("{from}{to}");
+                } else {
+                    a = a.replace(from, to);
+                }
+            }
+            a
+        })
+        .collect()
 }
 
 /// A Service of one port 80 in the real API server's service range.
@@ -646,28 +717,20 @@ fn hubble_relay_merges_the_flows_of_two_verdict_nodes() {
     };
     assert_eq!(all_nodes(), 0);
 
-    // Relay in the router's namespace, told of node-a's peer service.
+    // Relay in the router's namespace with deploy/'s arguments, told of
+    // node-a's peer service, its files and listeners here.
     let relay_log = dir.join("relay.log");
+    let relay_args = relay_args(&[
+        ("--peer-service=", "192.168.0.2:4244".into()),
+        ("--listen-address=", "127.0.0.1:4245".into()),
+        ("--health-listen-address=", "127.0.0.1:4222".into()),
+        ("/var/lib/hubble-relay/tls/tls.crt", d("client.crt")),
+        ("/var/lib/hubble-relay/tls/tls.key", d("client.key")),
+        ("/var/lib/hubble-relay/tls/ca.crt", d("ca.crt")),
+    ]);
     let relay = std::process::Command::new("ip")
-        .args(["netns", "exec", bed.lan.name(), &relay_bin, "serve"])
-        .args([
-            "--peer-service",
-            "192.168.0.2:4244",
-            "--listen-address",
-            "127.0.0.1:4245",
-            "--health-listen-address",
-            "127.0.0.1:4222",
-            "--gops=false",
-            "--retry-timeout",
-            "2s",
-            "--disable-server-tls",
-            "--tls-hubble-client-cert-file",
-            &d("client.crt"),
-            "--tls-hubble-client-key-file",
-            &d("client.key"),
-            "--tls-hubble-server-ca-files",
-            &d("ca.crt"),
-        ])
+        .args(["netns", "exec", bed.lan.name(), &relay_bin])
+        .args(&relay_args)
         .stdin(std::process::Stdio::null())
         .stdout(std::fs::File::create(&relay_log).unwrap())
         .stderr(std::fs::File::create(dir.join("relay.err")).unwrap())
