@@ -278,7 +278,11 @@ async fn get_flows(
     };
     let mut last = stored.last().map_or(0, |(seq, _)| *seq);
     for f in selection.stored(stored.iter().map(|(_, f)| f)) {
-        if tx.send(Ok(frame(&proto::flows_response(f)))).await.is_err() {
+        if tx
+            .send(Ok(frame(&proto::flows_response(f, &request.field_mask))))
+            .await
+            .is_err()
+        {
             return;
         }
     }
@@ -298,7 +302,12 @@ async fn get_flows(
             last = *seq;
         }
         for (_, f) in &new {
-            if selection.admits(f) && tx.send(Ok(frame(&proto::flows_response(f)))).await.is_err() {
+            if selection.admits(f)
+                && tx
+                    .send(Ok(frame(&proto::flows_response(f, &request.field_mask))))
+                    .await
+                    .is_err()
+            {
                 return;
             }
         }

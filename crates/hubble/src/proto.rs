@@ -135,16 +135,95 @@ pub struct Endpoint {
 }
 
 impl Endpoint {
-    fn write(&self, w: &mut Writer) {
-        w.uint(2, u64::from(self.identity));
-        w.string(3, &self.namespace);
-        w.strings(4, self.labels.iter().map(String::as_str));
-        w.string(5, &self.pod_name);
-        for wl in &self.workloads {
-            w.message(6, |m| {
-                m.string(1, &wl.name);
-                m.string(2, &wl.kind);
-            });
+    fn write(&self, w: &mut Writer, mask: &Mask<'_>) {
+        if mask.keeps("identity") {
+            w.uint(2, u64::from(self.identity));
+        }
+        if mask.keeps("namespace") {
+            w.string(3, &self.namespace);
+        }
+        if mask.keeps("labels") {
+            w.strings(4, self.labels.iter().map(String::as_str));
+        }
+        if mask.keeps("pod_name") {
+            w.string(5, &self.pod_name);
+        }
+        if mask.keeps("workloads") {
+            for wl in &self.workloads {
+                w.message(6, |m| {
+                    m.string(1, &wl.name);
+                    m.string(2, &wl.kind);
+                });
+            }
+        }
+    }
+}
+
+/// `GetFlowsRequest.field_mask`: the fields of a flow a client wants, by
+/// their names in Hubble's definitions (`time`, `IP`, `source.pod_name`,
+/// ...); no paths is every field. Names verdict does not fill are kept
+/// as asked and simply absent.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FieldMask {
+    /// The paths, dot-separated.
+    pub paths: Vec<String>,
+}
+
+impl FieldMask {
+    fn read(b: &[u8]) -> Result<FieldMask, DecodeError> {
+        let mut m = FieldMask::default();
+        for f in fields(b) {
+            let f = f?;
+            if f.number == 1 {
+                m.paths.push(f.string()?.to_owned());
+            }
+        }
+        Ok(m)
+    }
+
+    /// The mask at the top of a flow.
+    pub fn top(&self) -> Mask<'_> {
+        Mask {
+            paths: &self.paths,
+            under: "",
+        }
+    }
+}
+
+/// A field mask seen from one message of a flow.
+#[derive(Clone, Copy, Debug)]
+pub struct Mask<'a> {
+    paths: &'a [String],
+    /// The path of this message, with its trailing dot (`source.`), or
+    /// nothing at the top.
+    under: &'a str,
+}
+
+impl<'a> Mask<'a> {
+    /// Whether the field `name` of this message is sent: no mask, a path
+    /// naming it or a part of it, or a path naming a message around it.
+    pub fn keeps(&self, name: &str) -> bool {
+        if self.paths.is_empty() {
+            return true;
+        }
+        self.paths.iter().any(|p| {
+            let Some(rest) = p.strip_prefix(self.under) else {
+                // A path naming a message around this one keeps it whole.
+                return self
+                    .under
+                    .strip_prefix(p.as_str())
+                    .is_some_and(|r| r.starts_with('.'));
+            };
+            rest == name || rest.strip_prefix(name).is_some_and(|r| r.starts_with('.'))
+        })
+    }
+
+    /// The mask inside the field `name` (a message), whose path
+    /// `under` spells with its trailing dot.
+    fn inside(&self, under: &'a str) -> Mask<'a> {
+        Mask {
+            paths: self.paths,
+            under,
         }
     }
 }
@@ -197,65 +276,100 @@ impl Flow {
     /// The message's bytes.
     pub fn encode(&self) -> Vec<u8> {
         let mut w = Writer::new();
-        self.write(&mut w);
+        self.write(&mut w, &FieldMask::default().top());
         w.finish()
     }
 
-    fn write(&self, w: &mut Writer) {
-        w.message(1, |m| self.time.write(m));
-        w.uint(2, self.verdict as u64);
-        if let Some(r) = self.drop_reason {
+    fn write(&self, w: &mut Writer, mask: &Mask<'_>) {
+        let keeps = |name| mask.keeps(name);
+        if keeps("time") {
+            w.message(1, |m| self.time.write(m));
+        }
+        if keeps("verdict") {
+            w.uint(2, self.verdict as u64);
+        }
+        if let Some(r) = self.drop_reason
+            && keeps("drop_reason")
+        {
             w.uint(3, r as u64);
         }
-        w.message(5, |m| {
-            m.string(1, &self.source_ip.to_string());
-            m.string(2, &self.destination_ip.to_string());
-            m.uint(3, if self.source_ip.is_ipv4() { 1 } else { 2 });
-        });
-        w.message(6, |m| {
-            m.message(self.l4.field(), |p| {
-                p.uint(1, u64::from(self.source_port));
-                p.uint(2, u64::from(self.destination_port));
-            })
-        });
-        w.message(8, |m| self.source.write(m));
-        w.message(9, |m| self.destination.write(m));
-        w.uint(10, L3_L4);
-        w.string(11, &self.node_name);
-        w.message(19, |m| match self.drop_reason {
-            Some(r) => {
-                m.int(1, EVENT_DROP);
-                m.int(2, r as i64);
-            }
-            None => {
-                m.int(1, EVENT_TRACE);
-                m.int(2, TO_ENDPOINT_SUB_TYPE);
-            }
-        });
-        if let Some((ns, name)) = &self.destination_service {
+        if keeps("IP") {
+            w.message(5, |m| {
+                m.string(1, &self.source_ip.to_string());
+                m.string(2, &self.destination_ip.to_string());
+                m.uint(3, if self.source_ip.is_ipv4() { 1 } else { 2 });
+            });
+        }
+        if keeps("l4") {
+            w.message(6, |m| {
+                m.message(self.l4.field(), |p| {
+                    p.uint(1, u64::from(self.source_port));
+                    p.uint(2, u64::from(self.destination_port));
+                })
+            });
+        }
+        if keeps("source") {
+            w.message(8, |m| self.source.write(m, &mask.inside("source.")));
+        }
+        if keeps("destination") {
+            w.message(9, |m| {
+                self.destination.write(m, &mask.inside("destination."))
+            });
+        }
+        if keeps("Type") {
+            w.uint(10, L3_L4);
+        }
+        if keeps("node_name") {
+            w.string(11, &self.node_name);
+        }
+        if keeps("event_type") {
+            w.message(19, |m| match self.drop_reason {
+                Some(r) => {
+                    m.int(1, EVENT_DROP);
+                    m.int(2, r as i64);
+                }
+                None => {
+                    m.int(1, EVENT_TRACE);
+                    m.int(2, TO_ENDPOINT_SUB_TYPE);
+                }
+            });
+        }
+        if let Some((ns, name)) = &self.destination_service
+            && keeps("destination_service")
+        {
             w.message(21, |m| {
                 m.string(1, name);
                 m.string(2, ns);
             });
         }
-        w.uint(22, INGRESS);
-        if self.drop_reason.is_none() {
+        if keeps("traffic_direction") {
+            w.uint(22, INGRESS);
+        }
+        if self.drop_reason.is_none() && keeps("trace_observation_point") {
             w.uint(24, TO_ENDPOINT_POINT);
         }
-        if let Some(r) = self.drop_reason {
+        if let Some(r) = self.drop_reason
+            && keeps("drop_reason_desc")
+        {
             w.uint(25, r as u64);
         }
         // is_reply: a BoolValue, false (an empty message): the first
         // packet, from the client.
-        w.message(26, |_| {});
-        w.string(100_000, &self.summary);
+        if keeps("is_reply") {
+            w.message(26, |_| {});
+        }
+        if keeps("Summary") {
+            w.string(100_000, &self.summary);
+        }
     }
 }
 
-/// `observer.GetFlowsResponse` carrying a flow.
-pub fn flows_response(flow: &Flow) -> Vec<u8> {
+/// `observer.GetFlowsResponse` carrying a flow, its fields as `mask`
+/// says (the response's own `node_name` and `time` always: Relay orders
+/// the nodes' flows by them).
+pub fn flows_response(flow: &Flow, mask: &FieldMask) -> Vec<u8> {
     let mut w = Writer::new();
-    w.message(1, |m| flow.write(m));
+    w.message(1, |m| flow.write(m, &mask.top()));
     w.string(1000, &flow.node_name);
     w.message(1001, |m| flow.time.write(m));
     w.finish()
@@ -345,11 +459,12 @@ pub struct GetFlowsRequest {
     pub until: Option<Timestamp>,
     /// `first` (9): the oldest `number` flows instead of the newest.
     pub first: bool,
+    /// `field_mask` (10): the fields of each flow to send.
+    pub field_mask: FieldMask,
 }
 
 impl GetFlowsRequest {
-    /// Reads the request (a `field_mask` and extensions are ignored: every
-    /// flow is sent whole).
+    /// Reads the request (extensions are ignored).
     pub fn decode(b: &[u8]) -> Result<GetFlowsRequest, DecodeError> {
         let mut r = GetFlowsRequest::default();
         for f in fields(b) {
@@ -362,6 +477,7 @@ impl GetFlowsRequest {
                 7 => r.since = Some(Timestamp::read(f.bytes()?)?),
                 8 => r.until = Some(Timestamp::read(f.bytes()?)?),
                 9 => r.first = f.bool()?,
+                10 => r.field_mask = FieldMask::read(f.bytes()?)?,
                 _ => {}
             }
         }
@@ -446,4 +562,120 @@ pub fn health_serving() -> Vec<u8> {
     let mut w = Writer::new();
     w.uint(1, 1);
     w.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flow() -> Flow {
+        Flow {
+            time: Timestamp {
+                seconds: 1_796_534_732,
+                nanos: 5,
+            },
+            verdict: Verdict::Dropped,
+            drop_reason: Some(DropReason::ServiceBackendNotFound),
+            source_ip: "10.0.0.2".parse().unwrap(),
+            destination_ip: "172.30.0.41".parse().unwrap(),
+            l4: L4::Tcp,
+            source_port: 40000,
+            destination_port: 80,
+            source: Endpoint {
+                namespace: "front".into(),
+                pod_name: "ui-0".into(),
+                labels: vec!["k8s:app=ui".into()],
+                ..Endpoint::default()
+            },
+            destination: Endpoint::default(),
+            node_name: "node-a".into(),
+            destination_service: Some(("shop".into(), "web".into())),
+            summary: "shop/web".into(),
+        }
+    }
+
+    /// The field numbers of a message.
+    fn numbers(b: &[u8]) -> Vec<u32> {
+        fields(b).map(|f| f.unwrap().number).collect()
+    }
+
+    fn field(b: &[u8], n: u32) -> Vec<u8> {
+        fields(b)
+            .map(Result::unwrap)
+            .find(|f| f.number == n)
+            .map(|f| f.bytes().unwrap().to_vec())
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn a_field_mask_keeps_what_it_names_by_hubbles_names() {
+        // What `hubble observe` sends for its compact output.
+        let cli = FieldMask {
+            paths: [
+                "time",
+                "verdict",
+                "ethernet",
+                "IP",
+                "l4",
+                "source.identity",
+                "source.namespace",
+                "source.pod_name",
+                "destination.identity",
+                "destination.namespace",
+                "destination.pod_name",
+                "Type",
+                "node_name",
+                "l7",
+                "event_type",
+                "source_service",
+                "destination_service",
+                "is_reply",
+                "Summary",
+                "ip_trace_id",
+            ]
+            .map(str::to_owned)
+            .to_vec(),
+        };
+        let response = flows_response(&flow(), &cli);
+        assert_eq!(numbers(&response), [1, 1000, 1001], "node and time always");
+        let f = field(&response, 1);
+        assert_eq!(
+            numbers(&f),
+            [1, 2, 5, 6, 8, 9, 10, 11, 19, 21, 26, 100_000],
+            "no drop_reason (3), traffic_direction (22), drop_reason_desc (25)"
+        );
+        // Identity 0 is the default, left out as proto3 does.
+        assert_eq!(numbers(&field(&f, 8)), [3, 5], "source without labels");
+
+        // No mask: every field; a path naming a message keeps it whole.
+        let whole = field(&flows_response(&flow(), &FieldMask::default()), 1);
+        assert_eq!(
+            numbers(&whole),
+            [1, 2, 3, 5, 6, 8, 9, 10, 11, 19, 21, 22, 25, 26, 100_000]
+        );
+        let source = FieldMask {
+            paths: vec!["source".into()],
+        };
+        let f = field(&flows_response(&flow(), &source), 1);
+        assert_eq!(numbers(&f), [8]);
+        assert_eq!(numbers(&field(&f, 8)), [3, 4, 5]);
+        // A name that only starts like a field is not that field.
+        let near = FieldMask {
+            paths: vec!["source_service".into(), "times".into()],
+        };
+        assert!(numbers(&field(&flows_response(&flow(), &near), 1)).is_empty());
+    }
+
+    #[test]
+    fn a_request_carries_its_field_mask() {
+        let mut w = Writer::new();
+        w.uint(1, 20);
+        w.message(10, |m| {
+            m.string(1, "time");
+            m.string(1, "source.pod_name");
+        });
+        let r = GetFlowsRequest::decode(&w.finish()).unwrap();
+        assert_eq!(r.number, 20);
+        assert_eq!(r.field_mask.paths, ["time", "source.pod_name"]);
+    }
 }
