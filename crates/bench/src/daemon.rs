@@ -259,7 +259,7 @@ pub(crate) fn elapsed_ms(line: &str) -> Option<f64> {
 }
 
 /// CPU seconds (user + system) and peak RSS (MiB) of a live process.
-fn usage(pid: u32) -> (f64, f64) {
+pub(crate) fn usage(pid: u32) -> (f64, f64) {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     // Fields after the command name, which is in parentheses.
     let fields: Vec<&str> = stat

@@ -44,12 +44,12 @@ const USAGE: &str = "usage: verdict-bench flows [--services 30000] [--samples 50
 /// last namespace down (see the envelope).
 const PAUSE: Duration = Duration::from_secs(10);
 /// Services with real listeners behind them, spread over the N.
-const TARGETS: usize = 64;
+pub(crate) const TARGETS: usize = 64;
 /// The endpoints' port.
 const TARGET_PORT: u16 = 8080;
 /// Threads that open the burst's connections (each waits up to 1 s for
 /// its handshake, `probe::connect_once`).
-const WORKERS: usize = 8;
+pub(crate) const WORKERS: usize = 8;
 
 /// `verdict-bench flows …`
 pub fn flows(args: &[String]) -> Result<(), String> {
@@ -175,7 +175,7 @@ pub fn flows(args: &[String]) -> Result<(), String> {
         // The burst, to each node in turn (the other idle meanwhile).
         for node in [&off, &on] {
             std::thread::sleep(Duration::from_secs(3));
-            let b = burst(node, rate, secs)?;
+            let b = burst(node, rate, secs, true)?;
             burst_rows.push(format!(
                 "| {who} | {} | {} / {} ({:.0}/s) | {} | {:.0} MiB | {:.0} MiB | {:+.0} MiB | {} | {} | {} | {}/{} ok, max {:.0} ms |",
                 if node.flows { "on, followed" } else { "off" },
@@ -238,12 +238,12 @@ fn delta(base: f64, x: f64) -> f64 {
 }
 
 /// What every node of a run shares.
-struct Ctx<'a> {
-    verdict: &'a Path,
-    manifests: &'a Path,
-    n: usize,
-    log_dir: Option<&'a Path>,
-    who: &'a str,
+pub(crate) struct Ctx<'a> {
+    pub(crate) verdict: &'a Path,
+    pub(crate) manifests: &'a Path,
+    pub(crate) n: usize,
+    pub(crate) log_dir: Option<&'a Path>,
+    pub(crate) who: &'a str,
 }
 
 /// Service `i`'s endpoints.
@@ -257,7 +257,7 @@ fn targets(n: usize) -> Vec<usize> {
     (0..TARGETS).map(|j| j * n / TARGETS).collect()
 }
 
-fn write_manifests(dir: &Path, n: usize) -> Result<(), String> {
+pub(crate) fn write_manifests(dir: &Path, n: usize) -> Result<(), String> {
     let mut objects = vec![json!({"apiVersion": "v1", "kind": "Node",
         "metadata": {"name": "bench-node"},
         "status": {"addresses": [{"type": "InternalIP", "address": "192.168.0.2"}]}})];
@@ -293,10 +293,10 @@ fn write_manifests(dir: &Path, n: usize) -> Result<(), String> {
 
 /// A node: its namespace, the listener behind the target Services, and
 /// verdict running on the manifests, synced.
-struct Node {
+pub(crate) struct Node {
     n: usize,
     flows: bool,
-    pid: u32,
+    pub(crate) pid: u32,
     cold_v4: f64,
     cold_both: f64,
     // Dropped in this order: verdict, then the listener, then the
@@ -305,11 +305,27 @@ struct Node {
     _daemon: Process,
     _log: Log,
     _acceptor: Acceptor,
-    ns: Netns,
+    pub(crate) ns: Netns,
 }
 
 impl Node {
-    fn start(ctx: &Ctx, flows: bool, tag: &str) -> Result<Node, String> {
+    pub(crate) fn start(ctx: &Ctx, flows: bool, tag: &str) -> Result<Node, String> {
+        let extra: &[&str] = if flows {
+            &["--flows"]
+        } else {
+            &["--flows=false"]
+        };
+        Node::start_with(ctx, extra, flows, tag)
+    }
+
+    /// A node with `extra` flags (`flows`: whether they leave the stream
+    /// on).
+    pub(crate) fn start_with(
+        ctx: &Ctx,
+        extra: &[&str],
+        flows: bool,
+        tag: &str,
+    ) -> Result<Node, String> {
         let ns = Netns::create(&format!(
             "{}-{}",
             unique_prefix(),
@@ -319,11 +335,6 @@ impl Node {
         let eps: Vec<Ipv4Addr> = targets(ctx.n).into_iter().flat_map(endpoints_of).collect();
         crate::envelope::loopback_endpoints(&ns, &eps)?;
         let acceptor = Acceptor::start(&ns)?;
-        let extra: &[&str] = if flows {
-            &["--flows"]
-        } else {
-            &["--flows=false"]
-        };
         let log_file = ctx.log_dir.map(|d| {
             d.join(format!(
                 "flows-{}-{}-{tag}-{}.log",
@@ -471,13 +482,13 @@ impl Follower {
 }
 
 /// A node's flow counts.
-struct Stats {
-    forwarded: u64,
-    evicted: u64,
-    not_recorded: u64,
+pub(crate) struct Stats {
+    pub(crate) forwarded: u64,
+    pub(crate) evicted: u64,
+    pub(crate) not_recorded: u64,
 }
 
-fn stats(ns: &Netns) -> Result<Stats, String> {
+pub(crate) fn stats(ns: &Netns) -> Result<Stats, String> {
     let addr: SocketAddr = METRICS.parse().map_err(|e| format!("{METRICS}: {e}"))?;
     let body = crate::readers::get_body(ns.name(), addr, "/api/v1/flows?limit=1")?;
     let doc: Value =
@@ -540,24 +551,24 @@ fn side_by_side(off: &Node, on: &Node, samples: usize) -> Result<(Vec<f64>, Vec<
 }
 
 /// What a burst measured.
-struct Burst {
-    ok: usize,
-    failed: usize,
-    took: Duration,
-    rss_idle: f64,
-    rss_peak: f64,
-    recorded: Option<u64>,
-    evicted: Option<u64>,
-    not_recorded: Option<u64>,
-    livez: crate::readers::Summary,
+pub(crate) struct Burst {
+    pub(crate) ok: usize,
+    pub(crate) failed: usize,
+    pub(crate) took: Duration,
+    pub(crate) rss_idle: f64,
+    pub(crate) rss_peak: f64,
+    pub(crate) recorded: Option<u64>,
+    pub(crate) evicted: Option<u64>,
+    pub(crate) not_recorded: Option<u64>,
+    pub(crate) livez: crate::readers::Summary,
 }
 
-fn burst(node: &Node, rate: usize, secs: usize) -> Result<Burst, String> {
-    let before = if node.flows {
-        Some(stats(&node.ns)?)
-    } else {
-        None
-    };
+/// RATE new connections a second for SECS seconds to `node`; with
+/// `counts`, the node's flow counts read before and after (a read asks
+/// for flows: the node follows connections from then on).
+pub(crate) fn burst(node: &Node, rate: usize, secs: usize, counts: bool) -> Result<Burst, String> {
+    let counts = counts && node.flows;
+    let before = if counts { Some(stats(&node.ns)?) } else { None };
     let rss_idle = crate::daemon::rss_now(node.pid);
     let stop = Arc::new(AtomicBool::new(false));
     let sampler = {
@@ -620,11 +631,7 @@ fn burst(node: &Node, rate: usize, secs: usize) -> Result<Burst, String> {
     stop.store(true, Ordering::Relaxed);
     let rss_peak = sampler.join().map_err(|_| "the RSS sampler panicked")?;
     let livez = summarize(&prober.finish()[0], start, end);
-    let after = if node.flows {
-        Some(stats(&node.ns)?)
-    } else {
-        None
-    };
+    let after = if counts { Some(stats(&node.ns)?) } else { None };
     let (recorded, evicted, not_recorded) = match (before, after) {
         (Some(b), Some(a)) => (
             Some(a.forwarded - b.forwarded),

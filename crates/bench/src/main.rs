@@ -28,6 +28,7 @@ mod daemon;
 mod envelope;
 mod flood;
 mod flows;
+mod hubble;
 mod probe;
 mod readers;
 mod report;
@@ -108,6 +109,7 @@ fn main() -> ExitCode {
         Some("envelope") => envelope::envelope(&args[1..]),
         Some("flows") => flows::flows(&args[1..]),
         Some("flood") => flood::flood(&args[1..]),
+        Some("hubble") => hubble::hubble(&args[1..]),
         Some("backends") => backends::backends(&args[1..]),
         Some("backend-one") => backends::backend_one(&args[1..]),
         _ => orchestrate(&args),
