@@ -29,6 +29,7 @@ mod envelope;
 mod flood;
 mod flows;
 mod hubble;
+mod pods;
 mod probe;
 mod readers;
 mod report;
@@ -110,6 +111,7 @@ fn main() -> ExitCode {
         Some("flows") => flows::flows(&args[1..]),
         Some("flood") => flood::flood(&args[1..]),
         Some("hubble") => hubble::hubble(&args[1..]),
+        Some("pods") => pods::pods(&args[1..]),
         Some("backends") => backends::backends(&args[1..]),
         Some("backend-one") => backends::backend_one(&args[1..]),
         _ => orchestrate(&args),

@@ -216,6 +216,48 @@ pub fn node_info(n: objects::Node) -> NodeInfo {
     }
 }
 
+/// A Pod as the flow stream names it: `None` for one that shares the
+/// node's network (its addresses are the node's) or has no address yet.
+pub fn pod(p: objects::Pod) -> Option<verdict_model::Pod> {
+    if p.spec.host_network {
+        return None;
+    }
+    let ips: Box<[std::net::IpAddr]> = p
+        .status
+        .pod_ips
+        .iter()
+        .filter_map(|a| a.ip.parse().ok())
+        .collect();
+    if ips.is_empty() {
+        return None;
+    }
+    let meta = p.metadata;
+    let workload = meta
+        .owner_references
+        .iter()
+        .find(|o| o.controller)
+        .map(|o| {
+            std::sync::Arc::new(verdict_model::workload_of(
+                &o.kind,
+                &o.name,
+                meta.labels
+                    .get(verdict_model::LABEL_POD_TEMPLATE_HASH)
+                    .map(String::as_str),
+            ))
+        });
+    let labels = meta
+        .labels
+        .iter()
+        .map(|(k, v)| verdict_model::Name::from(format!("{k}={v}")))
+        .collect();
+    Some(verdict_model::Pod {
+        name: verdict_model::NamespacedName::new(meta.namespace, meta.name),
+        ips,
+        labels,
+        workload,
+    })
+}
+
 /// A ServiceCIDR's ranges (`spec.cidrs`); ones that do not parse are
 /// skipped with a warning (the API server validates them, so this is a
 /// corrupt object).
@@ -231,4 +273,56 @@ pub fn service_cidrs(c: &objects::ServiceCidr) -> Vec<ipnet::IpNet> {
             }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    fn pod(doc: serde_json::Value) -> Option<verdict_model::Pod> {
+        super::pod(serde_json::from_value(doc).unwrap())
+    }
+
+    #[test]
+    fn a_pod_is_named_with_its_addresses_labels_and_workload() {
+        let p = pod(serde_json::json!({
+            "metadata": {"name": "web-7d4b9c-x2x9q", "namespace": "shop",
+                "labels": {"app": "web", "pod-template-hash": "7d4b9c"},
+                "ownerReferences": [
+                    {"kind": "Node", "name": "n1"},
+                    {"kind": "ReplicaSet", "name": "web-7d4b9c", "controller": true}]},
+            "spec": {"containers": [{"name": "c", "image": "i"}]},
+            "status": {"podIP": "10.180.0.1",
+                "podIPs": [{"ip": "10.180.0.1"}, {"ip": "fd00::1"}]}
+        }))
+        .unwrap();
+        assert_eq!(p.name.to_string(), "shop/web-7d4b9c-x2x9q");
+        assert_eq!(p.ips.len(), 2);
+        let labels: Vec<&str> = p.labels.iter().map(|l| l.as_str()).collect();
+        assert_eq!(labels, ["app=web", "pod-template-hash=7d4b9c"]);
+        assert_eq!(p.workload.unwrap().to_string(), "Deployment/web");
+        // The node's network, or no address yet: nothing to name.
+        assert!(
+            pod(
+                serde_json::json!({"metadata": {"name": "a", "namespace": "kube-system"},
+                "spec": {"hostNetwork": true}, "status": {"podIPs": [{"ip": "192.168.0.2"}]}})
+            )
+            .is_none()
+        );
+        assert!(
+            pod(
+                serde_json::json!({"metadata": {"name": "b", "namespace": "x"},
+                "status": {"phase": "Pending"}})
+            )
+            .is_none()
+        );
+        // No controller: no workload; nulls where the API server may put them.
+        let bare = pod(
+            serde_json::json!({"metadata": {"name": "c", "namespace": "x",
+            "labels": null, "ownerReferences": null},
+            "spec": null, "status": {"podIPs": [{"ip": "10.0.0.9"}]}}),
+        )
+        .unwrap();
+        assert!(bare.workload.is_none() && bare.labels.is_empty());
+    }
 }

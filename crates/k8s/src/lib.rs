@@ -29,5 +29,5 @@ pub mod review;
 pub mod validate;
 pub mod watch;
 
-pub use convert::{NodeInfo, node_info, service, service_cidrs, slice};
+pub use convert::{NodeInfo, node_info, pod, service, service_cidrs, slice};
 pub use manifests::{Loaded, ManifestError, Manifests, load};

@@ -54,6 +54,23 @@ pub struct Meta {
     /// Whether `metadata.deletionTimestamp` is set.
     #[serde(default, deserialize_with = "present")]
     pub deletion_timestamp: bool,
+    /// `metadata.ownerReferences` (read for Pods).
+    #[serde(default, deserialize_with = "nullable")]
+    pub owner_references: Vec<OwnerReference>,
+}
+
+/// One `metadata.ownerReferences[]` entry.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+pub struct OwnerReference {
+    /// `kind`.
+    #[serde(default, deserialize_with = "nullable")]
+    pub kind: String,
+    /// `name`.
+    #[serde(default, deserialize_with = "nullable")]
+    pub name: String,
+    /// `controller`.
+    #[serde(default, deserialize_with = "nullable")]
+    pub controller: bool,
 }
 
 /// Whether a field is there and not `null`, whatever its value.
@@ -382,6 +399,45 @@ pub struct NodeAddress {
     pub address: String,
 }
 
+/// A `v1` Pod: who it is, its owner, and its addresses.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+pub struct Pod {
+    /// `metadata`.
+    #[serde(default)]
+    pub metadata: Meta,
+    /// `spec`: whether it shares the node's network.
+    #[serde(default, deserialize_with = "nullable")]
+    pub spec: PodSpec,
+    /// `status`: its addresses.
+    #[serde(default, deserialize_with = "nullable")]
+    pub status: PodStatus,
+}
+
+/// `spec` of a Pod.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct PodSpec {
+    /// `hostNetwork`: its addresses are the node's.
+    #[serde(default, deserialize_with = "nullable")]
+    pub host_network: bool,
+}
+
+/// `status` of a Pod.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+pub struct PodStatus {
+    /// `podIPs`.
+    #[serde(default, rename = "podIPs", deserialize_with = "nullable")]
+    pub pod_ips: Vec<PodIp>,
+}
+
+/// One `status.podIPs[]` entry.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+pub struct PodIp {
+    /// `ip`.
+    #[serde(default, deserialize_with = "nullable")]
+    pub ip: String,
+}
+
 /// A `networking.k8s.io/v1` ServiceCIDR.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
 pub struct ServiceCidr {
@@ -448,6 +504,12 @@ impl Object for EndpointSlice {
 }
 
 impl Object for Node {
+    fn meta(&self) -> &Meta {
+        &self.metadata
+    }
+}
+
+impl Object for Pod {
     fn meta(&self) -> &Meta {
         &self.metadata
     }

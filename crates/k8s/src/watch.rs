@@ -51,6 +51,10 @@ pub enum Update {
     Node(Option<NodeInfo>),
     /// The CIDRs of every ServiceCIDR object.
     ServiceCidrs(Vec<IpNet>),
+    /// A Pod was added or changed (`Some`), or deleted or no longer named
+    /// by an address of its own (`None`): only with
+    /// [`ApiSource::watch_pods`].
+    Pod(Key, Option<verdict_model::Pod>),
     /// Services, EndpointSlices and the Node have finished their initial
     /// list: from now on the daemon may program the node.
     Synced,
@@ -86,6 +90,8 @@ pub struct ApiSource {
     pub node_name: String,
     /// Rate limit and request metrics.
     pub client: crate::client::ClientOptions,
+    /// Also watch every Pod (`--watch-pods`), for the flow stream's names.
+    pub watch_pods: bool,
 }
 
 /// Why the API source could not start.
@@ -436,6 +442,7 @@ enum Watched {
     Slice(Event<objects::EndpointSlice>),
     Node(Event<objects::Node>),
     Cidr(Event<objects::ServiceCidr>),
+    Pod(Event<objects::Pod>),
     /// ServiceCIDRs are not served (or not allowed): the first sync does
     /// not wait for them.
     CidrsAbsent,
@@ -475,7 +482,7 @@ pub fn start(src: ApiSource, tx: Sender<Vec<Update>>) -> Result<(), SourceError>
     // the receiver sees the channel close.
     std::thread::Builder::new()
         .name("kube-watch".into())
-        .spawn(move || rt.block_on(watch_all(client, node, tx)))
+        .spawn(move || rt.block_on(watch_all(client, node, src.watch_pods, tx)))
         .map_err(|e| SourceError::Client(e.to_string()))?;
     Ok(())
 }
@@ -570,12 +577,31 @@ fn collections(node: &str) -> [Collection; 4] {
     ]
 }
 
+/// Every Pod that may hold an address: one that ran to its end gave it
+/// back (and it may be another pod's now), so Succeeded and Failed pods
+/// are not listed (and leave the watch as deletions).
+fn pods_collection() -> Collection {
+    Collection {
+        what: "Pods",
+        path: "/api/v1/pods",
+        labels: None,
+        fields: Some("status.phase!=Succeeded,status.phase!=Failed".to_owned()),
+    }
+}
+
 /// Events in flight between the reflectors and the batcher.
 const IN_FLIGHT: usize = 4096;
 
-async fn watch_all(client: Client, node: String, tx: Sender<Vec<Update>>) {
+async fn watch_all(client: Client, node: String, pods: bool, tx: Sender<Vec<Update>>) {
     let (events, mut rx) = tokio::sync::mpsc::channel(IN_FLIGHT);
     let [services, slices, nodes, cidrs] = collections(&node);
+    if pods {
+        let to_pod = Forward {
+            tx: events.clone(),
+            wrap: Watched::Pod,
+        };
+        tokio::spawn(Reflector::new(client.clone(), pods_collection()).run(to_pod));
+    }
     let to_service = Forward {
         tx: events.clone(),
         wrap: Watched::Service,
@@ -647,6 +673,7 @@ struct Mirrors {
     slices: Mirror<EndpointSlice>,
     nodes: Mirror<NodeInfo>,
     cidrs: Mirror<Vec<IpNet>>,
+    pods: Mirror<verdict_model::Pod>,
     /// The ranges of every ServiceCIDR object.
     cidr_values: BTreeMap<Key, Vec<IpNet>>,
     /// ServiceCIDRs are not served (or not allowed).
@@ -662,6 +689,10 @@ impl Mirrors {
             slices: Mirror::passing_initial_list(),
             nodes: Mirror::passing_initial_list(),
             cidrs: Mirror::default(),
+            // Names for flows, which no sync waits for: each pod of the
+            // first list is passed on as it comes, not held until the
+            // list is whole (tens of thousands of them, decoded twice).
+            pods: Mirror::passing_initial_list(),
             cidr_values: BTreeMap::new(),
             cidrs_absent: false,
             synced: false,
@@ -692,6 +723,18 @@ impl Mirrors {
                     tracing::warn!(node = %self.node, "no Node object of this name: NodePorts use no node address until it appears (set --hostname-override?)");
                 }
                 out.extend(changes.into_iter().map(|(_, v)| Update::Node(v)));
+            }
+            Watched::Pod(e) => {
+                let first = !self.pods.listed();
+                out.extend(
+                    self.pods
+                        .see(seen(e, crate::convert::pod))
+                        .into_iter()
+                        .map(|(k, v)| Update::Pod(k, v)),
+                );
+                if first && self.pods.listed() {
+                    tracing::info!(pods = self.pods.len(), "Pods listed: flows name every pod");
+                }
             }
             Watched::CidrsAbsent => self.cidrs_absent = true,
             Watched::Cidr(e) => {

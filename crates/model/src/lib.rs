@@ -17,6 +17,7 @@ kernel nor the API server, so every rule here is unit-tested in isolation.
 * `service` — [`ServicePort`], [`service_ports`], [`should_skip_service`].
 * `endpoints` — [`Endpoint`], its canonical (Display-string) order, [`EndpointsMap`].
 * `topology` — [`categorize_endpoints`] (cluster/local endpoint selection).
+* `pod` — [`Pod`]: a pod as the flow stream names it (the opt-in watch of Pods).
 * `selection` — [`MetricsSelection`]: which Services are counted per Service.
 * `slice_cache` — [`EndpointSliceCache`], merging slices per service port.
 * `tracker` — [`ServiceChangeTracker`] and [`EndpointsChangeTracker`], folding
@@ -31,6 +32,7 @@ mod endpoints;
 mod error;
 mod ip;
 mod names;
+mod pod;
 mod selection;
 mod service;
 mod slice_cache;
@@ -48,6 +50,7 @@ pub use endpoints::{
 pub use error::ModelError;
 pub use ip::{IpFamily, parse_cidr_legacy, parse_ip_legacy};
 pub use names::{Name, NamespacedName, Protocol, ServicePortName};
+pub use pod::{LABEL_POD_TEMPLATE_HASH, Pod, Workload, workload_of};
 pub use selection::{Counting, LabelSelector, MetricsSelection};
 pub use service::{
     DEFAULT_SESSION_AFFINITY_TIMEOUT_SECONDS, LABEL_HEADLESS, LABEL_SERVICE_PROXY_NAME,

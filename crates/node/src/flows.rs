@@ -27,7 +27,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use serde::{Deserialize, Serialize};
 use verdict_admin::Metrics;
-use verdict_model::{IpFamily, Name, NamespacedName, Protocol};
+use verdict_model::{IpFamily, Name, NamespacedName, Protocol, Workload};
 use verdict_nft::flows::{Connection, FlowEvent, FlowMonitor, Logged};
 use verdict_proxier::layout;
 
@@ -141,10 +141,14 @@ pub struct FlowRecord {
     pub protocol: String,
     /// The client's address and port.
     pub client: SocketAddr,
-    /// The client's pod (`namespace/name`), when an EndpointSlice the
-    /// node holds names the pod at the client's address.
+    /// The client's pod (`namespace/name`): the pod at the client's
+    /// address, as the watch of Pods (`--watch-pods`) or else an
+    /// EndpointSlice the node holds names it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_pod: Option<String>,
+    /// The client pod's workload (`Deployment/web`), with `--watch-pods`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_workload: Option<String>,
     /// How it entered (`None`: an address of the service CIDRs no Service has).
     pub entry: Option<EntryKind>,
     /// The address and port it was sent to.
@@ -157,6 +161,9 @@ pub struct FlowRecord {
     pub endpoint: Option<SocketAddr>,
     /// The endpoint's pod (`targetRef.name`), when the EndpointSlice says.
     pub pod: Option<String>,
+    /// The endpoint pod's workload (`Deployment/web`), with `--watch-pods`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workload: Option<String>,
     /// The source was masqueraded (the endpoint saw the node, not the client).
     pub masqueraded: bool,
     /// Packets both ways, when conntrack accounting is on and it closed.
@@ -273,12 +280,14 @@ struct Flow {
     proto: u8,
     client: SocketAddr,
     client_pod: Option<NamespacedName>,
+    client_workload: Option<Arc<Workload>>,
     entry: Option<EntryKind>,
     destination: SocketAddr,
     service: Option<NamespacedName>,
     port: Option<Name>,
     endpoint: Option<SocketAddr>,
     pod: Option<Name>,
+    workload: Option<Arc<Workload>>,
     masqueraded: bool,
     open: bool,
     verdict: FlowVerdict,
@@ -306,12 +315,14 @@ impl Flow {
             proto,
             client,
             client_pod: None,
+            client_workload: None,
             entry: None,
             destination,
             service: None,
             port: None,
             endpoint: None,
             pod: None,
+            workload: None,
             masqueraded: false,
             open: false,
             verdict,
@@ -337,12 +348,14 @@ impl Flow {
             protocol: protocol_name(self.proto),
             client: self.client,
             client_pod: self.client_pod.as_ref().map(ToString::to_string),
+            client_workload: self.client_workload.as_ref().map(ToString::to_string),
             entry: self.entry,
             destination: self.destination,
             service: self.service.as_ref().map(ToString::to_string),
             port: self.port.as_ref().map(|p| p.as_str().to_owned()),
             endpoint: self.endpoint,
             pod: self.pod.as_ref().map(|p| p.as_str().to_owned()),
+            workload: self.workload.as_ref().map(ToString::to_string),
             masqueraded: self.masqueraded,
             packets: self.packets,
             bytes: self.bytes,
@@ -890,6 +903,18 @@ impl Recorder {
         Some(FlowVerdict::Forwarded)
     }
 
+    /// Names a flow's client: its pod and workload, when known.
+    fn name_client(&self, f: &mut Flow) {
+        let ip = f.client.ip();
+        match self.node.pod(ip) {
+            Some(p) => {
+                f.client_pod = Some(p.name.clone());
+                f.client_workload = p.workload.clone();
+            }
+            None => f.client_pod = self.node.pod_at(ip),
+        }
+    }
+
     /// The flow of a connection sent to an endpoint of a Service.
     fn forwarded_flow(&self, c: &Connection, now: SystemTime) -> Option<Flow> {
         if !c.dnat {
@@ -898,7 +923,11 @@ impl Recorder {
         let proto = protocol_of(c.proto)?;
         let e = entered(&self.node, proto, c.dst, false)?;
         let mut f = Flow::new(now, c.proto, c.client, c.dst, FlowVerdict::Forwarded);
-        f.client_pod = self.node.pod_at(c.client.ip());
+        self.name_client(&mut f);
+        f.workload = self
+            .node
+            .pod(c.reply_src.ip())
+            .and_then(|p| p.workload.clone());
         f.entry = Some(e.kind);
         f.service = Some(e.view.name.clone());
         f.endpoint = Some(c.reply_src);
@@ -976,7 +1005,7 @@ impl Recorder {
             return None;
         }
         let mut f = Flow::new(now, l.proto, l.src, l.dst, verdict);
-        f.client_pod = self.node.pod_at(l.src.ip());
+        self.name_client(&mut f);
         f.reason = Some(reason);
         if let Some(e) = &e {
             f.entry = Some(e.kind);

@@ -8,26 +8,77 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use verdict_hubble::grpc::FlowSource;
-use verdict_hubble::proto::{DropReason, Endpoint, Flow, L4, ServerStatus, Timestamp, Verdict};
+use verdict_hubble::proto::{
+    DropReason, Endpoint, Flow, L4, ServerStatus, Timestamp, Verdict, Workload,
+};
+use verdict_model::Pod;
 
 use crate::flows::{self, FlowFilter, FlowRecord, FlowStore, FlowVerdict};
+use crate::view::NodeHandle;
 
 /// The node's flow store, for Hubble's API.
 pub struct HubbleFlows {
     store: Arc<FlowStore>,
+    node: NodeHandle,
     node_name: String,
     started: Instant,
 }
 
 impl HubbleFlows {
-    /// `store`'s flows, seen by `node_name`.
-    pub fn new(store: Arc<FlowStore>, node_name: &str) -> HubbleFlows {
+    /// `store`'s flows, seen by `node_name`, the pods' labels and
+    /// workloads from `node` (with `--watch-pods`).
+    pub fn new(store: Arc<FlowStore>, node: NodeHandle, node_name: &str) -> HubbleFlows {
         HubbleFlows {
             store,
+            node,
             node_name: node_name.to_owned(),
             started: Instant::now(),
         }
     }
+
+    /// A flow with what the watch of Pods knows of either end.
+    fn described(&self, r: &FlowRecord) -> Option<Flow> {
+        let mut f = flow(r, &self.node_name)?;
+        if let Some(p) = self.node.pod(f.source_ip) {
+            describe(&mut f.source, &p);
+        }
+        if r.endpoint.is_some()
+            && let Some(p) = self.node.pod(f.destination_ip)
+        {
+            describe(&mut f.destination, &p);
+        }
+        Some(f)
+    }
+}
+
+/// Hubble's label source for Kubernetes labels, and the label Cilium
+/// gives every pod for its namespace.
+const K8S: &str = "k8s:";
+const NAMESPACE_LABEL: &str = "k8s:io.kubernetes.pod.namespace=";
+
+/// One end of a flow as the pod there is: its name, labels (as Hubble
+/// writes them, `k8s:key=value`) and workload.
+fn describe(e: &mut Endpoint, p: &Pod) {
+    e.namespace = p.name.namespace.to_string();
+    e.pod_name = p.name.name.to_string();
+    e.labels = p
+        .labels
+        .iter()
+        .map(|l| format!("{K8S}{l}"))
+        .chain(std::iter::once(format!(
+            "{NAMESPACE_LABEL}{}",
+            p.name.namespace
+        )))
+        .collect();
+    e.labels.sort();
+    e.workloads = p
+        .workload
+        .iter()
+        .map(|w| Workload {
+            name: w.name.to_string(),
+            kind: w.kind.to_string(),
+        })
+        .collect();
 }
 
 impl FlowSource for HubbleFlows {
@@ -41,7 +92,7 @@ impl FlowSource for HubbleFlows {
             .flows
             .iter()
             .rev()
-            .filter_map(|r| Some((r.seq, flow(r, &self.node_name)?)))
+            .filter_map(|r| Some((r.seq, self.described(r)?)))
             .collect()
     }
 
@@ -159,6 +210,7 @@ mod tests {
             protocol: "tcp".into(),
             client: "10.0.0.2:40000".parse().unwrap(),
             client_pod: Some("front/shop-ui-0".into()),
+            client_workload: None,
             entry: Some(EntryKind::ClusterIP),
             destination: "172.30.0.41:80".parse().unwrap(),
             service: Some("shop/web".into()),
@@ -166,6 +218,7 @@ mod tests {
             endpoint: (verdict == FlowVerdict::Forwarded)
                 .then(|| "10.180.0.1:8080".parse().unwrap()),
             pod: (verdict == FlowVerdict::Forwarded).then(|| "web-1".into()),
+            workload: None,
             masqueraded: false,
             packets: None,
             bytes: None,
@@ -228,5 +281,77 @@ mod tests {
         let mut icmp = record(FlowVerdict::Dropped, Some("no endpoints"));
         icmp.protocol = "1".into();
         assert!(flow(&icmp, "node-a").is_none());
+    }
+
+    #[test]
+    fn the_watch_of_pods_gives_either_end_its_labels_and_workload() {
+        let node = NodeHandle::new(
+            Arc::new(std::sync::Mutex::new(verdict_admin::Health::new(
+                std::time::Duration::from_secs(60),
+            ))),
+            Arc::new(std::sync::Mutex::new(verdict_admin::Metrics::new())),
+        );
+        let pod = |ns: &str, name: &str, ip: &str, labels: &[&str], w: Option<(&str, &str)>| Pod {
+            name: verdict_model::NamespacedName::new(ns, name),
+            ips: Box::new([ip.parse().unwrap()]),
+            labels: labels
+                .iter()
+                .map(|l| verdict_model::Name::from(*l))
+                .collect(),
+            workload: w.map(|(kind, name)| {
+                Arc::new(verdict_model::Workload {
+                    kind: kind.into(),
+                    name: name.into(),
+                })
+            }),
+        };
+        node.publish_pod(
+            "front",
+            "ui-0",
+            Some(pod(
+                "front",
+                "ui-0",
+                "10.0.0.2",
+                &["app=ui"],
+                Some(("Deployment", "ui")),
+            )),
+        );
+        node.publish_pod(
+            "shop",
+            "web-1",
+            Some(pod(
+                "shop",
+                "web-1",
+                "10.180.0.1",
+                &["app=web", "tier=back"],
+                None,
+            )),
+        );
+        let h = HubbleFlows::new(FlowStore::new(16), node.clone(), "node-a");
+        let f = h.described(&record(FlowVerdict::Forwarded, None)).unwrap();
+        assert_eq!(
+            f.source.labels,
+            ["k8s:app=ui", "k8s:io.kubernetes.pod.namespace=front"]
+        );
+        assert_eq!(
+            (
+                f.source.workloads[0].kind.as_str(),
+                f.source.workloads[0].name.as_str()
+            ),
+            ("Deployment", "ui")
+        );
+        assert_eq!(f.destination.labels.len(), 3);
+        assert!(f.destination.workloads.is_empty());
+        // Refused: the address asked for is a Service's, no pod's.
+        let r = h
+            .described(&record(FlowVerdict::Rejected, Some("no endpoints")))
+            .unwrap();
+        assert!(r.destination.labels.is_empty());
+        assert_eq!(r.source.pod_name, "ui-0");
+        // Gone from the watch: gone from the flows.
+        node.publish_pod("front", "ui-0", None);
+        let f = h.described(&record(FlowVerdict::Forwarded, None)).unwrap();
+        assert!(f.source.labels.is_empty());
+        assert_eq!(node.pod_count(), 1);
     }
 }

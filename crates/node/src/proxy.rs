@@ -673,6 +673,11 @@ impl NodeProxy {
                     tracing::error!(error = %e, "cannot use the ServiceCIDRs");
                     false
                 }),
+                Update::Pod((namespace, name), p) => {
+                    // Names for the flow stream; no rule depends on them.
+                    self.view.publish_pod(&namespace, &name, p);
+                    false
+                }
                 Update::Synced => {
                     if !self.ready {
                         tracing::info!(

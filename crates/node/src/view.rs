@@ -14,12 +14,14 @@
 //! Compare kube-rs' reflector (`Writer` exclusive, `Store::get` returning
 //! an `Arc`): a view is replaced whole, never changed in place.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard};
 
 use verdict_admin::{Health, Metrics};
-use verdict_model::{Endpoint, IpFamily, NamespacedName, ServicePort, ServicePortName};
+use verdict_model::{
+    Endpoint, IpFamily, Name, NamespacedName, Pod, ServicePort, ServicePortName, Workload,
+};
 use verdict_proxier::{Intent, Proxier, ProxierConfig};
 
 use crate::history::History;
@@ -274,7 +276,95 @@ impl Services {
     }
 }
 
+/// Every pod the watch of Pods (`--watch-pods`) told of, by name and by
+/// address; empty without it. The text pods repeat (namespaces, labels,
+/// workloads) is kept once, for as long as a pod holds it.
+#[derive(Default)]
+struct Pods {
+    by_name: HashMap<NamespacedName, Arc<Pod>>,
+    by_ip: HashMap<IpAddr, Arc<Pod>>,
+    texts: HashSet<Name>,
+    workloads: HashSet<Arc<Workload>>,
+}
+
+impl Pods {
+    /// The shared copy of `t`.
+    fn text(&mut self, t: &Name) -> Name {
+        if let Some(held) = self.texts.get(t.as_str()) {
+            return held.clone();
+        }
+        self.texts.insert(t.clone());
+        t.clone()
+    }
+
+    /// `p` with the text and workload other pods hold shared.
+    fn shared(&mut self, mut p: Pod) -> Pod {
+        p.name.namespace = self.text(&p.name.namespace);
+        let labels: Vec<Name> = p.labels.iter().map(|l| self.text(l)).collect();
+        p.labels = labels.into_boxed_slice();
+        if let Some(w) = p.workload.take() {
+            let held = match self.workloads.get(&w) {
+                Some(h) => h.clone(),
+                None => {
+                    let w = Arc::new(Workload {
+                        kind: self.text(&w.kind),
+                        name: w.name.clone(),
+                    });
+                    self.workloads.insert(w.clone());
+                    w
+                }
+            };
+            p.workload = Some(held);
+        }
+        p
+    }
+
+    /// Lets go of what only `old` held.
+    fn release(&mut self, old: &Pod) {
+        let mut texts: Vec<&Name> = old.labels.iter().collect();
+        texts.push(&old.name.namespace);
+        if let Some(w) = &old.workload {
+            // The set's and `old`'s: no other pod's. Its kind is held by
+            // the workload, once however many pods it has.
+            if Arc::strong_count(w) <= 2 {
+                self.workloads.remove(w);
+                texts.push(&w.kind);
+            }
+        }
+        for t in texts {
+            // The set's, `old`'s (and a workload's): no other pod's.
+            if self
+                .texts
+                .get(t.as_str())
+                .is_some_and(|h| h.strong_count() <= 2)
+            {
+                self.texts.remove(t.as_str());
+            }
+        }
+    }
+
+    fn put(&mut self, name: NamespacedName, pod: Option<Pod>) {
+        if let Some(old) = self.by_name.remove(&name) {
+            for ip in &old.ips {
+                if self.by_ip.get(ip).is_some_and(|p| Arc::ptr_eq(p, &old)) {
+                    self.by_ip.remove(ip);
+                }
+            }
+            self.release(&old);
+        }
+        if let Some(p) = pod {
+            let p = Arc::new(self.shared(p));
+            for ip in &p.ips {
+                self.by_ip.insert(*ip, p.clone());
+            }
+            // Keyed by the pod's own (shared) name, not the one asked with.
+            self.by_name.insert(p.name.clone(), p);
+        }
+    }
+}
+
 struct ReadModel {
+    pods: RwLock<Pods>,
     services: RwLock<Services>,
     families: RwLock<Vec<Arc<FamilyView>>>,
     local_ips: RwLock<Arc<[IpAddr]>>,
@@ -302,6 +392,7 @@ impl NodeHandle {
     /// An empty read model over the node's health and metrics.
     pub fn new(health: Arc<Mutex<Health>>, metrics: Arc<Mutex<Metrics>>) -> NodeHandle {
         NodeHandle(Arc::new(ReadModel {
+            pods: RwLock::default(),
             services: RwLock::default(),
             families: RwLock::default(),
             local_ips: RwLock::new(Arc::from([])),
@@ -383,15 +474,41 @@ impl NodeHandle {
             .collect()
     }
 
-    /// The pod at `addr`, as the EndpointSlices the node holds name it
-    /// (no watch of its own: a pod no Service selects is not known).
+    /// The pod at `addr`: as the watch of Pods has it (`--watch-pods`),
+    /// else as the EndpointSlices the node holds name it (then a pod no
+    /// Service selects is not known).
     pub fn pod_at(&self, addr: IpAddr) -> Option<NamespacedName> {
+        if let Some(p) = self.pod(addr) {
+            return Some(p.name.clone());
+        }
         let s = read(&self.0.services);
         s.by_pod_address
             .get(&addr)?
             .iter()
             .filter_map(|n| s.by_name.get(n))
             .find_map(|v| v.pod_at(addr))
+    }
+
+    /// The pod at `addr` with its labels and workload, from the watch of
+    /// Pods (`None` without `--watch-pods`).
+    pub fn pod(&self, addr: IpAddr) -> Option<Arc<Pod>> {
+        read(&self.0.pods).by_ip.get(&addr).cloned()
+    }
+
+    /// Takes a pod from the watch of Pods: added or changed (`Some`), or
+    /// gone (`None`).
+    pub fn publish_pod(&self, namespace: &str, name: &str, pod: Option<Pod>) {
+        let name = NamespacedName::new(namespace, name);
+        self.0
+            .pods
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .put(name, pod);
+    }
+
+    /// How many pods the watch of Pods holds.
+    pub fn pod_count(&self) -> usize {
+        read(&self.0.pods).by_name.len()
     }
 
     /// The families' proxiers.
@@ -578,6 +695,57 @@ mod tests {
         assert_eq!(h.services_at_node_port(IpFamily::V4, 30080).len(), 0);
         assert_eq!(pod("10.180.0.1"), None);
         assert!(read(&h.0.services).by_pod_address.is_empty());
+    }
+
+    #[test]
+    fn pods_share_what_they_repeat_and_let_go_of_it_with_the_last() {
+        let h = handle();
+        let pod = |name: &str, ip: &str| Pod {
+            name: NamespacedName::new("shop", name),
+            ips: Box::new([ip.parse().unwrap()]),
+            labels: Box::new(["app=web".into(), "tier=back".into()]),
+            workload: Some(Arc::new(Workload {
+                kind: "Deployment".into(),
+                name: "web".into(),
+            })),
+        };
+        h.publish_pod("shop", "web-1", Some(pod("web-1", "10.180.0.1")));
+        h.publish_pod("shop", "web-2", Some(pod("web-2", "10.180.0.2")));
+        let (a, b) = (
+            h.pod("10.180.0.1".parse().unwrap()).unwrap(),
+            h.pod("10.180.0.2".parse().unwrap()).unwrap(),
+        );
+        assert!(Arc::ptr_eq(
+            a.workload.as_ref().unwrap(),
+            b.workload.as_ref().unwrap()
+        ));
+        assert!(std::ptr::eq(a.labels[0].as_str(), b.labels[0].as_str()));
+        assert!(std::ptr::eq(
+            a.name.namespace.as_str(),
+            b.name.namespace.as_str()
+        ));
+        drop((a, b));
+        // A pod that moves to another address leaves the old one.
+        h.publish_pod("shop", "web-2", Some(pod("web-2", "10.180.0.3")));
+        assert!(h.pod("10.180.0.2".parse().unwrap()).is_none());
+        h.publish_pod("shop", "web-1", None);
+        {
+            let p = read(&h.0.pods);
+            assert_eq!(
+                (p.by_name.len(), p.by_ip.len(), p.workloads.len()),
+                (1, 1, 1)
+            );
+            // shop, app=web, tier=back, Deployment.
+            assert_eq!(p.texts.len(), 4);
+        }
+        h.publish_pod("shop", "web-2", None);
+        let p = read(&h.0.pods);
+        assert!(p.by_name.is_empty() && p.by_ip.is_empty());
+        assert!(
+            p.texts.is_empty() && p.workloads.is_empty(),
+            "{:?}",
+            p.texts
+        );
     }
 
     #[test]

@@ -121,6 +121,8 @@ pub struct Cli {
     pub manifests: Option<String>,
     /// `--keep-kube-proxy-nftables` (verdict's own).
     pub keep_kube_proxy_nftables: bool,
+    /// `--watch-pods`: watch every Pod, for the flow stream's names.
+    pub watch_pods: bool,
     /// `--service-counters` (verdict's own; on by default).
     pub service_counters: bool,
     /// `--flows` (verdict's own; on by default).
@@ -217,6 +219,7 @@ enum Opt {
     Inert,
     Manifests,
     KeepKubeProxyNftables,
+    WatchPods,
     ServiceCounters,
     Flows,
     FlowLog,
@@ -377,6 +380,15 @@ const OPTIONS: &[OptSpec] = &[
         opt: Opt::Manifests,
         takes_value: true,
         help: "Read Services, EndpointSlices, Nodes and ServiceCIDRs from this YAML file or directory instead of the API server, and follow its changes",
+        kube_proxy: false,
+        commands: &[],
+    },
+    OptSpec {
+        name: "watch-pods",
+        short: None,
+        opt: Opt::WatchPods,
+        takes_value: false,
+        help: "Watch every Pod (except finished ones) so that flows name any pod by its address, with its labels and workload (Deployment, StatefulSet, ...), in /api/v1/flows, the flow log, verdict flows, the web view and Hubble's API. Without it a pod is named only when an EndpointSlice the node holds does. Costs memory per pod in the cluster (docs/flows.md) and needs RBAC to list and watch pods",
         kube_proxy: false,
         commands: &[],
     },
@@ -726,6 +738,7 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, UsageError>
         metrics_port: None,
         manifests: None,
         keep_kube_proxy_nftables: false,
+        watch_pods: false,
         service_counters: true,
         flows: true,
         flows_required: false,
@@ -841,6 +854,7 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, UsageError>
                     }
                     Opt::Manifests => cli.manifests = Some(value),
                     Opt::KeepKubeProxyNftables => cli.keep_kube_proxy_nftables = boolean(&value)?,
+                    Opt::WatchPods => cli.watch_pods = boolean(&value)?,
                     Opt::ServiceCounters => cli.service_counters = boolean(&value)?,
                     Opt::Flows => {
                         cli.flows = boolean(&value)?;
@@ -929,6 +943,11 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, UsageError>
         }
     }
     check_hubble(&cli)?;
+    if cli.watch_pods && cli.manifests.is_some() {
+        return Err(UsageError(
+            "--watch-pods watches the API server's Pods: --manifests has none (flows there are named by the EndpointSlices)".into(),
+        ));
+    }
     if cli.flow_log_limits_given && cli.flow_log.is_none() {
         return Err(UsageError(
             "--flow-log-max-size, --flow-log-max-backups and --flow-log-rate bound the --flow-log: give it too".into(),
@@ -1361,6 +1380,14 @@ mod tests {
             both.is_err_and(|e| e.0.contains("--flows=false")),
             "a flow log of a stream turned off"
         );
+    }
+
+    #[test]
+    fn pods_are_watched_only_when_asked_and_only_from_an_api_server() {
+        assert!(!parse_str(&[]).unwrap().watch_pods);
+        assert!(parse_str(&["--watch-pods"]).unwrap().watch_pods);
+        let e = parse_str(&["--watch-pods", "--manifests", "/tmp/x"]);
+        assert!(e.is_err_and(|e| e.0.contains("--manifests has none")));
     }
 
     #[test]

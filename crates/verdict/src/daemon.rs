@@ -34,6 +34,8 @@ pub struct SourceFlags {
     pub master: Option<String>,
     /// `--keep-kube-proxy-nftables`.
     pub keep_kube_proxy_nftables: bool,
+    /// `--watch-pods`.
+    pub watch_pods: bool,
     /// `--config`'s path and the text read at start: as kube-proxy, verdict
     /// exits when the file changes, so that its pod restarts with it.
     pub config_file: Option<(String, String)>,
@@ -47,6 +49,7 @@ impl SourceFlags {
             master: self.master.clone(),
             node_name: node_name.to_string(),
             client,
+            watch_pods: self.watch_pods,
         }
     }
 
@@ -282,7 +285,7 @@ pub fn run(settings: &Settings, source: &SourceFlags, verbosity: &Verbosity) -> 
         ),
         _ => None,
     };
-    serve_hubble(settings, flows.as_ref(), peers, &name);
+    serve_hubble(settings, flows.as_ref(), &handle, peers, &name);
     let api_for = |exposure: Exposure| {
         api::handler(
             handle.clone(),
@@ -410,6 +413,7 @@ pub fn run(settings: &Settings, source: &SourceFlags, verbosity: &Verbosity) -> 
 fn serve_hubble(
     settings: &Settings,
     flows: Option<&Arc<verdict_node::flows::FlowStore>>,
+    handle: &verdict_node::NodeHandle,
     peers: Option<Arc<dyn verdict_hubble::peer::PeerSource>>,
     node_name: &str,
 ) {
@@ -436,6 +440,7 @@ fn serve_hubble(
     let in_tls = tls.is_some();
     let source = Arc::new(verdict_node::hubble::HubbleFlows::new(
         store.clone(),
+        handle.clone(),
         node_name,
     ));
     match verdict_hubble::grpc::serve(addr, source, peers, tls) {

@@ -172,6 +172,7 @@ fn main() -> ExitCode {
         kubeconfig: settings.client.kubeconfig.clone(),
         master: cli.master.clone(),
         keep_kube_proxy_nftables: cli.keep_kube_proxy_nftables,
+        watch_pods: cli.watch_pods,
         config_file: cli.config.clone().zip(file),
     };
     let result = match cli.command {

@@ -750,6 +750,21 @@ fn the_hubble_component_wires_verdict_relay_and_ui_together() {
             relay_service["spec"]["ports"][0]["port"]
         )
     );
+    // --watch-pods, and the right to do it for verdict's ServiceAccount.
+    assert!(
+        command.contains(&Value::from("--watch-pods")),
+        "{command:?}"
+    );
+    let reader = find("ClusterRole", "verdict-pod-reader");
+    assert_eq!(
+        reader["rules"],
+        serde_json::json!([{"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}])
+    );
+    let bound = find("ClusterRoleBinding", "verdict-pod-reader");
+    assert_eq!(
+        bound["subjects"][0]["name"],
+        pod["spec"]["serviceAccountName"]
+    );
     let binding = find("ClusterRoleBinding", "verdict-hubble-ui");
     assert_eq!(
         binding["subjects"][0]["name"],

@@ -648,6 +648,55 @@ fn hubble_relay_merges_the_flows_of_two_verdict_nodes() {
             "nodeName": "node-b", "targetRef": {"kind": "Pod", "namespace": "front", "name": "ui-b"}}));
     create(&slices("front"), clients);
     create_node(&admin, "node-a", "192.168.0.2");
+    // The client pod on node-a as the kubelet would have it: a
+    // Deployment's pod with labels and an address. node-a runs with
+    // --watch-pods and names it from this; node-b does not, and names its
+    // client from the EndpointSlice alone.
+    // (No controller manager makes the namespace's default ServiceAccount.)
+    create(
+        "/api/v1/namespaces/front/serviceaccounts",
+        serde_json::json!({"apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": {"name": "default", "namespace": "front"}}),
+    );
+    create(
+        "/api/v1/namespaces/front/pods",
+        serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "ui-a", "namespace": "front",
+                "labels": {"app": "ui", "pod-template-hash": "5f6d7"},
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                    "name": "ui-5f6d7", "uid": "8e5a4a5e-0000-4000-8000-000000000001",
+                    "controller": true}]},
+            "spec": {"nodeName": "node-a", "containers": [{"name": "ui", "image": "ui"}]}}),
+    );
+    let (code, body) = admin
+        .request(
+            "PATCH",
+            "/api/v1/namespaces/front/pods/ui-a/status",
+            Some(&serde_json::json!({"status": {"phase": "Running",
+                "podIP": "10.0.0.2", "podIPs": [{"ip": "10.0.0.2"}]}})),
+        )
+        .unwrap();
+    assert_eq!(code, 200, "{body}");
+    // The hubble component's RBAC for --watch-pods, bound to the user
+    // verdict runs as here.
+    let rbac = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../deploy/components/hubble/rbac.yaml"),
+    )
+    .unwrap();
+    let mut bytes = rbac.as_bytes();
+    for mut doc in serde_saphyr::read::<_, Json>(&mut bytes).map(Result::unwrap) {
+        if doc["kind"] == "ClusterRoleBinding" {
+            doc["subjects"] = serde_json::json!([{"kind": "User",
+                "apiGroup": "rbac.authorization.k8s.io", "name": "system:kube-proxy"}]);
+            create(
+                "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+                doc,
+            );
+        } else {
+            create("/apis/rbac.authorization.k8s.io/v1/clusterroles", doc);
+        }
+    }
 
     // verdict as kube-proxy runs: kube-proxy's own user and RBAC.
     let kubeconfig = api
@@ -659,9 +708,10 @@ fn hubble_relay_merges_the_flows_of_two_verdict_nodes() {
         .unwrap()
         .to_string_lossy()
         .into_owned();
-    let verdict = |ns: &verdict_e2e::netns::Netns, name: &str| {
+    let (cert, key, ca) = (d("server.crt"), d("server.key"), d("ca.crt"));
+    let verdict = |ns: &verdict_e2e::netns::Netns, name: &str, more: &[&str]| {
         let log = dir.join(format!("{name}.log"));
-        let args = [
+        let mut args = vec![
             "--kubeconfig",
             &kubeconfig,
             "--hostname-override",
@@ -673,15 +723,16 @@ fn hubble_relay_merges_the_flows_of_two_verdict_nodes() {
             "--hubble-listen-address",
             "0.0.0.0:4244",
             "--hubble-tls-cert-file",
-            &d("server.crt"),
+            &cert,
             "--hubble-tls-key-file",
-            &d("server.key"),
+            &key,
             "--hubble-tls-client-ca-files",
-            &d("ca.crt"),
+            &ca,
         ];
+        args.extend_from_slice(more);
         (spawn_verdict_in(ns, args, &log, None), log)
     };
-    let (_a, a_log) = verdict(&bed.node, "node-a");
+    let (_a, a_log) = verdict(&bed.node, "node-a", &["--watch-pods"]);
     let answered = |client: &str, service: &str, want: &str| {
         until(Duration::from_secs(30), || {
             let line = bed
@@ -769,7 +820,7 @@ fn hubble_relay_merges_the_flows_of_two_verdict_nodes() {
 
     // node-b joins: its Node, then verdict on it.
     create_node(&admin, "node-b", "192.168.5.2");
-    let (b, b_log) = verdict(&bed.node2, "node-b");
+    let (b, b_log) = verdict(&bed.node2, "node-b", &[]);
     answered("10.0.5.2", "10.96.0.20", "10.180.5.1:80").unwrap_or_else(|e| {
         panic!(
             "node-b never answered: {e}\n{}",
@@ -812,12 +863,29 @@ fn hubble_relay_merges_the_flows_of_two_verdict_nodes() {
     let (from_a, from_b) = (on("node-a"), on("node-b"));
     assert!(from_a.len() >= 4 && from_b.len() >= 4, "{all:#?}");
     for f in &from_a {
+        // node-a watches Pods: its client's labels and Deployment.
+        assert_eq!(f["source"]["pod_name"], "ui-a", "{f}");
+        assert_eq!(
+            f["source"]["labels"],
+            serde_json::json!([
+                "k8s:app=ui",
+                "k8s:io.kubernetes.pod.namespace=front",
+                "k8s:pod-template-hash=5f6d7"
+            ]),
+            "{f}"
+        );
+        assert_eq!(
+            f["source"]["workloads"],
+            serde_json::json!([{"name": "ui", "kind": "Deployment"}]),
+            "{f}"
+        );
         if f["verdict"] == "FORWARDED" {
             assert_eq!(f["destination"]["pod_name"], "web-a-0", "{f}");
-            assert_eq!(f["source"]["pod_name"], "ui-a", "{f}");
         }
     }
     for f in &from_b {
+        // node-b does not: the slice's name, no labels.
+        assert!(f["source"].get("labels").is_none(), "{f}");
         if f["verdict"] == "FORWARDED" {
             assert_eq!(f["destination"]["pod_name"], "web-b-0", "{f}");
             assert_eq!(f["source"]["pod_name"], "ui-b", "{f}");

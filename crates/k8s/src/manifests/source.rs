@@ -889,6 +889,7 @@ mod tests {
                 Update::Slice((ns, n), s) => format!("EndpointSlice {ns}/{n} {}", s.is_some()),
                 Update::Node(n) => format!("Node {:?}", n.as_ref().map(|n| &n.name)),
                 Update::ServiceCidrs(c) => format!("ServiceCIDRs {c:?}"),
+                Update::Pod((ns, n), p) => format!("Pod {ns}/{n} {}", p.is_some()),
                 Update::Synced => "Synced".into(),
             })
             .collect()

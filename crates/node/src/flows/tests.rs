@@ -495,7 +495,7 @@ fn a_kept_flow_shares_its_names_and_allocates_nothing_of_its_own() {
     assert!(same(a.pod.as_ref(), b.pod.as_ref()));
     // What a kept flow costs in the ring, besides its two index entries.
     assert!(
-        std::mem::size_of::<Flow>() <= 304,
+        std::mem::size_of::<Flow>() <= 320,
         "{} bytes",
         std::mem::size_of::<Flow>()
     );
@@ -883,4 +883,57 @@ fn a_client_is_named_by_the_endpoint_slices_the_node_holds() {
             .any(|a| a.client_pod.as_deref() == Some("shop/web-7d4b9c-x2x9q")),
         "{a:?}"
     );
+}
+
+#[test]
+fn the_watch_of_pods_names_any_client_and_both_workloads() {
+    let (h, _p) = node();
+    let store = FlowStore::new(100);
+    let metrics = Arc::new(Mutex::new(Metrics::new()));
+    let mut r = Recorder::new(h.clone(), store.clone(), metrics, None);
+    let workload = |kind: &str, name: &str| {
+        Some(Arc::new(Workload {
+            kind: kind.into(),
+            name: name.into(),
+        }))
+    };
+    // A client no EndpointSlice names, and the endpoint's pod.
+    h.publish_pod(
+        "batch",
+        "report-28a1",
+        Some(verdict_model::Pod {
+            name: NamespacedName::new("batch", "report-28a1"),
+            ips: Box::new([sock("10.77.0.21:0").ip()]),
+            labels: Box::new([]),
+            workload: workload("Job", "report"),
+        }),
+    );
+    h.publish_pod(
+        "shop",
+        "web-7d4b9c-x2x9q",
+        Some(verdict_model::Pod {
+            name: NamespacedName::new("shop", "web-7d4b9c-x2x9q"),
+            ips: Box::new([sock("10.180.0.1:0").ip()]),
+            labels: Box::new([]),
+            workload: workload("Deployment", "web"),
+        }),
+    );
+    r.record(
+        vec![FlowEvent::New(conn(
+            1,
+            "10.77.0.21:40000",
+            "172.30.0.41:80",
+            "10.180.0.1:8080",
+        ))],
+        SystemTime::now(),
+        None,
+    );
+    let f = &all(&store)[0];
+    assert_eq!(f.client_pod.as_deref(), Some("batch/report-28a1"));
+    assert_eq!(f.client_workload.as_deref(), Some("Job/report"));
+    assert_eq!(f.workload.as_deref(), Some("Deployment/web"));
+    // In the record as readers and the flow log get it.
+    let doc = serde_json::to_value(f).unwrap();
+    assert_eq!(doc["client_workload"], "Job/report");
+    assert_eq!(doc["workload"], "Deployment/web");
 }

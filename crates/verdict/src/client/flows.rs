@@ -68,9 +68,13 @@ pub fn header(output: Output) -> String {
     h
 }
 
-/// The client's pod after its address, when known.
-fn client_pod(pod: Option<&str>) -> String {
-    pod.map(|p| format!(" ({p})")).unwrap_or_default()
+/// The client's pod (and workload) after its address, when known.
+fn client_pod(pod: Option<&str>, workload: Option<&str>) -> String {
+    match (pod, workload) {
+        (Some(p), Some(w)) => format!(" ({p}, {w})"),
+        (Some(p), None) => format!(" ({p})"),
+        _ => String::new(),
+    }
 }
 
 /// One flow on one line (wide: with its entry, pod, packets, bytes and
@@ -96,7 +100,11 @@ pub fn line(f: &FlowRecord, output: Output) -> String {
     let mut extra = Vec::new();
     if wide {
         extra.push(f.entry.map_or("-".to_owned(), |e| format!("{e:?}")));
-        extra.push(f.pod.clone().unwrap_or_else(|| "-".into()));
+        extra.push(match (&f.pod, &f.workload) {
+            (Some(p), Some(w)) => format!("{p} ({w})"),
+            (Some(p), None) => p.clone(),
+            _ => "-".into(),
+        });
         extra.push(f.packets.map_or("-".to_owned(), |p| format!("{p} packets")));
         extra.push(f.bytes.map_or("-".to_owned(), |b| format!("{b} bytes")));
         extra.push(format!("last {}", f.last_seen));
@@ -124,7 +132,7 @@ pub fn line(f: &FlowRecord, output: Output) -> String {
         f.verdict.as_str(),
         f.protocol,
         f.client,
-        client_pod(f.client_pod.as_deref()),
+        client_pod(f.client_pod.as_deref(), f.client_workload.as_deref()),
         f.destination,
         service,
         outcome,
@@ -176,7 +184,7 @@ fn aggregate_line(a: &AggregateRecord, output: Output) -> String {
         a.verdict.as_str(),
         a.protocol,
         a.client,
-        client_pod(a.client_pod.as_deref()),
+        client_pod(a.client_pod.as_deref(), None),
         a.destination,
     );
     if output == Output::Wide {
