@@ -153,15 +153,29 @@ fn first_endpoints(i: usize, k: usize) -> Vec<Ipv4Addr> {
         .collect()
 }
 
+/// Whether each endpoint names its pod (`targetRef`), as the EndpointSlice
+/// controller writes it (`envelope --target-refs`): off, the workload of
+/// the earlier measurements.
+pub(crate) static TARGET_REFS: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
 /// Slice `s` of service `i`: the endpoints `s * size ..` of `eps`.
 fn slice_of(i: usize, s: usize, eps: &[Ipv4Addr], size: usize, port: u16, proto: &str) -> Value {
+    let named = TARGET_REFS.load(std::sync::atomic::Ordering::Relaxed);
     let endpoints: Vec<Value> = eps
         .iter()
         .skip(s * size)
         .take(size)
         .map(|ip| {
-            json!({"addresses": [ip.to_string()], "conditions": {"ready": true},
-                   "nodeName": "bench-node"})
+            let mut e = json!({"addresses": [ip.to_string()], "conditions": {"ready": true},
+                   "nodeName": "bench-node"});
+            if named {
+                // A Deployment's pod name: the Service's, the template
+                // hash, five characters of its own.
+                e["targetRef"] = json!({"kind": "Pod", "namespace": "bench",
+                    "name": format!("svc{i}-7d4b9c5f6-{:05x}", u32::from(*ip) & 0xf_ffff)});
+            }
+            e
         })
         .collect();
     json!({

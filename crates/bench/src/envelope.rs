@@ -35,7 +35,7 @@ use crate::daemon::{Log, Programs, Row, Shape, Source};
 use crate::workload::service_ip;
 use crate::{flag, num_flag, pct, sizes};
 
-const USAGE: &str = "usage: verdict-bench envelope [--sizes 30000,100000] [--sources manifests,api] [--listener absent,present] [--changes 20] [--adds 20] [--flushes 3] [--log DIR] [--out DIR] | --plot TABLE.md > envelope.svg";
+const USAGE: &str = "usage: verdict-bench envelope [--sizes 30000,100000] [--sources manifests,api] [--listener absent,present] [--changes 20] [--adds 20] [--flushes 3] [--target-refs] [--log DIR] [--out DIR] | --plot TABLE.md > envelope.svg";
 
 /// Seconds between runs, for the kernel to finish tearing the last one
 /// down.
@@ -235,6 +235,9 @@ pub fn envelope(args: &[String]) -> Result<(), String> {
         return Ok(());
     }
     can_run()?;
+    if args.iter().any(|a| a == "--target-refs") {
+        crate::daemon::TARGET_REFS.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
     let num = |name: &str, default: usize| {
         num_flag(args, name, default).map_err(|e| format!("{e}\n{USAGE}"))
     };

@@ -152,12 +152,16 @@ impl ServiceView {
             .filter_map(|(f, p)| p.port.node_port.map(|n| (f, n)))
     }
 
-    /// The addresses of its endpoints that name their pod.
+    /// The addresses of its endpoints on this node that name their pod:
+    /// the clients a flow through this node may come from (a pod's
+    /// connection to a ClusterIP is DNATed on its own node). Only these
+    /// are indexed, so the index grows with the pods of the node, not of
+    /// the cluster.
     fn pod_addresses(&self) -> impl Iterator<Item = IpAddr> + '_ {
         self.ports().flat_map(|(_, p)| {
             p.endpoints
                 .iter()
-                .filter(|e| e.target.is_some())
+                .filter(|e| e.is_local && e.target.is_some())
                 .map(|e| e.ip)
         })
     }
@@ -215,36 +219,98 @@ impl FamilyView {
 #[derive(Default)]
 struct Services {
     by_name: BTreeMap<NamespacedName, Arc<ServiceView>>,
-    by_address: HashMap<IpAddr, Vec<NamespacedName>>,
-    by_node_port: HashMap<(IpFamily, u16), Vec<NamespacedName>>,
+    by_address: Index<IpAddr>,
+    by_node_port: Index<(IpFamily, u16)>,
     /// The Services with an endpoint at the address that names its pod:
     /// who a client is, for the flow stream.
-    by_pod_address: HashMap<IpAddr, Vec<NamespacedName>>,
+    by_pod_address: Index<IpAddr>,
 }
 
-fn unindex<K: std::hash::Hash + Eq>(
-    index: &mut HashMap<K, Vec<NamespacedName>>,
-    key: K,
-    name: &NamespacedName,
-) {
-    if let Some(v) = index.get_mut(&key) {
-        v.retain(|n| n != name);
-        if v.is_empty() {
-            index.remove(&key);
+/// Keys to the Services that have them. Nearly every key has one Service
+/// (an address, a NodePort, an endpoint's address), kept in the map's own
+/// entry; a key's other Services are beside it. 30,000 Services with two
+/// endpoints each make about 90,000 keys.
+struct Index<K> {
+    one: HashMap<K, NamespacedName>,
+    more: HashMap<K, Vec<NamespacedName>>,
+}
+
+impl<K> Default for Index<K> {
+    fn default() -> Self {
+        Index {
+            one: HashMap::new(),
+            more: HashMap::new(),
         }
     }
 }
 
-fn index<K: std::hash::Hash + Eq>(
-    index: &mut HashMap<K, Vec<NamespacedName>>,
-    key: K,
-    name: &NamespacedName,
-) {
-    let v = index.entry(key).or_default();
-    if !v.contains(name) {
-        // Nearly every address has one Service: no room for four.
-        v.reserve_exact(1);
-        v.push(name.clone());
+impl<K: std::hash::Hash + Eq + Copy> Index<K> {
+    fn add(&mut self, key: K, name: &NamespacedName) {
+        match self.one.entry(key) {
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(name.clone());
+            }
+            std::collections::hash_map::Entry::Occupied(e) if e.get() == name => {}
+            std::collections::hash_map::Entry::Occupied(_) => {
+                let v = self.more.entry(key).or_default();
+                if !v.contains(name) {
+                    v.push(name.clone());
+                }
+            }
+        }
+    }
+
+    fn remove(&mut self, key: K, name: &NamespacedName) {
+        if self.one.get(&key) == Some(name) {
+            let next = self.more.get_mut(&key).and_then(Vec::pop);
+            if self.more.get(&key).is_some_and(Vec::is_empty) {
+                self.more.remove(&key);
+            }
+            match next {
+                Some(n) => {
+                    self.one.insert(key, n);
+                }
+                None => {
+                    self.one.remove(&key);
+                }
+            }
+        } else if let Some(v) = self.more.get_mut(&key) {
+            v.retain(|n| n != name);
+            if v.is_empty() {
+                self.more.remove(&key);
+            }
+        }
+    }
+
+    /// The Services with `key`.
+    fn get(&self, key: &K) -> impl Iterator<Item = &NamespacedName> {
+        self.one
+            .get(key)
+            .into_iter()
+            .chain(self.more.get(key).into_iter().flatten())
+    }
+
+    #[cfg(test)]
+    fn is_empty(&self) -> bool {
+        self.one.is_empty() && self.more.is_empty()
+    }
+
+    /// The bytes its tables hold (hashbrown's layout: a bucket per entry
+    /// of capacity × 8/7, each the entry and a control byte) and the
+    /// vectors beside them.
+    #[cfg(test)]
+    fn bytes(&self) -> usize {
+        fn table<K, V>(m: &HashMap<K, V>) -> usize {
+            let buckets = (m.capacity() * 8 / 7).next_power_of_two();
+            buckets * (std::mem::size_of::<(K, V)>() + 1)
+        }
+        table(&self.one)
+            + table(&self.more)
+            + self
+                .more
+                .values()
+                .map(|v| v.capacity() * std::mem::size_of::<NamespacedName>())
+                .sum::<usize>()
     }
 }
 
@@ -252,24 +318,24 @@ impl Services {
     fn put(&mut self, name: NamespacedName, view: Option<Arc<ServiceView>>) {
         if let Some(old) = self.by_name.remove(&name) {
             for a in old.addresses() {
-                unindex(&mut self.by_address, a, &name);
+                self.by_address.remove(a, &name);
             }
             for n in old.node_ports() {
-                unindex(&mut self.by_node_port, n, &name);
+                self.by_node_port.remove(n, &name);
             }
             for a in old.pod_addresses() {
-                unindex(&mut self.by_pod_address, a, &name);
+                self.by_pod_address.remove(a, &name);
             }
         }
         if let Some(v) = view {
             for a in v.addresses() {
-                index(&mut self.by_address, a, &name);
+                self.by_address.add(a, &name);
             }
             for n in v.node_ports() {
-                index(&mut self.by_node_port, n, &name);
+                self.by_node_port.add(n, &name);
             }
             for a in v.pod_addresses() {
-                index(&mut self.by_pod_address, a, &name);
+                self.by_pod_address.add(a, &name);
             }
             self.by_name.insert(name, v);
         }
@@ -457,8 +523,6 @@ impl NodeHandle {
         let s = read(&self.0.services);
         s.by_address
             .get(&addr)
-            .into_iter()
-            .flatten()
             .filter_map(|n| s.by_name.get(n).cloned())
             .collect()
     }
@@ -468,8 +532,6 @@ impl NodeHandle {
         let s = read(&self.0.services);
         s.by_node_port
             .get(&(family, port))
-            .into_iter()
-            .flatten()
             .filter_map(|n| s.by_name.get(n).cloned())
             .collect()
     }
@@ -483,8 +545,7 @@ impl NodeHandle {
         }
         let s = read(&self.0.services);
         s.by_pod_address
-            .get(&addr)?
-            .iter()
+            .get(&addr)
             .filter_map(|n| s.by_name.get(n))
             .find_map(|v| v.pod_at(addr))
     }
@@ -646,8 +707,10 @@ mod tests {
         let mut w1 = slice("ns", "web", "w1")
             .port("p80", TCP, 8080)
             .ep("10.180.0.1", "n1")
-            .ep("10.180.0.2", "n1");
+            .ep("10.180.0.2", "n1")
+            .ep("10.180.0.3", "n2");
         w1.endpoints[0].target_name = Some("web-0".into());
+        w1.endpoints[2].target_name = Some("web-2".into());
         p.on_endpoint_slice(&w1, false);
         p.sync(&mut MemoryBackend::new(), std::time::Instant::now())
             .unwrap();
@@ -663,7 +726,7 @@ mod tests {
                 .iter()
                 .all(|f| f.ports.capacity() == f.ports.len())
         );
-        assert_eq!(port.endpoints.len(), 2);
+        assert_eq!(port.endpoints.len(), 3);
         assert!(
             port.intent.as_ref().is_some_and(|i| !i.is_empty()),
             "{port:?}"
@@ -679,9 +742,11 @@ mod tests {
         let pod = |a: &str| h.pod_at(a.parse().unwrap()).map(|p| p.to_string());
         assert_eq!(pod("10.180.0.1").as_deref(), Some("ns/web-0"));
         assert_eq!(pod("10.180.0.2"), None, "the slice names no pod");
+        assert_eq!(pod("10.180.0.3"), None, "another node's: not a client here");
         {
+            // One Service an address: nothing beside the map's entries.
             let s = read(&h.0.services);
-            assert!(s.by_address.values().all(|v| v.capacity() == v.len()));
+            assert!(s.by_address.more.is_empty() && s.by_pod_address.more.is_empty());
         }
         assert_eq!(h.services_page("web", 0, 10).0, 1);
         assert_eq!(h.services_page("nope", 0, 10).0, 0);
@@ -695,6 +760,82 @@ mod tests {
         assert_eq!(h.services_at_node_port(IpFamily::V4, 30080).len(), 0);
         assert_eq!(pod("10.180.0.1"), None);
         assert!(read(&h.0.services).by_pod_address.is_empty());
+        assert!(read(&h.0.services).by_address.is_empty());
+    }
+
+    /// What the index of endpoints' addresses costs: 2,000 Services of two
+    /// endpoints, each naming its pod, one on this node and one elsewhere.
+    #[test]
+    fn the_pod_address_index_holds_this_nodes_endpoints_only() {
+        let mut p = proxier();
+        let n = 2000;
+        for i in 0..n {
+            let ip = format!("172.30.{}.{}", i / 250, i % 250 + 1);
+            let s = svc("ns", &format!("s{i}"))
+                .cluster_ip(&ip)
+                .port("p", TCP, 80, 0);
+            p.on_service(None, Some(&s));
+            let mut sl = slice("ns", &format!("s{i}"), &format!("s{i}-1"))
+                .port("p", TCP, 8080)
+                .ep(&format!("10.1.{}.{}", i / 250, i % 250 + 1), "n1")
+                .ep(&format!("10.2.{}.{}", i / 250, i % 250 + 1), "n2");
+            for (j, e) in sl.endpoints.iter_mut().enumerate() {
+                e.target_name = Some(format!("s{i}-7d4b9c5f6-{j:05}"));
+            }
+            p.on_endpoint_slice(&sl, false);
+        }
+        p.sync(&mut MemoryBackend::new(), std::time::Instant::now())
+            .unwrap();
+        let h = handle();
+        let views = (0..n)
+            .map(|i| {
+                let name = NamespacedName::new("ns", format!("s{i}"));
+                let v = ServiceView::build(&name, &[&p]).map(Arc::new);
+                (name, v)
+            })
+            .collect();
+        h.publish_services(views);
+        let s = read(&h.0.services);
+        let (endpoints, bytes) = (s.by_pod_address.one.len(), s.by_pod_address.bytes());
+        println!(
+            "pod-address index: {endpoints} addresses, {bytes} bytes, {} a pod",
+            bytes / endpoints
+        );
+        // This node's: the clients whose flows it sees.
+        assert_eq!(endpoints, n);
+        // An entry (an address, a Service's shared name) and its share of
+        // the table's spare room: no allocation of its own.
+        assert!(bytes / endpoints <= 128, "{bytes}");
+        assert!(s.by_pod_address.more.is_empty());
+    }
+
+    #[test]
+    fn an_index_keeps_every_service_of_a_key_and_promotes_the_next() {
+        let mut i: Index<u16> = Index::default();
+        let (a, b, c) = (
+            NamespacedName::new("ns", "a"),
+            NamespacedName::new("ns", "b"),
+            NamespacedName::new("ns", "c"),
+        );
+        for n in [&a, &b, &c, &b] {
+            i.add(80, n);
+        }
+        i.add(81, &a);
+        let at = |i: &Index<u16>, k| i.get(&k).map(|n| n.name.to_string()).collect::<Vec<_>>();
+        assert_eq!(at(&i, 80), ["a", "b", "c"]);
+        i.remove(80, &a);
+        let mut left = at(&i, 80);
+        left.sort();
+        assert_eq!(left, ["b", "c"]);
+        i.remove(80, &b);
+        i.remove(80, &b);
+        assert_eq!(at(&i, 80), ["c"]);
+        assert!(i.more.is_empty());
+        i.remove(80, &c);
+        i.remove(81, &c);
+        assert_eq!(at(&i, 81), ["a"]);
+        i.remove(81, &a);
+        assert!(i.is_empty());
     }
 
     #[test]
