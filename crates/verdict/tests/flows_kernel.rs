@@ -16,7 +16,7 @@ use std::time::Duration;
 use serde_json::Value as Json;
 use verdict_e2e::bed::{Placement, TestBed};
 
-const MANIFESTS: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: shop}\nspec:\n  clusterIP: 172.30.0.41\n  ports: [{name: http, port: 80, protocol: TCP}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: web-1\n  namespace: shop\n  labels: {kubernetes.io/service-name: web}\naddressType: IPv4\nports: [{name: http, port: 80, protocol: TCP}]\nendpoints:\n- addresses: [10.180.0.1]\n  nodeName: test-node\n  targetRef: {kind: Pod, namespace: shop, name: web-7d4b9c-x2x9q}\n---\napiVersion: v1\nkind: Service\nmetadata: {name: empty, namespace: shop}\nspec:\n  clusterIP: 172.30.0.43\n  ports: [{name: http, port: 80, protocol: TCP}]\n---\napiVersion: v1\nkind: Service\nmetadata: {name: guarded, namespace: shop}\nspec:\n  type: LoadBalancer\n  clusterIP: 172.30.0.44\n  loadBalancerSourceRanges: [203.0.113.0/24]\n  ports: [{name: http, port: 80, nodePort: 30081, protocol: TCP}]\nstatus:\n  loadBalancer: {ingress: [{ip: 198.51.100.44}]}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: guarded-1\n  namespace: shop\n  labels: {kubernetes.io/service-name: guarded}\naddressType: IPv4\nports: [{name: http, port: 80, protocol: TCP}]\nendpoints:\n- addresses: [10.180.0.1]\n  nodeName: test-node\n";
+const MANIFESTS: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: shop}\nspec:\n  clusterIP: 172.30.0.41\n  ports: [{name: http, port: 80, protocol: TCP}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: web-1\n  namespace: shop\n  labels: {kubernetes.io/service-name: web}\naddressType: IPv4\nports: [{name: http, port: 80, protocol: TCP}]\nendpoints:\n- addresses: [10.180.0.1]\n  nodeName: test-node\n  targetRef: {kind: Pod, namespace: shop, name: web-7d4b9c-x2x9q}\n---\napiVersion: v1\nkind: Service\nmetadata: {name: empty, namespace: shop}\nspec:\n  clusterIP: 172.30.0.43\n  ports: [{name: http, port: 80, protocol: TCP}]\n---\napiVersion: v1\nkind: Service\nmetadata: {name: guarded, namespace: shop}\nspec:\n  type: LoadBalancer\n  clusterIP: 172.30.0.44\n  loadBalancerSourceRanges: [203.0.113.0/24]\n  ports: [{name: http, port: 80, nodePort: 30081, protocol: TCP}]\nstatus:\n  loadBalancer: {ingress: [{ip: 198.51.100.44}]}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: guarded-1\n  namespace: shop\n  labels: {kubernetes.io/service-name: guarded}\naddressType: IPv4\nports: [{name: http, port: 80, protocol: TCP}]\nendpoints:\n- addresses: [10.180.0.1]\n  nodeName: test-node\n---\napiVersion: v1\nkind: Service\nmetadata: {name: ui, namespace: front}\nspec:\n  clusterIP: 172.30.0.45\n  ports: [{name: http, port: 8080, protocol: TCP}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: ui-1\n  namespace: front\n  labels: {kubernetes.io/service-name: ui}\naddressType: IPv4\nports: [{name: http, port: 8080, protocol: TCP}]\nendpoints:\n- addresses: [10.0.0.2]\n  nodeName: test-node\n  targetRef: {kind: Pod, namespace: front, name: ui-5f6d7-abcde}\n";
 
 /// `verdict run` on the manifests in `dir` as the test node, and `extra`.
 fn run_flags(dir: &str, extra: &[&str]) -> Vec<String> {
@@ -131,6 +131,8 @@ fn each_connection_is_one_flow_with_its_endpoint_or_its_reason() {
     for f in &forwarded {
         assert_eq!(f["endpoint"], "10.180.0.1:80", "{f}");
         assert_eq!(f["pod"], "web-7d4b9c-x2x9q", "{f}");
+        // The client: a pod the node's EndpointSlices name.
+        assert_eq!(f["client_pod"], "front/ui-5f6d7-abcde", "{f}");
         assert_eq!(f["entry"], "ClusterIP", "{f}");
         assert_eq!(f["destination"], "172.30.0.41:80", "{f}");
     }
@@ -260,6 +262,10 @@ fn each_connection_is_one_flow_with_its_endpoint_or_its_reason() {
             None,
         );
         assert!(all.contains("web-7d4b9c-x2x9q"), "the pod: {all}");
+        assert!(
+            all.contains("data-client-pod=\"\">(front/ui-5f6d7-abcde)"),
+            "the client's pod: {all}"
+        );
         assert!(all.contains("data-verdict=\"forwarded\""), "{all}");
         assert!(!all.contains("data-service=\"shop/empty\""), "{all}");
         let svc = browse(&bed, &browser, &format!("{ui}#/service/shop/guarded"), None);
@@ -288,6 +294,13 @@ fn each_connection_is_one_flow_with_its_endpoint_or_its_reason() {
         .filter(|f| f["seq"].as_u64().unwrap() > after && f["open"] != false)
         .count();
     assert!(new_ones >= 50, "{lines}");
+    assert!(
+        logged
+            .iter()
+            .filter(|f| f["seq"].as_u64().unwrap() > after)
+            .all(|f| f["client_pod"] == "front/ui-5f6d7-abcde"),
+        "the client's pod in every line: {lines}"
+    );
     assert!(
         logged
             .iter()
@@ -446,6 +459,7 @@ fn the_flows_command_behaves_in_a_pipeline_and_across_a_restart() {
     std::thread::sleep(Duration::from_millis(800));
     let text = String::from_utf8(run(&["flows", "--service", "shop/web"]).stdout).unwrap();
     assert!(text.starts_with("FIRST SEEN"), "a header line: {text}");
+    assert!(text.contains(" (front/ui-5f6d7-abcde) → "), "{text}");
     let wide =
         String::from_utf8(run(&["flows", "--service", "shop/web", "-o", "wide"]).stdout).unwrap();
     assert!(wide.lines().next().unwrap().contains("POD"), "{wide}");
