@@ -16,7 +16,7 @@ use http_body_util::BodyExt;
 use hyper::body::{Body, Frame, Incoming};
 use hyper::header::{CONTENT_TYPE, HeaderMap, HeaderValue};
 use hyper::{Request, Response};
-use tokio::sync::mpsc;
+use tokio::sync::{broadcast, mpsc};
 
 use crate::peer::{self, PeerSource};
 use crate::proto::{self, Flow, GetFlowsRequest, ServerStatus};
@@ -31,14 +31,99 @@ pub trait FlowSource: Send + Sync + 'static {
     fn status(&self) -> ServerStatus;
     /// The node's name, for `GetNodes`.
     fn node_name(&self) -> String;
+    /// The number of the newest flow stored (0: none yet).
+    fn newest(&self) -> u64;
 }
 
-/// Where the server listens, and whether in TLS, for `GetNodes`; and
-/// where `Notify` learns the peers (`None`: it is not served).
+/// Where the server listens, and whether in TLS, for `GetNodes`; where
+/// `Notify` learns the peers (`None`: it is not served); and the poller
+/// of new flows its followers share, while any follows.
 struct Listening {
     address: String,
     tls: bool,
     peers: Option<Arc<dyn PeerSource>>,
+    poller: Poller,
+}
+
+/// New flows, read once for every follower.
+type Batch = Arc<[(u64, Flow)]>;
+
+/// The followers' poller: its channel while it runs.
+type Poller = Arc<std::sync::Mutex<Option<broadcast::Sender<Batch>>>>;
+
+/// Batches a follower may fall behind (a slow client) before it loses
+/// some: 64 polls, about 13 s.
+const BATCHES: usize = 64;
+
+/// A follower's subscription to the new flows: the server's one poller,
+/// started if none runs (from the newest flow stored now). It stops at
+/// the first poll with no follower left.
+fn follow(poller: &Poller, source: &Arc<dyn FlowSource>) -> broadcast::Receiver<Batch> {
+    let mut running = poller.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(tx) = running.as_ref() {
+        return tx.subscribe();
+    }
+    let (tx, rx) = broadcast::channel(BATCHES);
+    *running = Some(tx.clone());
+    tokio::spawn(poll(source.clone(), poller.clone(), tx, source.newest()));
+    rx
+}
+
+/// Reads the flows stored after `last` every [`FOLLOW_EVERY`], once for
+/// all followers, while any follows.
+async fn poll(
+    source: Arc<dyn FlowSource>,
+    poller: Poller,
+    tx: broadcast::Sender<Batch>,
+    mut last: u64,
+) {
+    let stop = || *poller.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    loop {
+        tokio::time::sleep(FOLLOW_EVERY).await;
+        {
+            // Under the lock a follower subscribes with: none can join a
+            // poller that is leaving.
+            let mut running = poller.lock().unwrap_or_else(|e| e.into_inner());
+            if tx.receiver_count() == 0 {
+                *running = None;
+                return;
+            }
+        }
+        let s = source.clone();
+        let Ok(new) = tokio::task::spawn_blocking(move || s.flows_after(last)).await else {
+            stop();
+            return;
+        };
+        if let Some((seq, _)) = new.last() {
+            last = *seq;
+            let _ = tx.send(Batch::from(new));
+        }
+    }
+}
+
+/// What came first.
+enum First<T> {
+    Batch(T),
+    ClientGone,
+}
+
+/// The next batch, unless the client goes first.
+async fn next_batch(
+    batches: &mut broadcast::Receiver<Batch>,
+    gone: impl std::future::Future<Output = ()>,
+) -> First<Result<Batch, broadcast::error::RecvError>> {
+    let mut next = std::pin::pin!(batches.recv());
+    let mut gone = std::pin::pin!(gone);
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(r) = next.as_mut().poll(cx) {
+            return Poll::Ready(First::Batch(r));
+        }
+        if gone.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(First::ClientGone);
+        }
+        Poll::Pending
+    })
+    .await
 }
 
 /// How often a follower looks for new flows.
@@ -201,7 +286,7 @@ async fn answer(
         },
         "/observer.Observer/GetFlows" => match GetFlowsRequest::decode(&body) {
             Ok(request) => {
-                tokio::spawn(get_flows(source, request, tx));
+                tokio::spawn(get_flows(source, here.poller.clone(), request, tx));
             }
             Err(e) => {
                 let _ = tx.send(Err((Code::InvalidArgument, e.to_string()))).await;
@@ -259,13 +344,18 @@ fn respond(rx: mpsc::Receiver<Result<Bytes, (Code, String)>>) -> Response<Stream
 }
 
 /// `GetFlows`: the stored flows the request selects, then, when it
-/// follows, the new ones as they come, until the client goes away.
+/// follows, the new ones as they come (from the poller every follower of
+/// this server shares), until the client goes away.
 async fn get_flows(
     source: Arc<dyn FlowSource>,
+    poller: Poller,
     request: GetFlowsRequest,
     tx: mpsc::Sender<Result<Bytes, (Code, String)>>,
 ) {
     let selection = Selection::of(&request);
+    // Subscribed before the stored flows are read: whatever is recorded
+    // after that read is in a batch to come.
+    let batches = request.follow.then(|| follow(&poller, &source));
     let stored = {
         let s = source.clone();
         match tokio::task::spawn_blocking(move || s.flows_after(0)).await {
@@ -286,22 +376,22 @@ async fn get_flows(
             return;
         }
     }
-    if !request.follow {
+    let Some(mut batches) = batches else {
         return;
-    }
+    };
     loop {
-        tokio::time::sleep(FOLLOW_EVERY).await;
-        if tx.is_closed() {
-            return;
-        }
-        let s = source.clone();
-        let Ok(new) = tokio::task::spawn_blocking(move || s.flows_after(last)).await else {
-            return;
+        let batch = match next_batch(&mut batches, tx.closed()).await {
+            First::ClientGone | First::Batch(Err(broadcast::error::RecvError::Closed)) => return,
+            First::Batch(Err(broadcast::error::RecvError::Lagged(missed))) => {
+                tracing::debug!(missed, "a slow Hubble follower missed batches of flows");
+                continue;
+            }
+            First::Batch(Ok(b)) => b,
         };
-        if let Some((seq, _)) = new.last() {
+        // The stored read may have covered a batch's first flows.
+        let seen = last;
+        for (seq, f) in batch.iter().filter(|(seq, _)| *seq > seen) {
             last = *seq;
-        }
-        for (_, f) in &new {
             if selection.admits(f)
                 && tx
                     .send(Ok(frame(&proto::flows_response(f, &request.field_mask))))
@@ -379,6 +469,7 @@ async fn accept(
             .unwrap_or_default(),
         tls: tls.is_some(),
         peers,
+        poller: Poller::default(),
     });
     let tls = tls.map(Arc::new);
     let listener = match tokio::net::TcpListener::from_std(listener) {
@@ -435,6 +526,118 @@ async fn accept(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Flows pushed by the test; every read counted.
+    #[derive(Default)]
+    struct Fake {
+        flows: std::sync::Mutex<Vec<(u64, Flow)>>,
+        reads: std::sync::atomic::AtomicUsize,
+    }
+
+    impl FlowSource for Fake {
+        fn flows_after(&self, after: u64) -> Vec<(u64, Flow)> {
+            self.reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let f = self.flows.lock().unwrap();
+            f.iter().filter(|(s, _)| *s > after).cloned().collect()
+        }
+        fn status(&self) -> ServerStatus {
+            ServerStatus::default()
+        }
+        fn node_name(&self) -> String {
+            "node-a".into()
+        }
+        fn newest(&self) -> u64 {
+            self.flows.lock().unwrap().last().map_or(0, |(s, _)| *s)
+        }
+    }
+
+    fn flow(port: u16) -> Flow {
+        Flow {
+            time: proto::Timestamp::default(),
+            verdict: proto::Verdict::Forwarded,
+            drop_reason: None,
+            source_ip: "10.0.0.2".parse().unwrap(),
+            destination_ip: "10.180.0.1".parse().unwrap(),
+            l4: proto::L4::Tcp,
+            source_port: port,
+            destination_port: 80,
+            source: proto::Endpoint::default(),
+            destination: proto::Endpoint::default(),
+            node_name: "node-a".into(),
+            destination_service: None,
+            summary: String::new(),
+        }
+    }
+
+    #[test]
+    fn followers_share_one_poller_which_stops_with_the_last() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_time()
+            .build()
+            .unwrap();
+        let fake = Arc::new(Fake::default());
+        fake.flows.lock().unwrap().push((1, flow(1)));
+        let source: Arc<dyn FlowSource> = fake.clone();
+        let poller = Poller::default();
+        let follow_request = GetFlowsRequest {
+            follow: true,
+            number: 10,
+            ..GetFlowsRequest::default()
+        };
+        rt.block_on(async {
+            let mut rxs = Vec::new();
+            for _ in 0..3 {
+                let (tx, rx) = mpsc::channel(QUEUE);
+                tokio::spawn(get_flows(
+                    source.clone(),
+                    poller.clone(),
+                    follow_request.clone(),
+                    tx,
+                ));
+                rxs.push(rx);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let reads = fake.reads.load(std::sync::atomic::Ordering::SeqCst);
+            for seq in 2..=4 {
+                fake.flows.lock().unwrap().push((seq, flow(seq as u16)));
+            }
+            tokio::time::sleep(Duration::from_millis(1000)).await;
+            // Each has the stored flow and the three new ones, once.
+            for rx in &mut rxs {
+                let mut got = 0;
+                while rx.try_recv().is_ok() {
+                    got += 1;
+                }
+                assert_eq!(got, 4);
+            }
+            // One read a poll for all three: five polls in a second, not
+            // fifteen.
+            let polls = fake.reads.load(std::sync::atomic::Ordering::SeqCst) - reads;
+            assert!((3..=7).contains(&polls), "{polls} reads");
+            // The followers go: so does the poller, at its next poll.
+            drop(rxs);
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            assert!(poller.lock().unwrap().is_none(), "the poller stopped");
+            // A new follower starts one anew, from the newest flow.
+            let (tx, mut rx) = mpsc::channel(QUEUE);
+            tokio::spawn(get_flows(
+                source.clone(),
+                poller.clone(),
+                follow_request,
+                tx,
+            ));
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            assert!(poller.lock().unwrap().is_some());
+            fake.flows.lock().unwrap().push((5, flow(5)));
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let mut got = 0;
+            while rx.try_recv().is_ok() {
+                got += 1;
+            }
+            assert_eq!(got, 5, "four stored, one new");
+        });
+    }
 
     #[test]
     fn a_message_is_framed_and_unframed() {

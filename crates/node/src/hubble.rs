@@ -111,6 +111,10 @@ impl FlowSource for HubbleFlows {
     fn node_name(&self) -> String {
         self.node_name.clone()
     }
+
+    fn newest(&self) -> u64 {
+        self.store.query(&FlowFilter::default(), 0).last_seq
+    }
 }
 
 /// Hubble's drop reason for a refusal's reason (one of
