@@ -141,7 +141,11 @@ pub fn flows(args: &[String]) -> Result<(), String> {
         let off = Node::start(&ctx, false, "side")?;
         let on = Node::start(&ctx, !control, "side")?;
         let follower = if on.flows {
-            Some(Follower::start(&on.ns, &verdict)?)
+            Some(Follower::start(
+                &on.ns,
+                &verdict,
+                &["flows", "--follow", "-o", "json", "--server", METRICS],
+            )?)
         } else {
             None
         };
@@ -445,23 +449,25 @@ impl Drop for Acceptor {
     }
 }
 
-/// `verdict flows --follow -o json` against a node, its lines counted.
-struct Follower {
+/// A following client (`verdict flows --follow`, `hubble observe
+/// --follow`) run in a node's namespace, its lines counted.
+pub(crate) struct Follower {
     _child: Process,
     lines: Arc<AtomicUsize>,
 }
 
 impl Follower {
-    fn start(ns: &Netns, verdict: &Path) -> Result<Follower, String> {
+    /// `program args` in `ns`.
+    pub(crate) fn start(ns: &Netns, program: &Path, args: &[&str]) -> Result<Follower, String> {
         let mut child = Command::new("ip")
             .args(["netns", "exec", ns.name()])
-            .arg(verdict)
-            .args(["flows", "--follow", "-o", "json", "--server", METRICS])
+            .arg(program)
+            .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
-            .map_err(|e| format!("verdict flows --follow: {e}"))?;
+            .map_err(|e| format!("{} {}: {e}", program.display(), args.join(" ")))?;
         let out = child.stdout.take().ok_or("no stdout")?;
         let lines = Arc::new(AtomicUsize::new(0));
         let counted = lines.clone();
@@ -476,7 +482,8 @@ impl Follower {
         })
     }
 
-    fn seen(&self) -> usize {
+    /// The lines it printed so far.
+    pub(crate) fn seen(&self) -> usize {
         self.lines.load(Ordering::Relaxed)
     }
 }

@@ -10,17 +10,13 @@
 //! flows, so with no follower they are not followed at all, and the first
 //! row is the node's own cost of the burst.
 
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::path::PathBuf;
 use std::time::Duration;
 
-use verdict_e2e::netns::{Netns, Process, can_run};
+use verdict_e2e::netns::can_run;
 
 use crate::daemon::Monitor;
-use crate::flows::{Ctx, Node, TARGETS, burst, stats, write_manifests};
+use crate::flows::{Ctx, Follower, Node, TARGETS, burst, stats, write_manifests};
 use crate::{flag, num_flag};
 
 const USAGE: &str = "usage: verdict-bench hubble [--services 1000] [--rate 500] [--duration 20] [--followers 0,1,4] [--listener absent,present] [--hubble PATH] [--log DIR] [--out FILE]";
@@ -92,7 +88,13 @@ pub fn hubble(args: &[String]) -> Result<(), String> {
             // only while someone asks for flows.
             let node = Node::start_with(&ctx, &[], true, &format!("hubble{k}"))?;
             let attached: Vec<Follower> = (0..k)
-                .map(|_| Follower::start(&node.ns, &hubble))
+                .map(|_| {
+                    Follower::start(
+                        &node.ns,
+                        &hubble,
+                        &["observe", "--server", "127.0.0.1:4244", "--follow"],
+                    )
+                })
                 .collect::<Result<_, _>>()?;
             // Each has asked for flows: the node follows connections.
             std::thread::sleep(Duration::from_secs(2));
@@ -136,41 +138,4 @@ pub fn hubble(args: &[String]) -> Result<(), String> {
     }
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
-}
-
-/// `hubble observe --follow` against the node's Hubble API, its lines
-/// counted.
-struct Follower {
-    _child: Process,
-    lines: Arc<AtomicUsize>,
-}
-
-impl Follower {
-    fn start(ns: &Netns, hubble: &Path) -> Result<Follower, String> {
-        let mut child = Command::new("ip")
-            .args(["netns", "exec", ns.name()])
-            .arg(hubble)
-            .args(["observe", "--server", "127.0.0.1:4244", "--follow"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| format!("hubble observe --follow: {e}"))?;
-        let out = child.stdout.take().ok_or("no stdout")?;
-        let lines = Arc::new(AtomicUsize::new(0));
-        let counted = lines.clone();
-        std::thread::spawn(move || {
-            for _ in BufReader::new(out).lines().map_while(Result::ok) {
-                counted.fetch_add(1, Ordering::Relaxed);
-            }
-        });
-        Ok(Follower {
-            _child: Process(child),
-            lines,
-        })
-    }
-
-    fn seen(&self) -> usize {
-        self.lines.load(Ordering::Relaxed)
-    }
 }

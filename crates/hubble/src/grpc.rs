@@ -101,25 +101,20 @@ async fn poll(
     }
 }
 
-/// What came first.
-enum First<T> {
-    Batch(T),
-    ClientGone,
-}
-
-/// The next batch, unless the client goes first.
-async fn next_batch(
-    batches: &mut broadcast::Receiver<Batch>,
+/// `next`'s output, or `None` if `gone` (the client went away) comes
+/// first.
+async fn unless_gone<T>(
+    next: impl std::future::Future<Output = T>,
     gone: impl std::future::Future<Output = ()>,
-) -> First<Result<Batch, broadcast::error::RecvError>> {
-    let mut next = std::pin::pin!(batches.recv());
+) -> Option<T> {
+    let mut next = std::pin::pin!(next);
     let mut gone = std::pin::pin!(gone);
     std::future::poll_fn(|cx| {
         if let Poll::Ready(r) = next.as_mut().poll(cx) {
-            return Poll::Ready(First::Batch(r));
+            return Poll::Ready(Some(r));
         }
         if gone.as_mut().poll(cx).is_ready() {
-            return Poll::Ready(First::ClientGone);
+            return Poll::Ready(None);
         }
         Poll::Pending
     })
@@ -380,13 +375,13 @@ async fn get_flows(
         return;
     };
     loop {
-        let batch = match next_batch(&mut batches, tx.closed()).await {
-            First::ClientGone | First::Batch(Err(broadcast::error::RecvError::Closed)) => return,
-            First::Batch(Err(broadcast::error::RecvError::Lagged(missed))) => {
+        let batch = match unless_gone(batches.recv(), tx.closed()).await {
+            None | Some(Err(broadcast::error::RecvError::Closed)) => return,
+            Some(Err(broadcast::error::RecvError::Lagged(missed))) => {
                 tracing::debug!(missed, "a slow Hubble follower missed batches of flows");
                 continue;
             }
-            First::Batch(Ok(b)) => b,
+            Some(Ok(b)) => b,
         };
         // The stored read may have covered a batch's first flows.
         let seen = last;
@@ -426,7 +421,11 @@ async fn notify(
             }
             sent = (*now).clone();
         }
-        if !peer::changed_or(&mut peers, tx.closed()).await {
+        // The client gone, or the source's subscription ended.
+        if unless_gone(peers.changed(), tx.closed())
+            .await
+            .is_none_or(|r| r.is_err())
+        {
             return;
         }
     }

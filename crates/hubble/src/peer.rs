@@ -4,10 +4,7 @@
 //! subscription ends with the stream.
 
 use std::collections::BTreeMap;
-use std::future::Future;
-use std::pin::pin;
 use std::sync::Arc;
-use std::task::Poll;
 
 use crate::wire::Writer;
 
@@ -82,25 +79,6 @@ pub fn changes(
         }
     }
     out
-}
-
-/// Waits for the peers to change (`true`) or for `gone` (`false`).
-pub(crate) async fn changed_or(
-    rx: &mut tokio::sync::watch::Receiver<Peers>,
-    gone: impl Future<Output = ()>,
-) -> bool {
-    let mut changed = pin!(rx.changed());
-    let mut gone = pin!(gone);
-    std::future::poll_fn(|cx| {
-        if let Poll::Ready(r) = changed.as_mut().poll(cx) {
-            return Poll::Ready(r.is_ok());
-        }
-        if gone.as_mut().poll(cx).is_ready() {
-            return Poll::Ready(false);
-        }
-        Poll::Pending
-    })
-    .await
 }
 
 #[cfg(test)]

@@ -365,19 +365,7 @@ fn file_documents(path: &Path) -> Vec<Value> {
 #[test]
 fn the_remote_api_component_adds_the_flag_and_valid_rbac() {
     let dir = deploy_dir().join("../components/remote-api");
-    let component: Value =
-        serde_saphyr::from_str(&std::fs::read_to_string(dir.join("kustomization.yaml")).unwrap())
-            .unwrap();
-    assert_eq!(component["kind"], "Component");
-    let mut ds = documents()
-        .into_iter()
-        .find(|(_, v)| v["kind"] == "DaemonSet")
-        .unwrap()
-        .1;
-    for p in component["patches"].as_array().unwrap() {
-        let ops: Value = serde_saphyr::from_str(p["patch"].as_str().unwrap()).unwrap();
-        json_patch(&mut ds, &ops);
-    }
+    let (component, ds) = patched_daemonset(&dir);
     round_trip::<DaemonSet>("remote-api", &ds);
     let command = &ds["spec"]["template"]["spec"]["containers"][0]["command"];
     assert!(
@@ -517,14 +505,34 @@ fn hubble_dir() -> PathBuf {
     deploy_dir().join("../components/hubble")
 }
 
+/// A kustomize component's `kustomization.yaml`.
+fn component(dir: &Path) -> Value {
+    let c: Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(dir.join("kustomization.yaml")).unwrap())
+            .unwrap();
+    assert_eq!(c["kind"], "Component");
+    c
+}
+
+/// The component in `dir`, and the base's DaemonSet with its patches
+/// applied.
+fn patched_daemonset(dir: &Path) -> (Value, Value) {
+    let component = component(dir);
+    let mut ds = documents()
+        .into_iter()
+        .find(|(_, v)| v["kind"] == "DaemonSet")
+        .unwrap()
+        .1;
+    for p in component["patches"].as_array().unwrap() {
+        let ops: Value = serde_saphyr::from_str(p["patch"].as_str().unwrap()).unwrap();
+        json_patch(&mut ds, &ops);
+    }
+    (component, ds)
+}
+
 /// The documents of the hubble component's resources, by kind and name.
 fn hubble_documents() -> Vec<Value> {
-    let component: Value = serde_saphyr::from_str(
-        &std::fs::read_to_string(hubble_dir().join("kustomization.yaml")).unwrap(),
-    )
-    .unwrap();
-    assert_eq!(component["kind"], "Component");
-    component["resources"]
+    component(&hubble_dir())["resources"]
         .as_array()
         .unwrap()
         .iter()
@@ -574,19 +582,7 @@ fn the_hubble_component_wires_verdict_relay_and_ui_together() {
 
     // verdict: the component's patch on the base DaemonSet, accepted by
     // verdict's own flag parser.
-    let component: Value = serde_saphyr::from_str(
-        &std::fs::read_to_string(hubble_dir().join("kustomization.yaml")).unwrap(),
-    )
-    .unwrap();
-    let mut ds = documents()
-        .into_iter()
-        .find(|(_, v)| v["kind"] == "DaemonSet")
-        .unwrap()
-        .1;
-    for p in component["patches"].as_array().unwrap() {
-        let ops: Value = serde_saphyr::from_str(p["patch"].as_str().unwrap()).unwrap();
-        json_patch(&mut ds, &ops);
-    }
+    let (_, ds) = patched_daemonset(&hubble_dir());
     round_trip::<DaemonSet>("hubble", &ds);
     let pod = &ds["spec"]["template"];
     let command = pod["spec"]["containers"][0]["command"].as_array().unwrap();
